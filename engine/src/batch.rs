@@ -1,0 +1,174 @@
+//! The aggregate shape of one DP rank's forward step.
+//!
+//! A step is priced from a handful of sums, never from the list of sequences in it, so the cost of
+//! pricing does not grow with the number of sequences in flight and identical shapes can be
+//! memoized. The scheduler builds a `BatchShape` with [`BatchShape::add_prefill`] and
+//! [`BatchShape::add_decode`]; the op graph turns it into ops.
+
+use serde::{Deserialize, Serialize};
+
+/// Per-step sums over the sequences one DP rank computes.
+///
+/// "Pairs" count query-key pairs an attention layer visits. Sparse attention (DeepSeek-V3.2's DSA,
+/// V4's compressed sparse attention) caps how many keys one query attends to; `*_capped` fields
+/// hold the same sums with each query's key count capped at the model's [`AttnCap`].
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub struct BatchShape {
+    /// Sequences computing prompt tokens this step (whole prompts or chunks).
+    pub prefill_seqs: u32,
+    /// Prompt tokens computed this step.
+    pub prefill_tokens: u64,
+    /// Σ over new prompt tokens of the keys each attends (causal: cached prefix + its position).
+    pub prefill_pairs: u64,
+    /// The same with each query's keys capped.
+    pub prefill_pairs_capped: u64,
+    /// Sequences decoding this step.
+    pub decode_seqs: u32,
+    /// Tokens decoded this step: per sequence 1 + its draft tokens (MTP).
+    pub decode_tokens: u64,
+    /// Σ over decode tokens of the keys each attends (its context length).
+    pub decode_pairs: u64,
+    /// The same with each query's keys capped.
+    pub decode_pairs_capped: u64,
+}
+
+/// The most keys one query attends to in the sparse part of the attention; `None` for dense
+/// attention. It is a property of the model (e.g. V3.2: top-2048 tokens).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AttnCap(pub Option<u64>);
+
+impl AttnCap {
+    /// Σ_{i=1..=n} min(base + i, cap).
+    fn capped_causal_sum(self, base: u64, n: u64) -> u64 {
+        let full = causal_sum(base, n);
+        match self.0 {
+            None => full,
+            Some(c) if base >= c => c * n,
+            Some(c) => {
+                // Queries base+1 ..= c grow; the rest are capped at c.
+                let growing = (c - base).min(n);
+                causal_sum(base, growing) + c * (n - growing)
+            }
+        }
+    }
+}
+
+/// Σ_{i=1..=n} (base + i).
+fn causal_sum(base: u64, n: u64) -> u64 {
+    base * n + n * (n + 1) / 2
+}
+
+impl BatchShape {
+    /// Adds a prefill (or prefill chunk) of `new_tokens` after `cached_tokens` already in KV
+    /// (prefix-cache hits or earlier chunks).
+    pub fn add_prefill(&mut self, new_tokens: u64, cached_tokens: u64, cap: AttnCap) {
+        if new_tokens == 0 {
+            return;
+        }
+        self.prefill_seqs += 1;
+        self.prefill_tokens += new_tokens;
+        self.prefill_pairs += causal_sum(cached_tokens, new_tokens);
+        self.prefill_pairs_capped += cap.capped_causal_sum(cached_tokens, new_tokens);
+    }
+
+    /// Adds a decoding sequence whose KV holds `context_tokens` before this step and which
+    /// computes `tokens` query tokens (1 + MTP drafts).
+    pub fn add_decode(&mut self, tokens: u64, context_tokens: u64, cap: AttnCap) {
+        if tokens == 0 {
+            return;
+        }
+        self.decode_seqs += 1;
+        self.decode_tokens += tokens;
+        self.decode_pairs += causal_sum(context_tokens, tokens);
+        self.decode_pairs_capped += cap.capped_causal_sum(context_tokens, tokens);
+    }
+
+    /// A uniform batch: `seqs` sequences each decoding `tokens_per_seq` tokens at `context` KV.
+    pub fn uniform_decode(seqs: u32, tokens_per_seq: u64, context: u64, cap: AttnCap) -> Self {
+        let mut s = BatchShape::default();
+        for _ in 0..seqs.min(1) {
+            s.add_decode(tokens_per_seq, context, cap);
+        }
+        s.scale(seqs as u64)
+    }
+
+    /// A uniform batch: `seqs` whole prompts of `prompt` tokens each, nothing cached.
+    pub fn uniform_prefill(seqs: u32, prompt: u64, cap: AttnCap) -> Self {
+        let mut s = BatchShape::default();
+        for _ in 0..seqs.min(1) {
+            s.add_prefill(prompt, 0, cap);
+        }
+        s.scale(seqs as u64)
+    }
+
+    /// `n` copies of a one-sequence shape.
+    fn scale(self, n: u64) -> Self {
+        if self.prefill_seqs + self.decode_seqs == 0 || n == 0 {
+            return BatchShape::default();
+        }
+        BatchShape {
+            prefill_seqs: self.prefill_seqs * n as u32,
+            prefill_tokens: self.prefill_tokens * n,
+            prefill_pairs: self.prefill_pairs * n,
+            prefill_pairs_capped: self.prefill_pairs_capped * n,
+            decode_seqs: self.decode_seqs * n as u32,
+            decode_tokens: self.decode_tokens * n,
+            decode_pairs: self.decode_pairs * n,
+            decode_pairs_capped: self.decode_pairs_capped * n,
+        }
+    }
+
+    /// All tokens computed this step.
+    pub fn tokens(&self) -> u64 {
+        self.prefill_tokens + self.decode_tokens
+    }
+
+    /// All sequences in this step.
+    pub fn seqs(&self) -> u32 {
+        self.prefill_seqs + self.decode_seqs
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn brute(base: u64, n: u64, cap: Option<u64>) -> u64 {
+        (1..=n)
+            .map(|i| cap.map_or(base + i, |c| (base + i).min(c)))
+            .sum()
+    }
+
+    #[test]
+    fn capped_sums_match_brute_force() {
+        for base in [0, 1, 5, 100, 2047, 2048, 5000] {
+            for n in [0, 1, 2, 7, 300, 4096] {
+                for cap in [None, Some(1), Some(64), Some(2048)] {
+                    assert_eq!(
+                        AttnCap(cap).capped_causal_sum(base, n),
+                        brute(base, n, cap),
+                        "base {base} n {n} cap {cap:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn uniform_shapes_scale() {
+        let s = BatchShape::uniform_decode(48, 2, 4096, AttnCap(None));
+        assert_eq!(s.decode_seqs, 48);
+        assert_eq!(s.decode_tokens, 96);
+        assert_eq!(s.decode_pairs, 48 * (4097 + 4098));
+        let p = BatchShape::uniform_prefill(4, 4096, AttnCap(Some(2048)));
+        assert_eq!(p.prefill_tokens, 16384);
+        assert_eq!(p.prefill_pairs, 4 * 4096 * 4097 / 2);
+        assert!(p.prefill_pairs_capped < p.prefill_pairs);
+    }
+}
