@@ -1,0 +1,378 @@
+//! The cost model: prices a unit of compute work on a chip (roofline times an efficiency per op
+//! class) and a collective on the fabric level its group spans (latency, bandwidth, group size).
+//!
+//! Parameters come from a cost data file (`data/costs/*.toml`) with the source of every number;
+//! nothing here hides a constant.
+
+use crate::dtype::DType;
+use crate::error::{invalid, HwError};
+use crate::system::{FabricLevel, System};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Kinds of compute op that get their own efficiency.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpClass {
+    /// Dense matrix multiplies (projections, dense FFN, LM head).
+    Gemm,
+    /// Grouped expert GEMMs of the MoE layers.
+    GroupedGemm,
+    /// Attention core (QK, softmax, AV), prefill and decode forms.
+    Attention,
+    /// Sparse-attention indexers (DeepSeek-V3.2 DSA, V4 compressed attention).
+    Indexer,
+    /// Norms, activations, rotary, routing top-k, sampling: memory-bound glue.
+    Elementwise,
+}
+
+impl OpClass {
+    pub const ALL: [OpClass; 5] = [
+        OpClass::Gemm,
+        OpClass::GroupedGemm,
+        OpClass::Attention,
+        OpClass::Indexer,
+        OpClass::Elementwise,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            OpClass::Gemm => "gemm",
+            OpClass::GroupedGemm => "grouped_gemm",
+            OpClass::Attention => "attention",
+            OpClass::Indexer => "indexer",
+            OpClass::Elementwise => "elementwise",
+        }
+    }
+}
+
+/// Collective operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommKind {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    /// MoE dispatch: tokens to the dies holding their experts.
+    Dispatch,
+    /// MoE combine: expert outputs back to their tokens' dies.
+    Combine,
+    /// Point-to-point transfer (e.g. KV cache from prefill to decode).
+    P2p,
+}
+
+impl CommKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CommKind::AllReduce => "all_reduce",
+            CommKind::AllGather => "all_gather",
+            CommKind::ReduceScatter => "reduce_scatter",
+            CommKind::Dispatch => "dispatch",
+            CommKind::Combine => "combine",
+            CommKind::P2p => "p2p",
+        }
+    }
+}
+
+/// All-to-all implementations: latency-optimized (decode; DeepEP low-latency, MC2) or
+/// throughput-optimized (prefill; DeepEP normal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum A2aMode {
+    LowLatency,
+    Normal,
+}
+
+/// Achieved fraction of peak, compute-bound and memory-bound, for one op class.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Efficiency {
+    pub compute: f64,
+    pub memory: f64,
+    pub source: String,
+}
+
+/// MoE all-to-all parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllToAllParams {
+    /// Fixed cost of a dispatch (routing metadata, quantization, synchronization), µs.
+    pub dispatch_base_us: f64,
+    /// Fixed cost of a combine, µs.
+    pub combine_base_us: f64,
+    /// Added per doubling of the EP group size, µs.
+    pub per_doubling_us: f64,
+    /// Low-latency mode: achieved fraction of the level's bandwidth.
+    pub low_latency_bw_eff: f64,
+    /// Low-latency kernels that always use the outermost (RDMA) level, even inside a node (DeepEP).
+    #[serde(default)]
+    pub low_latency_uses_outer_level: bool,
+    /// Normal mode: achieved fraction of the level's bandwidth at EP8.
+    pub normal_bw_eff_at_ep8: f64,
+    /// Normal mode: change of that fraction per doubling of EP beyond 8 (negative: it falls).
+    pub normal_bw_eff_per_doubling: f64,
+    /// Normal mode: the fraction never falls below this.
+    pub normal_bw_eff_min: f64,
+    pub source: String,
+}
+
+/// Ring collectives (all-reduce, all-gather, reduce-scatter) and point-to-point transfers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectiveParams {
+    /// Fixed cost per collective call, µs (added to the level's latency).
+    pub base_us: f64,
+    /// Achieved fraction of the level's bandwidth.
+    pub bw_eff: f64,
+    pub source: String,
+}
+
+/// A cost-model parameter file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostParams {
+    pub name: String,
+    pub source: String,
+    /// Launch/dispatch overhead per op in graph mode, µs.
+    pub op_overhead_us: f64,
+    /// Per op class; every class must be present.
+    pub efficiency: BTreeMap<OpClass, Efficiency>,
+    pub alltoall: AllToAllParams,
+    pub collective: CollectiveParams,
+}
+
+fn check_frac(file: &str, field: String, v: f64) -> Result<(), HwError> {
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(())
+    } else {
+        Err(invalid(file, field, v, "must be in (0, 1]"))
+    }
+}
+
+fn check_nonneg(file: &str, field: &str, v: f64) -> Result<(), HwError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(file, field, v, "must be a number >= 0"))
+    }
+}
+
+impl CostParams {
+    pub fn validate(&self, file: &str) -> Result<(), HwError> {
+        check_nonneg(file, "op_overhead_us", self.op_overhead_us)?;
+        for c in OpClass::ALL {
+            let e = self.efficiency.get(&c).ok_or_else(|| {
+                invalid(
+                    file,
+                    format!("efficiency.{}", c.name()),
+                    "(missing)",
+                    "every op class needs an efficiency",
+                )
+            })?;
+            check_frac(file, format!("efficiency.{}.compute", c.name()), e.compute)?;
+            check_frac(file, format!("efficiency.{}.memory", c.name()), e.memory)?;
+        }
+        let a = &self.alltoall;
+        check_nonneg(file, "alltoall.dispatch_base_us", a.dispatch_base_us)?;
+        check_nonneg(file, "alltoall.combine_base_us", a.combine_base_us)?;
+        check_nonneg(file, "alltoall.per_doubling_us", a.per_doubling_us)?;
+        check_frac(
+            file,
+            "alltoall.low_latency_bw_eff".into(),
+            a.low_latency_bw_eff,
+        )?;
+        check_frac(
+            file,
+            "alltoall.normal_bw_eff_at_ep8".into(),
+            a.normal_bw_eff_at_ep8,
+        )?;
+        check_frac(
+            file,
+            "alltoall.normal_bw_eff_min".into(),
+            a.normal_bw_eff_min,
+        )?;
+        if !a.normal_bw_eff_per_doubling.is_finite() {
+            return Err(invalid(
+                file,
+                "alltoall.normal_bw_eff_per_doubling",
+                a.normal_bw_eff_per_doubling,
+                "must be a number",
+            ));
+        }
+        check_nonneg(file, "collective.base_us", self.collective.base_us)?;
+        check_frac(file, "collective.bw_eff".into(), self.collective.bw_eff)?;
+        Ok(())
+    }
+}
+
+/// Which resource sets an op's time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    Compute,
+    Memory,
+    Communication,
+    /// Launch overhead exceeds both compute and memory time.
+    Overhead,
+}
+
+impl Bound {
+    pub fn name(self) -> &'static str {
+        match self {
+            Bound::Compute => "compute",
+            Bound::Memory => "memory",
+            Bound::Communication => "communication",
+            Bound::Overhead => "overhead",
+        }
+    }
+}
+
+/// Compute work of one op on one die.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Work {
+    pub class: OpClass,
+    /// Floating-point (or integer) operations.
+    pub flops: f64,
+    /// HBM bytes read and written.
+    pub bytes: f64,
+    /// The format the math runs in (sets the peak).
+    pub dtype: DType,
+}
+
+/// A collective as one die sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Comm {
+    pub kind: CommKind,
+    /// Payload per die: for dispatch/combine the bytes it sends (local share included); for
+    /// ring collectives the full tensor size; for p2p the bytes moved.
+    pub bytes: f64,
+    /// Dies in the group.
+    pub group: u32,
+    pub mode: A2aMode,
+}
+
+/// A priced op.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    /// Seconds.
+    pub time_s: f64,
+    /// Seconds at the compute roofline (0 for communication).
+    pub compute_s: f64,
+    /// Seconds at the memory roofline (0 for communication).
+    pub memory_s: f64,
+    pub bound: Bound,
+}
+
+/// Prices work on one system with one parameter set.
+#[derive(Clone, Debug)]
+pub struct CostModel {
+    pub system: System,
+    pub params: CostParams,
+}
+
+impl CostModel {
+    pub fn new(system: System, params: CostParams) -> Self {
+        CostModel { system, params }
+    }
+
+    fn eff(&self, class: OpClass) -> &Efficiency {
+        &self.params.efficiency[&class]
+    }
+
+    /// Roofline time of `w` on one die: max(compute, memory) at the class's efficiency, plus the
+    /// per-op launch overhead when the op does anything.
+    pub fn compute(&self, w: &Work) -> Cost {
+        let chip = &self.system.chip;
+        let e = self.eff(w.class);
+        let compute_s = w.flops / (chip.peak_flops(w.dtype) * e.compute);
+        let memory_s = w.bytes / (chip.hbm_bytes_per_s() * e.memory);
+        let overhead_s = if w.flops > 0.0 || w.bytes > 0.0 {
+            self.params.op_overhead_us * 1e-6
+        } else {
+            0.0
+        };
+        let roof = compute_s.max(memory_s);
+        let bound = if overhead_s > roof {
+            Bound::Overhead
+        } else if compute_s >= memory_s {
+            Bound::Compute
+        } else {
+            Bound::Memory
+        };
+        Cost {
+            time_s: roof + overhead_s,
+            compute_s,
+            memory_s,
+            bound,
+        }
+    }
+
+    /// The fabric level a group of `dies` uses.
+    pub fn level(&self, dies: u32) -> &FabricLevel {
+        self.system.level_for(dies)
+    }
+
+    /// Time of one collective as one die sees it. A group of one die costs nothing.
+    pub fn comm(&self, c: &Comm) -> Cost {
+        let g = c.group.max(1);
+        if g == 1 || c.bytes <= 0.0 {
+            return Cost {
+                time_s: 0.0,
+                compute_s: 0.0,
+                memory_s: 0.0,
+                bound: Bound::Communication,
+            };
+        }
+        let outer = c.mode == A2aMode::LowLatency
+            && matches!(c.kind, CommKind::Dispatch | CommKind::Combine)
+            && self.params.alltoall.low_latency_uses_outer_level;
+        let level = if outer {
+            self.system
+                .fabric
+                .last()
+                .expect("validated: at least one level")
+        } else {
+            self.level(g)
+        };
+        let bw = level.bw_gb_s_per_die * 1e9;
+        let gf = g as f64;
+        let lat = level.latency_us * 1e-6;
+        let time_s = match c.kind {
+            CommKind::Dispatch | CommKind::Combine => {
+                let a = &self.params.alltoall;
+                let base = if c.kind == CommKind::Dispatch {
+                    a.dispatch_base_us
+                } else {
+                    a.combine_base_us
+                };
+                let eff = match c.mode {
+                    A2aMode::LowLatency => a.low_latency_bw_eff,
+                    A2aMode::Normal => (a.normal_bw_eff_at_ep8
+                        + a.normal_bw_eff_per_doubling * (gf / 8.0).log2())
+                    .clamp(a.normal_bw_eff_min, 1.0),
+                };
+                let remote = c.bytes * (gf - 1.0) / gf;
+                lat + (base + a.per_doubling_us * gf.log2()) * 1e-6 + remote / (bw * eff)
+            }
+            CommKind::AllReduce | CommKind::AllGather | CommKind::ReduceScatter | CommKind::P2p => {
+                let p = &self.params.collective;
+                let volume = match c.kind {
+                    CommKind::AllReduce => 2.0 * (gf - 1.0) / gf * c.bytes,
+                    CommKind::P2p => c.bytes,
+                    _ => (gf - 1.0) / gf * c.bytes,
+                };
+                let steps = match c.kind {
+                    CommKind::P2p => 1.0,
+                    CommKind::AllReduce => 2.0 * gf.log2().ceil(),
+                    _ => gf.log2().ceil(),
+                };
+                steps * lat + p.base_us * 1e-6 + volume / (bw * p.bw_eff)
+            }
+        };
+        Cost {
+            time_s,
+            compute_s: 0.0,
+            memory_s: 0.0,
+            bound: Bound::Communication,
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! Numeric formats an op computes or stores in.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A numeric format. Peak throughput and storage size depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    Bf16,
+    Fp16,
+    Fp8,
+    Int8,
+    Int4,
+    Fp32,
+}
+
+impl DType {
+    /// Bytes per element (int4 packs two per byte).
+    pub fn bytes(self) -> f64 {
+        match self {
+            DType::Fp32 => 4.0,
+            DType::Bf16 | DType::Fp16 => 2.0,
+            DType::Fp8 | DType::Int8 => 1.0,
+            DType::Int4 => 0.5,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bf16 => "bf16",
+            DType::Fp16 => "fp16",
+            DType::Fp8 => "fp8",
+            DType::Int8 => "int8",
+            DType::Int4 => "int4",
+            DType::Fp32 => "fp32",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,178 @@
+//! The hardware catalog loads, validates user files, and the cost model behaves like one.
+
+use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, DType, OpClass, Scope, Work};
+use proptest::prelude::*;
+
+#[test]
+fn builtin_catalog_has_every_system_with_sources() {
+    let cat = Catalog::builtin();
+    let names: Vec<_> = cat.system_names().collect();
+    for want in [
+        "cloudmatrix384",
+        "atlas-800-a3",
+        "atlas-800i-a2",
+        "nvidia-h800-8",
+        "nvidia-h100-8",
+        "nvidia-h200-8",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    for s in cat.systems() {
+        assert!(!s.source.is_empty(), "{} has no source", s.name);
+        assert!(
+            s.fabric.iter().all(|l| !l.source.is_empty()),
+            "{} fabric without source",
+            s.name
+        );
+        cat.cost_model(s, None).unwrap();
+    }
+    for c in cat.chips() {
+        assert!(!c.source.is_empty(), "{} has no source", c.name);
+    }
+}
+
+#[test]
+fn cloudmatrix384_is_384_npus_of_two_dies_on_one_ub_plane() {
+    let s = Catalog::builtin().system("cloudmatrix384").unwrap();
+    assert_eq!(s.max_dies(), 768);
+    assert_eq!(s.dies_per_node(), 16);
+    assert_eq!(s.span(2), Scope::Package);
+    assert_eq!(s.span(16), Scope::Node);
+    assert_eq!(s.span(320), Scope::Supernode);
+    // One UB level serves the node and the whole supernode.
+    assert_eq!(s.level_for(16).name, "UB");
+    assert_eq!(s.level_for(320).name, "UB");
+}
+
+#[test]
+fn a2_groups_beyond_a_node_use_roce() {
+    let s = Catalog::builtin().system("atlas-800i-a2").unwrap();
+    assert_eq!(s.level_for(8).name, "HCCS");
+    assert_eq!(s.level_for(16).name, "RoCE");
+}
+
+#[test]
+fn unknown_names_list_what_is_known() {
+    let err = Catalog::builtin().system("cm999").unwrap_err().to_string();
+    assert!(
+        err.contains("cm999") && err.contains("cloudmatrix384"),
+        "{err}"
+    );
+}
+
+const USER_FILE: &str = r#"
+name = "my-a3"
+description = "four A3 nodes"
+chip = "ascend-910c"
+cost_model = "ascend-910c"
+packages_per_node = 8
+max_nodes = 4
+reserved_hbm_gb_per_die = 5
+source = "our lab"
+
+[[fabric]]
+name = "HCCS"
+scope = "node"
+bw_gb_s_per_die = 196
+latency_us = 1
+source = "spec"
+
+[[fabric]]
+name = "RoCE"
+scope = "cluster"
+bw_gb_s_per_die = 25
+latency_us = 5
+source = "spec"
+"#;
+
+#[test]
+fn a_users_system_file_loads_like_a_builtin() {
+    let s = Catalog::builtin()
+        .system_from_str("my-a3.toml", USER_FILE, None)
+        .unwrap();
+    assert_eq!(s.max_dies(), 64);
+    assert_eq!(s.chip.name, "ascend-910c");
+}
+
+#[test]
+fn bad_user_files_name_the_field_and_value() {
+    let cat = Catalog::builtin();
+    let neg = USER_FILE.replace("bw_gb_s_per_die = 25", "bw_gb_s_per_die = -3");
+    let err = cat
+        .system_from_str("f.toml", &neg, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("fabric[1].bw_gb_s_per_die = -3"), "{err}");
+    let unknown = USER_FILE.replace("max_nodes = 4", "max_nodes = 4\nmax_nodez = 5");
+    let err = cat
+        .system_from_str("f.toml", &unknown, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("max_nodez"), "{err}");
+    let order = USER_FILE.replace("scope = \"cluster\"", "scope = \"package\"");
+    let err = cat
+        .system_from_str("f.toml", &order, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("fabric[1].scope"), "{err}");
+    let chip = USER_FILE.replace("chip = \"ascend-910c\"", "chip = \"ascend-999\"");
+    let err = cat
+        .system_from_str("f.toml", &chip, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("ascend-999"), "{err}");
+}
+
+#[test]
+fn int8_runs_at_twice_bf16_and_fp8_falls_back_on_ascend() {
+    let c = Catalog::builtin().chip("ascend-910c").unwrap();
+    assert_eq!(c.peak_flops(DType::Int8), 2.0 * c.peak_flops(DType::Bf16));
+    assert_eq!(c.peak_flops(DType::Fp8), c.peak_flops(DType::Bf16));
+}
+
+#[test]
+fn dispatch_fit_reproduces_the_cloudmatrix_microbenchmark_within_10_percent() {
+    let cat = Catalog::builtin();
+    let s = cat.system("cloudmatrix384").unwrap();
+    let cm = cat.cost_model(s, None).unwrap();
+    // 128 tokens per rank, 8 copies of 7,680 B (INT8) per token: anchors micro.cloudmatrix384.
+    for (ep, us) in [(8u32, 116.0), (256, 152.0)] {
+        let c = Comm {
+            kind: CommKind::Dispatch,
+            bytes: 128.0 * 8.0 * 7680.0,
+            group: ep,
+            mode: A2aMode::LowLatency,
+        };
+        let t = cm.comm(&c).time_s * 1e6;
+        assert!(((t - us) / us).abs() < 0.10, "EP{ep}: {t:.1} us vs {us}");
+    }
+}
+
+fn cost_model() -> dstwin_hwmodels::CostModel {
+    let cat = Catalog::builtin();
+    cat.cost_model(cat.system("cloudmatrix384").unwrap(), None)
+        .unwrap()
+}
+
+proptest! {
+    #[test]
+    fn more_work_is_never_cheaper(flops in 0.0f64..1e15, bytes in 0.0f64..1e11, extra in 0.0f64..1e13, class in 0usize..5) {
+        let cm = cost_model();
+        let class = OpClass::ALL[class];
+        let a = cm.compute(&Work { class, flops, bytes, dtype: DType::Int8 }).time_s;
+        let b = cm.compute(&Work { class, flops: flops + extra, bytes, dtype: DType::Int8 }).time_s;
+        let c = cm.compute(&Work { class, flops, bytes: bytes + extra, dtype: DType::Int8 }).time_s;
+        prop_assert!(b >= a && c >= a);
+    }
+
+    #[test]
+    fn bigger_messages_and_groups_are_never_cheaper(bytes in 1.0f64..1e9, extra in 0.0f64..1e9, group in 2u32..384, kind in 0usize..5) {
+        let cm = cost_model();
+        let kind = [CommKind::Dispatch, CommKind::Combine, CommKind::AllReduce, CommKind::AllGather, CommKind::ReduceScatter][kind];
+        for mode in [A2aMode::LowLatency, A2aMode::Normal] {
+            let t = |bytes, group| cm.comm(&Comm { kind, bytes, group, mode }).time_s;
+            prop_assert!(t(bytes + extra, group) >= t(bytes, group));
+            prop_assert!(t(bytes, group * 2) >= t(bytes, group) * 0.999);
+        }
+    }
+}
