@@ -1,0 +1,83 @@
+//! KV-cache bytes per token: MLA latent + rope key; V3.2 indexer keys; V4 per-layer compression
+//! and sliding window.
+
+use super::config::{Attention, ModelConfig};
+use dstwin_hwmodels::DType;
+use serde::Serialize;
+
+/// Bytes of one per-token scale factor stored next to FP8 indexer keys.
+const INDEX_KEY_SCALE_BYTES: f64 = 4.0;
+
+/// KV-cache footprint of a model in one format.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KvBytes {
+    /// Bytes each context token adds, per layer (compressed layers amortize over their ratio).
+    pub per_token_per_layer: Vec<f64>,
+    /// Bytes each token adds over all layers.
+    pub per_token: f64,
+    /// Bytes a sequence holds whatever its length (V4's sliding-window entries), over all layers.
+    pub per_seq_fixed: f64,
+}
+
+/// Bytes of one indexer key (FP8 values + a scale).
+fn index_key_bytes(head_dim: u64) -> f64 {
+    head_dim as f64 * DType::Fp8.bytes() + INDEX_KEY_SCALE_BYTES
+}
+
+/// KV bytes of `m` with its cache in `kv_dtype`, counting `extra_layers` MTP layers (which keep
+/// a cache like any decoder layer).
+pub fn kv_bytes(m: &ModelConfig, kv_dtype: DType, extra_layers: u64) -> KvBytes {
+    let b = kv_dtype.bytes();
+    let layers = (m.layers + extra_layers) as usize;
+    let mut per_layer = Vec::with_capacity(layers);
+    let mut fixed = 0.0;
+    match &m.attention {
+        Attention::Mla {
+            kv_lora_rank,
+            qk_rope_dim,
+            indexer,
+            ..
+        } => {
+            let mla = (kv_lora_rank + qk_rope_dim) as f64 * b;
+            let idx = indexer
+                .as_ref()
+                .map_or(0.0, |ix| index_key_bytes(ix.head_dim));
+            per_layer.resize(layers, mla + idx);
+        }
+        Attention::Hybrid {
+            head_dim,
+            window,
+            compress_ratios,
+            indexer,
+            ..
+        } => {
+            let entry = *head_dim as f64 * b;
+            let csa = compress_ratios[..m.layers as usize]
+                .iter()
+                .copied()
+                .filter(|&r| r > 0)
+                .min();
+            for i in 0..layers {
+                // MTP layers reuse the last decoder layer's pattern.
+                let r = compress_ratios[i.min(m.layers as usize - 1)];
+                fixed += *window as f64 * entry;
+                let per_tok = if r == 0 {
+                    0.0
+                } else {
+                    let idx = if Some(r) == csa {
+                        index_key_bytes(indexer.head_dim)
+                    } else {
+                        0.0
+                    };
+                    (entry + idx) / r as f64
+                };
+                per_layer.push(per_tok);
+            }
+        }
+    }
+    KvBytes {
+        per_token: per_layer.iter().sum(),
+        per_token_per_layer: per_layer,
+        per_seq_fixed: fixed,
+    }
+}

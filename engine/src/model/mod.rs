@@ -1,0 +1,16 @@
+//! The model catalog: architectures, quantization, parameter counts and KV-cache sizes.
+//!
+//! - [`config`]: `ModelConfig`, the built-in DeepSeek presets, `config.json` loading.
+//! - [`quant`]: quantization schemes and the format of each weight group.
+//! - [`params`]: parameter counts by group, total and active.
+//! - [`kv`]: KV-cache bytes per token per layer.
+
+pub mod config;
+pub mod kv;
+pub mod params;
+pub mod quant;
+
+pub use config::{builtin, Attention, ConfigError, Family, Indexer, ModelConfig, BUILTIN_MODELS};
+pub use kv::{kv_bytes, KvBytes};
+pub use params::{active, count, ParamCounts};
+pub use quant::{Quant, QUANTS};

@@ -1,0 +1,104 @@
+//! The model catalog: parameter counts and KV sizes match the published figures.
+
+use dstwin_engine::model::{self, builtin, kv_bytes, ModelConfig, BUILTIN_MODELS};
+use dstwin_hwmodels::DType;
+
+fn within(actual: f64, expected: f64, pct: f64) -> bool {
+    ((actual - expected) / expected).abs() * 100.0 <= pct
+}
+
+#[test]
+fn v3_is_671b_total_37b_active() {
+    let m = builtin("deepseek-v3").unwrap();
+    let total = model::count(&m).total() as f64;
+    let active = model::active(&m) as f64;
+    assert!(within(total, 671e9, 1.0), "total {total:.4e}");
+    // 36.63B without the input-embedding lookup: -1.01% of the rounded published "37B"; with the
+    // embedding table it would be 37.55B (+1.5%). docs/models.md explains the convention.
+    assert!(within(active, 37e9, 1.05), "active {active:.4e}");
+}
+
+#[test]
+fn v4_flash_is_284b_total_13b_active() {
+    let m = builtin("deepseek-v4-flash").unwrap();
+    let total = model::count(&m).total() as f64;
+    let active = model::active(&m) as f64;
+    assert!(within(total, 284e9, 1.0), "total {total:.4e}");
+    assert!(within(active, 13e9, 1.0), "active {active:.4e}");
+}
+
+#[test]
+fn v32_adds_the_indexer_and_v4_pro_is_about_1_6t() {
+    let v3 = model::count(&builtin("v3").unwrap()).total() as f64;
+    let v32 = model::count(&builtin("v3.2").unwrap()).total() as f64;
+    // DESIGN.md: V3.2 = V3 + ~0.85B of indexer parameters (within 25%: the published figure is rounded).
+    assert!(within(v32 - v3, 0.85e9, 25.0), "indexer {:.3e}", v32 - v3);
+    let pro = model::count(&builtin("v4-pro").unwrap()).total() as f64;
+    assert!(within(pro, 1.6e12, 5.0), "pro total {pro:.4e}");
+}
+
+#[test]
+fn mla_kv_is_latent_plus_rope_per_layer() {
+    let m = builtin("deepseek-r1").unwrap();
+    let kv = kv_bytes(&m, DType::Bf16, 0);
+    assert_eq!(kv.per_token_per_layer.len(), 61);
+    assert_eq!(kv.per_token_per_layer[0], (512.0 + 64.0) * 2.0);
+    assert_eq!(kv.per_token, 61.0 * 1152.0);
+    assert_eq!(kv.per_seq_fixed, 0.0);
+    let with_mtp = kv_bytes(&m, DType::Int8, 1);
+    assert_eq!(with_mtp.per_token, 62.0 * 576.0);
+}
+
+#[test]
+fn v32_kv_adds_fp8_indexer_keys() {
+    let m = builtin("deepseek-v3.2").unwrap();
+    let kv = kv_bytes(&m, DType::Bf16, 0);
+    assert_eq!(kv.per_token_per_layer[0], 1152.0 + 128.0 + 4.0);
+}
+
+#[test]
+fn v4_kv_compresses_per_layer_and_keeps_a_window() {
+    let m = builtin("deepseek-v4-flash").unwrap();
+    let kv = kv_bytes(&m, DType::Bf16, 0);
+    // Layers 0 and 1 keep only the sliding window.
+    assert_eq!(kv.per_token_per_layer[0], 0.0);
+    // Layer 2: compressed sparse (ratio 4) with indexer keys.
+    assert_eq!(kv.per_token_per_layer[2], (1024.0 + 132.0) / 4.0);
+    // Layer 3: heavily compressed (ratio 128).
+    assert_eq!(kv.per_token_per_layer[3], 1024.0 / 128.0);
+    assert_eq!(kv.per_seq_fixed, 43.0 * 128.0 * 1024.0);
+    // An order of magnitude below V3's MLA cache per token.
+    let v3 = kv_bytes(&builtin("v3").unwrap(), DType::Bf16, 0);
+    assert!(kv.per_token * 10.0 < v3.per_token);
+}
+
+#[test]
+fn every_builtin_validates_and_names_resolve() {
+    for name in BUILTIN_MODELS {
+        let m = builtin(name).unwrap_or_else(|| panic!("{name}"));
+        m.validate().unwrap();
+    }
+    assert!(builtin("deepseek-v9").is_none());
+    assert_eq!(builtin("R1").unwrap().name, "deepseek-r1");
+}
+
+const V3_CONFIG_JSON: &str = include_str!("data/deepseek-v3-config.json");
+
+#[test]
+fn hf_config_json_loads_to_the_preset() {
+    let m = ModelConfig::from_hf_json("deepseek-v3", V3_CONFIG_JSON).unwrap();
+    let preset = builtin("deepseek-v3").unwrap();
+    assert_eq!(m, preset);
+}
+
+#[test]
+fn hf_config_errors_name_the_field() {
+    let err = ModelConfig::from_hf_json("x", r#"{"model_type":"llama"}"#).unwrap_err();
+    assert!(err.to_string().contains("llama"), "{err}");
+    let broken = V3_CONFIG_JSON.replace("\"num_experts_per_tok\": 8", "\"num_experts_per_tok\": 0");
+    let err = ModelConfig::from_hf_json("x", &broken).unwrap_err();
+    assert!(err.to_string().contains("num_experts_per_tok = 0"), "{err}");
+    let missing = V3_CONFIG_JSON.replace("\"kv_lora_rank\"", "\"kv_lora_rank_x\"");
+    let err = ModelConfig::from_hf_json("x", &missing).unwrap_err();
+    assert!(err.to_string().contains("kv_lora_rank"), "{err}");
+}
