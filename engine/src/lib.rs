@@ -3,6 +3,14 @@
 //! Module map:
 //! - [`time`]: `SimTime` / `SimDuration`, integer nanoseconds.
 //! - [`batch`]: `BatchShape`, the aggregate shape of one DP rank's step.
+//! - [`model`]: model catalog: architectures, quantization, parameter counts, KV bytes.
+//! - [`layout`]: parallel layouts (role, DP x TP, EP, redundant and shared-expert slots).
+//! - [`memory`]: the memory map of a die and its KV capacity.
+//! - [`opgraph`]: the per-step op graph, the one description of a step's work.
 
 pub mod batch;
+pub mod layout;
+pub mod memory;
+pub mod model;
+pub mod opgraph;
 pub mod time;

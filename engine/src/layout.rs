@@ -1,0 +1,245 @@
+//! Parallel layouts of one instance: role, DP x TP for attention, EP for experts, redundant and
+//! shared-expert slots; validated against a model and a system.
+
+use crate::model::ModelConfig;
+use dstwin_hwmodels::System;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// What an instance serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Prefill,
+    Decode,
+    Mixed,
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "prefill" => Ok(Role::Prefill),
+            "decode" => Ok(Role::Decode),
+            "mixed" => Ok(Role::Mixed),
+            _ => Err(format!("unknown role '{s}'; known: prefill, decode, mixed")),
+        }
+    }
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Mixed => "mixed",
+        }
+    }
+}
+
+/// The parallel shape of one instance, as a user writes it. Sizes count dies, as vllm-ascend does.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Layout {
+    pub role: Role,
+    /// Dies in the instance.
+    pub dies: u32,
+    /// Attention data-parallel ranks.
+    pub dp: u32,
+    /// Attention tensor-parallel size per DP rank. `dp * tp` must equal `dies`.
+    pub tp: u32,
+    /// Dies the routed experts are spread over (one EP group spanning the instance: equal to
+    /// `dies`).
+    pub ep: u32,
+    /// Tensor-parallel size of dense FFN layers, embeddings and LM head (default: `tp`).
+    #[serde(default)]
+    pub dense_tp: Option<u32>,
+    /// Extra routed-expert slots beyond one per logical expert (EPLB redundancy).
+    #[serde(default)]
+    pub redundant_experts: u32,
+    /// Dies that host only shared-expert replicas (CloudMatrix384 decode: 32); with 0 every die
+    /// computes the shared expert for its own tokens.
+    #[serde(default)]
+    pub shared_expert_dies: u32,
+}
+
+/// Why a layout cannot run; each names the field and the numbers.
+#[derive(Debug, Error, PartialEq)]
+pub enum LayoutError {
+    #[error("layout.{field} = {value}: {reason}")]
+    Field {
+        field: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("layout: dp ({dp}) x tp ({tp}) = {product}, but dies = {dies}; they must be equal")]
+    DpTp {
+        dp: u32,
+        tp: u32,
+        product: u32,
+        dies: u32,
+    },
+    #[error("layout: {slots} routed-expert slots ({experts} experts + {redundant} redundant) do not divide evenly over {dies} expert dies (ep {ep} - shared_expert_dies {shared}); choose redundant_experts so that slots are a multiple of the expert dies")]
+    Experts {
+        slots: u32,
+        experts: u32,
+        redundant: u32,
+        dies: u32,
+        ep: u32,
+        shared: u32,
+    },
+    #[error(
+        "layout: {dies} dies exceed the {max} dies of {system} ({nodes} nodes x {per_node} dies)"
+    )]
+    TooManyDies {
+        dies: u32,
+        max: u32,
+        system: String,
+        nodes: u32,
+        per_node: u32,
+    },
+}
+
+/// A layout checked against a model and a system.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    pub role: Role,
+    pub dies: u32,
+    pub dp: u32,
+    pub tp: u32,
+    pub ep: u32,
+    pub dense_tp: u32,
+    pub redundant_experts: u32,
+    pub shared_expert_dies: u32,
+    /// Dies holding routed experts.
+    pub routed_dies: u32,
+    /// Routed-expert slots per routed die.
+    pub slots_per_die: u32,
+}
+
+fn field(field: &'static str, value: impl ToString, reason: impl Into<String>) -> LayoutError {
+    LayoutError::Field {
+        field,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl Layout {
+    /// A DP-attention, full-EP layout over `dies` dies: dp = dies, tp = 1, ep = dies.
+    pub fn dp_ep(role: Role, dies: u32) -> Layout {
+        Layout {
+            role,
+            dies,
+            dp: dies,
+            tp: 1,
+            ep: dies,
+            dense_tp: None,
+            redundant_experts: 0,
+            shared_expert_dies: 0,
+        }
+    }
+
+    pub fn validate(&self, model: &ModelConfig, system: &System) -> Result<Plan, LayoutError> {
+        if self.dies == 0 {
+            return Err(field("dies", 0, "must be at least 1"));
+        }
+        for (name, v) in [("dp", self.dp), ("tp", self.tp), ("ep", self.ep)] {
+            if v == 0 {
+                return Err(field(name, 0, "must be at least 1"));
+            }
+        }
+        if self.dp * self.tp != self.dies {
+            return Err(LayoutError::DpTp {
+                dp: self.dp,
+                tp: self.tp,
+                product: self.dp * self.tp,
+                dies: self.dies,
+            });
+        }
+        if self.dies > system.max_dies() {
+            return Err(LayoutError::TooManyDies {
+                dies: self.dies,
+                max: system.max_dies(),
+                system: system.name.clone(),
+                nodes: system.max_nodes,
+                per_node: system.dies_per_node(),
+            });
+        }
+        if self.ep != self.dies {
+            return Err(field(
+                "ep",
+                self.ep,
+                format!(
+                    "must equal dies ({}): one EP group spans the instance",
+                    self.dies
+                ),
+            ));
+        }
+        let heads = match &model.attention {
+            crate::model::Attention::Mla { heads, .. }
+            | crate::model::Attention::Hybrid { heads, .. } => *heads,
+        };
+        if heads % self.tp as u64 != 0 {
+            return Err(field(
+                "tp",
+                self.tp,
+                format!("must divide the model's {heads} attention heads"),
+            ));
+        }
+        let dense_tp = self.dense_tp.unwrap_or(self.tp);
+        if dense_tp == 0 || !self.dies.is_multiple_of(dense_tp) {
+            return Err(field(
+                "dense_tp",
+                dense_tp,
+                format!("must divide dies ({})", self.dies),
+            ));
+        }
+        if model.dense_layers > 0 && !model.dense_ffn.is_multiple_of(dense_tp as u64) {
+            return Err(field(
+                "dense_tp",
+                dense_tp,
+                format!("must divide the dense FFN size {}", model.dense_ffn),
+            ));
+        }
+        if self.shared_expert_dies > 0 && model.shared_experts == 0 {
+            return Err(field(
+                "shared_expert_dies",
+                self.shared_expert_dies,
+                "the model has no shared expert",
+            ));
+        }
+        if self.shared_expert_dies >= self.ep {
+            return Err(field(
+                "shared_expert_dies",
+                self.shared_expert_dies,
+                format!("must leave dies for routed experts (ep = {})", self.ep),
+            ));
+        }
+        let routed_dies = self.ep - self.shared_expert_dies;
+        let experts = model.routed_experts as u32;
+        let slots = experts + self.redundant_experts;
+        if !slots.is_multiple_of(routed_dies) {
+            return Err(LayoutError::Experts {
+                slots,
+                experts,
+                redundant: self.redundant_experts,
+                dies: routed_dies,
+                ep: self.ep,
+                shared: self.shared_expert_dies,
+            });
+        }
+        Ok(Plan {
+            role: self.role,
+            dies: self.dies,
+            dp: self.dp,
+            tp: self.tp,
+            ep: self.ep,
+            dense_tp,
+            redundant_experts: self.redundant_experts,
+            shared_expert_dies: self.shared_expert_dies,
+            routed_dies,
+            slots_per_die: slots / routed_dies,
+        })
+    }
+}

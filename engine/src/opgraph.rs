@@ -1,0 +1,715 @@
+//! The per-step op graph: the one description of the work of a forward step.
+//!
+//! Given a model, a quantization, a validated plan and a DP rank's [`BatchShape`], it lists every
+//! op one die executes (with how many layers repeat it and which dies run it): MLA projections and
+//! attention in prefill and absorbed-decode forms, the DSA / V4 indexer, dense FFN, gating,
+//! dispatch, grouped expert GEMMs, shared expert, combine, TP collectives, norms, LM head, and the
+//! MTP module. The simulator prices it, calibration maps profiler kernels onto its op names, and a
+//! real engine executes the same ops.
+
+use crate::batch::BatchShape;
+use crate::layout::{Plan, Role};
+use crate::model::{self, Attention, ModelConfig, Quant};
+use dstwin_hwmodels::{A2aMode, Comm, CommKind, DType, OpClass, Work};
+use serde::Serialize;
+
+/// Bytes of per-group scales added to each quantized dispatched token (one fp32 per 128 values).
+const DISPATCH_SCALE_GROUP: f64 = 128.0;
+const SCALE_BYTES: f64 = 4.0;
+
+/// Where in the model an op sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKind {
+    Embedding,
+    /// Attention of any decoder layer.
+    Attention,
+    DenseFfn,
+    Moe,
+    /// The MTP module (its attention, MoE and head), all passes.
+    Mtp,
+    LmHead,
+}
+
+impl LayerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerKind::Embedding => "embedding",
+            LayerKind::Attention => "attention",
+            LayerKind::DenseFfn => "dense_ffn",
+            LayerKind::Moe => "moe",
+            LayerKind::Mtp => "mtp",
+            LayerKind::LmHead => "lm_head",
+        }
+    }
+}
+
+/// Which dies run an op. Expert dies and shared-expert dies work in parallel; the step waits for
+/// the slower set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DieSet {
+    All,
+    RoutedExperts,
+    SharedExperts,
+}
+
+/// Compute or communication.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    Compute(Work),
+    Comm(Comm),
+}
+
+/// One op as one die runs it, `repeat` times per step.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Op {
+    pub name: &'static str,
+    pub layer: LayerKind,
+    pub repeat: u64,
+    pub dies: DieSet,
+    pub kind: OpKind,
+}
+
+/// Routed-expert load across the EP group.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct MoeLoad {
+    /// Tokens entering the MoE layers across all DP ranks of the EP group this step.
+    pub group_tokens: u64,
+    /// Tokens on the hottest routed die over the mean (1.0 = perfect balance).
+    pub imbalance: f64,
+}
+
+/// What, besides the batch, fixes a step's ops.
+#[derive(Clone, Copy, Debug)]
+pub struct StepSpec<'a> {
+    pub model: &'a ModelConfig,
+    pub quant: Quant,
+    pub kv_dtype: DType,
+    pub plan: &'a Plan,
+    /// MTP draft tokens per step (0 = no MTP).
+    pub mtp_tokens: u32,
+}
+
+/// Builds the op list of one step.
+struct Builder<'a> {
+    s: StepSpec<'a>,
+    ops: Vec<Op>,
+}
+
+fn work(class: OpClass, flops: f64, bytes: f64, dtype: DType) -> OpKind {
+    OpKind::Compute(Work {
+        class,
+        flops,
+        bytes,
+        dtype,
+    })
+}
+
+impl Builder<'_> {
+    fn push(
+        &mut self,
+        name: &'static str,
+        layer: LayerKind,
+        repeat: u64,
+        dies: DieSet,
+        kind: OpKind,
+    ) {
+        if repeat == 0 {
+            return;
+        }
+        let empty = match &kind {
+            OpKind::Compute(w) => w.flops <= 0.0 && w.bytes <= 0.0,
+            OpKind::Comm(c) => c.bytes <= 0.0 || c.group <= 1,
+        };
+        if !empty {
+            self.ops.push(Op {
+                name,
+                layer,
+                repeat,
+                dies,
+                kind,
+            });
+        }
+    }
+
+    /// A GEMM of `tokens` x `k` by `k` x `n`, weights stored as `wdt`, math in `cdt`.
+    // The arguments are the GEMM's shape and formats; a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &mut self,
+        name: &'static str,
+        layer: LayerKind,
+        repeat: u64,
+        tokens: f64,
+        k: f64,
+        n: f64,
+        wdt: DType,
+        cdt: DType,
+    ) {
+        let act = DType::Bf16.bytes();
+        let flops = 2.0 * tokens * k * n;
+        let bytes = k * n * wdt.bytes() + tokens * (k + n) * act;
+        self.push(
+            name,
+            layer,
+            repeat,
+            DieSet::All,
+            work(OpClass::Gemm, flops, bytes, cdt),
+        );
+    }
+
+    fn elementwise(&mut self, name: &'static str, layer: LayerKind, repeat: u64, elems: f64) {
+        // Read and write once, a few flops per element.
+        let bytes = 2.0 * elems * DType::Bf16.bytes();
+        self.push(
+            name,
+            layer,
+            repeat,
+            DieSet::All,
+            work(OpClass::Elementwise, 4.0 * elems, bytes, DType::Bf16),
+        );
+    }
+
+    fn all_reduce(
+        &mut self,
+        name: &'static str,
+        layer: LayerKind,
+        repeat: u64,
+        bytes: f64,
+        group: u32,
+    ) {
+        self.push(
+            name,
+            layer,
+            repeat,
+            DieSet::All,
+            OpKind::Comm(Comm {
+                kind: CommKind::AllReduce,
+                bytes,
+                group,
+                mode: A2aMode::Normal,
+            }),
+        );
+    }
+
+    /// Attention of `repeat` layers for the batch `b`, for one die of a TP group.
+    fn attention(&mut self, layer: LayerKind, repeat: u64, b: &BatchShape, ratio: Option<u64>) {
+        let m = self.s.model;
+        let q = self.s.quant;
+        let (lin, cdt) = (q.linear_weight(), q.linear_compute());
+        let tp = self.s.plan.tp as f64;
+        let kvb = self.s.kv_dtype.bytes();
+        let h = m.hidden as f64;
+        let t = b.tokens() as f64;
+        let tp_tok = b.prefill_tokens as f64;
+        let td = b.decode_tokens as f64;
+        // KV reads happen once per sequence per layer, whatever its draft tokens: scale the
+        // per-token pair sums by sequences per token.
+        let kv_reads = |pairs: u64| {
+            if b.decode_tokens == 0 {
+                0.0
+            } else {
+                pairs as f64 * b.decode_seqs as f64 / td
+            }
+        };
+        let act = DType::Bf16.bytes();
+        self.elementwise("attn_norm", layer, repeat, t * h);
+        match &m.attention {
+            Attention::Mla {
+                heads,
+                q_lora_rank,
+                kv_lora_rank,
+                qk_nope_dim,
+                qk_rope_dim,
+                v_head_dim,
+                indexer,
+            } => {
+                let hh = *heads as f64 / tp;
+                let (ql, kvl, nope, rope, v) = (
+                    *q_lora_rank as f64,
+                    *kv_lora_rank as f64,
+                    *qk_nope_dim as f64,
+                    *qk_rope_dim as f64,
+                    *v_head_dim as f64,
+                );
+                self.gemm("q_a_proj", layer, repeat, t, h, ql, lin, cdt);
+                self.gemm("kv_a_proj", layer, repeat, t, h, kvl + rope, lin, cdt);
+                self.gemm(
+                    "q_b_proj",
+                    layer,
+                    repeat,
+                    t,
+                    ql,
+                    hh * (nope + rope),
+                    lin,
+                    cdt,
+                );
+                let sparse = indexer.is_some();
+                let (pp, pd) = if sparse {
+                    (b.prefill_pairs_capped, b.decode_pairs_capped)
+                } else {
+                    (b.prefill_pairs, b.decode_pairs)
+                };
+                if b.prefill_tokens > 0 {
+                    // Prefill form: up-project the latent to per-head K and V, then attend.
+                    self.gemm(
+                        "kv_b_proj",
+                        layer,
+                        repeat,
+                        tp_tok,
+                        kvl,
+                        hh * (nope + v),
+                        lin,
+                        cdt,
+                    );
+                    let flops = 2.0 * pp as f64 * hh * (nope + rope + v);
+                    let bytes = tp_tok * hh * (2.0 * (nope + rope) + 2.0 * v) * act;
+                    self.push(
+                        "attn_prefill",
+                        layer,
+                        repeat,
+                        DieSet::All,
+                        work(OpClass::Attention, flops, bytes, DType::Bf16),
+                    );
+                }
+                if b.decode_tokens > 0 {
+                    // Absorbed form: attend in the latent space, W_UK and W_UV folded into the query
+                    // and output sides.
+                    self.gemm(
+                        "q_absorb",
+                        layer,
+                        repeat,
+                        td,
+                        hh * nope,
+                        kvl,
+                        lin,
+                        DType::Bf16,
+                    );
+                    let flops = 2.0 * pd as f64 * hh * (kvl + rope + kvl);
+                    let bytes =
+                        kv_reads(pd) * (kvl + rope) * kvb + td * hh * (kvl + rope + kvl) * act;
+                    self.push(
+                        "attn_decode",
+                        layer,
+                        repeat,
+                        DieSet::All,
+                        work(OpClass::Attention, flops, bytes, DType::Bf16),
+                    );
+                    self.gemm("v_absorb", layer, repeat, td, hh * kvl, v, lin, DType::Bf16);
+                }
+                if let Some(ix) = indexer {
+                    let (ih, id) = (ix.heads as f64, ix.head_dim as f64);
+                    self.indexer_proj(layer, repeat, t, ql, ih, id);
+                    let pairs = (b.prefill_pairs + b.decode_pairs) as f64;
+                    let key = id * DType::Fp8.bytes() + SCALE_BYTES;
+                    let bytes = (kv_reads(b.decode_pairs) + tp_tok) * key;
+                    self.push(
+                        "indexer_score",
+                        layer,
+                        repeat,
+                        DieSet::All,
+                        work(OpClass::Indexer, 2.0 * pairs * ih * id, bytes, DType::Fp8),
+                    );
+                    self.elementwise("indexer_topk", layer, repeat, pairs / id.max(1.0));
+                }
+                self.gemm("o_proj", layer, repeat, t, hh * v, h, lin, cdt);
+            }
+            Attention::Hybrid {
+                heads,
+                head_dim,
+                q_lora_rank,
+                o_lora_rank,
+                o_groups,
+                window,
+                indexer,
+                hc_mult,
+                ..
+            } => {
+                let hh = *heads as f64 / tp;
+                let (hd, ql, ol, og, w) = (
+                    *head_dim as f64,
+                    *q_lora_rank as f64,
+                    *o_lora_rank as f64,
+                    *o_groups as f64,
+                    *window as f64,
+                );
+                self.elementwise("hc_mix", layer, repeat, t * h * *hc_mult as f64);
+                self.gemm("q_a_proj", layer, repeat, t, h, ql, lin, cdt);
+                self.gemm("kv_proj", layer, repeat, t, h, hd, lin, cdt);
+                self.gemm("q_b_proj", layer, repeat, t, ql, hh * hd, lin, cdt);
+                let r = ratio.unwrap_or(0);
+                let csa = self.csa_ratio();
+                // Keys per query: the sliding window plus compressed entries (top-k of them in
+                // the indexed layers, all of them in the heavily compressed ones).
+                let window_keys = ((b.prefill_pairs + b.decode_pairs) as f64).min(t * w);
+                let (comp_p, comp_d) = match r {
+                    0 => (0.0, 0.0),
+                    r if Some(r) == csa => (
+                        b.prefill_pairs_capped as f64 / r as f64,
+                        b.decode_pairs_capped as f64 / r as f64,
+                    ),
+                    r => (
+                        b.prefill_pairs as f64 / r as f64,
+                        b.decode_pairs as f64 / r as f64,
+                    ),
+                };
+                if r > 0 {
+                    self.gemm("kv_compress", layer, repeat, t, hd, hd, lin, cdt);
+                }
+                let keys = window_keys + comp_p + comp_d;
+                let flops = 2.0 * keys * hh * 2.0 * hd;
+                let read_d = kv_reads(b.decode_pairs_capped.min(b.decode_pairs)) / r.max(1) as f64
+                    * f64::from(r > 0)
+                    + b.decode_seqs as f64 * w;
+                let bytes = (read_d + tp_tok) * hd * kvb + t * hh * 2.0 * hd * act;
+                let name = if b.decode_tokens > 0 && b.prefill_tokens == 0 {
+                    "attn_decode"
+                } else {
+                    "attn_prefill"
+                };
+                self.push(
+                    name,
+                    layer,
+                    repeat,
+                    DieSet::All,
+                    work(OpClass::Attention, flops, bytes, DType::Bf16),
+                );
+                if r > 0 && Some(r) == csa {
+                    let (ih, id) = (indexer.heads as f64, indexer.head_dim as f64);
+                    self.indexer_proj(layer, repeat, t, ql, ih, id);
+                    let pairs = (b.prefill_pairs + b.decode_pairs) as f64 / r as f64;
+                    let key = id * DType::Fp8.bytes() + SCALE_BYTES;
+                    let bytes = (kv_reads(b.decode_pairs) / r as f64 + tp_tok) * key;
+                    self.push(
+                        "indexer_score",
+                        layer,
+                        repeat,
+                        DieSet::All,
+                        work(OpClass::Indexer, 2.0 * pairs * ih * id, bytes, DType::Fp8),
+                    );
+                    self.elementwise("indexer_topk", layer, repeat, pairs / id.max(1.0));
+                }
+                // Grouped low-rank output: each group maps its heads to o_lora (block-diagonal).
+                self.gemm("o_a_proj", layer, repeat, t, hh * hd, ol, lin, cdt);
+                self.gemm("o_b_proj", layer, repeat, t, og * ol / tp, h, lin, cdt);
+            }
+        }
+        if self.s.plan.tp > 1 {
+            self.all_reduce(
+                "attn_all_reduce",
+                layer,
+                repeat,
+                t * h * act,
+                self.s.plan.tp,
+            );
+        }
+        self.elementwise("ffn_norm", layer, repeat, t * h);
+    }
+
+    /// The indexer's projections: queries from the q latent, one key and the per-head weights
+    /// from the hidden state.
+    fn indexer_proj(
+        &mut self,
+        layer: LayerKind,
+        repeat: u64,
+        t: f64,
+        q_lora: f64,
+        heads: f64,
+        dim: f64,
+    ) {
+        let (lin, cdt) = (self.s.quant.linear_weight(), self.s.quant.linear_compute());
+        let h = self.s.model.hidden as f64;
+        self.gemm("indexer_q", layer, repeat, t, q_lora, heads * dim, lin, cdt);
+        self.gemm("indexer_k", layer, repeat, t, h, dim, lin, cdt);
+        self.gemm("indexer_w", layer, repeat, t, h, heads, lin, cdt);
+    }
+
+    fn csa_ratio(&self) -> Option<u64> {
+        match &self.s.model.attention {
+            Attention::Hybrid {
+                compress_ratios, ..
+            } => compress_ratios[..self.s.model.layers as usize]
+                .iter()
+                .copied()
+                .filter(|&r| r > 0)
+                .min(),
+            Attention::Mla { .. } => None,
+        }
+    }
+
+    fn dense_ffn(&mut self, repeat: u64, b: &BatchShape) {
+        let m = self.s.model;
+        let q = self.s.quant;
+        let dtp = self.s.plan.dense_tp;
+        let t = b.tokens() as f64;
+        let h = m.hidden as f64;
+        let f = m.dense_ffn as f64 / dtp as f64;
+        self.gemm(
+            "ffn_gate_up",
+            LayerKind::DenseFfn,
+            repeat,
+            t,
+            h,
+            2.0 * f,
+            q.linear_weight(),
+            q.linear_compute(),
+        );
+        self.elementwise("ffn_act", LayerKind::DenseFfn, repeat, t * 2.0 * f);
+        self.gemm(
+            "ffn_down",
+            LayerKind::DenseFfn,
+            repeat,
+            t,
+            f,
+            h,
+            q.linear_weight(),
+            q.linear_compute(),
+        );
+        if dtp > 1 {
+            self.all_reduce(
+                "ffn_all_reduce",
+                LayerKind::DenseFfn,
+                repeat,
+                t * h * DType::Bf16.bytes(),
+                dtp,
+            );
+        }
+    }
+
+    fn a2a_mode(&self, b: &BatchShape) -> A2aMode {
+        match self.s.plan.role {
+            Role::Decode => A2aMode::LowLatency,
+            Role::Prefill => A2aMode::Normal,
+            // Like SGLang's `auto`: normal mode as soon as any prefill is in the batch.
+            Role::Mixed if b.prefill_tokens > 0 => A2aMode::Normal,
+            Role::Mixed => A2aMode::LowLatency,
+        }
+    }
+
+    /// One MoE layer, `repeat` times, for one die.
+    fn moe(&mut self, layer: LayerKind, repeat: u64, b: &BatchShape, load: &MoeLoad) {
+        let m = self.s.model;
+        let q = self.s.quant;
+        let p = self.s.plan;
+        let h = m.hidden as f64;
+        let t = b.tokens() as f64;
+        let act = DType::Bf16.bytes();
+        // The router runs in bf16 on every token of the rank (replicated over its TP dies).
+        self.gemm(
+            "router",
+            layer,
+            repeat,
+            t,
+            h,
+            m.routed_experts as f64,
+            DType::Bf16,
+            DType::Bf16,
+        );
+        self.elementwise("router_topk", layer, repeat, t * m.routed_experts as f64);
+        // Each die of a TP group dispatches its share of the rank's tokens.
+        let own = t / p.tp as f64;
+        let shared_dies = p.shared_expert_dies > 0;
+        let fanout = (m.top_k + u64::from(shared_dies)) as f64;
+        let dq = q.dispatch();
+        let per_token = if dq == DType::Bf16 {
+            h * act
+        } else {
+            h * dq.bytes() + (h / DISPATCH_SCALE_GROUP).ceil() * SCALE_BYTES
+        };
+        let mode = self.a2a_mode(b);
+        let comm = |kind, bytes| {
+            OpKind::Comm(Comm {
+                kind,
+                bytes,
+                group: p.ep,
+                mode,
+            })
+        };
+        self.push(
+            "dispatch",
+            layer,
+            repeat,
+            DieSet::All,
+            comm(CommKind::Dispatch, own * fanout * per_token),
+        );
+        // Routed experts: tokens per routed die under perfect balance, times the imbalance.
+        let slots = (m.routed_experts + p.redundant_experts as u64) as f64;
+        let mean = load.group_tokens as f64 * m.top_k as f64 / slots * p.slots_per_die as f64;
+        let tok = mean * load.imbalance;
+        let ffn = m.expert_ffn as f64;
+        let ew = q.expert_weight();
+        let ec = q.linear_compute();
+        let expert_bytes = m.expert_params() as f64 * ew.bytes();
+        let flops = 2.0 * tok * 3.0 * h * ffn;
+        // Weights of each resident expert that received a token are read once: with `tok` tokens
+        // spread over S experts, S * (1 - (1 - 1/S)^tok) of them are hit on average.
+        let sp = p.slots_per_die as f64;
+        let hit = sp * (1.0 - (1.0 - 1.0 / sp).powf(tok));
+        let resident = hit * expert_bytes;
+        let bytes = resident + tok * (2.0 * h + 3.0 * ffn) * act;
+        self.push(
+            "experts",
+            layer,
+            repeat,
+            DieSet::RoutedExperts,
+            work(OpClass::GroupedGemm, flops, bytes, ec),
+        );
+        // Shared expert: on its own dies, or locally for the die's tokens.
+        let (stok, sdies) = if shared_dies {
+            (
+                load.group_tokens as f64 / p.shared_expert_dies as f64,
+                DieSet::SharedExperts,
+            )
+        } else {
+            (t, DieSet::All)
+        };
+        let sh = m.shared_experts as f64;
+        let split = if shared_dies { 1.0 } else { p.dense_tp as f64 };
+        let flops = 2.0 * stok * 3.0 * h * ffn * sh / split;
+        let bytes = sh * expert_bytes / split + stok * (2.0 * h + 3.0 * ffn / split) * act;
+        self.push(
+            "shared_expert",
+            layer,
+            repeat,
+            sdies,
+            work(OpClass::GroupedGemm, flops, bytes, ec),
+        );
+        self.push(
+            "combine",
+            layer,
+            repeat,
+            DieSet::All,
+            comm(CommKind::Combine, own * fanout * h * act),
+        );
+    }
+
+    fn lm_head(&mut self, layer: LayerKind, repeat: u64, logit_tokens: f64) {
+        let m = self.s.model;
+        let dtp = self.s.plan.dense_tp;
+        let (h, v) = (m.hidden as f64, m.vocab as f64 / dtp as f64);
+        self.elementwise("final_norm", layer, repeat, logit_tokens * h);
+        let e = self.s.quant.embedding();
+        self.gemm("lm_head", layer, repeat, logit_tokens, h, v, e, e);
+        if dtp > 1 {
+            self.push(
+                "logits_gather",
+                layer,
+                repeat,
+                DieSet::All,
+                OpKind::Comm(Comm {
+                    kind: CommKind::AllGather,
+                    bytes: logit_tokens * m.vocab as f64 * DType::Bf16.bytes(),
+                    group: dtp,
+                    mode: A2aMode::Normal,
+                }),
+            );
+        }
+        self.elementwise("sample", layer, repeat, logit_tokens * m.vocab as f64);
+    }
+}
+
+/// Counts of decoder layers by attention variant: (compression ratio, dense layers, MoE layers).
+fn layer_groups(m: &ModelConfig) -> Vec<(Option<u64>, u64, u64)> {
+    match &m.attention {
+        Attention::Mla { .. } => vec![(None, m.dense_layers, m.moe_layers())],
+        Attention::Hybrid {
+            compress_ratios, ..
+        } => {
+            let mut groups: Vec<(Option<u64>, u64, u64)> = Vec::new();
+            for (i, &r) in compress_ratios[..m.layers as usize].iter().enumerate() {
+                let dense = (i as u64) < m.dense_layers;
+                let g = match groups.iter_mut().find(|g| g.0 == Some(r)) {
+                    Some(g) => g,
+                    None => {
+                        groups.push((Some(r), 0, 0));
+                        groups.last_mut().expect("just pushed")
+                    }
+                };
+                if dense {
+                    g.1 += 1;
+                } else {
+                    g.2 += 1;
+                }
+            }
+            groups.sort_by_key(|g| g.0);
+            groups
+        }
+    }
+}
+
+/// The ops one die runs in one step of a DP rank computing `b`, with the EP group's MoE load.
+pub fn step_ops(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad) -> Vec<Op> {
+    let mut bld = Builder {
+        s: spec,
+        ops: Vec::with_capacity(64),
+    };
+    if b.is_empty() {
+        return bld.ops;
+    }
+    let m = spec.model;
+    let h = m.hidden as f64;
+    let t = b.tokens() as f64;
+    bld.elementwise("embed", LayerKind::Embedding, 1, t * h);
+    for (ratio, dense, moe) in layer_groups(m) {
+        bld.attention(LayerKind::Attention, dense + moe, b, ratio);
+        bld.dense_ffn(dense, b);
+        bld.moe(LayerKind::Moe, moe, b, load);
+    }
+    // Logits for every decode token (drafts are verified) and the last token of each prefill.
+    let logit_tokens = (b.decode_tokens + b.prefill_seqs as u64) as f64;
+    bld.lm_head(LayerKind::LmHead, 1, logit_tokens);
+    if spec.mtp_tokens > 0 && m.mtp_layers > 0 {
+        // MTP: the first pass runs the MTP module over every token of the step (it needs their
+        // hidden states); each further draft runs it over one token per sequence.
+        let seqs = b.seqs();
+        let last_ratio = layer_groups(m).last().and_then(|g| g.0);
+        // Later drafts attend about the context of this step's decode tokens.
+        let ctx = b
+            .decode_pairs
+            .checked_div(b.decode_tokens)
+            .unwrap_or(b.prefill_pairs / b.tokens());
+        let later = BatchShape::uniform_decode(seqs, 1, ctx, m.attn_cap());
+        for (n, pb) in [(1u64, *b), (spec.mtp_tokens as u64 - 1, later)] {
+            if n == 0 {
+                continue;
+            }
+            let pt = pb.tokens() as f64;
+            bld.gemm(
+                "mtp_eh_proj",
+                LayerKind::Mtp,
+                n,
+                pt,
+                2.0 * h,
+                h,
+                DType::Bf16,
+                DType::Bf16,
+            );
+            bld.attention(LayerKind::Mtp, n, &pb, last_ratio);
+            let mtp_load = MoeLoad {
+                group_tokens: load.group_tokens * pb.tokens() / b.tokens(),
+                imbalance: load.imbalance,
+            };
+            bld.moe(LayerKind::Mtp, n, &pb, &mtp_load);
+            bld.lm_head(LayerKind::Mtp, n, seqs as f64);
+        }
+    }
+    bld.ops
+}
+
+/// Total FLOPs of an op list per die (each op times its repeat count); expert ops count once per
+/// die set they run on.
+pub fn total_flops(ops: &[Op]) -> f64 {
+    ops.iter()
+        .map(|o| match o.kind {
+            OpKind::Compute(w) => w.flops * o.repeat as f64,
+            OpKind::Comm(_) => 0.0,
+        })
+        .sum()
+}
+
+/// Parameters of the model per token as FLOPs: 2 x active parameters (for tests and reports).
+pub fn dense_flops_per_token(m: &ModelConfig) -> f64 {
+    2.0 * model::active(m) as f64
+}

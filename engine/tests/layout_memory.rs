@@ -1,0 +1,147 @@
+//! Layout validation and the memory map: impossible layouts are errors that name the numbers.
+
+use dstwin_engine::layout::{Layout, LayoutError, Role};
+use dstwin_engine::memory::{memory_map, MemoryError, MemoryInputs};
+use dstwin_engine::model::{builtin, Quant};
+use dstwin_hwmodels::{Catalog, DType};
+
+fn cm384() -> &'static dstwin_hwmodels::System {
+    Catalog::builtin().system("cloudmatrix384").unwrap()
+}
+
+fn cm384_decode() -> Layout {
+    Layout {
+        redundant_experts: 32,
+        shared_expert_dies: 32,
+        ..Layout::dp_ep(Role::Decode, 320)
+    }
+}
+
+#[test]
+fn ep320_reproduces_cloudmatrix_slot_arithmetic() {
+    let m = builtin("r1").unwrap();
+    let plan = cm384_decode().validate(&m, cm384()).unwrap();
+    // 256 routed + 32 redundant on 288 dies, one per die; 32 shared-expert dies.
+    assert_eq!(plan.routed_dies, 288);
+    assert_eq!(plan.slots_per_die, 1);
+}
+
+#[test]
+fn dp_times_tp_must_equal_dies() {
+    let m = builtin("r1").unwrap();
+    let l = Layout {
+        dp: 100,
+        ..cm384_decode()
+    };
+    let err = l.validate(&m, cm384()).unwrap_err();
+    assert_eq!(
+        err,
+        LayoutError::DpTp {
+            dp: 100,
+            tp: 1,
+            product: 100,
+            dies: 320
+        }
+    );
+    assert!(err
+        .to_string()
+        .contains("dp (100) x tp (1) = 100, but dies = 320"));
+}
+
+#[test]
+fn experts_that_do_not_divide_over_dies_are_refused_with_the_numbers() {
+    let m = builtin("r1").unwrap();
+    let l = Layout {
+        redundant_experts: 0,
+        shared_expert_dies: 0,
+        ..cm384_decode()
+    };
+    let err = l.validate(&m, cm384()).unwrap_err().to_string();
+    assert!(
+        err.contains("256 routed-expert slots") && err.contains("320 expert dies"),
+        "{err}"
+    );
+}
+
+#[test]
+fn layouts_larger_than_the_system_are_refused() {
+    let m = builtin("r1").unwrap();
+    let a2 = Catalog::builtin().system("atlas-800i-a2").unwrap();
+    let err = Layout::dp_ep(Role::Decode, 1024)
+        .validate(&m, a2)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("1024 dies exceed the 512 dies"), "{err}");
+}
+
+#[test]
+fn tp_must_divide_heads() {
+    let m = builtin("r1").unwrap();
+    let l = Layout {
+        dp: 32,
+        tp: 10,
+        ..cm384_decode()
+    };
+    let err = l.validate(&m, cm384()).unwrap_err().to_string();
+    assert!(err.contains("layout.tp = 10"), "{err}");
+}
+
+fn inputs(quant: Quant) -> MemoryInputs {
+    MemoryInputs {
+        quant,
+        kv_dtype: DType::Bf16,
+        mtp_tokens: 1,
+        max_tokens_per_step: 2048,
+    }
+}
+
+#[test]
+fn r1_w8a8_fits_on_ep320_with_tens_of_gigabytes_of_kv() {
+    let m = builtin("r1").unwrap();
+    let plan = cm384_decode().validate(&m, cm384()).unwrap();
+    let mm = memory_map(&m, &plan, cm384(), &inputs(Quant::W8a8)).unwrap();
+    // One INT8 expert per die over 59 MoE layers (58 + MTP): 3 x 7168 x 2048 x 59 bytes.
+    assert!((mm.routed_expert_weights - 3.0 * 7168.0 * 2048.0 * 59.0).abs() < 1.0);
+    assert!(mm.kv_cache > 30e9, "{}", mm.kv_cache);
+    let parts = mm.reserved + mm.weights + mm.workspace + mm.kv_cache;
+    assert!(
+        (parts - mm.hbm).abs() < 1.0,
+        "memory map must add up to HBM"
+    );
+    assert_eq!(
+        mm.kv_capacity_tokens,
+        (mm.kv_cache / mm.kv_bytes_per_token) as u64
+    );
+}
+
+#[test]
+fn bf16_r1_on_one_a2_node_does_not_fit_and_says_by_how_much() {
+    let m = builtin("r1").unwrap();
+    let a2 = Catalog::builtin().system("atlas-800i-a2").unwrap();
+    let plan = Layout::dp_ep(Role::Decode, 8).validate(&m, a2).unwrap();
+    let err = memory_map(&m, &plan, a2, &inputs(Quant::Bf16)).unwrap_err();
+    let MemoryError::DoesNotFit {
+        need_gb, hbm_gb, ..
+    } = err.clone();
+    assert!(need_gb > 150.0 && hbm_gb == 64.0, "{err}");
+    assert!(err.to_string().contains("does not fit in HBM"));
+}
+
+#[test]
+fn redundant_experts_cost_memory() {
+    let m = builtin("r1").unwrap();
+    let s = cm384();
+    let base = Layout::dp_ep(Role::Prefill, 32).validate(&m, s).unwrap();
+    let red = Layout {
+        redundant_experts: 32,
+        ..Layout::dp_ep(Role::Prefill, 32)
+    }
+    .validate(&m, s)
+    .unwrap();
+    let a = memory_map(&m, &base, s, &inputs(Quant::W8a8)).unwrap();
+    let b = memory_map(&m, &red, s, &inputs(Quant::W8a8)).unwrap();
+    assert_eq!(base.slots_per_die, 8);
+    assert_eq!(red.slots_per_die, 9);
+    assert!(b.routed_expert_weights > a.routed_expert_weights);
+    assert!(b.kv_capacity_tokens < a.kv_capacity_tokens);
+}

@@ -1,0 +1,82 @@
+//! The op graph's work adds up: about 2 FLOPs per active parameter per token, plus attention.
+
+use dstwin_engine::batch::{AttnCap, BatchShape};
+use dstwin_engine::layout::{Layout, Role};
+use dstwin_engine::model::{self, builtin, ModelConfig, Quant};
+use dstwin_engine::opgraph::{step_ops, total_flops, MoeLoad, StepSpec};
+use dstwin_hwmodels::{Catalog, DType};
+
+fn flops_per_token(m: &ModelConfig, shape: &BatchShape, mtp: u32) -> f64 {
+    let sys = Catalog::builtin().system("cloudmatrix384").unwrap();
+    // One die holding every expert: no communication, every FLOP on it.
+    let plan = Layout::dp_ep(Role::Mixed, 1).validate(m, sys).unwrap();
+    let spec = StepSpec {
+        model: m,
+        quant: Quant::Bf16,
+        kv_dtype: DType::Bf16,
+        plan: &plan,
+        mtp_tokens: mtp,
+    };
+    let load = MoeLoad {
+        group_tokens: shape.tokens(),
+        imbalance: 1.0,
+    };
+    total_flops(&step_ops(spec, shape, &load)) / shape.tokens() as f64
+}
+
+#[test]
+fn decode_at_short_context_is_two_flops_per_active_parameter() {
+    for name in ["deepseek-v3", "deepseek-v3.2", "deepseek-v4-flash"] {
+        let m = builtin(name).unwrap();
+        let shape = BatchShape::uniform_decode(64, 1, 1, m.attn_cap());
+        let f = flops_per_token(&m, &shape, 0);
+        let want = 2.0 * model::active(&m) as f64;
+        assert!(
+            f >= want * 0.99 && f <= want * 1.03,
+            "{name}: {:.3e} vs 2 x active {:.3e}",
+            f,
+            want
+        );
+    }
+}
+
+#[test]
+fn attention_adds_work_with_context_and_sparse_models_cap_it() {
+    let v3 = builtin("v3").unwrap();
+    let v32 = builtin("v3.2").unwrap();
+    let short =
+        |m: &ModelConfig| flops_per_token(m, &BatchShape::uniform_decode(8, 1, 1, m.attn_cap()), 0);
+    let long = |m: &ModelConfig| {
+        flops_per_token(m, &BatchShape::uniform_decode(8, 1, 65536, m.attn_cap()), 0)
+    };
+    let dense_growth = long(&v3) - short(&v3);
+    let sparse_growth = long(&v32) - short(&v32);
+    assert!(dense_growth > 0.0 && sparse_growth > 0.0);
+    // DSA attends 2048 keys instead of 65536; only its cheap FP8 indexer scales with context.
+    assert!(
+        sparse_growth < dense_growth * 0.6,
+        "{sparse_growth:.3e} vs {dense_growth:.3e}"
+    );
+}
+
+#[test]
+fn prefill_attention_is_causal() {
+    let m = builtin("v3").unwrap();
+    let cap = AttnCap(None);
+    let one = flops_per_token(&m, &BatchShape::uniform_prefill(1, 1024, cap), 0);
+    let four = flops_per_token(&m, &BatchShape::uniform_prefill(1, 4096, cap), 0);
+    // Per token, attention grows with the prompt's average position (~L/2).
+    assert!(four > one);
+}
+
+#[test]
+fn mtp_adds_one_layer_and_a_head_per_draft() {
+    let m = builtin("v3").unwrap();
+    let shape = BatchShape::uniform_decode(16, 2, 1024, m.attn_cap());
+    let without = flops_per_token(&m, &shape, 0);
+    let with = flops_per_token(&m, &shape, 1);
+    assert!(
+        with > without * 1.01 && with < without * 1.2,
+        "{with:.3e} vs {without:.3e}"
+    );
+}
