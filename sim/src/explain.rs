@@ -1,0 +1,328 @@
+//! `dstwin explain`: one step of one instance, priced and broken down.
+
+use crate::pricing::{price, two_microbatch_time, StepCost};
+use dstwin_engine::batch::BatchShape;
+use dstwin_engine::layout::{Layout, LayoutError, Plan, Role};
+use dstwin_engine::memory::{memory_map, MemoryError, MemoryInputs, MemoryMap};
+use dstwin_engine::model::{ModelConfig, Quant};
+use dstwin_engine::opgraph::{step_ops, MoeLoad, StepSpec};
+use dstwin_hwmodels::{CostModel, DType};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+/// The batch one DP rank computes in the explained step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BatchSpec {
+    /// Decoding sequences per DP rank.
+    pub decode_seqs: u32,
+    /// Context (KV) length of each decoding sequence.
+    pub kv_len: u64,
+    /// Prompt tokens per DP rank computed this step.
+    pub prefill_tokens: u64,
+    /// Tokens per prompt (prompts are whole, nothing cached).
+    pub prompt_len: u64,
+}
+
+/// MTP settings: draft tokens per step and the acceptance probability of each draft given the
+/// previous one was accepted.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Mtp {
+    pub tokens: u32,
+    pub acceptance: Vec<f64>,
+}
+
+impl Mtp {
+    pub fn off() -> Mtp {
+        Mtp {
+            tokens: 0,
+            acceptance: vec![],
+        }
+    }
+
+    /// Expected tokens a decoding sequence emits per step: 1 + sum over drafts of the chance that
+    /// it and every draft before it are accepted.
+    pub fn expected_tokens(&self) -> f64 {
+        let mut p = 1.0;
+        let mut e = 1.0;
+        for i in 0..self.tokens as usize {
+            let pi = self
+                .acceptance
+                .get(i)
+                .or(self.acceptance.last())
+                .copied()
+                .unwrap_or(0.0);
+            p *= pi;
+            e += p;
+        }
+        e
+    }
+}
+
+/// Everything `explain` needs.
+#[derive(Clone, Debug)]
+pub struct ExplainInput {
+    pub model: ModelConfig,
+    pub quant: Quant,
+    pub kv_dtype: DType,
+    pub cost: CostModel,
+    pub layout: Layout,
+    pub batch: BatchSpec,
+    pub mtp: Mtp,
+    /// Tokens on the hottest routed die over the mean (1.0 = perfect balance).
+    pub moe_imbalance: f64,
+    /// Per-rank token budget the workspace is sized for (default: this batch's tokens).
+    pub max_tokens_per_step: Option<u64>,
+}
+
+#[derive(Debug, Error)]
+pub enum ExplainError {
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error("{field} = {value}: {reason}")]
+    Input {
+        field: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+fn input(field: &'static str, value: impl ToString, reason: impl Into<String>) -> ExplainError {
+    ExplainError::Input {
+        field,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Throughput implied by the step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Throughput {
+    /// Expected tokens per decoding sequence per step (1 + accepted drafts).
+    pub tokens_per_seq_step: f64,
+    /// Time per output token, ms (decode batches).
+    pub tpot_ms: Option<f64>,
+    pub output_tok_s_per_die: f64,
+    pub output_tok_s_per_package: f64,
+    pub input_tok_s_per_die: f64,
+    pub input_tok_s_per_package: f64,
+}
+
+/// The explain report; serialized as-is by `--json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Explain {
+    pub model: String,
+    pub quant: Quant,
+    pub kv_dtype: DType,
+    pub system: String,
+    pub chip: String,
+    pub plan: Plan,
+    pub batch: BatchSpec,
+    pub shape: BatchShape,
+    pub mtp: Mtp,
+    pub moe_imbalance: f64,
+    /// Step time used for throughput: with two micro-batches when that is faster.
+    pub step_ms: f64,
+    pub serial_step_ms: f64,
+    pub two_microbatch_step_ms: f64,
+    /// Gain of two-micro-batch overlap over the serial step (negative: it would slow the step).
+    pub two_microbatch_gain: f64,
+    pub compute_ms: f64,
+    pub comm_ms: f64,
+    pub roofline_ms: f64,
+    pub by_class_ms: BTreeMap<&'static str, f64>,
+    pub by_layer_ms: BTreeMap<&'static str, f64>,
+    pub by_bound_ms: BTreeMap<&'static str, f64>,
+    pub throughput: Throughput,
+    pub memory: MemoryMap,
+    pub step: StepCost,
+}
+
+fn shape_for(b: &BatchSpec, tokens_per_seq: u64, model: &ModelConfig, halve: bool) -> BatchShape {
+    let cap = model.attn_cap();
+    let d = if halve {
+        b.decode_seqs.div_ceil(2)
+    } else {
+        b.decode_seqs
+    };
+    let mut s = BatchShape::uniform_decode(d, tokens_per_seq, b.kv_len, cap);
+    let pt = if halve {
+        b.prefill_tokens.div_ceil(2)
+    } else {
+        b.prefill_tokens
+    };
+    if pt > 0 {
+        let prompts = pt / b.prompt_len;
+        let p = BatchShape::uniform_prefill(prompts as u32, b.prompt_len, cap);
+        s.prefill_seqs = p.prefill_seqs;
+        s.prefill_tokens = p.prefill_tokens;
+        s.prefill_pairs = p.prefill_pairs;
+        s.prefill_pairs_capped = p.prefill_pairs_capped;
+        let rest = pt - prompts * b.prompt_len;
+        // A partial prompt (half a batch of an odd prompt count) computes as a chunk.
+        s.add_prefill(rest, 0, cap);
+    }
+    s
+}
+
+/// Prices one step of one instance and everything around it.
+pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
+    let system = &inp.cost.system;
+    let plan = inp.layout.validate(&inp.model, system)?;
+    let b = &inp.batch;
+    if b.decode_seqs == 0 && b.prefill_tokens == 0 {
+        return Err(input(
+            "batch",
+            "empty",
+            "give decode sequences (--seqs) or prompt tokens (--tokens)",
+        ));
+    }
+    if b.prefill_tokens > 0 && (b.prompt_len == 0 || b.prompt_len > b.prefill_tokens) {
+        return Err(input(
+            "batch.prompt_len",
+            b.prompt_len,
+            format!(
+                "must be between 1 and the prompt tokens per rank ({})",
+                b.prefill_tokens
+            ),
+        ));
+    }
+    if b.decode_seqs > 0 && b.kv_len == 0 {
+        return Err(input(
+            "batch.kv_len",
+            0,
+            "decoding sequences need a context length",
+        ));
+    }
+    if b.kv_len > inp.model.max_context {
+        return Err(input(
+            "batch.kv_len",
+            b.kv_len,
+            format!("exceeds the model's context of {}", inp.model.max_context),
+        ));
+    }
+    if !(inp.moe_imbalance.is_finite() && inp.moe_imbalance >= 1.0) {
+        return Err(input(
+            "moe_imbalance",
+            inp.moe_imbalance,
+            "must be at least 1.0 (1.0 = perfect balance)",
+        ));
+    }
+    if inp.mtp.tokens > 0 && inp.model.mtp_layers == 0 {
+        return Err(input(
+            "mtp.tokens",
+            inp.mtp.tokens,
+            "the model has no MTP module",
+        ));
+    }
+    if inp.mtp.acceptance.iter().any(|p| !(0.0..=1.0).contains(p)) {
+        return Err(input(
+            "mtp.acceptance",
+            format!("{:?}", inp.mtp.acceptance),
+            "probabilities must be in [0, 1]",
+        ));
+    }
+    match plan.role {
+        Role::Decode if b.prefill_tokens > 0 => {
+            return Err(input(
+                "batch.prefill_tokens",
+                b.prefill_tokens,
+                "a decode instance computes no prompts; use role mixed",
+            ))
+        }
+        Role::Prefill if b.decode_seqs > 0 => {
+            return Err(input(
+                "batch.decode_seqs",
+                b.decode_seqs,
+                "a prefill instance decodes nothing; use role mixed",
+            ))
+        }
+        _ => {}
+    }
+
+    let tokens_per_seq = 1 + inp.mtp.tokens as u64;
+    let spec = StepSpec {
+        model: &inp.model,
+        quant: inp.quant,
+        kv_dtype: inp.kv_dtype,
+        plan: &plan,
+        mtp_tokens: inp.mtp.tokens,
+    };
+    let full = shape_for(b, tokens_per_seq, &inp.model, false);
+    let load = |s: &BatchShape| MoeLoad {
+        // Every DP rank of the EP group computes the same shape; its TP dies share its tokens.
+        group_tokens: s.tokens() * plan.dp as u64,
+        imbalance: inp.moe_imbalance,
+    };
+    let step = price(&step_ops(spec, &full, &load(&full)), &inp.cost);
+    let half = shape_for(b, tokens_per_seq, &inp.model, true);
+    let half_cost = price(&step_ops(spec, &half, &load(&half)), &inp.cost);
+    let tmb = two_microbatch_time(&half_cost);
+    let serial = step.serial_s;
+    let step_s = serial.min(tmb);
+
+    let memory = memory_map(
+        &inp.model,
+        &plan,
+        system,
+        &MemoryInputs {
+            quant: inp.quant,
+            kv_dtype: inp.kv_dtype,
+            mtp_tokens: inp.mtp.tokens,
+            max_tokens_per_step: inp.max_tokens_per_step.unwrap_or(full.tokens()),
+        },
+    )?;
+    let needed = b.decode_seqs as u64 * (b.kv_len + tokens_per_seq) + b.prefill_tokens;
+    if needed > memory.kv_capacity_tokens {
+        return Err(input(
+            "batch",
+            format!("{} KV tokens per rank", needed),
+            format!(
+                "exceeds the KV capacity of {} tokens per die ({:.1} GB left for KV)",
+                memory.kv_capacity_tokens,
+                memory.kv_cache / 1e9
+            ),
+        ));
+    }
+
+    let e = inp.mtp.expected_tokens();
+    let per_die = plan.dp as f64 / plan.dies as f64;
+    let dpp = system.dies_per_package() as f64;
+    let out_die = b.decode_seqs as f64 * e * per_die / step_s;
+    let in_die = b.prefill_tokens as f64 * per_die / step_s;
+    let ms = |m: BTreeMap<&'static str, f64>| m.into_iter().map(|(k, v)| (k, v * 1e3)).collect();
+    Ok(Explain {
+        model: inp.model.name.clone(),
+        quant: inp.quant,
+        kv_dtype: inp.kv_dtype,
+        system: system.name.clone(),
+        chip: system.chip.name.clone(),
+        plan,
+        batch: b.clone(),
+        shape: full,
+        mtp: inp.mtp.clone(),
+        moe_imbalance: inp.moe_imbalance,
+        step_ms: step_s * 1e3,
+        serial_step_ms: serial * 1e3,
+        two_microbatch_step_ms: tmb * 1e3,
+        two_microbatch_gain: serial / tmb - 1.0,
+        compute_ms: step.compute_s * 1e3,
+        comm_ms: step.comm_s * 1e3,
+        roofline_ms: step.roofline_s * 1e3,
+        by_class_ms: ms(step.by_class()),
+        by_layer_ms: ms(step.by_layer()),
+        by_bound_ms: ms(step.by_bound()),
+        throughput: Throughput {
+            tokens_per_seq_step: e,
+            tpot_ms: (b.decode_seqs > 0).then(|| step_s * 1e3 / e),
+            output_tok_s_per_die: out_die,
+            output_tok_s_per_package: out_die * dpp,
+            input_tok_s_per_die: in_die,
+            input_tok_s_per_package: in_die * dpp,
+        },
+        memory,
+        step,
+    })
+}

@@ -1,0 +1,176 @@
+//! Prices an op list with the cost model: per-op time and bound, the step's critical path, and the
+//! effect of two-micro-batch overlap.
+
+use dstwin_engine::opgraph::{DieSet, LayerKind, Op, OpKind};
+use dstwin_hwmodels::{Bound, CostModel};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One op with its price.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PricedOp {
+    pub name: &'static str,
+    pub layer: LayerKind,
+    pub dies: DieSet,
+    /// Op class (`gemm`, `attention`, ...) or collective (`dispatch`, `all_reduce`, ...).
+    pub class: &'static str,
+    pub repeat: u64,
+    /// Seconds per occurrence.
+    pub time_s: f64,
+    /// Seconds over all occurrences.
+    pub total_s: f64,
+    pub bound: Bound,
+    /// FLOPs over all occurrences.
+    pub flops: f64,
+    /// HBM or fabric bytes over all occurrences.
+    pub bytes: f64,
+    /// Seconds at 100% of peak compute / HBM bandwidth, over all occurrences (0 for collectives).
+    pub roofline_s: f64,
+}
+
+/// A priced step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepCost {
+    pub ops: Vec<PricedOp>,
+    /// Critical path without overlap: all-die ops plus the slower of the routed-expert and
+    /// shared-expert die sets.
+    pub serial_s: f64,
+    /// Compute and communication seconds on the critical path.
+    pub compute_s: f64,
+    pub comm_s: f64,
+    /// The step at 100% of peak with no overhead and no communication: a lower bound.
+    pub roofline_s: f64,
+}
+
+impl StepCost {
+    /// Seconds by op class or collective kind, on the critical path.
+    pub fn by_class(&self) -> BTreeMap<&'static str, f64> {
+        self.sum_by(|o| o.class)
+    }
+
+    /// Seconds by where in the model the op sits.
+    pub fn by_layer(&self) -> BTreeMap<&'static str, f64> {
+        self.sum_by(|o| o.layer.name())
+    }
+
+    /// Seconds by the resource that bounds each op.
+    pub fn by_bound(&self) -> BTreeMap<&'static str, f64> {
+        self.sum_by(|o| o.bound.name())
+    }
+
+    fn on_path(&self) -> impl Iterator<Item = &PricedOp> {
+        let slow = self.slow_set();
+        self.ops
+            .iter()
+            .filter(move |o| o.dies == DieSet::All || o.dies == slow)
+    }
+
+    /// The expert die set that sets the pace.
+    pub fn slow_set(&self) -> DieSet {
+        let sum = |d| {
+            self.ops
+                .iter()
+                .filter(|o| o.dies == d)
+                .map(|o| o.total_s)
+                .sum::<f64>()
+        };
+        if sum(DieSet::SharedExperts) > sum(DieSet::RoutedExperts) {
+            DieSet::SharedExperts
+        } else {
+            DieSet::RoutedExperts
+        }
+    }
+
+    fn sum_by(&self, key: impl Fn(&PricedOp) -> &'static str) -> BTreeMap<&'static str, f64> {
+        let mut m = BTreeMap::new();
+        for o in self.on_path() {
+            *m.entry(key(o)).or_insert(0.0) += o.total_s;
+        }
+        m
+    }
+}
+
+/// Prices every op of `ops` on `cm`.
+pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
+    let peak_bw = cm.system.chip.hbm_bytes_per_s();
+    let priced: Vec<PricedOp> = ops
+        .iter()
+        .map(|o| {
+            let r = o.repeat as f64;
+            let (cost, class, flops, bytes, roof) = match &o.kind {
+                OpKind::Compute(w) => {
+                    let roof =
+                        (w.flops / cm.system.chip.peak_flops(w.dtype)).max(w.bytes / peak_bw);
+                    (cm.compute(w), w.class.name(), w.flops, w.bytes, roof)
+                }
+                OpKind::Comm(c) => (cm.comm(c), c.kind.name(), 0.0, c.bytes, 0.0),
+            };
+            PricedOp {
+                name: o.name,
+                layer: o.layer,
+                dies: o.dies,
+                class,
+                repeat: o.repeat,
+                time_s: cost.time_s,
+                total_s: cost.time_s * r,
+                bound: cost.bound,
+                flops: flops * r,
+                bytes: bytes * r,
+                roofline_s: roof * r,
+            }
+        })
+        .collect();
+    let mut step = StepCost {
+        ops: priced,
+        serial_s: 0.0,
+        compute_s: 0.0,
+        comm_s: 0.0,
+        roofline_s: 0.0,
+    };
+    let (mut compute, mut comm, mut roof) = (0.0, 0.0, 0.0);
+    for o in step.on_path() {
+        if o.bound == Bound::Communication {
+            comm += o.total_s;
+        } else {
+            compute += o.total_s;
+        }
+        roof += o.roofline_s;
+    }
+    step.compute_s = compute;
+    step.comm_s = comm;
+    step.serial_s = compute + comm;
+    step.roofline_s = roof;
+    step
+}
+
+/// Step time with two micro-batches: each half of the batch is priced as `half`; within each
+/// repeated layer, one micro-batch's communication overlaps the other's compute, so a layer takes
+/// 2 x max(compute, comm) of a half, plus one fill at the start. Ops that run once per step
+/// (embedding, LM head) do not overlap.
+pub fn two_microbatch_time(half: &StepCost) -> f64 {
+    // Decoder layers and the MTP module, each spread evenly over its layer count.
+    let mut groups: BTreeMap<bool, (f64, f64, u64)> = BTreeMap::new();
+    let mut once = 0.0;
+    for o in half.on_path() {
+        let mtp = o.layer == LayerKind::Mtp;
+        match o.layer {
+            LayerKind::Embedding | LayerKind::LmHead => once += 2.0 * o.total_s,
+            _ => {
+                let g = groups.entry(mtp).or_insert((0.0, 0.0, 0));
+                if o.bound == Bound::Communication {
+                    g.1 += o.total_s;
+                } else {
+                    g.0 += o.total_s;
+                }
+                g.2 = g.2.max(o.repeat);
+            }
+        }
+    }
+    let mut t = once;
+    for (c, m, layers) in groups.into_values() {
+        let n = layers.max(1) as f64;
+        let (c1, m1) = (c / n, m / n);
+        t += n * 2.0 * c1.max(m1) + c1.min(m1);
+    }
+    t
+}

@@ -1,0 +1,84 @@
+//! Pricing steps: more tokens are never cheaper; the critical path adds up.
+
+use dstwin_engine::batch::BatchShape;
+use dstwin_engine::layout::{Layout, Role};
+use dstwin_engine::model::{builtin, Quant};
+use dstwin_engine::opgraph::{step_ops, MoeLoad, StepSpec};
+use dstwin_hwmodels::{Catalog, DType};
+use dstwin_sim::pricing::{price, two_microbatch_time};
+use proptest::prelude::*;
+
+fn step_time(decode_seqs: u32, ctx: u64, prefill: u64, dies: u32) -> f64 {
+    let cat = Catalog::builtin();
+    let sys = cat.system("cloudmatrix384").unwrap();
+    let cm = cat.cost_model(sys, None).unwrap();
+    let m = builtin("r1").unwrap();
+    let plan = Layout::dp_ep(Role::Mixed, dies).validate(&m, sys).unwrap();
+    let spec = StepSpec {
+        model: &m,
+        quant: Quant::W8a8,
+        kv_dtype: DType::Bf16,
+        plan: &plan,
+        mtp_tokens: 0,
+    };
+    let mut shape = BatchShape::uniform_decode(decode_seqs, 1, ctx, m.attn_cap());
+    shape.add_prefill(prefill, 0, m.attn_cap());
+    let load = MoeLoad {
+        group_tokens: shape.tokens() * dies as u64,
+        imbalance: 1.0,
+    };
+    price(&step_ops(spec, &shape, &load), &cm).serial_s
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn more_tokens_are_never_cheaper(seqs in 1u32..128, ctx in 1u64..32768, prefill in 0u64..8192, more in 1u32..64, dies_pow in 0u32..6) {
+        let dies = 1 << dies_pow;
+        let dies = if 256 % dies == 0 { dies } else { 1 };
+        let a = step_time(seqs, ctx, prefill, dies);
+        prop_assert!(step_time(seqs + more, ctx, prefill, dies) >= a);
+        prop_assert!(step_time(seqs, ctx + more as u64, prefill, dies) >= a);
+        prop_assert!(step_time(seqs, ctx, prefill + more as u64, dies) >= a);
+    }
+}
+
+#[test]
+fn critical_path_is_compute_plus_communication() {
+    let cat = Catalog::builtin();
+    let sys = cat.system("cloudmatrix384").unwrap();
+    let cm = cat.cost_model(sys, None).unwrap();
+    let m = builtin("r1").unwrap();
+    let plan = Layout {
+        redundant_experts: 32,
+        shared_expert_dies: 32,
+        ..Layout::dp_ep(Role::Decode, 320)
+    }
+    .validate(&m, sys)
+    .unwrap();
+    let spec = StepSpec {
+        model: &m,
+        quant: Quant::W8a8,
+        kv_dtype: DType::Bf16,
+        plan: &plan,
+        mtp_tokens: 1,
+    };
+    let shape = BatchShape::uniform_decode(48, 2, 4096, m.attn_cap());
+    let load = MoeLoad {
+        group_tokens: shape.tokens() * 320,
+        imbalance: 1.0,
+    };
+    let s = price(&step_ops(spec, &shape, &load), &cm);
+    assert!((s.serial_s - s.compute_s - s.comm_s).abs() < 1e-12);
+    let by_class: f64 = s.by_class().values().sum();
+    assert!((by_class - s.serial_s).abs() < 1e-9);
+    assert!(s.roofline_s < s.compute_s);
+    // Overlap never beats the larger of compute and communication.
+    let half = BatchShape::uniform_decode(24, 2, 4096, m.attn_cap());
+    let hl = MoeLoad {
+        group_tokens: half.tokens() * 320,
+        imbalance: 1.0,
+    };
+    let h = price(&step_ops(spec, &half, &hl), &cm);
+    assert!(two_microbatch_time(&h) >= s.compute_s.max(s.comm_s) * 0.5);
+}
