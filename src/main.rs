@@ -1,1 +1,52 @@
-fn main() {}
+//! The dstwin command line: parses arguments and hands off to the library crates.
+
+mod explain_cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// dstwin: a digital twin of DeepSeek inference on Huawei Ascend hardware.
+#[derive(Parser)]
+#[command(name = "dstwin", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Price one forward step of one instance: time by op class and layer, what bounds each op,
+    /// two-micro-batch overlap, the memory map per die and the roofline limit.
+    Explain(Box<explain_cmd::ExplainArgs>),
+    /// List the built-in models, hardware systems and chips.
+    Catalog {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A failure caused by the user's input (exit code 2) or by the environment (exit code 1).
+pub enum Failure {
+    Input(anyhow::Error),
+    Runtime(anyhow::Error),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Explain(a) => explain_cmd::run(*a),
+        Command::Catalog { json } => explain_cmd::catalog(json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Input(e)) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(e)) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! `dstwin explain` and `dstwin catalog`: argument parsing and output only.
+
+use crate::Failure;
+use anyhow::{anyhow, Context};
+use clap::Args;
+use dstwin_engine::layout::{Layout, Role};
+use dstwin_engine::model::{self, ModelConfig, Quant};
+use dstwin_hwmodels::{Catalog, DType};
+use dstwin_sim::explain::{explain, BatchSpec, ExplainInput, Mtp};
+use std::path::Path;
+
+/// Defaults reproduce the CloudMatrix384 decode deployment of the CloudMatrix-Infer paper:
+/// DeepSeek-R1 w8a8, one decode instance of 320 dies (160 NPUs), EP320 with 32 redundant experts
+/// and 32 shared-expert dies, 48 sequences per die (96 per NPU) at KV 4K, MTP 1 at 70%.
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  dstwin explain\n      CloudMatrix384 decode, EP320, 96 seqs per NPU at KV 4K, MTP 1 @70%\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --mtp 0\n      CloudMatrix384 prefill instance of 16 NPUs, 16K tokens per NPU in 4K prompts\n  dstwin explain --hardware atlas-800i-a2 --dies 32 --redundant-experts 0 --shared-expert-dies 0 --seqs 24 --kv 2048 --json\n      Atlas 800I A2, 4 nodes, as JSON for scripts\n\nSizes count dies, as vllm-ascend's flags do (a 910C card = 2 dies).\nExit codes: 0 ok, 2 invalid input or impossible layout (the message names the field and numbers)."
+)]
+pub struct ExplainArgs {
+    /// Built-in model name (see `dstwin catalog`) or path to a HuggingFace config.json.
+    #[arg(long, default_value = "deepseek-r1")]
+    model: String,
+    /// Quantization: bf16, w8a8, w4a8, fp8.
+    #[arg(long, default_value = "w8a8")]
+    quant: String,
+    /// KV-cache format: bf16, int8, fp8.
+    #[arg(long, default_value = "bf16")]
+    kv_dtype: String,
+    /// Hardware system name (see `dstwin catalog`) or path to a system TOML file.
+    #[arg(long, default_value = "cloudmatrix384")]
+    hardware: String,
+    /// Instance role: prefill, decode or mixed.
+    #[arg(long, default_value = "decode")]
+    role: String,
+    /// Dies in the instance.
+    #[arg(long, default_value_t = 320)]
+    dies: u32,
+    /// Attention tensor-parallel size; DP = dies / TP unless --dp is given.
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
+    /// Attention data-parallel ranks (default: dies / tp).
+    #[arg(long)]
+    dp: Option<u32>,
+    /// Expert-parallel group size (default: dies).
+    #[arg(long)]
+    ep: Option<u32>,
+    /// Tensor-parallel size of dense FFN, embedding and LM head (default: tp).
+    #[arg(long)]
+    dense_tp: Option<u32>,
+    /// Redundant routed-expert slots (EPLB).
+    #[arg(long, default_value_t = 32)]
+    redundant_experts: u32,
+    /// Dies holding only shared-expert replicas (0: every die runs the shared expert).
+    #[arg(long, default_value_t = 32)]
+    shared_expert_dies: u32,
+    /// Decoding sequences per DP rank.
+    #[arg(long, default_value_t = 48)]
+    seqs: u32,
+    /// Context (KV) length of each decoding sequence, tokens.
+    #[arg(long, default_value_t = 4096)]
+    kv: u64,
+    /// Prompt tokens per DP rank this step (prefill).
+    #[arg(long, default_value_t = 0)]
+    tokens: u64,
+    /// Tokens per prompt (prefill).
+    #[arg(long, default_value_t = 4096)]
+    prompt: u64,
+    /// MTP draft tokens per step (0 = off).
+    #[arg(long, default_value_t = 1)]
+    mtp: u32,
+    /// Acceptance probability of each draft given the previous was accepted, comma-separated.
+    #[arg(long, default_value = "0.7", value_delimiter = ',')]
+    mtp_accept: Vec<f64>,
+    /// Tokens on the hottest routed die over the mean (1.0 = perfect expert balance).
+    #[arg(long, default_value_t = 1.0)]
+    imbalance: f64,
+    /// Per-rank token budget the workspace is sized for (default: the batch's tokens).
+    #[arg(long)]
+    max_tokens: Option<u64>,
+    /// Print the full report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn load_model(spec: &str) -> anyhow::Result<ModelConfig> {
+    if spec.ends_with(".json") {
+        let text = std::fs::read_to_string(spec)
+            .with_context(|| format!("reading model config {spec}"))?;
+        let name = Path::new(spec)
+            .parent()
+            .and_then(|p| p.file_name())
+            .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned());
+        Ok(ModelConfig::from_hf_json(&name, &text)
+            .with_context(|| format!("model config {spec}"))?)
+    } else {
+        model::builtin(spec).ok_or_else(|| {
+            anyhow!(
+                "--model {spec}: unknown model; built in: {}, or a path to a config.json",
+                model::BUILTIN_MODELS.join(", ")
+            )
+        })
+    }
+}
+
+fn parse_dtype(s: &str) -> anyhow::Result<DType> {
+    match s {
+        "bf16" => Ok(DType::Bf16),
+        "int8" => Ok(DType::Int8),
+        "fp8" => Ok(DType::Fp8),
+        _ => Err(anyhow!(
+            "--kv-dtype {s}: unknown format; use bf16, int8 or fp8"
+        )),
+    }
+}
+
+fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
+    let model = load_model(&a.model)?;
+    let quant: Quant = a.quant.parse().map_err(|e| anyhow!("--quant: {e}"))?;
+    let kv_dtype = parse_dtype(&a.kv_dtype)?;
+    let role: Role = a.role.parse().map_err(|e| anyhow!("--role: {e}"))?;
+    let cat = Catalog::builtin();
+    let system = cat.resolve_system(&a.hardware)?;
+    let base = Path::new(&a.hardware).parent();
+    let cost = cat.cost_model(&system, base)?;
+    if a.tp == 0 {
+        return Err(anyhow!("--tp 0: must be at least 1"));
+    }
+    let layout = Layout {
+        role,
+        dies: a.dies,
+        dp: a.dp.unwrap_or(a.dies / a.tp),
+        tp: a.tp,
+        ep: a.ep.unwrap_or(a.dies),
+        dense_tp: a.dense_tp,
+        redundant_experts: a.redundant_experts,
+        shared_expert_dies: a.shared_expert_dies,
+    };
+    let (seqs, tokens) = match role {
+        Role::Decode => (a.seqs, 0),
+        Role::Prefill => (0, a.tokens),
+        Role::Mixed => (a.seqs, a.tokens),
+    };
+    if role == Role::Prefill && tokens == 0 {
+        return Err(anyhow!(
+            "--tokens 0: a prefill step needs prompt tokens per DP rank"
+        ));
+    }
+    Ok(ExplainInput {
+        model,
+        quant,
+        kv_dtype,
+        cost,
+        layout,
+        batch: BatchSpec {
+            decode_seqs: seqs,
+            kv_len: if seqs > 0 { a.kv } else { 0 },
+            prefill_tokens: tokens,
+            prompt_len: if tokens > 0 { a.prompt } else { 0 },
+        },
+        mtp: Mtp {
+            tokens: a.mtp,
+            acceptance: a.mtp_accept.clone(),
+        },
+        moe_imbalance: a.imbalance,
+        max_tokens_per_step: a.max_tokens,
+    })
+}
+
+pub fn run(a: ExplainArgs) -> Result<(), Failure> {
+    let input = build_input(&a).map_err(Failure::Input)?;
+    let report = explain(&input).map_err(|e| Failure::Input(e.into()))?;
+    if a.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| Failure::Runtime(e.into()))?;
+        println!("{text}");
+    } else {
+        print!("{}", dstwin_sim::report::render_explain(&report));
+    }
+    Ok(())
+}
+
+pub fn catalog(json: bool) -> Result<(), Failure> {
+    let cat = Catalog::builtin();
+    if json {
+        let v = serde_json::json!({
+            "models": model::BUILTIN_MODELS,
+            "quantizations": model::QUANTS,
+            "systems": cat.systems().collect::<Vec<_>>(),
+            "chips": cat.chips().collect::<Vec<_>>(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| Failure::Runtime(e.into()))?
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<20} {:>10} {:>10} {:>16}",
+        "model", "total", "active", "KV/token (bf16)"
+    );
+    for name in model::BUILTIN_MODELS {
+        let m = model::builtin(name).expect("listed models are built in");
+        let kv = model::kv_bytes(&m, DType::Bf16, 0);
+        println!(
+            "{:<20} {:>9.2}B {:>9.2}B {:>13.1} KB",
+            name,
+            model::count(&m).total() as f64 / 1e9,
+            model::active(&m) as f64 / 1e9,
+            kv.per_token / 1e3
+        );
+    }
+    println!("quantizations: {}", model::QUANTS.join(", "));
+    println!();
+    println!(
+        "{:<16} {:<14} {:>6} {:>10}  description",
+        "system", "chip", "dies", "dies/node"
+    );
+    for s in cat.systems() {
+        println!(
+            "{:<16} {:<14} {:>6} {:>10}  {}",
+            s.name,
+            s.chip.name,
+            s.max_dies(),
+            s.dies_per_node(),
+            s.description
+        );
+    }
+    Ok(())
+}

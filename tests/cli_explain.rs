@@ -1,0 +1,186 @@
+//! `dstwin explain` end to end: reports, JSON for scripts, and errors with exit code 2.
+
+use std::process::{Command, Output};
+
+fn dstwin(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args(args)
+        .output()
+        .expect("run dstwin")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+const A2_SMALL: &[&str] = &[
+    "explain",
+    "--hardware",
+    "atlas-800i-a2",
+    "--dies",
+    "32",
+    "--redundant-experts",
+    "0",
+    "--shared-expert-dies",
+    "0",
+    "--seqs",
+    "24",
+    "--kv",
+    "2048",
+];
+
+#[test]
+fn default_explains_the_cloudmatrix_decode_instance() {
+    let o = dstwin(&["explain", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["system"], "cloudmatrix384");
+    assert_eq!(v["plan"]["dies"], 320);
+    assert_eq!(v["plan"]["slots_per_die"], 1);
+    let tpot = v["throughput"]["tpot_ms"].as_f64().unwrap();
+    assert!(tpot > 10.0 && tpot < 200.0, "{tpot}");
+    assert!(v["memory"]["kv_capacity_tokens"].as_u64().unwrap() > 100_000);
+    for key in ["attention", "dispatch", "combine", "grouped_gemm", "gemm"] {
+        assert!(v["by_class_ms"][key].as_f64().unwrap() > 0.0, "{key}");
+    }
+}
+
+#[test]
+fn text_report_snapshot() {
+    let o = dstwin(A2_SMALL);
+    assert!(o.status.success(), "{}", stderr(&o));
+    insta::assert_snapshot!("explain_a2_decode", stdout(&o));
+}
+
+#[test]
+fn same_input_gives_identical_json() {
+    let a = dstwin(&[
+        "explain",
+        "--json",
+        "--role",
+        "prefill",
+        "--dies",
+        "32",
+        "--redundant-experts",
+        "32",
+        "--shared-expert-dies",
+        "0",
+        "--tokens",
+        "8192",
+        "--mtp",
+        "0",
+    ]);
+    let b = dstwin(&[
+        "explain",
+        "--json",
+        "--role",
+        "prefill",
+        "--dies",
+        "32",
+        "--redundant-experts",
+        "32",
+        "--shared-expert-dies",
+        "0",
+        "--tokens",
+        "8192",
+        "--mtp",
+        "0",
+    ]);
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert_eq!(a.stdout, b.stdout);
+}
+
+#[test]
+fn impossible_layouts_exit_2_naming_the_numbers() {
+    let o = dstwin(&["explain", "--dp", "100"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("dp (100) x tp (1) = 100, but dies = 320"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = dstwin(&["explain", "--redundant-experts", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("256 routed-expert slots"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = dstwin(&[
+        "explain",
+        "--hardware",
+        "atlas-800i-a2",
+        "--dies",
+        "8",
+        "--redundant-experts",
+        "0",
+        "--shared-expert-dies",
+        "0",
+        "--quant",
+        "bf16",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("does not fit in HBM"), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_names_and_values_exit_2() {
+    for (args, needle) in [
+        (vec!["explain", "--model", "deepseek-v9"], "deepseek-v9"),
+        (vec!["explain", "--quant", "int3"], "int3"),
+        (vec!["explain", "--hardware", "tpu"], "tpu"),
+        (vec!["explain", "--imbalance", "0.5"], "moe_imbalance = 0.5"),
+        (vec!["explain", "--kv", "999999999"], "batch.kv_len"),
+        (
+            vec!["explain", "--seqs", "4000", "--kv", "100000"],
+            "KV capacity",
+        ),
+    ] {
+        let o = dstwin(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn a_hf_config_json_is_accepted_as_the_model() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/engine/tests/data/deepseek-v3-config.json"
+    );
+    let o = dstwin(&["explain", "--model", path, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["model"], "data");
+}
+
+#[test]
+fn catalog_lists_models_and_systems() {
+    let o = dstwin(&["catalog", "--json"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m == "deepseek-v4-flash"));
+    assert!(v["systems"].as_array().unwrap().len() >= 6);
+    let o = dstwin(&["catalog"]);
+    assert!(stdout(&o).contains("cloudmatrix384"));
+}
+
+#[test]
+fn help_teaches_with_examples() {
+    let o = dstwin(&["explain", "--help"]);
+    let s = stdout(&o);
+    assert!(
+        s.contains("Examples:") && s.contains("--shared-expert-dies"),
+        "{s}"
+    );
+}
