@@ -1,5 +1,6 @@
 //! The dstwin command line: parses arguments and hands off to the library crates.
 
+mod calibrate_cmd;
 mod explain_cmd;
 
 use clap::{Parser, Subcommand};
@@ -18,6 +19,8 @@ enum Command {
     /// Price one forward step of one instance: time by op class and layer, what bounds each op,
     /// two-micro-batch overlap, the memory map per die and the roofline limit.
     Explain(Box<explain_cmd::ExplainArgs>),
+    /// Fit the cost model's global parameters to published figures and print every error.
+    Calibrate(calibrate_cmd::CalibrateArgs),
     /// List the built-in models, hardware systems and chips.
     Catalog {
         /// Print JSON instead of a table.
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Explain(a) => explain_cmd::run(*a),
+        Command::Calibrate(a) => calibrate_cmd::run(a),
         Command::Catalog { json } => explain_cmd::catalog(json),
     };
     match result {

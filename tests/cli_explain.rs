@@ -184,3 +184,20 @@ fn help_teaches_with_examples() {
         "{s}"
     );
 }
+
+#[test]
+fn calibrate_prints_the_fit_and_its_errors() {
+    let o = dstwin(&["calibrate", "--step", "0.1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["cost_model"], "ascend-910c");
+    assert_eq!(v["fit"]["residuals"].as_array().unwrap().len(), 6);
+    assert!(
+        v["shipped"]["globals"]["in_situ_efficiency"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    let o = dstwin(&["calibrate", "--step", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+}

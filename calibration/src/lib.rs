@@ -1,6 +1,13 @@
-//! dstwin-calibration: profiler kernels -> op classes -> fitted cost-model parameters.
+//! dstwin-calibration: fits cost-model parameters to published figures and reports the errors.
 //!
-//! Not built yet: the cost-model parameters in `hwmodels/data/costs/*.toml` are, for now, fitted
-//! by the least-squares fits their comments describe, against the microbenchmarks in the
-//! project's calibration anchors (see docs/hardware.md). This crate will hold those fits as code
-//! (`dstwin calibrate`) and the mapping from profiler kernel names to op-graph op names.
+//! Module map:
+//! - [`target`]: calibration targets (a deployment as `explain` inputs + a published metric),
+//!   read from `data/*.toml`; evaluation of one target under a parameter set.
+//! - [`fit`]: the grid-search fit of the global parameters (in-situ efficiency, overlap
+//!   efficiency) that minimizes the squared relative errors over all targets of one hardware.
+//!
+//! Not built yet: mapping profiler kernels (msprof `kernel_details.csv`, Kineto traces) onto the
+//! op graph's op names to fit per-class efficiencies.
+
+pub mod fit;
+pub mod target;

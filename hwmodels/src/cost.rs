@@ -134,6 +134,12 @@ pub struct CostParams {
     pub source: String,
     /// Launch/dispatch overhead per op in graph mode, µs.
     pub op_overhead_us: f64,
+    /// Fraction of their isolated-microbenchmark efficiency that kernels reach inside a full
+    /// model step (shapes, cache and core contention); multiplies every class's efficiencies.
+    pub in_situ_efficiency: f64,
+    /// Fraction of the smaller of compute and communication that two-micro-batch overlap hides
+    /// (1.0 = perfect overlap; the rest runs serially).
+    pub overlap_efficiency: f64,
     /// Per op class; every class must be present.
     pub efficiency: BTreeMap<OpClass, Efficiency>,
     pub alltoall: AllToAllParams,
@@ -159,6 +165,16 @@ fn check_nonneg(file: &str, field: &str, v: f64) -> Result<(), HwError> {
 impl CostParams {
     pub fn validate(&self, file: &str) -> Result<(), HwError> {
         check_nonneg(file, "op_overhead_us", self.op_overhead_us)?;
+        check_frac(file, "in_situ_efficiency".into(), self.in_situ_efficiency)?;
+        if !(self.overlap_efficiency.is_finite() && (0.0..=1.0).contains(&self.overlap_efficiency))
+        {
+            return Err(invalid(
+                file,
+                "overlap_efficiency",
+                self.overlap_efficiency,
+                "must be in [0, 1]",
+            ));
+        }
         for c in OpClass::ALL {
             let e = self.efficiency.get(&c).ok_or_else(|| {
                 invalid(
@@ -283,8 +299,9 @@ impl CostModel {
     pub fn compute(&self, w: &Work) -> Cost {
         let chip = &self.system.chip;
         let e = self.eff(w.class);
-        let compute_s = w.flops / (chip.peak_flops(w.dtype) * e.compute);
-        let memory_s = w.bytes / (chip.hbm_bytes_per_s() * e.memory);
+        let k = self.params.in_situ_efficiency;
+        let compute_s = w.flops / (chip.peak_flops(w.dtype) * e.compute * k);
+        let memory_s = w.bytes / (chip.hbm_bytes_per_s() * e.memory * k);
         let overhead_s = if w.flops > 0.0 || w.bytes > 0.0 {
             self.params.op_overhead_us * 1e-6
         } else {

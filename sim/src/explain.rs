@@ -259,7 +259,7 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
     let step = price(&step_ops(spec, &full, &load(&full)), &inp.cost);
     let half = shape_for(b, tokens_per_seq, &inp.model, true);
     let half_cost = price(&step_ops(spec, &half, &load(&half)), &inp.cost);
-    let tmb = two_microbatch_time(&half_cost);
+    let tmb = two_microbatch_time(&half_cost, inp.cost.params.overlap_efficiency);
     let serial = step.serial_s;
     let step_s = serial.min(tmb);
 

@@ -144,10 +144,11 @@ pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
 }
 
 /// Step time with two micro-batches: each half of the batch is priced as `half`; within each
-/// repeated layer, one micro-batch's communication overlaps the other's compute, so a layer takes
-/// 2 x max(compute, comm) of a half, plus one fill at the start. Ops that run once per step
-/// (embedding, LM head) do not overlap.
-pub fn two_microbatch_time(half: &StepCost) -> f64 {
+/// repeated layer, one micro-batch's communication overlaps the other's compute. A layer takes
+/// 2 x max(compute, comm) of a half plus the part of 2 x min(compute, comm) that `overlap`
+/// (the hardware's overlap efficiency, 1.0 = perfect) does not hide, plus one fill at the start.
+/// Ops that run once per step (embedding, LM head) do not overlap.
+pub fn two_microbatch_time(half: &StepCost, overlap: f64) -> f64 {
     // Decoder layers and the MTP module, each spread evenly over its layer count.
     let mut groups: BTreeMap<bool, (f64, f64, u64)> = BTreeMap::new();
     let mut once = 0.0;
@@ -170,7 +171,7 @@ pub fn two_microbatch_time(half: &StepCost) -> f64 {
     for (c, m, layers) in groups.into_values() {
         let n = layers.max(1) as f64;
         let (c1, m1) = (c / n, m / n);
-        t += n * 2.0 * c1.max(m1) + c1.min(m1);
+        t += n * 2.0 * (c1.max(m1) + (1.0 - overlap) * c1.min(m1)) + c1.min(m1);
     }
     t
 }

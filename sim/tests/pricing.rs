@@ -80,5 +80,5 @@ fn critical_path_is_compute_plus_communication() {
         imbalance: 1.0,
     };
     let h = price(&step_ops(spec, &half, &hl), &cm);
-    assert!(two_microbatch_time(&h) >= s.compute_s.max(s.comm_s) * 0.5);
+    assert!(two_microbatch_time(&h, 1.0) >= s.compute_s.max(s.comm_s) * 0.5);
 }

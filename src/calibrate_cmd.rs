@@ -1,0 +1,105 @@
+//! `dstwin calibrate`: fits the global cost-model parameters to published figures.
+
+use crate::Failure;
+use anyhow::{anyhow, Context};
+use clap::Args;
+use dstwin_calibration::fit::{fit, residuals, Globals, Residual};
+use dstwin_calibration::target::{parse_targets, CLOUDMATRIX384};
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Fits in_situ_efficiency and overlap_efficiency of a hardware's cost model by least squares over the \
+relative errors of every target (a deployment and a published figure), then prints the fitted values, \
+the residuals of the fit and of the parameters shipped in hwmodels/data/costs. Paste the printed lines \
+into the cost file to adopt a new fit.\n\nExamples:\n  dstwin calibrate\n      the built-in CloudMatrix384 targets\n  dstwin calibrate --targets my-cluster-targets.toml --json"
+)]
+pub struct CalibrateArgs {
+    /// Target file (TOML, `[[target]]` tables like calibration/data/cloudmatrix384.toml); default: the
+    /// built-in CloudMatrix384 targets.
+    #[arg(long)]
+    targets: Option<String>,
+    /// Grid step of the coarse search (refined at a tenth of it around the best point).
+    #[arg(long, default_value_t = 0.02)]
+    step: f64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn table(title: &str, g: Globals, r: &[Residual]) {
+    println!(
+        "{title}: in_situ_efficiency = {:.3}, overlap_efficiency = {:.3}",
+        g.in_situ_efficiency, g.overlap_efficiency
+    );
+    println!(
+        "  {:<34} {:>12} {:>12} {:>8}",
+        "target", "published", "predicted", "error"
+    );
+    for x in r {
+        println!(
+            "  {:<34} {:>12.3} {:>12.3} {:>+7.1}%",
+            x.id,
+            x.published,
+            x.predicted,
+            x.error * 100.0
+        );
+    }
+}
+
+pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
+    if !(a.step > 0.0 && a.step <= 0.5) {
+        return Err(Failure::Input(anyhow!(
+            "--step {}: must be in (0, 0.5]",
+            a.step
+        )));
+    }
+    let (file, text) = match &a.targets {
+        Some(p) => (
+            p.clone(),
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading {p}"))
+                .map_err(Failure::Input)?,
+        ),
+        None => (
+            "cloudmatrix384.toml".to_string(),
+            CLOUDMATRIX384.to_string(),
+        ),
+    };
+    let targets = parse_targets(&file, &text).map_err(|e| Failure::Input(e.into()))?;
+    if targets.is_empty() {
+        return Err(Failure::Input(anyhow!("{file}: no [[target]] tables")));
+    }
+    let base = targets[0]
+        .base_cost()
+        .map_err(|e| Failure::Input(e.into()))?;
+    let shipped = Globals::of(&base);
+    let f = fit(&targets, a.step).map_err(|e| Failure::Input(e.into()))?;
+    let shipped_r = residuals(&targets, shipped).map_err(|e| Failure::Input(e.into()))?;
+    if a.json {
+        let v = serde_json::json!({
+            "cost_model": base.params.name,
+            "fit": f,
+            "shipped": { "globals": shipped, "residuals": shipped_r },
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| Failure::Runtime(e.into()))?
+        );
+        return Ok(());
+    }
+    println!(
+        "cost model {} ({} targets, {} parameter sets evaluated)",
+        base.params.name,
+        targets.len(),
+        f.evaluated
+    );
+    table("fit", f.globals, &f.residuals);
+    println!("  rms error {:.1}%", f.rms_error * 100.0);
+    println!();
+    table("shipped", shipped, &shipped_r);
+    println!();
+    println!("# for hwmodels/data/costs/{}.toml", base.params.name);
+    println!("in_situ_efficiency = {:.3}", f.globals.in_situ_efficiency);
+    println!("overlap_efficiency = {:.3}", f.globals.overlap_efficiency);
+    Ok(())
+}
