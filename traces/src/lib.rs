@@ -19,7 +19,11 @@
 //! The crate depends on no other dstwin crate and does no IO except in the readers' `from_path`.
 //! Time is integer nanoseconds (`arrival_ns`) on the workload's own clock.
 
+pub mod azure;
 pub mod error;
+pub mod mooncake;
+mod reader;
+mod timestamp;
 pub mod workload;
 
 pub use error::TraceError;

@@ -1,0 +1,13 @@
+//! Behaviour of the traces crate, one file per behaviour.
+
+mod azure;
+mod mooncake;
+
+use std::path::PathBuf;
+
+/// A fixture under `tests/data/`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
