@@ -24,6 +24,7 @@ pub mod error;
 pub mod mooncake;
 mod reader;
 mod timestamp;
+mod transform;
 pub mod workload;
 
 pub use error::TraceError;
