@@ -23,9 +23,11 @@ pub mod azure;
 pub mod error;
 pub mod mooncake;
 mod reader;
+pub mod synthetic;
 mod timestamp;
 mod transform;
 pub mod workload;
 
 pub use error::TraceError;
+pub use synthetic::{LengthSampler, RequestLengths};
 pub use workload::{TraceRequest, Workload, WorkloadBuilder};

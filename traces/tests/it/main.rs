@@ -2,6 +2,7 @@
 
 mod azure;
 mod mooncake;
+mod synthetic;
 mod transform;
 
 use std::path::PathBuf;
