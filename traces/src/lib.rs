@@ -23,11 +23,13 @@ pub mod azure;
 pub mod error;
 pub mod mooncake;
 mod reader;
+pub mod spec;
 pub mod synthetic;
 mod timestamp;
 mod transform;
 pub mod workload;
 
 pub use error::TraceError;
+pub use spec::{WorkloadPlan, WorkloadSource, WorkloadSpec};
 pub use synthetic::{LengthSampler, RequestLengths};
 pub use workload::{TraceRequest, Workload, WorkloadBuilder};

@@ -2,6 +2,7 @@
 
 mod azure;
 mod mooncake;
+mod spec;
 mod synthetic;
 mod transform;
 
