@@ -24,6 +24,7 @@ pub mod error;
 pub mod mooncake;
 mod reader;
 pub mod spec;
+mod stats;
 pub mod synthetic;
 mod timestamp;
 mod transform;
@@ -31,5 +32,6 @@ pub mod workload;
 
 pub use error::TraceError;
 pub use spec::{WorkloadPlan, WorkloadSource, WorkloadSpec};
+pub use stats::{LengthSummary, WorkloadStats};
 pub use synthetic::{LengthSampler, RequestLengths};
 pub use workload::{TraceRequest, Workload, WorkloadBuilder};

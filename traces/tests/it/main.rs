@@ -3,6 +3,7 @@
 mod azure;
 mod mooncake;
 mod spec;
+mod stats;
 mod synthetic;
 mod transform;
 
