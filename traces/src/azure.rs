@@ -1,0 +1,126 @@
+//! Azure LLM inference traces 2023 (Azure/AzurePublicDataset, `AzureLLMInferenceTrace_code` and
+//! `_conv`): CSV with the header `TIMESTAMP,ContextTokens,GeneratedTokens`, e.g.
+//!
+//! ```text
+//! TIMESTAMP,ContextTokens,GeneratedTokens
+//! 2023-11-16 18:17:03.9799600,4808,10
+//! ```
+//!
+//! Arrivals are offsets from the earliest row (the first row in the published files), so a
+//! workload read from Azure starts at 0. The traces carry no prefix information: no hash ids.
+//! Columns are found by name; extra columns are ignored.
+
+use crate::error::TraceError;
+use crate::reader::{open, shown, token_count};
+use crate::timestamp;
+use crate::workload::{Workload, WorkloadBuilder};
+use std::io::Read;
+use std::path::Path;
+
+const COL_TIMESTAMP: &str = "TIMESTAMP";
+const COL_INPUT: &str = "ContextTokens";
+const COL_OUTPUT: &str = "GeneratedTokens";
+
+/// Reads an Azure 2023 CSV trace from a file; errors name the path and line.
+pub fn from_path(path: impl AsRef<Path>) -> Result<Workload, TraceError> {
+    let path = path.as_ref();
+    from_reader(open(path)?, &path.display().to_string())
+}
+
+/// Reads an Azure 2023 CSV trace from any reader; `origin` labels errors and the workload's
+/// source.
+pub fn from_reader(reader: impl Read, origin: &str) -> Result<Workload, TraceError> {
+    let mut csv = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .trim(csv::Trim::All)
+        .from_reader(reader);
+    let header = csv.headers().map_err(|e| csv_error(e, origin))?.clone();
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .ok_or_else(|| TraceError::MissingColumn {
+                origin: origin.to_owned(),
+                column: name.to_owned(),
+                found: header.iter().collect::<Vec<_>>().join(","),
+            })
+    };
+    let (ts_col, in_col, out_col) = (
+        column(COL_TIMESTAMP)?,
+        column(COL_INPUT)?,
+        column(COL_OUTPUT)?,
+    );
+
+    // Absolute times first: the offsets are taken from the earliest row once all are read.
+    let mut rows: Vec<(i128, u32, u32, u64)> = Vec::new();
+    let mut record = csv::StringRecord::new();
+    while csv
+        .read_record(&mut record)
+        .map_err(|e| csv_error(e, origin))?
+    {
+        let line = record.position().map_or(0, |p| p.line());
+        let field = |col: usize| record.get(col).unwrap_or_default();
+        let bad = |name: &str, value: &str, reason: &str| TraceError::BadField {
+            origin: origin.to_owned(),
+            line,
+            field: name.to_owned(),
+            value: shown(value),
+            reason: reason.to_owned(),
+        };
+        let tokens = |col: usize, name: &str| {
+            let text = field(col);
+            let n: u64 = text
+                .parse()
+                .map_err(|_| bad(name, text, "expected a whole number of tokens"))?;
+            token_count(origin, line, name, n)
+        };
+        let ts = timestamp::parse_ns(field(ts_col))
+            .map_err(|reason| bad(COL_TIMESTAMP, field(ts_col), reason))?;
+        rows.push((
+            ts,
+            tokens(in_col, COL_INPUT)?,
+            tokens(out_col, COL_OUTPUT)?,
+            line,
+        ));
+    }
+
+    let mut builder = WorkloadBuilder::new(format!("azure:{origin}"), None);
+    let Some(start) = rows.iter().map(|r| r.0).min() else {
+        return builder.build();
+    };
+    for (ts, input, output, line) in rows {
+        let offset = u64::try_from(ts - start).map_err(|_| TraceError::BadField {
+            origin: origin.to_owned(),
+            line,
+            field: COL_TIMESTAMP.to_owned(),
+            value: format!("<{} ns after the earliest row>", ts - start),
+            reason: "the trace spans more than the u64 nanosecond clock (about 584 years)"
+                .to_owned(),
+        })?;
+        builder.push(offset, input, output, &[]);
+    }
+    builder.build()
+}
+
+fn csv_error(err: csv::Error, origin: &str) -> TraceError {
+    let line = err.position().map_or(0, |p| p.line());
+    let message = err.to_string();
+    match err.into_kind() {
+        csv::ErrorKind::Io(source) => TraceError::Io {
+            origin: origin.to_owned(),
+            source,
+        },
+        csv::ErrorKind::UnequalLengths {
+            expected_len, len, ..
+        } => TraceError::Syntax {
+            origin: origin.to_owned(),
+            line,
+            reason: format!("row has {len} fields, the header has {expected_len}"),
+        },
+        _ => TraceError::Syntax {
+            origin: origin.to_owned(),
+            line,
+            reason: message,
+        },
+    }
+}

@@ -1,0 +1,264 @@
+//! Validation of the raw spec into a [`WorkloadPlan`], and building the workload from it.
+
+use super::{ArrivalSpec, ClosedLoopSpec, LengthSpec, SyntheticSpec, TraceFileSpec, WorkloadSpec};
+use crate::error::{positive_finite, TraceError};
+use crate::synthetic::{
+    generate, ArrivalProcess, ClosedLoopConfig, LengthDist, LengthSampler, RequestCount,
+    SyntheticConfig,
+};
+use crate::workload::Workload;
+use crate::{azure, mooncake};
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+use std::path::{Path, PathBuf};
+
+/// The name of the scenario table the spec is read from; the root of every field path in errors.
+const TABLE: &str = "workload";
+const NS_PER_S: f64 = 1e9;
+
+/// A validated workload spec: every field checked, ready to build.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkloadPlan {
+    Synthetic(SyntheticConfig),
+    Trace(TracePlan),
+    ClosedLoop(ClosedLoopConfig),
+}
+
+/// A validated trace replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TracePlan {
+    pub format: TraceFormat,
+    /// As written in the scenario; relative paths resolve against the build's base directory.
+    pub path: PathBuf,
+    pub max_requests: Option<NonZeroUsize>,
+    pub scaling: Option<TimeScaling>,
+    pub max_duration_ns: Option<NonZeroU64>,
+}
+
+/// The trace file formats the crate reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceFormat {
+    Mooncake,
+    Azure,
+}
+
+/// How a trace's time axis is rescaled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TimeScaling {
+    /// Multiply every gap by this factor (finite, > 0).
+    Factor(f64),
+    /// Rescale to this mean rate, requests per second (finite, > 0).
+    Rate(f64),
+}
+
+/// What a plan builds into: requests known up front, or a closed loop that draws them on demand.
+#[derive(Clone, Debug)]
+pub enum WorkloadSource {
+    Open(Workload),
+    ClosedLoop {
+        /// Requests in flight at any time.
+        concurrency: NonZeroU32,
+        /// Requests issued in total.
+        num_requests: NonZeroU64,
+        /// Draws each new request's lengths (boxed: its generators hold their block buffers).
+        sampler: Box<LengthSampler>,
+    },
+}
+
+impl WorkloadSpec {
+    /// Checks every field; errors name the field path (`workload.input.std`) and its value.
+    pub fn validate(&self) -> Result<WorkloadPlan, TraceError> {
+        let plan = match self {
+            WorkloadSpec::Synthetic(s) => WorkloadPlan::Synthetic(synthetic(s)?),
+            WorkloadSpec::Mooncake(t) => WorkloadPlan::Trace(trace(TraceFormat::Mooncake, t)?),
+            WorkloadSpec::Azure(t) => WorkloadPlan::Trace(trace(TraceFormat::Azure, t)?),
+            WorkloadSpec::ClosedLoop(c) => WorkloadPlan::ClosedLoop(closed_loop(c)?),
+        };
+        Ok(plan)
+    }
+
+    /// `self.validate()?.build(seed, base_dir)`.
+    pub fn build(&self, seed: u64, base_dir: &Path) -> Result<WorkloadSource, TraceError> {
+        self.validate()?.build(seed, base_dir)
+    }
+}
+
+impl WorkloadPlan {
+    /// Reads or generates the workload. `seed` drives synthetic draws (traces ignore it);
+    /// `base_dir` anchors relative trace paths (the scenario file's directory).
+    pub fn build(&self, seed: u64, base_dir: &Path) -> Result<WorkloadSource, TraceError> {
+        match self {
+            WorkloadPlan::Synthetic(config) => Ok(WorkloadSource::Open(generate(config, seed))),
+            WorkloadPlan::Trace(plan) => plan.load(base_dir).map(WorkloadSource::Open),
+            WorkloadPlan::ClosedLoop(config) => Ok(WorkloadSource::ClosedLoop {
+                concurrency: config.concurrency(),
+                num_requests: config.num_requests(),
+                sampler: Box::new(config.sampler(seed)),
+            }),
+        }
+    }
+}
+
+impl TracePlan {
+    /// Reads the trace and applies the truncations and scaling, in the documented order.
+    pub fn load(&self, base_dir: &Path) -> Result<Workload, TraceError> {
+        let path = base_dir.join(&self.path);
+        let mut workload = match self.format {
+            TraceFormat::Mooncake => mooncake::from_path(&path)?,
+            TraceFormat::Azure => azure::from_path(&path)?,
+        };
+        if let Some(n) = self.max_requests {
+            workload = workload.truncate_requests(n.get())?;
+        }
+        workload = match self.scaling {
+            Some(TimeScaling::Factor(f)) => workload.scale_time(f),
+            Some(TimeScaling::Rate(r)) => workload.scale_to_rate(r),
+            None => Ok(workload),
+        }
+        .map_err(|e| e.within(TABLE))?;
+        if let Some(window) = self.max_duration_ns {
+            workload = workload.truncate_duration(window.get())?;
+        }
+        Ok(workload)
+    }
+}
+
+fn field(name: &str) -> String {
+    format!("{TABLE}.{name}")
+}
+
+fn synthetic(s: &SyntheticSpec) -> Result<SyntheticConfig, TraceError> {
+    let count = match (s.num_requests, s.duration_s) {
+        (Some(n), None) => RequestCount::Requests(nonzero_u64("num_requests", n)?),
+        (None, Some(d)) => RequestCount::DurationNs(seconds_to_ns("duration_s", d)?),
+        (n, d) => {
+            return Err(TraceError::invalid(
+                field("num_requests"),
+                format!("{n:?} with duration_s = {d:?}"),
+                "give exactly one of `num_requests` and `duration_s`",
+            ))
+        }
+    };
+    let input = length(&s.input).map_err(|e| e.within(&field("input")))?;
+    let output = length(&s.output).map_err(|e| e.within(&field("output")))?;
+    let arrival = arrival(&s.arrival).map_err(|e| e.within(&field("arrival")))?;
+    SyntheticConfig::new(count, input, output, arrival).map_err(|e| e.within(TABLE))
+}
+
+fn trace(format: TraceFormat, t: &TraceFileSpec) -> Result<TracePlan, TraceError> {
+    let scaling = match (t.time_scale, t.rate) {
+        (None, None) => None,
+        (Some(f), None) => Some(TimeScaling::Factor(positive_finite(
+            &field("time_scale"),
+            f,
+        )?)),
+        (None, Some(r)) => Some(TimeScaling::Rate(positive_finite(&field("rate"), r)?)),
+        (Some(f), Some(r)) => {
+            return Err(TraceError::invalid(
+                field("rate"),
+                r,
+                format!("give `time_scale` ({f}) or `rate`, not both"),
+            ))
+        }
+    };
+    let max_requests = t
+        .max_requests
+        .map(|n| {
+            let n = nonzero_u64("max_requests", n)?;
+            NonZeroUsize::try_from(n).map_err(|_| {
+                TraceError::invalid(field("max_requests"), n, "is beyond this machine's memory")
+            })
+        })
+        .transpose()?;
+    let max_duration_ns = t
+        .max_duration_s
+        .map(|d| seconds_to_ns("max_duration_s", d))
+        .transpose()?;
+    Ok(TracePlan {
+        format,
+        path: t.path.clone(),
+        max_requests,
+        scaling,
+        max_duration_ns,
+    })
+}
+
+fn closed_loop(c: &ClosedLoopSpec) -> Result<ClosedLoopConfig, TraceError> {
+    let concurrency = NonZeroU32::new(c.concurrency).ok_or_else(|| {
+        TraceError::invalid(field("concurrency"), c.concurrency, "must be at least 1")
+    })?;
+    let num_requests = nonzero_u64("num_requests", c.num_requests)?;
+    let input = length(&c.input).map_err(|e| e.within(&field("input")))?;
+    let output = length(&c.output).map_err(|e| e.within(&field("output")))?;
+    Ok(ClosedLoopConfig::new(
+        concurrency,
+        num_requests,
+        input,
+        output,
+    ))
+}
+
+/// A length distribution; error fields are relative (`std`), the caller prefixes the path.
+fn length(spec: &LengthSpec) -> Result<LengthDist, TraceError> {
+    match *spec {
+        LengthSpec::Fixed { value } => LengthDist::fixed(value),
+        LengthSpec::Uniform { min, max } => LengthDist::uniform(min, max),
+        LengthSpec::Normal {
+            mean,
+            std,
+            min,
+            max,
+        } => LengthDist::normal(mean, std)?.clamped(min, max),
+        LengthSpec::Lognormal {
+            mean,
+            std,
+            mu,
+            sigma,
+            min,
+            max,
+        } => {
+            let dist = match (mean, std, mu, sigma) {
+                (Some(mean), Some(std), None, None) => LengthDist::lognormal(mean, std)?,
+                (None, None, Some(mu), Some(sigma)) => LengthDist::lognormal_mu_sigma(mu, sigma)?,
+                _ => {
+                    return Err(TraceError::invalid(
+                        "dist",
+                        "lognormal",
+                        format!(
+                            "give either `mean` and `std` or `mu` and `sigma` (got mean {mean:?}, \
+                             std {std:?}, mu {mu:?}, sigma {sigma:?})"
+                        ),
+                    ))
+                }
+            };
+            dist.clamped(min, max)
+        }
+    }
+}
+
+fn arrival(spec: &ArrivalSpec) -> Result<ArrivalProcess, TraceError> {
+    match *spec {
+        ArrivalSpec::Poisson { rate } => ArrivalProcess::poisson(rate),
+        ArrivalSpec::Gamma { rate, cv } => ArrivalProcess::gamma(rate, cv),
+        ArrivalSpec::AllAtOnce => Ok(ArrivalProcess::all_at_once()),
+    }
+}
+
+fn nonzero_u64(name: &str, value: u64) -> Result<NonZeroU64, TraceError> {
+    NonZeroU64::new(value)
+        .ok_or_else(|| TraceError::invalid(field(name), value, "must be at least 1"))
+}
+
+/// Seconds (finite, > 0) to whole nanoseconds (at least 1).
+fn seconds_to_ns(name: &str, seconds: f64) -> Result<NonZeroU64, TraceError> {
+    positive_finite(&field(name), seconds)?;
+    let ns = (seconds * NS_PER_S).round();
+    if ns >= u64::MAX as f64 {
+        return Err(TraceError::invalid(
+            field(name),
+            seconds,
+            "is beyond the u64 nanosecond clock (about 584 years)",
+        ));
+    }
+    NonZeroU64::new(ns as u64)
+        .ok_or_else(|| TraceError::invalid(field(name), seconds, "is shorter than a nanosecond"))
+}

@@ -1,0 +1,159 @@
+//! Seeded synthetic workloads: lengths from distributions ([`LengthDist`]), arrivals from a
+//! process ([`ArrivalProcess`]), either generated up front (open loop, [`generate`]) or drawn on
+//! demand for a fixed concurrency (closed loop, [`ClosedLoopConfig`] and [`LengthSampler`]).
+//!
+//! Determinism: the same seed and configuration give identical requests. The generator is
+//! ChaCha8 (`rand_chacha`), named explicitly because `rand`'s `StdRng` may change algorithm
+//! between releases; each quantity draws from its own ChaCha stream of the seed, so adding or
+//! changing one distribution leaves the draws of the others unchanged. Normal, log-normal and
+//! gamma draws use `f64` `exp`/`ln`, whose last bit may differ between platforms' math
+//! libraries; on one platform and build the results are bit-identical.
+
+mod arrival;
+mod length;
+
+pub use arrival::ArrivalProcess;
+pub use length::{LengthDist, LengthSampler, RequestLengths};
+
+use crate::error::TraceError;
+use crate::workload::{Workload, WorkloadBuilder};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::num::{NonZeroU32, NonZeroU64};
+
+/// ChaCha stream of a seed that draws arrival gaps.
+const STREAM_ARRIVALS: u64 = 0;
+/// ChaCha stream of a seed that draws input (prompt) lengths.
+const STREAM_INPUT_LENGTHS: u64 = 1;
+/// ChaCha stream of a seed that draws output lengths.
+const STREAM_OUTPUT_LENGTHS: u64 = 2;
+
+/// The generator for one `stream` of `seed`.
+fn stream_rng(seed: u64, stream: u64) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(stream);
+    rng
+}
+
+/// How many requests an open-loop synthetic workload holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestCount {
+    /// Exactly this many requests.
+    Requests(NonZeroU64),
+    /// Every request that arrives before this many nanoseconds (the first, at 0, always does).
+    DurationNs(NonZeroU64),
+}
+
+/// A validated open-loop synthetic workload: how many requests, their lengths, their arrivals.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyntheticConfig {
+    count: RequestCount,
+    input: LengthDist,
+    output: LengthDist,
+    arrival: ArrivalProcess,
+}
+
+impl SyntheticConfig {
+    /// Fails when a duration bounds requests that all arrive at once (there would be no end).
+    pub fn new(
+        count: RequestCount,
+        input: LengthDist,
+        output: LengthDist,
+        arrival: ArrivalProcess,
+    ) -> Result<SyntheticConfig, TraceError> {
+        if let RequestCount::DurationNs(ns) = count {
+            if arrival.is_all_at_once() {
+                return Err(TraceError::invalid(
+                    "duration_s",
+                    ns.get() as f64 / 1e9,
+                    "cannot bound requests that all arrive at t = 0; give `num_requests` instead",
+                ));
+            }
+        }
+        Ok(SyntheticConfig {
+            count,
+            input,
+            output,
+            arrival,
+        })
+    }
+
+    pub fn count(&self) -> RequestCount {
+        self.count
+    }
+
+    pub fn input(&self) -> &LengthDist {
+        &self.input
+    }
+
+    pub fn output(&self) -> &LengthDist {
+        &self.output
+    }
+
+    pub fn arrival(&self) -> &ArrivalProcess {
+        &self.arrival
+    }
+}
+
+/// Generates the workload `config` describes, deterministically for `seed`. Synthetic requests
+/// carry no hash ids (no shared prefixes).
+pub fn generate(config: &SyntheticConfig, seed: u64) -> Workload {
+    let mut lengths = LengthSampler::new(config.input.clone(), config.output.clone(), seed);
+    let arrivals = config.arrival.arrivals(stream_rng(seed, STREAM_ARRIVALS));
+    let mut builder = WorkloadBuilder::new(format!("synthetic(seed={seed})"), None);
+    let mut push = |arrival_ns| {
+        let l = lengths.next_lengths();
+        builder.push(arrival_ns, l.input_tokens, l.output_tokens, &[]);
+    };
+    match config.count {
+        RequestCount::Requests(n) => arrivals.take(n.get() as usize).for_each(&mut push),
+        RequestCount::DurationNs(end) => {
+            arrivals.take_while(|&t| t < end.get()).for_each(&mut push)
+        }
+    }
+    builder
+        .build()
+        .expect("a synthetic workload has at least its first request, at t = 0")
+}
+
+/// A validated closed-loop workload: `concurrency` requests in flight at any time, each
+/// finished request replaced by a new one until `num_requests` have been issued. Lengths come
+/// from [`ClosedLoopConfig::sampler`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClosedLoopConfig {
+    concurrency: NonZeroU32,
+    num_requests: NonZeroU64,
+    input: LengthDist,
+    output: LengthDist,
+}
+
+impl ClosedLoopConfig {
+    pub fn new(
+        concurrency: NonZeroU32,
+        num_requests: NonZeroU64,
+        input: LengthDist,
+        output: LengthDist,
+    ) -> ClosedLoopConfig {
+        ClosedLoopConfig {
+            concurrency,
+            num_requests,
+            input,
+            output,
+        }
+    }
+
+    /// Requests kept in flight.
+    pub fn concurrency(&self) -> NonZeroU32 {
+        self.concurrency
+    }
+
+    /// Requests issued in total.
+    pub fn num_requests(&self) -> NonZeroU64 {
+        self.num_requests
+    }
+
+    /// The length sampler for `seed`: the same seed gives the same sequence of pairs.
+    pub fn sampler(&self, seed: u64) -> LengthSampler {
+        LengthSampler::new(self.input.clone(), self.output.clone(), seed)
+    }
+}
