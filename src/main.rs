@@ -2,6 +2,7 @@
 
 mod calibrate_cmd;
 mod explain_cmd;
+mod simulate_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -16,6 +17,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Simulate a deployment serving a workload (a scenario file; without one, the built-in
+    /// default): TTFT, TPOT, ITL, throughput per card, goodput, KV use, where the time goes.
+    Simulate(Box<simulate_cmd::SimulateArgs>),
     /// Price one forward step of one instance: time by op class and layer, what bounds each op,
     /// two-micro-batch overlap, the memory map per die and the roofline limit.
     Explain(Box<explain_cmd::ExplainArgs>),
@@ -38,6 +42,7 @@ pub enum Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Simulate(a) => simulate_cmd::run_cmd(*a),
         Command::Explain(a) => explain_cmd::run(*a),
         Command::Calibrate(a) => calibrate_cmd::run(a),
         Command::Catalog { json } => explain_cmd::catalog(json),

@@ -3,14 +3,20 @@
 //! Module map:
 //! - [`time`]: `SimTime` / `SimDuration`, integer nanoseconds.
 //! - [`batch`]: `BatchShape`, the aggregate shape of one DP rank's step.
+//! - [`device`]: the `Device` trait, step plans and outcomes.
 //! - [`model`]: model catalog: architectures, quantization, parameter counts, KV bytes.
 //! - [`layout`]: parallel layouts (role, DP x TP, EP, redundant and shared-expert slots).
 //! - [`memory`]: the memory map of a die and its KV capacity.
+//! - [`instance`]: an instance's DP-rank schedulers (vLLM v1), KV blocks and prefix cache.
+//! - [`pd`]: the PD proxy's routing policies.
 //! - [`opgraph`]: the per-step op graph, the one description of a step's work.
 
 pub mod batch;
+pub mod device;
+pub mod instance;
 pub mod layout;
 pub mod memory;
 pub mod model;
 pub mod opgraph;
+pub mod pd;
 pub mod time;

@@ -140,3 +140,190 @@ pub fn render_explain(e: &Explain) -> String {
     );
     s
 }
+
+use crate::run::{RequestRow, SimReport, Span};
+
+fn pct_row(s: &mut String, name: &str, p: &crate::metrics::Percentiles) {
+    let _ = writeln!(
+        s,
+        "  {:<14} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+        name, p.mean, p.p50, p.p90, p.p99, p.max
+    );
+}
+
+/// Renders a simulation report as text tables.
+pub fn render_sim(r: &SimReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "scenario {} (hash {}, seed {}): {} {} on {}, {} dies = {:.0} cards",
+        r.scenario, r.scenario_hash, r.seed, r.model, r.quant, r.hardware, r.dies, r.cards
+    );
+    let _ = writeln!(
+        s,
+        "simulated {:.1} s: {} requests arrived, {} finished, {} unfinished",
+        r.simulated_s, r.requests_arrived, r.requests_finished, r.requests_unfinished
+    );
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "throughput  {:.2} req/s, input {:.0} tok/s, output {:.0} tok/s",
+        r.request_throughput, r.input_tok_s, r.output_tok_s
+    );
+    let _ = writeln!(
+        s,
+        "per card    input {:.1} tok/s, output {:.1} tok/s (all {:.0} cards, prefill and decode)",
+        r.input_tok_s_per_card, r.output_tok_s_per_card, r.cards
+    );
+    let _ = writeln!(
+        s,
+        "goodput     {:.2} req/s meeting every SLO ({:.1}% of finished requests)",
+        r.goodput,
+        r.slo_attainment * 100.0
+    );
+    let _ = writeln!(
+        s,
+        "prefix hits {:.1}%, preemptions {}, sent back to prefill {}, KV transfers {} ({:.1} GB)",
+        r.prefix_hit_rate * 100.0,
+        r.preemptions,
+        r.sent_back,
+        r.kv_transfers,
+        r.kv_transfer_gb
+    );
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "  {:<14} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "latency (ms)", "mean", "p50", "p90", "p99", "max"
+    );
+    let l = &r.latency;
+    pct_row(&mut s, "TTFT", &l.ttft_ms);
+    pct_row(&mut s, "TPOT", &l.tpot_ms);
+    pct_row(&mut s, "ITL", &l.itl_ms);
+    pct_row(&mut s, "E2E", &l.e2e_ms);
+    pct_row(&mut s, "queueing", &l.queue_ms);
+    pct_row(&mut s, "KV transfer", &l.kv_transfer_ms);
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "  {:<14} {:<8} {:>5} {:>9} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8}  top op classes",
+        "instance",
+        "role",
+        "dies",
+        "steps",
+        "util",
+        "step ms",
+        "tok/step",
+        "KV mean",
+        "KV max",
+        "preempt"
+    );
+    for i in &r.instances {
+        let mut top: Vec<_> = i.time_share.iter().collect();
+        top.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+        let top: Vec<String> = top
+            .iter()
+            .take(3)
+            .map(|(k, v)| format!("{k} {:.0}%", *v * 100.0))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  {:<14} {:<8} {:>5} {:>9} {:>5.0}% {:>9.2} {:>9.1} {:>7.1}% {:>7.1}% {:>8}  {}",
+            i.name,
+            i.role.name(),
+            i.dies,
+            i.steps,
+            i.utilization * 100.0,
+            i.mean_step_ms,
+            i.mean_tokens_per_step,
+            i.kv_usage_mean * 100.0,
+            i.kv_usage_max * 100.0,
+            i.preemptions,
+            top.join(", ")
+        );
+    }
+    s
+}
+
+/// CSV of the report's headline metrics: one header line, one row.
+pub fn sim_csv(r: &SimReport) -> String {
+    let l = &r.latency;
+    let cols: Vec<(&str, String)> = vec![
+        ("scenario", r.scenario.clone()),
+        ("scenario_hash", r.scenario_hash.clone()),
+        ("seed", r.seed.to_string()),
+        ("simulated_s", format!("{:.6}", r.simulated_s)),
+        ("requests_finished", r.requests_finished.to_string()),
+        ("requests_unfinished", r.requests_unfinished.to_string()),
+        ("request_throughput", format!("{:.6}", r.request_throughput)),
+        ("input_tok_s", format!("{:.3}", r.input_tok_s)),
+        ("output_tok_s", format!("{:.3}", r.output_tok_s)),
+        (
+            "input_tok_s_per_card",
+            format!("{:.3}", r.input_tok_s_per_card),
+        ),
+        (
+            "output_tok_s_per_card",
+            format!("{:.3}", r.output_tok_s_per_card),
+        ),
+        ("goodput", format!("{:.6}", r.goodput)),
+        ("slo_attainment", format!("{:.6}", r.slo_attainment)),
+        ("ttft_p50_ms", format!("{:.3}", l.ttft_ms.p50)),
+        ("ttft_p90_ms", format!("{:.3}", l.ttft_ms.p90)),
+        ("ttft_p99_ms", format!("{:.3}", l.ttft_ms.p99)),
+        ("tpot_p50_ms", format!("{:.3}", l.tpot_ms.p50)),
+        ("tpot_p90_ms", format!("{:.3}", l.tpot_ms.p90)),
+        ("tpot_p99_ms", format!("{:.3}", l.tpot_ms.p99)),
+        ("itl_p50_ms", format!("{:.3}", l.itl_ms.p50)),
+        ("itl_p99_ms", format!("{:.3}", l.itl_ms.p99)),
+        ("e2e_p50_ms", format!("{:.3}", l.e2e_ms.p50)),
+        ("e2e_p99_ms", format!("{:.3}", l.e2e_ms.p99)),
+        ("queue_p50_ms", format!("{:.3}", l.queue_ms.p50)),
+        ("preemptions", r.preemptions.to_string()),
+        ("prefix_hit_rate", format!("{:.6}", r.prefix_hit_rate)),
+    ];
+    let head: Vec<&str> = cols.iter().map(|c| c.0).collect();
+    let row: Vec<String> = cols.iter().map(|c| csv_field(&c.1)).collect();
+    format!("{}\n{}\n", head.join(","), row.join(","))
+}
+
+fn csv_field(v: &str) -> String {
+    if v.contains([',', '"', '\n']) {
+        format!("\"{}\"", v.replace('"', "\"\""))
+    } else {
+        v.to_string()
+    }
+}
+
+/// Writes one CSV row per finished request.
+pub fn write_requests_csv<W: std::io::Write>(rows: &[RequestRow], w: W) -> Result<(), csv::Error> {
+    let mut wr = csv::Writer::from_writer(w);
+    for r in rows {
+        wr.serialize(r)?;
+    }
+    wr.flush()?;
+    Ok(())
+}
+
+/// A chrome-trace (Perfetto) JSON document of steps and KV transfers.
+pub fn chrome_trace(spans: &[Span]) -> serde_json::Value {
+    let mut events = Vec::with_capacity(spans.len() + 16);
+    let mut lanes = std::collections::BTreeMap::new();
+    for sp in spans {
+        lanes.entry(sp.lane).or_insert_with(|| sp.lane_name.clone());
+        events.push(serde_json::json!({
+            "name": sp.name,
+            "ph": "X",
+            "pid": 1,
+            "tid": sp.lane,
+            "ts": sp.start.0 as f64 / 1e3,
+            "dur": sp.dur.0 as f64 / 1e3,
+            "args": { "tokens": sp.tokens },
+        }));
+    }
+    for (lane, name) in lanes {
+        events.push(serde_json::json!({ "name": "thread_name", "ph": "M", "pid": 1, "tid": lane, "args": { "name": name } }));
+    }
+    events.push(serde_json::json!({ "name": "process_name", "ph": "M", "pid": 1, "args": { "name": "dstwin simulation" } }));
+    serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+}

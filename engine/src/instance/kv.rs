@@ -1,0 +1,218 @@
+//! Paged KV blocks with prefix caching (vLLM v1 semantics).
+//!
+//! Free blocks sit in an LRU queue (a doubly linked list over block ids, O(1) removal). A freed
+//! block keeps its hash and stays hit-able until it is reused (lazy eviction). A request frees its
+//! blocks tail first, so its prefix is evicted last.
+
+use std::collections::HashMap;
+
+const NIL: u32 = u32::MAX;
+
+/// The KV blocks of one DP rank.
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    ref_cnt: Vec<u32>,
+    hash: Vec<Option<u64>>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    in_free: Vec<bool>,
+    head: u32,
+    tail: u32,
+    free: u64,
+    cached: HashMap<u64, u32>,
+}
+
+impl BlockPool {
+    pub fn new(blocks: u64) -> Self {
+        assert!(
+            blocks > 0 && blocks < NIL as u64,
+            "block count out of range: {blocks}"
+        );
+        let n = blocks as usize;
+        let mut p = BlockPool {
+            ref_cnt: vec![0; n],
+            hash: vec![None; n],
+            prev: vec![NIL; n],
+            next: vec![NIL; n],
+            in_free: vec![false; n],
+            head: NIL,
+            tail: NIL,
+            free: 0,
+            cached: HashMap::new(),
+        };
+        for b in 0..n as u32 {
+            p.push_tail(b);
+        }
+        p
+    }
+
+    pub fn total(&self) -> u64 {
+        self.ref_cnt.len() as u64
+    }
+
+    /// Blocks that can be handed out (free, cached or not).
+    pub fn free(&self) -> u64 {
+        self.free
+    }
+
+    pub fn used(&self) -> u64 {
+        self.total() - self.free
+    }
+
+    fn push_tail(&mut self, b: u32) {
+        debug_assert!(!self.in_free[b as usize]);
+        self.prev[b as usize] = self.tail;
+        self.next[b as usize] = NIL;
+        if self.tail != NIL {
+            self.next[self.tail as usize] = b;
+        } else {
+            self.head = b;
+        }
+        self.tail = b;
+        self.in_free[b as usize] = true;
+        self.free += 1;
+    }
+
+    fn unlink(&mut self, b: u32) {
+        debug_assert!(self.in_free[b as usize]);
+        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        if p != NIL {
+            self.next[p as usize] = n;
+        } else {
+            self.head = n;
+        }
+        if n != NIL {
+            self.prev[n as usize] = p;
+        } else {
+            self.tail = p;
+        }
+        self.in_free[b as usize] = false;
+        self.free -= 1;
+    }
+
+    /// Takes a free block from the LRU head, evicting its cached hash.
+    fn pop(&mut self) -> u32 {
+        let b = self.head;
+        assert!(b != NIL, "pop from an empty free queue");
+        self.unlink(b);
+        if let Some(h) = self.hash[b as usize].take() {
+            if self.cached.get(&h) == Some(&b) {
+                self.cached.remove(&h);
+            }
+        }
+        self.ref_cnt[b as usize] = 1;
+        b
+    }
+
+    /// Appends `n` fresh blocks to `out`; false (and nothing taken) if fewer are free.
+    pub fn allocate(&mut self, n: u64, out: &mut Vec<u32>) -> bool {
+        if n > self.free {
+            return false;
+        }
+        for _ in 0..n {
+            let b = self.pop();
+            out.push(b);
+        }
+        true
+    }
+
+    /// The cached block holding `hash`, if any.
+    pub fn lookup(&self, hash: u64) -> Option<u32> {
+        self.cached.get(&hash).copied()
+    }
+
+    /// Takes a reference on a cached block (a prefix hit).
+    pub fn touch(&mut self, b: u32) {
+        if self.in_free[b as usize] {
+            self.unlink(b);
+        }
+        self.ref_cnt[b as usize] += 1;
+    }
+
+    /// Records that full block `b` holds content `hash`.
+    pub fn set_hash(&mut self, b: u32, hash: u64) {
+        if self.hash[b as usize].is_none() && !self.cached.contains_key(&hash) {
+            self.hash[b as usize] = Some(hash);
+            self.cached.insert(hash, b);
+        }
+    }
+
+    /// Releases a request's blocks, last block first into the free queue.
+    pub fn release(&mut self, blocks: &[u32]) {
+        for &b in blocks.iter().rev() {
+            let r = &mut self.ref_cnt[b as usize];
+            debug_assert!(*r > 0, "double free of block {b}");
+            *r -= 1;
+            if *r == 0 {
+                self.push_tail(b);
+            }
+        }
+    }
+
+    /// Checks the pool's bookkeeping (tests and debug builds).
+    pub fn check(&self) {
+        let mut n = 0;
+        let mut b = self.head;
+        while b != NIL {
+            assert!(
+                self.in_free[b as usize] && self.ref_cnt[b as usize] == 0,
+                "block {b} in the free queue with refs"
+            );
+            n += 1;
+            b = self.next[b as usize];
+        }
+        assert_eq!(n, self.free, "free queue length");
+        let in_use = self.ref_cnt.iter().filter(|&&r| r > 0).count() as u64;
+        assert_eq!(in_use + self.free, self.total(), "blocks conserved");
+        for (&h, &b) in &self.cached {
+            assert_eq!(
+                self.hash[b as usize],
+                Some(h),
+                "cache map and block hash agree"
+            );
+        }
+    }
+}
+
+/// Mixes a parent block hash with a block's content key (splitmix64 finalizer).
+pub fn chain(parent: u64, key: u64) -> u64 {
+    let mut z = parent
+        ^ key
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(0x632b_e59b_d9b4_e019);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocate_release_and_lru_order() {
+        let mut p = BlockPool::new(4);
+        let mut a = Vec::new();
+        assert!(p.allocate(3, &mut a));
+        assert_eq!(p.free(), 1);
+        assert!(!p.allocate(2, &mut a));
+        p.set_hash(a[0], 11);
+        p.set_hash(a[1], 12);
+        p.release(&a);
+        p.check();
+        // Freed tail first: the next allocation takes the untouched block, then a[2], a[1], a[0].
+        let mut b = Vec::new();
+        assert!(p.allocate(2, &mut b));
+        assert_eq!(b, vec![3, a[2]]);
+        // a[0] and a[1] are still cached (lazy eviction).
+        assert_eq!(p.lookup(11), Some(a[0]));
+        p.touch(a[0]);
+        assert_eq!(p.free(), 1);
+        let mut c = Vec::new();
+        assert!(p.allocate(1, &mut c));
+        // Reusing a[1] evicts its hash.
+        assert_eq!(c, vec![a[1]]);
+        assert_eq!(p.lookup(12), None);
+        p.check();
+    }
+}

@@ -1,0 +1,208 @@
+//! An instance: its DP ranks' schedulers stepping in lockstep, shared by the simulator's
+//! virtual-time driver and the wall-clock runtime.
+//!
+//! - [`kv`]: paged KV blocks with prefix caching.
+//! - [`rank`]: the scheduler of one DP rank (vLLM v1 semantics).
+//!
+//! New requests go to the DP rank with the fewest unfinished requests (lowest index on ties).
+//! A step plans every rank (idle ranks plan nothing; the device runs them a dummy batch), and the
+//! outcome is applied rank by rank.
+
+pub mod kv;
+pub mod rank;
+
+use crate::batch::AttnCap;
+use crate::device::{ReqId, StepOutcome, StepPlan};
+use crate::layout::Role;
+use crate::time::SimTime;
+use rank::RankScheduler;
+use serde::Serialize;
+
+/// Everything an instance's schedulers need, validated by the caller (scenario or CLI).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct InstanceConfig {
+    pub role: Role,
+    pub dp_ranks: u32,
+    pub max_num_batched_tokens: u32,
+    pub max_num_seqs: u32,
+    pub block_size: u32,
+    /// KV blocks per DP rank.
+    pub num_kv_blocks: u64,
+    pub enable_chunked_prefill: bool,
+    pub enable_prefix_caching: bool,
+    /// Cap on one request's prompt tokens per step (0: none).
+    pub long_prefill_token_threshold: u32,
+    pub max_model_len: u64,
+    /// MTP draft tokens per decode step.
+    pub num_spec_tokens: u32,
+    pub attn_cap: AttnCap,
+    /// On KV exhaustion in a decode instance, hand the request back instead of recomputing.
+    pub send_back: bool,
+}
+
+/// A request entering an instance.
+#[derive(Clone, Copy, Debug)]
+pub struct NewRequest<'a> {
+    pub id: ReqId,
+    pub prompt_tokens: u32,
+    /// Tokens to produce here (a prefill instance: 1).
+    pub max_output_tokens: u32,
+    /// Block hashes of the prompt at `hash_block_tokens` granularity (shared ids = shared prefix).
+    pub hash_ids: &'a [u64],
+    pub hash_block_tokens: u32,
+    /// The prompt's KV comes from a prefill instance (PD decode side).
+    pub remote_kv: bool,
+}
+
+/// What happened to a request during a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstEvent {
+    /// `n` tokens sampled (1 + accepted drafts); on a prefill instance, the prompt is done.
+    Tokens { req: ReqId, n: u32 },
+    /// KV ran out: the request lost its blocks and waits to recompute.
+    Preempted { req: ReqId },
+    /// KV ran out on a decode instance with send-back: the request left; re-prefill it.
+    SentBack { req: ReqId },
+}
+
+/// Counters over all ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct InstanceStats {
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+    pub running: u64,
+    pub waiting: u64,
+}
+
+/// One instance's schedulers.
+#[derive(Clone, Debug)]
+pub struct Instance {
+    cfg: InstanceConfig,
+    ranks: Vec<RankScheduler>,
+    owner: std::collections::HashMap<ReqId, u32>,
+    plan: StepPlan,
+    started: Vec<ReqId>,
+    pulls: Vec<ReqId>,
+    /// Preemptions decided while scheduling, reported with the step's outcome.
+    pending: Vec<InstEvent>,
+}
+
+impl Instance {
+    pub fn new(cfg: InstanceConfig) -> Self {
+        assert!(cfg.dp_ranks > 0, "an instance needs at least one DP rank");
+        Instance {
+            ranks: (0..cfg.dp_ranks).map(|_| RankScheduler::new(cfg)).collect(),
+            plan: StepPlan {
+                ranks: vec![Default::default(); cfg.dp_ranks as usize],
+            },
+            cfg,
+            owner: std::collections::HashMap::new(),
+            started: Vec::new(),
+            pulls: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &InstanceConfig {
+        &self.cfg
+    }
+
+    pub fn max_model_len(&self) -> u64 {
+        self.cfg.max_model_len
+    }
+
+    /// Adds a request to the least-loaded DP rank; returns the rank.
+    pub fn add_request(&mut self, r: NewRequest<'_>, _now: SimTime) -> u32 {
+        let rank = (0..self.ranks.len())
+            .min_by_key(|&i| (self.ranks[i].load(), i))
+            .expect("at least one rank") as u32;
+        self.ranks[rank as usize].add(r);
+        self.owner.insert(r.id, rank);
+        rank
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.ranks.iter().any(RankScheduler::has_work)
+    }
+
+    /// Plans one lockstep step of every rank; read it with [`Instance::plan`].
+    pub fn schedule(&mut self, _now: SimTime) {
+        self.started.clear();
+        self.pulls.clear();
+        let mut events = Vec::new();
+        for (r, plan) in self.ranks.iter_mut().zip(self.plan.ranks.iter_mut()) {
+            r.schedule(plan, &mut self.started, &mut self.pulls, &mut events);
+        }
+        self.pending = events;
+    }
+
+    /// The plan of the last `schedule`.
+    pub fn plan(&self) -> &StepPlan {
+        &self.plan
+    }
+
+    /// Requests admitted for the first time by the last `schedule`.
+    pub fn started(&self) -> &[ReqId] {
+        &self.started
+    }
+
+    /// Remote-KV requests whose blocks the last `schedule` allocated: start their transfers.
+    pub fn kv_pulls(&self) -> &[ReqId] {
+        &self.pulls
+    }
+
+    /// Applies a step's outcome; appends what happened to `events` (preemptions decided while
+    /// scheduling come first).
+    pub fn apply(&mut self, _now: SimTime, outcome: &StepOutcome, events: &mut Vec<InstEvent>) {
+        events.append(&mut self.pending);
+        for (i, r) in self.ranks.iter_mut().enumerate() {
+            r.update(
+                outcome.accepted.get(i).map_or(&[][..], Vec::as_slice),
+                events,
+            );
+        }
+        for e in events.iter() {
+            match *e {
+                InstEvent::SentBack { req } => {
+                    self.owner.remove(&req);
+                }
+                InstEvent::Tokens { .. } | InstEvent::Preempted { .. } => {}
+            }
+        }
+    }
+
+    pub fn kv_arrived(&mut self, req: ReqId, _now: SimTime) {
+        if let Some(&r) = self.owner.get(&req) {
+            self.ranks[r as usize].kv_arrived(req);
+        }
+    }
+
+    /// Frees a finished prefill request's KV after its transfer.
+    pub fn release_kv(&mut self, req: ReqId) {
+        if let Some(r) = self.owner.remove(&req) {
+            self.ranks[r as usize].release(req);
+        }
+    }
+
+    /// Mean KV use over ranks, 0..1.
+    pub fn kv_usage(&self) -> f64 {
+        self.ranks.iter().map(RankScheduler::kv_usage).sum::<f64>() / self.ranks.len() as f64
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.ranks.iter().map(RankScheduler::num_waiting).sum()
+    }
+
+    pub fn stats(&self) -> InstanceStats {
+        let mut s = InstanceStats::default();
+        for r in &self.ranks {
+            s.prefix_queries += r.stats.prefix_queries;
+            s.prefix_hits += r.stats.prefix_hits;
+            s.preemptions += r.stats.preemptions;
+            s.running += r.num_running() as u64;
+            s.waiting += r.num_waiting() as u64;
+        }
+        s
+    }
+}

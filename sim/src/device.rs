@@ -1,0 +1,326 @@
+//! `SimDevice`: the twin's device. Prices each DP rank's step with the op graph and the cost model
+//! (memoized on quantized shapes), takes the slowest rank as the lockstep step time, and draws MTP
+//! acceptance per sequence.
+
+use crate::pricing::{price, two_microbatch_time, StepCost};
+use dstwin_engine::batch::BatchShape;
+use dstwin_engine::device::{
+    Capacity, ClassTimes, Device, DeviceError, KvTransfer, StepOutcome, StepPlan, TransferOutcome,
+    CLASS_NAMES, CLASS_SLOTS,
+};
+use dstwin_engine::layout::Plan;
+use dstwin_engine::model::{ModelConfig, Quant};
+use dstwin_engine::opgraph::{step_ops, MoeLoad, StepSpec};
+use dstwin_engine::time::SimDuration;
+use dstwin_hwmodels::{CostModel, DType};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+
+/// Significant bits kept when quantizing shape sums for the price cache: prices are computed on
+/// the quantized shape, so a result never depends on which shape filled the cache first, and the
+/// relative rounding is below 1/2^7 < 0.8%.
+const KEY_BITS: u32 = 7;
+
+fn quantize(v: u64) -> u64 {
+    let bits = 64 - v.leading_zeros();
+    if bits <= KEY_BITS {
+        v
+    } else {
+        let shift = bits - KEY_BITS;
+        // Round to nearest at the kept precision.
+        ((v + (1 << (shift - 1))) >> shift) << shift
+    }
+}
+
+fn quantize_shape(s: &BatchShape) -> BatchShape {
+    BatchShape {
+        prefill_seqs: quantize(s.prefill_seqs as u64) as u32,
+        prefill_tokens: quantize(s.prefill_tokens),
+        prefill_pairs: quantize(s.prefill_pairs),
+        prefill_pairs_capped: quantize(s.prefill_pairs_capped),
+        decode_seqs: quantize(s.decode_seqs as u64) as u32,
+        decode_tokens: quantize(s.decode_tokens),
+        decode_pairs: quantize(s.decode_pairs),
+        decode_pairs_capped: quantize(s.decode_pairs_capped),
+    }
+}
+
+/// Half of a batch for two-micro-batch overlap: sequences split in two, sums halved.
+fn half(s: &BatchShape) -> BatchShape {
+    BatchShape {
+        prefill_seqs: s.prefill_seqs.div_ceil(2),
+        prefill_tokens: s.prefill_tokens.div_ceil(2),
+        prefill_pairs: s.prefill_pairs.div_ceil(2),
+        prefill_pairs_capped: s.prefill_pairs_capped.div_ceil(2),
+        decode_seqs: s.decode_seqs.div_ceil(2),
+        decode_tokens: s.decode_tokens.div_ceil(2),
+        decode_pairs: s.decode_pairs.div_ceil(2),
+        decode_pairs_capped: s.decode_pairs_capped.div_ceil(2),
+    }
+}
+
+/// The price of one rank's step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RankCost {
+    pub time_s: f64,
+    pub class_times: ClassTimes,
+}
+
+fn class_times(c: &StepCost, scale: f64) -> ClassTimes {
+    let mut t = [0.0; CLASS_SLOTS];
+    for (name, v) in c.by_class() {
+        let slot = CLASS_NAMES
+            .iter()
+            .position(|n| *n == name)
+            .unwrap_or(CLASS_SLOTS - 1);
+        t[slot] += v * scale;
+    }
+    t
+}
+
+/// Everything that fixes an instance's step prices besides the batch.
+#[derive(Clone, Debug)]
+pub struct PricerSpec {
+    pub model: ModelConfig,
+    pub quant: Quant,
+    pub kv_dtype: DType,
+    pub plan: Plan,
+    pub mtp_tokens: u32,
+    /// Tokens on the hottest routed die over the mean (1.0 = perfect balance).
+    pub moe_imbalance: f64,
+    pub two_microbatch: bool,
+    pub cost: CostModel,
+}
+
+/// Memoized per-rank step pricing.
+#[derive(Clone, Debug)]
+pub struct StepPricer {
+    spec: PricerSpec,
+    cache: HashMap<(BatchShape, u64), RankCost>,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl StepPricer {
+    pub fn new(spec: PricerSpec) -> Self {
+        StepPricer {
+            spec,
+            cache: HashMap::new(),
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    pub fn spec(&self) -> &PricerSpec {
+        &self.spec
+    }
+
+    fn price_shape(&self, shape: &BatchShape, group_tokens: u64) -> StepCost {
+        let s = &self.spec;
+        let spec = StepSpec {
+            model: &s.model,
+            quant: s.quant,
+            kv_dtype: s.kv_dtype,
+            plan: &s.plan,
+            mtp_tokens: s.mtp_tokens,
+        };
+        let load = MoeLoad {
+            group_tokens,
+            imbalance: s.moe_imbalance,
+        };
+        price(&step_ops(spec, shape, &load), &s.cost)
+    }
+
+    /// The price of one rank computing `shape` while the EP group computes `group_tokens`.
+    pub fn rank_cost(&mut self, shape: &BatchShape, group_tokens: u64) -> RankCost {
+        let key = (quantize_shape(shape), quantize(group_tokens));
+        if let Some(c) = self.cache.get(&key) {
+            self.hits += 1;
+            return *c;
+        }
+        self.misses += 1;
+        let full = self.price_shape(&key.0, key.1);
+        let cost = if self.spec.two_microbatch {
+            let h = self.price_shape(&half(&key.0), key.1.div_ceil(2));
+            let t = two_microbatch_time(&h, self.spec.cost.params.overlap_efficiency);
+            RankCost {
+                time_s: t,
+                class_times: class_times(&full, t / full.serial_s.max(f64::MIN_POSITIVE)),
+            }
+        } else {
+            RankCost {
+                time_s: full.serial_s,
+                class_times: class_times(&full, 1.0),
+            }
+        };
+        self.cache.insert(key, cost);
+        cost
+    }
+}
+
+/// Draws MTP acceptance: draft i is accepted with probability p_i given draft i-1 was.
+#[derive(Clone, Debug)]
+pub struct MtpSampler {
+    acceptance: Vec<f64>,
+    rng: ChaCha8Rng,
+}
+
+impl MtpSampler {
+    pub fn new(acceptance: Vec<f64>, seed: u64) -> Self {
+        MtpSampler {
+            acceptance,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    /// Accepted drafts out of `drafts`.
+    pub fn accepted(&mut self, drafts: u32) -> u32 {
+        let mut n = 0;
+        while n < drafts {
+            let p = self
+                .acceptance
+                .get(n as usize)
+                .or(self.acceptance.last())
+                .copied()
+                .unwrap_or(0.0);
+            if self.rng.random::<f64>() < p {
+                n += 1;
+            } else {
+                break;
+            }
+        }
+        n
+    }
+}
+
+/// The twin's device for one instance.
+#[derive(Clone, Debug)]
+pub struct SimDevice {
+    pricer: StepPricer,
+    mtp: MtpSampler,
+    capacity: Capacity,
+    dummy: BatchShape,
+}
+
+impl SimDevice {
+    pub fn new(pricer: StepPricer, mtp: MtpSampler, capacity: Capacity) -> Self {
+        let cap = pricer.spec().model.attn_cap();
+        SimDevice {
+            pricer,
+            mtp,
+            capacity,
+            // An idle DP rank runs a one-token dummy batch to keep the all-to-all in lockstep.
+            dummy: BatchShape::uniform_decode(1, 1, 1, cap),
+        }
+    }
+
+    pub fn pricer(&self) -> &StepPricer {
+        &self.pricer
+    }
+}
+
+impl Device for SimDevice {
+    fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
+    fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, DeviceError> {
+        if plan.ranks.len() != self.capacity.dp_ranks as usize {
+            return Err(DeviceError::Ranks {
+                got: plan.ranks.len(),
+                expected: self.capacity.dp_ranks,
+            });
+        }
+        // Every token of every rank enters the MoE layers once (TP dies split a rank's tokens).
+        let group: u64 = plan
+            .ranks
+            .iter()
+            .map(|r| {
+                if r.shape.is_empty() {
+                    self.dummy.tokens()
+                } else {
+                    r.shape.tokens()
+                }
+            })
+            .sum();
+        let mut slowest = RankCost {
+            time_s: 0.0,
+            class_times: [0.0; CLASS_SLOTS],
+        };
+        let mut last: Option<BatchShape> = None;
+        for r in &plan.ranks {
+            let shape = if r.shape.is_empty() {
+                self.dummy
+            } else {
+                r.shape
+            };
+            // Consecutive ranks with equal shapes cost the same.
+            if last == Some(shape) {
+                continue;
+            }
+            last = Some(shape);
+            let c = self.pricer.rank_cost(&shape, group);
+            if c.time_s > slowest.time_s {
+                slowest = c;
+            }
+        }
+        let accepted = plan
+            .ranks
+            .iter()
+            .map(|r| {
+                r.decode
+                    .iter()
+                    .map(|d| self.mtp.accepted(d.drafts))
+                    .collect()
+            })
+            .collect();
+        Ok(StepOutcome {
+            duration: SimDuration::from_secs_f64(slowest.time_s),
+            accepted,
+            class_times: slowest.class_times,
+        })
+    }
+
+    fn send_kv(&mut self, xfer: &KvTransfer) -> Result<TransferOutcome, DeviceError> {
+        let cost = &self.pricer.spec().cost;
+        let level = cost.level(xfer.span_dies);
+        let p = &cost.params.collective;
+        Ok(TransferOutcome {
+            latency: SimDuration::from_micros_f64(level.latency_us + p.base_us),
+            bytes_per_s: level.bw_gb_s_per_die * 1e9 * p.bw_eff,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantization_keeps_seven_significant_bits() {
+        assert_eq!(quantize(0), 0);
+        assert_eq!(quantize(127), 127);
+        assert_eq!(quantize(128), 128);
+        for v in [1000u64, 4097, 123_456_789, u32::MAX as u64] {
+            let q = quantize(v);
+            assert!(
+                ((q as f64 - v as f64) / v as f64).abs() < 1.0 / 128.0,
+                "{v} -> {q}"
+            );
+        }
+    }
+
+    #[test]
+    fn mtp_acceptance_matches_its_probability() {
+        let mut s = MtpSampler::new(vec![0.7], 7);
+        let n = 100_000;
+        let acc: u32 = (0..n).map(|_| s.accepted(1)).sum();
+        let rate = acc as f64 / n as f64;
+        assert!((rate - 0.7).abs() < 0.01, "{rate}");
+        // A chain: the second draft needs the first.
+        let mut s = MtpSampler::new(vec![0.8, 0.5], 7);
+        let two: u32 = (0..n).map(|_| u32::from(s.accepted(2) == 2)).sum();
+        assert!((two as f64 / n as f64 - 0.4).abs() < 0.01);
+    }
+}

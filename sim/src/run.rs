@@ -1,0 +1,945 @@
+//! The virtual-time event loop: a whole deployment serving a workload.
+//!
+//! Instances (from `dstwin_engine::instance`, the same code the wall-clock runtime drives) step
+//! on `SimDevice`s; a PD proxy routes requests; KV moves from prefill to decode over links that
+//! share their bandwidth among concurrent transfers (processor sharing). Events at equal times run
+//! in insertion order: the queue is keyed by (time, sequence number).
+
+use crate::device::{MtpSampler, PricerSpec, SimDevice, StepPricer};
+use crate::metrics::{Latencies, LatencyReport};
+use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
+use dstwin_engine::device::{
+    Capacity, ClassTimes, Device, KvTransfer, ReqId, StepOutcome, CLASS_NAMES, CLASS_SLOTS,
+};
+use dstwin_engine::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
+use dstwin_engine::layout::Role;
+use dstwin_engine::model::kv_bytes;
+use dstwin_engine::pd::Proxy;
+use dstwin_engine::time::{SimDuration, SimTime};
+use dstwin_traces::{LengthSampler, WorkloadSource};
+use serde::Serialize;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum RunError {
+    #[error("workload: {0}")]
+    Workload(#[from] dstwin_traces::TraceError),
+    #[error("device: {0}")]
+    Device(#[from] dstwin_engine::device::DeviceError),
+    #[error("deadlock at t={time}: {unfinished} requests unfinished and nothing left to happen ({hint})")]
+    Deadlock {
+        time: SimTime,
+        unfinished: u64,
+        hint: String,
+    },
+    #[error("request {req}: prompt of {prompt} tokens + {output} output tokens exceeds max_model_len {max} of instance '{instance}'")]
+    TooLong {
+        req: ReqId,
+        prompt: u32,
+        output: u32,
+        max: u64,
+        instance: String,
+    },
+}
+
+/// Progress of a run, for progress bars.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    pub now: SimTime,
+    pub finished: u64,
+    pub total: u64,
+}
+
+/// What to collect besides the report.
+#[derive(Default)]
+pub struct RunOptions<'a> {
+    /// Called every few thousand events.
+    pub progress: Option<&'a mut dyn FnMut(&Progress)>,
+    /// Record a timeline of steps and transfers (chrome trace).
+    pub timeline: bool,
+    /// Record one row per finished request.
+    pub per_request: bool,
+}
+
+/// One finished request.
+#[derive(Clone, Debug, Serialize)]
+pub struct RequestRow {
+    pub id: ReqId,
+    pub arrival_s: f64,
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    pub ttft_ms: f64,
+    pub tpot_ms: f64,
+    pub e2e_ms: f64,
+    pub queue_ms: f64,
+    pub preemptions: u32,
+    pub prefill_instance: String,
+    pub decode_instance: String,
+    pub met_slo: bool,
+}
+
+/// One timeline span (chrome trace "X" event).
+#[derive(Clone, Debug, Serialize)]
+pub struct Span {
+    pub name: String,
+    /// Instance index, or the number of instances for KV links.
+    pub lane: u32,
+    pub lane_name: String,
+    pub start: SimTime,
+    pub dur: SimDuration,
+    pub tokens: u64,
+}
+
+/// Per-instance results.
+#[derive(Clone, Debug, Serialize)]
+pub struct InstanceReport {
+    pub name: String,
+    pub index: u32,
+    pub role: Role,
+    pub dies: u32,
+    pub steps: u64,
+    /// Fraction of the run the instance spent stepping.
+    pub utilization: f64,
+    pub mean_step_ms: f64,
+    pub mean_tokens_per_step: f64,
+    pub kv_usage_mean: f64,
+    pub kv_usage_max: f64,
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+    /// Share of step time by op class or collective.
+    pub time_share: BTreeMap<&'static str, f64>,
+}
+
+/// The report of a run: deterministic (no wall-clock figures), serialized by `--json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    pub scenario: String,
+    pub scenario_hash: String,
+    pub seed: u64,
+    pub model: String,
+    pub quant: String,
+    pub hardware: String,
+    pub dies: u32,
+    pub cards: f64,
+    pub simulated_s: f64,
+    pub requests_arrived: u64,
+    pub requests_finished: u64,
+    pub requests_unfinished: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub request_throughput: f64,
+    pub input_tok_s: f64,
+    pub output_tok_s: f64,
+    /// Per card (package) of every instance, prefill and decode alike.
+    pub input_tok_s_per_card: f64,
+    pub output_tok_s_per_card: f64,
+    /// Requests per second that met every SLO of the scenario.
+    pub goodput: f64,
+    pub slo_attainment: f64,
+    pub latency: LatencyReport,
+    pub preemptions: u64,
+    pub sent_back: u64,
+    pub prefix_hit_rate: f64,
+    pub kv_transfers: u64,
+    pub kv_transfer_gb: f64,
+    pub instances: Vec<InstanceReport>,
+    pub price_cache_hit_rate: f64,
+    pub events: u64,
+}
+
+/// A run's outputs.
+pub struct RunResult {
+    pub report: SimReport,
+    pub requests: Vec<RequestRow>,
+    pub timeline: Vec<Span>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Arrival(u64),
+    StepDone(u32),
+    Xfer { link: u32, gen: u64 },
+    Deliver(ReqId),
+    Stop,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Req {
+    arrival: SimTime,
+    prompt: u32,
+    output: u32,
+    prefill: u32,
+    decode: u32,
+    rank: u32,
+    started: Option<SimTime>,
+    first_token: Option<SimTime>,
+    last_token: SimTime,
+    emitted: u32,
+    preemptions: u32,
+    done: bool,
+    hashes: (u32, u32),
+    xfer_start: SimTime,
+}
+
+struct Inst {
+    setup: usize,
+    name: String,
+    role: Role,
+    inst: Instance,
+    device: SimDevice,
+    busy: bool,
+    step_start: SimTime,
+    outcome: StepOutcome,
+    step_tokens: u64,
+    steps: u64,
+    busy_ns: u64,
+    tokens: u64,
+    class: ClassTimes,
+    kv_weighted: f64,
+    kv_max: f64,
+    link_base: u32,
+}
+
+#[derive(Default)]
+struct Link {
+    active: Vec<(ReqId, f64)>,
+    last: SimTime,
+    gen: u64,
+    bytes_per_s: f64,
+    latency: SimDuration,
+}
+
+struct Sim<'s, 'o> {
+    s: &'s Scenario,
+    opts: RunOptions<'o>,
+    now: SimTime,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(SimTime, u64, Ev)>>,
+    insts: Vec<Inst>,
+    prefill_ids: Vec<usize>,
+    serve_ids: Vec<usize>,
+    proxy: Proxy,
+    links: Vec<Link>,
+    reqs: Vec<Req>,
+    hash_pool: Vec<u64>,
+    hash_block_tokens: Option<u32>,
+    open: Option<dstwin_traces::workload::Workload>,
+    closed: Option<(u64, LengthSampler)>,
+    total: u64,
+    finished: u64,
+    lat: Latencies,
+    events: Vec<InstEvent>,
+    input_tokens: u64,
+    output_tokens: u64,
+    good: u64,
+    sent_back: u64,
+    kv_transfers: u64,
+    kv_bytes: f64,
+    kv_bytes_per_token: f64,
+    rows: Vec<RequestRow>,
+    spans: Vec<Span>,
+    processed: u64,
+}
+
+fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceConfig {
+    let sc = &setup.scheduler;
+    InstanceConfig {
+        role: setup.plan.role,
+        dp_ranks: setup.plan.dp,
+        max_num_batched_tokens: sc.max_num_batched_tokens,
+        max_num_seqs: sc.max_num_seqs,
+        block_size: sc.block_size,
+        num_kv_blocks: setup.kv_blocks_per_rank,
+        enable_chunked_prefill: sc.enable_chunked_prefill,
+        enable_prefix_caching: sc.enable_prefix_caching,
+        long_prefill_token_threshold: sc.long_prefill_token_threshold,
+        max_model_len: sc.max_model_len.map_or(s.model.max_context, u64::from),
+        num_spec_tokens: s.mtp.tokens,
+        attn_cap: s.model.attn_cap(),
+        send_back: sc.preemption == PreemptionSpec::SendBack,
+    }
+}
+
+impl<'s, 'o> Sim<'s, 'o> {
+    fn new(s: &'s Scenario, opts: RunOptions<'o>) -> Result<Self, RunError> {
+        let mtp_layers = if s.mtp.tokens > 0 {
+            s.model.mtp_layers
+        } else {
+            0
+        };
+        let kv_bytes_per_token = kv_bytes(&s.model, s.kv_dtype, mtp_layers).per_token;
+        let mut insts = Vec::new();
+        let mut links = Vec::new();
+        for (k, setup) in s.instances.iter().enumerate() {
+            for c in 0..setup.count {
+                let index = insts.len() as u64;
+                let pricer = StepPricer::new(PricerSpec {
+                    model: s.model.clone(),
+                    quant: s.quant,
+                    kv_dtype: s.kv_dtype,
+                    plan: setup.plan.clone(),
+                    mtp_tokens: s.mtp.tokens,
+                    moe_imbalance: s.moe_imbalance,
+                    two_microbatch: setup.two_microbatch,
+                    cost: s.cost.clone(),
+                });
+                // Sub-streams of the run's seed, one per instance.
+                let mtp = MtpSampler::new(
+                    s.mtp.acceptance.clone(),
+                    s.seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(index + 1)),
+                );
+                let capacity = Capacity {
+                    dp_ranks: setup.plan.dp,
+                    kv_blocks_per_rank: setup.kv_blocks_per_rank,
+                    block_size: setup.scheduler.block_size,
+                    kv_bytes_per_token,
+                };
+                let mut device = SimDevice::new(pricer, mtp, capacity);
+                let link_base = links.len() as u32;
+                if setup.plan.role != Role::Prefill {
+                    // One ingress link per decode DP rank: its dies' share of the fabric level that
+                    // joins prefill and decode instances.
+                    let x = device
+                        .send_kv(&KvTransfer {
+                            req: 0,
+                            bytes: 0.0,
+                            span_dies: s.dies(),
+                        })
+                        .expect("pricing a transfer cannot fail");
+                    for _ in 0..setup.plan.dp {
+                        links.push(Link {
+                            bytes_per_s: x.bytes_per_s * setup.plan.tp as f64,
+                            latency: x.latency,
+                            ..Link::default()
+                        });
+                    }
+                }
+                insts.push(Inst {
+                    setup: k,
+                    name: if setup.count > 1 {
+                        format!("{}[{c}]", setup.name)
+                    } else {
+                        setup.name.clone()
+                    },
+                    role: setup.plan.role,
+                    inst: Instance::new(instance_config(setup, s)),
+                    device,
+                    busy: false,
+                    step_start: SimTime::ZERO,
+                    outcome: StepOutcome::default(),
+                    step_tokens: 0,
+                    steps: 0,
+                    busy_ns: 0,
+                    tokens: 0,
+                    class: [0.0; CLASS_SLOTS],
+                    kv_weighted: 0.0,
+                    kv_max: 0.0,
+                    link_base,
+                });
+            }
+        }
+        let prefill_ids: Vec<usize> = (0..insts.len())
+            .filter(|&i| insts[i].role == Role::Prefill)
+            .collect();
+        let serve_ids: Vec<usize> = (0..insts.len())
+            .filter(|&i| insts[i].role != Role::Prefill)
+            .collect();
+        let proxy = Proxy::new(
+            s.proxy.prefill_policy,
+            prefill_ids.len().max(1),
+            s.proxy.decode_policy,
+            serve_ids.len(),
+        );
+        let (open, closed, total) = match s.workload.build(s.seed, &s.base_dir)? {
+            WorkloadSource::Open(w) => {
+                let n = w.len() as u64;
+                (Some(w), None, n)
+            }
+            WorkloadSource::ClosedLoop {
+                concurrency,
+                num_requests,
+                sampler,
+            } => (
+                None,
+                Some((concurrency.get() as u64, *sampler)),
+                num_requests.get(),
+            ),
+        };
+        let hash_block_tokens = open.as_ref().and_then(|w| w.hash_block_tokens());
+        Ok(Sim {
+            s,
+            opts,
+            now: SimTime::ZERO,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            insts,
+            prefill_ids,
+            serve_ids,
+            proxy,
+            links,
+            reqs: Vec::with_capacity(total.min(1 << 24) as usize),
+            hash_pool: Vec::new(),
+            hash_block_tokens,
+            open,
+            closed,
+            total,
+            finished: 0,
+            lat: Latencies::default(),
+            events: Vec::new(),
+            input_tokens: 0,
+            output_tokens: 0,
+            good: 0,
+            sent_back: 0,
+            kv_transfers: 0,
+            kv_bytes: 0.0,
+            kv_bytes_per_token,
+            rows: Vec::new(),
+            spans: Vec::new(),
+            processed: 0,
+        })
+    }
+
+    fn push(&mut self, t: SimTime, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse((t, self.seq, ev)));
+    }
+
+    fn hashes(&self, r: &Req) -> &[u64] {
+        &self.hash_pool[r.hashes.0 as usize..(r.hashes.0 + r.hashes.1) as usize]
+    }
+
+    /// Registers request `id` and routes it.
+    fn admit(
+        &mut self,
+        id: ReqId,
+        prompt: u32,
+        output: u32,
+        hashes: &[u64],
+    ) -> Result<(), RunError> {
+        let start = self.hash_pool.len() as u32;
+        self.hash_pool.extend_from_slice(hashes);
+        debug_assert_eq!(self.reqs.len() as u64, id);
+        self.reqs.push(Req {
+            arrival: self.now,
+            prompt,
+            output,
+            hashes: (start, hashes.len() as u32),
+            ..Req::default()
+        });
+        self.input_tokens += prompt as u64;
+        if self.prefill_ids.is_empty() {
+            let i = self.proxy.route_decode(prompt as u64);
+            self.reqs[id as usize].decode = self.serve_ids[i] as u32;
+            self.send_to_instance(self.serve_ids[i], id, false)
+        } else {
+            self.route_prefill(id)
+        }
+    }
+
+    fn route_prefill(&mut self, id: ReqId) -> Result<(), RunError> {
+        let r = self.reqs[id as usize];
+        let hashes = self.hashes(&r).to_vec();
+        let p = self.proxy.route_prefill(r.prompt as u64, &hashes);
+        self.reqs[id as usize].prefill = self.prefill_ids[p] as u32;
+        self.send_to_instance(self.prefill_ids[p], id, false)
+    }
+
+    fn send_to_instance(&mut self, i: usize, id: ReqId, remote_kv: bool) -> Result<(), RunError> {
+        let r = self.reqs[id as usize];
+        let role = self.insts[i].role;
+        let max = self.insts[i].inst.max_model_len();
+        if r.prompt as u64 + r.output as u64 > max {
+            return Err(RunError::TooLong {
+                req: id,
+                prompt: r.prompt,
+                output: r.output,
+                max,
+                instance: self.insts[i].name.clone(),
+            });
+        }
+        let hashes = self.hashes(&r).to_vec();
+        // A request sent back after decoding some tokens resumes with them as part of its prompt.
+        let rank = self.insts[i].inst.add_request(
+            NewRequest {
+                id,
+                prompt_tokens: r.prompt + r.emitted,
+                // A prefill instance computes the prompt and samples one token (max_tokens=1).
+                max_output_tokens: if role == Role::Prefill {
+                    1
+                } else {
+                    r.output - r.emitted
+                },
+                hash_ids: &hashes,
+                hash_block_tokens: self.hash_block_tokens.unwrap_or(0),
+                remote_kv,
+            },
+            self.now,
+        );
+        if role != Role::Prefill {
+            self.reqs[id as usize].rank = rank;
+        }
+        self.try_start(i)
+    }
+
+    fn try_start(&mut self, i: usize) -> Result<(), RunError> {
+        let now = self.now;
+        let inst = &mut self.insts[i];
+        if inst.busy || !inst.inst.has_work() {
+            return Ok(());
+        }
+        inst.inst.schedule(now);
+        let pulls: Vec<ReqId> = inst.inst.kv_pulls().to_vec();
+        let started: Vec<ReqId> = inst.inst.started().to_vec();
+        let tokens = inst.inst.plan().tokens();
+        let outcome = if tokens > 0 {
+            Some(inst.device.execute(inst.inst.plan())?)
+        } else {
+            None
+        };
+        for id in started {
+            let r = &mut self.reqs[id as usize];
+            if r.started.is_none() {
+                r.started = Some(now);
+                self.lat.queue.record(now - r.arrival);
+            }
+        }
+        for id in pulls {
+            self.start_transfer(i, id);
+        }
+        let inst = &mut self.insts[i];
+        if let Some(o) = outcome {
+            inst.busy = true;
+            inst.step_start = now;
+            inst.step_tokens = tokens;
+            let end = now + o.duration;
+            inst.outcome = o;
+            self.push(end, Ev::StepDone(i as u32));
+        }
+        Ok(())
+    }
+
+    fn start_transfer(&mut self, i: usize, id: ReqId) {
+        let r = self.reqs[id as usize];
+        let bytes = (r.prompt + r.emitted) as f64 * self.kv_bytes_per_token;
+        self.reqs[id as usize].xfer_start = self.now;
+        self.kv_transfers += 1;
+        self.kv_bytes += bytes;
+        let l = (self.insts[i].link_base + r.rank) as usize;
+        self.advance_link(l);
+        self.links[l].active.push((id, bytes));
+        self.reschedule_link(l);
+    }
+
+    fn advance_link(&mut self, l: usize) {
+        let now = self.now;
+        let link = &mut self.links[l];
+        let n = link.active.len();
+        if n > 0 {
+            let moved = (now - link.last).as_secs_f64() * link.bytes_per_s / n as f64;
+            for a in &mut link.active {
+                a.1 -= moved;
+            }
+        }
+        link.last = now;
+    }
+
+    fn reschedule_link(&mut self, l: usize) {
+        let link = &mut self.links[l];
+        link.gen += 1;
+        let n = link.active.len();
+        if let Some(min) = link.active.iter().map(|a| a.1).reduce(f64::min) {
+            // Round up to whole nanoseconds so the completion event never lands before the bytes
+            // have moved.
+            let ns = (min.max(0.0) * n as f64 / link.bytes_per_s * 1e9)
+                .ceil()
+                .max(1.0);
+            let t = self.now + SimDuration(ns as u64);
+            let gen = link.gen;
+            self.push(
+                t,
+                Ev::Xfer {
+                    link: l as u32,
+                    gen,
+                },
+            );
+        }
+    }
+
+    fn on_xfer(&mut self, l: usize, gen: u64) {
+        if self.links[l].gen != gen {
+            return;
+        }
+        self.advance_link(l);
+        let latency = self.links[l].latency;
+        let n = self.links[l].active.len().max(1) as f64;
+        // What moves in a nanosecond at the current share is rounding, not data.
+        let slack = (self.links[l].bytes_per_s / n * 1e-9).max(1.0);
+        let mut done = Vec::new();
+        self.links[l].active.retain(|&(id, rem)| {
+            if rem <= slack {
+                done.push(id);
+                false
+            } else {
+                true
+            }
+        });
+        for id in done {
+            self.push(self.now + latency, Ev::Deliver(id));
+        }
+        self.reschedule_link(l);
+    }
+
+    fn on_deliver(&mut self, id: ReqId) -> Result<(), RunError> {
+        let r = self.reqs[id as usize];
+        let d = r.decode as usize;
+        self.lat.kv_transfer.record(self.now - r.xfer_start);
+        if self.opts.timeline {
+            self.spans.push(Span {
+                name: format!("kv req {id}"),
+                lane: self.insts.len() as u32,
+                lane_name: "kv transfers".into(),
+                start: r.xfer_start,
+                dur: self.now - r.xfer_start,
+                tokens: r.prompt as u64,
+            });
+        }
+        self.insts[d].inst.kv_arrived(id, self.now);
+        let p = r.prefill as usize;
+        if self.insts[p].role == Role::Prefill {
+            self.insts[p].inst.release_kv(id);
+            self.try_start(p)?;
+        }
+        self.try_start(d)
+    }
+
+    fn on_step_done(&mut self, i: usize) -> Result<(), RunError> {
+        let now = self.now;
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        {
+            let inst = &mut self.insts[i];
+            inst.busy = false;
+            let dur = now - inst.step_start;
+            inst.steps += 1;
+            inst.busy_ns += dur.0;
+            inst.tokens += inst.step_tokens;
+            for (a, b) in inst.class.iter_mut().zip(inst.outcome.class_times.iter()) {
+                *a += b;
+            }
+            let usage = inst.inst.kv_usage();
+            inst.kv_weighted += usage * dur.as_secs_f64();
+            inst.kv_max = inst.kv_max.max(usage);
+            if self.opts.timeline {
+                self.spans.push(Span {
+                    name: format!("step {} tok", inst.step_tokens),
+                    lane: i as u32,
+                    lane_name: inst.name.clone(),
+                    start: inst.step_start,
+                    dur,
+                    tokens: inst.step_tokens,
+                });
+            }
+            let outcome = std::mem::take(&mut inst.outcome);
+            inst.inst.apply(now, &outcome, &mut events);
+        }
+        let role = self.insts[i].role;
+        for ev in events.drain(..) {
+            match ev {
+                InstEvent::Tokens { req, n } => self.on_tokens(i, role, req, n)?,
+                InstEvent::Preempted { req } => self.reqs[req as usize].preemptions += 1,
+                InstEvent::SentBack { req } => {
+                    self.sent_back += 1;
+                    let d = self.reqs[req as usize].decode as usize;
+                    let prompt = self.reqs[req as usize].prompt as u64;
+                    let k = self
+                        .serve_ids
+                        .iter()
+                        .position(|&x| x == d)
+                        .expect("decode instance");
+                    self.proxy.decode_done(k, prompt);
+                    self.route_prefill(req)?;
+                }
+            }
+        }
+        self.events = events;
+        self.try_start(i)
+    }
+
+    fn on_tokens(&mut self, i: usize, role: Role, id: ReqId, n: u32) -> Result<(), RunError> {
+        let now = self.now;
+        if role == Role::Prefill {
+            // The prompt is computed: hand the request to a decode instance, which pulls the KV.
+            let r = self.reqs[id as usize];
+            let pk = self
+                .prefill_ids
+                .iter()
+                .position(|&x| x == i)
+                .expect("prefill instance");
+            self.proxy.prefill_done(pk, r.prompt as u64);
+            let dk = self.proxy.route_decode(r.prompt as u64);
+            let d = self.serve_ids[dk];
+            self.reqs[id as usize].decode = d as u32;
+            return self.send_to_instance(d, id, true);
+        }
+        let slo = self.s.slo;
+        let r = &mut self.reqs[id as usize];
+        if r.first_token.is_none() {
+            r.first_token = Some(now);
+            r.last_token = now;
+            self.lat.ttft.record(now - r.arrival);
+            if r.prefill != r.decode {
+                let pk = self
+                    .prefill_ids
+                    .iter()
+                    .position(|&x| x == r.prefill as usize);
+                if let Some(pk) = pk {
+                    self.proxy.decode_started(pk, r.prompt as u64);
+                }
+            }
+        } else {
+            self.lat.itl.record(now - r.last_token);
+            r.last_token = now;
+        }
+        r.emitted += n;
+        self.output_tokens += n as u64;
+        if r.emitted >= r.output && !r.done {
+            r.done = true;
+            self.finished += 1;
+            let first = r.first_token.unwrap_or(now);
+            let ttft = first - r.arrival;
+            let e2e = now - r.arrival;
+            let tpot = if r.output > 1 {
+                SimDuration((now - first).0 / (r.output as u64 - 1))
+            } else {
+                SimDuration::ZERO
+            };
+            if r.output > 1 {
+                self.lat.tpot.record(tpot);
+            }
+            self.lat.e2e.record(e2e);
+            let met = slo.ttft.is_none_or(|x| ttft <= x)
+                && slo.tpot.is_none_or(|x| tpot <= x)
+                && slo.e2e.is_none_or(|x| e2e <= x);
+            if met {
+                self.good += 1;
+            }
+            let r = *r;
+            let dk = self
+                .serve_ids
+                .iter()
+                .position(|&x| x == r.decode as usize)
+                .expect("serving instance");
+            self.proxy.decode_done(dk, r.prompt as u64);
+            if self.opts.per_request {
+                self.rows.push(RequestRow {
+                    id,
+                    arrival_s: r.arrival.as_secs_f64(),
+                    input_tokens: r.prompt,
+                    output_tokens: r.output,
+                    ttft_ms: ttft.as_millis_f64(),
+                    tpot_ms: tpot.as_millis_f64(),
+                    e2e_ms: e2e.as_millis_f64(),
+                    queue_ms: r.started.map_or(0.0, |s| (s - r.arrival).as_millis_f64()),
+                    preemptions: r.preemptions,
+                    prefill_instance: if self.prefill_ids.is_empty() {
+                        String::new()
+                    } else {
+                        self.insts[r.prefill as usize].name.clone()
+                    },
+                    decode_instance: self.insts[r.decode as usize].name.clone(),
+                    met_slo: met,
+                });
+            }
+            self.next_closed_loop()?;
+        }
+        Ok(())
+    }
+
+    fn next_closed_loop(&mut self) -> Result<(), RunError> {
+        if let Some((_, sampler)) = &mut self.closed {
+            let id = self.reqs.len() as u64;
+            if id < self.total {
+                let l = sampler.next_lengths();
+                return self.admit(id, l.input_tokens, l.output_tokens, &[]);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_arrival(&mut self, k: u64) -> Result<(), RunError> {
+        let w = self
+            .open
+            .take()
+            .expect("an open workload schedules arrivals");
+        let req = w.requests()[k as usize];
+        let res = self.admit(k, req.input_tokens, req.output_tokens, w.hash_ids(&req));
+        if let Some(next) = w.requests().get(k as usize + 1) {
+            self.push(
+                SimTime(next.arrival_ns.saturating_sub(w.first_arrival_ns())),
+                Ev::Arrival(k + 1),
+            );
+        }
+        self.open = Some(w);
+        res
+    }
+
+    fn run(mut self) -> Result<RunResult, RunError> {
+        if self.open.is_some() {
+            self.push(SimTime::ZERO, Ev::Arrival(0));
+        } else if let Some((concurrency, _)) = &self.closed {
+            for _ in 0..(*concurrency).min(self.total) {
+                self.next_closed_loop()?;
+            }
+        }
+        if let Some(d) = self.s.duration {
+            self.push(SimTime::ZERO + d, Ev::Stop);
+        }
+        while let Some(Reverse((t, _, ev))) = self.queue.pop() {
+            debug_assert!(t >= self.now, "time never runs backwards");
+            self.now = t;
+            self.processed += 1;
+            match ev {
+                Ev::Arrival(k) => self.on_arrival(k)?,
+                Ev::StepDone(i) => self.on_step_done(i as usize)?,
+                Ev::Xfer { link, gen } => self.on_xfer(link as usize, gen),
+                Ev::Deliver(id) => self.on_deliver(id)?,
+                Ev::Stop => break,
+            }
+            if self.processed.is_multiple_of(4096) {
+                if let Some(p) = self.opts.progress.as_mut() {
+                    p(&Progress {
+                        now: self.now,
+                        finished: self.finished,
+                        total: self.total,
+                    });
+                }
+            }
+            if self.finished == self.total {
+                break;
+            }
+        }
+        let arrived = self.reqs.len() as u64;
+        if self.finished < arrived && self.s.duration.is_none() {
+            let waiting: u64 = self.insts.iter().map(|i| i.inst.num_waiting() as u64).sum();
+            return Err(RunError::Deadlock {
+                time: self.now,
+                unfinished: arrived - self.finished,
+                hint: format!("{waiting} requests waiting that no instance can admit: a prompt larger than an instance's KV capacity?"),
+            });
+        }
+        Ok(self.finish(arrived))
+    }
+
+    fn finish(self, arrived: u64) -> RunResult {
+        let s = self.s;
+        let secs = self.now.as_secs_f64().max(1e-9);
+        let dpp = s.system().dies_per_package() as f64;
+        let cards = s.dies() as f64 / dpp;
+        let mut prefix_q = 0;
+        let mut prefix_h = 0;
+        let mut preempt = 0;
+        let instances = self
+            .insts
+            .iter()
+            .enumerate()
+            .map(|(k, i)| {
+                let st = i.inst.stats();
+                prefix_q += st.prefix_queries;
+                prefix_h += st.prefix_hits;
+                preempt += st.preemptions;
+                let total: f64 = i.class.iter().sum();
+                let time_share = CLASS_NAMES
+                    .iter()
+                    .zip(i.class.iter())
+                    .filter(|(_, v)| **v > 0.0)
+                    .map(|(n, v)| (*n, v / total.max(f64::MIN_POSITIVE)))
+                    .collect();
+                let busy = i.busy_ns as f64 * 1e-9;
+                InstanceReport {
+                    name: i.name.clone(),
+                    index: k as u32,
+                    role: i.role,
+                    dies: s.instances[i.setup].plan.dies,
+                    steps: i.steps,
+                    utilization: busy / secs,
+                    mean_step_ms: if i.steps > 0 {
+                        busy * 1e3 / i.steps as f64
+                    } else {
+                        0.0
+                    },
+                    mean_tokens_per_step: if i.steps > 0 {
+                        i.tokens as f64 / i.steps as f64
+                    } else {
+                        0.0
+                    },
+                    kv_usage_mean: i.kv_weighted / secs,
+                    kv_usage_max: i.kv_max,
+                    prefix_queries: st.prefix_queries,
+                    prefix_hits: st.prefix_hits,
+                    preemptions: st.preemptions,
+                    time_share,
+                }
+            })
+            .collect();
+        let (hits, misses) = self.insts.iter().fold((0, 0), |(h, m), i| {
+            (h + i.device.pricer().hits, m + i.device.pricer().misses)
+        });
+        let report = SimReport {
+            scenario: s.name.clone(),
+            scenario_hash: s.hash.clone(),
+            seed: s.seed,
+            model: s.model.name.clone(),
+            quant: s.quant.to_string(),
+            hardware: s.system().name.clone(),
+            dies: s.dies(),
+            cards,
+            simulated_s: secs,
+            requests_arrived: arrived,
+            requests_finished: self.finished,
+            requests_unfinished: arrived - self.finished,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            request_throughput: self.finished as f64 / secs,
+            input_tok_s: self.input_tokens as f64 / secs,
+            output_tok_s: self.output_tokens as f64 / secs,
+            input_tok_s_per_card: self.input_tokens as f64 / secs / cards,
+            output_tok_s_per_card: self.output_tokens as f64 / secs / cards,
+            goodput: self.good as f64 / secs,
+            slo_attainment: if self.finished > 0 {
+                self.good as f64 / self.finished as f64
+            } else {
+                0.0
+            },
+            latency: self.lat.report(),
+            preemptions: preempt,
+            sent_back: self.sent_back,
+            prefix_hit_rate: if prefix_q > 0 {
+                prefix_h as f64 / prefix_q as f64
+            } else {
+                0.0
+            },
+            kv_transfers: self.kv_transfers,
+            kv_transfer_gb: self.kv_bytes / 1e9,
+            instances,
+            price_cache_hit_rate: if hits + misses > 0 {
+                hits as f64 / (hits + misses) as f64
+            } else {
+                0.0
+            },
+            events: self.processed,
+        };
+        RunResult {
+            report,
+            requests: self.rows,
+            timeline: self.spans,
+        }
+    }
+}
+
+/// Runs a scenario to the end (all requests finished, or its duration).
+pub fn run(s: &Scenario, opts: RunOptions<'_>) -> Result<RunResult, RunError> {
+    Sim::new(s, opts)?.run()
+}
