@@ -8,7 +8,8 @@
 //!   lowest index.
 //! - `round_robin`.
 //! - `prefix_aware`: the prefill instance that served the longest prefix of the request's block
-//!   hashes, falling back to `load_balance` when none did.
+//!   hashes when that prefix covers at least half of the request's blocks, `load_balance`
+//!   otherwise.
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -92,15 +93,23 @@ impl Balancer {
             }
             Policy::LoadBalance => self.least(with_kv),
             Policy::PrefixAware => {
-                // The owner of the longest run of leading hashes.
+                // The owner of the longest run of leading hashes wins if it holds at least half
+                // of the request's blocks (a shared system prompt alone does not pin traffic).
                 let mut owner = None;
+                let mut run = 0;
                 for h in hashes {
                     match self.owner.get(h) {
-                        Some(&o) if owner.is_none_or(|x| x == o) => owner = Some(o),
+                        Some(&o) if owner.is_none_or(|x| x == o) => {
+                            owner = Some(o);
+                            run += 1;
+                        }
                         _ => break,
                     }
                 }
-                owner.unwrap_or_else(|| self.least(with_kv))
+                match owner {
+                    Some(o) if 2 * run >= hashes.len() => o,
+                    _ => self.least(with_kv),
+                }
             }
         };
         if self.policy == Policy::PrefixAware {
@@ -212,5 +221,7 @@ mod tests {
         assert_eq!(b.pick(1000, &[1, 2, 9], true), first);
         // No shared prefix: least loaded.
         assert_ne!(b.pick(10, &[7, 8], true), first);
+        // Only a shared first block out of four: load decides.
+        assert_ne!(b.pick(10, &[1, 20, 21, 22], true), first);
     }
 }

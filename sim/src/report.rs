@@ -161,8 +161,8 @@ pub fn render_sim(r: &SimReport) -> String {
     );
     let _ = writeln!(
         s,
-        "simulated {:.1} s: {} requests arrived, {} finished, {} unfinished",
-        r.simulated_s, r.requests_arrived, r.requests_finished, r.requests_unfinished
+        "simulated {:.1} s: {} requests arrived, {} finished, {} rejected (longer than max_model_len), {} unfinished",
+        r.simulated_s, r.requests_arrived, r.requests_finished, r.requests_rejected, r.requests_unfinished
     );
     let _ = writeln!(s);
     let _ = writeln!(
@@ -254,6 +254,7 @@ pub fn sim_csv(r: &SimReport) -> String {
         ("seed", r.seed.to_string()),
         ("simulated_s", format!("{:.6}", r.simulated_s)),
         ("requests_finished", r.requests_finished.to_string()),
+        ("requests_rejected", r.requests_rejected.to_string()),
         ("requests_unfinished", r.requests_unfinished.to_string()),
         ("request_throughput", format!("{:.6}", r.request_throughput)),
         ("input_tok_s", format!("{:.3}", r.input_tok_s)),

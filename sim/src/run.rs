@@ -34,14 +34,6 @@ pub enum RunError {
         unfinished: u64,
         hint: String,
     },
-    #[error("request {req}: prompt of {prompt} tokens + {output} output tokens exceeds max_model_len {max} of instance '{instance}'")]
-    TooLong {
-        req: ReqId,
-        prompt: u32,
-        output: u32,
-        max: u64,
-        instance: String,
-    },
 }
 
 /// Progress of a run, for progress bars.
@@ -127,6 +119,8 @@ pub struct SimReport {
     pub simulated_s: f64,
     pub requests_arrived: u64,
     pub requests_finished: u64,
+    /// Requests longer than max_model_len, refused like vLLM does (HTTP 400).
+    pub requests_rejected: u64,
     pub requests_unfinished: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -230,6 +224,9 @@ struct Sim<'s, 'o> {
     closed: Option<(u64, LengthSampler)>,
     total: u64,
     finished: u64,
+    rejected: u64,
+    /// The smallest max_model_len of any instance a request passes through.
+    max_len: u64,
     lat: Latencies,
     events: Vec<InstEvent>,
     input_tokens: u64,
@@ -256,7 +253,7 @@ fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceConfig {
         enable_chunked_prefill: sc.enable_chunked_prefill,
         enable_prefix_caching: sc.enable_prefix_caching,
         long_prefill_token_threshold: sc.long_prefill_token_threshold,
-        max_model_len: sc.max_model_len.map_or(s.model.max_context, u64::from),
+        max_model_len: setup.max_model_len,
         num_spec_tokens: s.mtp.tokens,
         attn_cap: s.model.attn_cap(),
         send_back: sc.preemption == PreemptionSpec::SendBack,
@@ -387,6 +384,13 @@ impl<'s, 'o> Sim<'s, 'o> {
             closed,
             total,
             finished: 0,
+            rejected: 0,
+            max_len: s
+                .instances
+                .iter()
+                .map(|k| k.max_model_len)
+                .min()
+                .unwrap_or(u64::MAX),
             lat: Latencies::default(),
             events: Vec::new(),
             input_tokens: 0,
@@ -429,6 +433,12 @@ impl<'s, 'o> Sim<'s, 'o> {
             hashes: (start, hashes.len() as u32),
             ..Req::default()
         });
+        if prompt as u64 + output as u64 > self.max_len {
+            // vLLM answers such a request with an error (400) before scheduling it.
+            self.rejected += 1;
+            self.reqs[id as usize].done = true;
+            return self.next_closed_loop();
+        }
         self.input_tokens += prompt as u64;
         if self.prefill_ids.is_empty() {
             let i = self.proxy.route_decode(prompt as u64);
@@ -450,16 +460,6 @@ impl<'s, 'o> Sim<'s, 'o> {
     fn send_to_instance(&mut self, i: usize, id: ReqId, remote_kv: bool) -> Result<(), RunError> {
         let r = self.reqs[id as usize];
         let role = self.insts[i].role;
-        let max = self.insts[i].inst.max_model_len();
-        if r.prompt as u64 + r.output as u64 > max {
-            return Err(RunError::TooLong {
-                req: id,
-                prompt: r.prompt,
-                output: r.output,
-                max,
-                instance: self.insts[i].name.clone(),
-            });
-        }
         let hashes = self.hashes(&r).to_vec();
         // A request sent back after decoding some tokens resumes with them as part of its prompt.
         let rank = self.insts[i].inst.add_request(
@@ -817,17 +817,30 @@ impl<'s, 'o> Sim<'s, 'o> {
                     });
                 }
             }
-            if self.finished == self.total {
+            if self.finished + self.rejected == self.total {
                 break;
             }
         }
         let arrived = self.reqs.len() as u64;
-        if self.finished < arrived && self.s.duration.is_none() {
-            let waiting: u64 = self.insts.iter().map(|i| i.inst.num_waiting() as u64).sum();
+        if self.finished + self.rejected < arrived && self.s.duration.is_none() {
+            let per: Vec<String> = self
+                .insts
+                .iter()
+                .map(|i| {
+                    let st = i.inst.stats();
+                    format!(
+                        "{}: {} waiting, {} running, KV {:.0}% used",
+                        i.name,
+                        st.waiting,
+                        st.running,
+                        i.inst.kv_usage() * 100.0
+                    )
+                })
+                .collect();
             return Err(RunError::Deadlock {
                 time: self.now,
-                unfinished: arrived - self.finished,
-                hint: format!("{waiting} requests waiting that no instance can admit: a prompt larger than an instance's KV capacity?"),
+                unfinished: arrived - self.finished - self.rejected,
+                hint: per.join("; "),
             });
         }
         Ok(self.finish(arrived))
@@ -899,7 +912,8 @@ impl<'s, 'o> Sim<'s, 'o> {
             simulated_s: secs,
             requests_arrived: arrived,
             requests_finished: self.finished,
-            requests_unfinished: arrived - self.finished,
+            requests_rejected: self.rejected,
+            requests_unfinished: arrived - self.finished - self.rejected,
             input_tokens: self.input_tokens,
             output_tokens: self.output_tokens,
             request_throughput: self.finished as f64 / secs,

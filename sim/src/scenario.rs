@@ -148,7 +148,8 @@ pub struct SchedulerSpec {
     /// Cap on one request's prompt tokens per step (0: none).
     #[serde(default)]
     pub long_prefill_token_threshold: u32,
-    /// Longest prompt + output accepted (`--max-model-len`); default the model's context.
+    /// Longest prompt + output accepted (`--max-model-len`); default the smaller of the model's
+    /// context and one DP rank's KV capacity. Longer requests are rejected, as vLLM does.
     #[serde(default)]
     pub max_model_len: Option<u32>,
     #[serde(default)]
@@ -281,6 +282,8 @@ pub struct InstanceSetup {
     pub scheduler: SchedulerSpec,
     pub memory: MemoryMap,
     pub kv_blocks_per_rank: u64,
+    /// Longest prompt + output a request may have here.
+    pub max_model_len: u64,
 }
 
 /// Service-level objectives in time units.
@@ -650,6 +653,20 @@ fn validate(
                 "not one KV block fits on a die",
             ));
         }
+        // Like vLLM, a context that cannot fit in one rank's KV cache is refused up front; without
+        // an explicit value the limit is the smaller of the model's context and the KV capacity.
+        let kv_tokens = kv_blocks_per_rank * s.block_size as u64;
+        let max_model_len = match s.max_model_len {
+            Some(m) if m as u64 > kv_tokens => {
+                return Err(field(
+                    f("scheduler.max_model_len"),
+                    m,
+                    format!("exceeds the KV capacity of {kv_tokens} tokens per DP rank ({:.1} GB of KV per die); lower it or free memory", memory.kv_cache / 1e9),
+                ))
+            }
+            Some(m) => m as u64,
+            None => model.max_context.min(kv_tokens),
+        };
         instances.push(InstanceSetup {
             name: spec.name.clone(),
             count: spec.count,
@@ -659,6 +676,7 @@ fn validate(
             scheduler: s.clone(),
             memory,
             kv_blocks_per_rank,
+            max_model_len,
         });
     }
     let dies: u32 = instances.iter().map(|i| i.count * i.plan.dies).sum();

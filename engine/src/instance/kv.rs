@@ -121,6 +121,11 @@ impl BlockPool {
         self.cached.get(&hash).copied()
     }
 
+    /// True if `b` sits in the free queue (unreferenced, possibly still cached).
+    pub fn is_free(&self, b: u32) -> bool {
+        self.in_free[b as usize]
+    }
+
     /// Takes a reference on a cached block (a prefix hit).
     pub fn touch(&mut self, b: u32) {
         if self.in_free[b as usize] {

@@ -288,7 +288,12 @@ impl RankScheduler {
             new = new.min(budget);
             let need_new_blocks =
                 blocks_for(cached as u64 + new + k as u64, bs).saturating_sub(hit as u64);
-            if need_new_blocks > self.pool.free() {
+            // Hit blocks that sit unreferenced in the free queue leave it when touched.
+            let hits_in_free = hashes
+                .iter()
+                .filter(|h| self.pool.lookup(**h).is_some_and(|b| self.pool.is_free(b)))
+                .count() as u64;
+            if need_new_blocks + hits_in_free > self.pool.free() {
                 // Waiting requests never preempt.
                 break;
             }
@@ -298,7 +303,10 @@ impl RankScheduler {
                 s.blocks.push(b);
             }
             let ok = Self::ensure_slots(&mut self.pool, s, cached as u64 + new + k as u64, bs);
-            debug_assert!(ok, "free blocks were counted");
+            assert!(
+                ok,
+                "request {id}: free blocks were counted before admission"
+            );
             s.hashed = hit as u32;
             s.computed = cached;
             if !s.admitted_once {
