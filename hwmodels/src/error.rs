@@ -22,7 +22,7 @@ pub enum HwError {
         name: String,
         known: String,
     },
-    #[error("reading {file}: {source}")]
+    #[error("reading {file}")]
     Io {
         file: String,
         #[source]

@@ -24,9 +24,9 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum RunError {
-    #[error("workload: {0}")]
+    #[error(transparent)]
     Workload(#[from] dstwin_traces::TraceError),
-    #[error("device: {0}")]
+    #[error(transparent)]
     Device(#[from] dstwin_engine::device::DeviceError),
     #[error("deadlock at t={time}: {unfinished} requests unfinished and nothing left to happen ({hint})")]
     Deadlock {

@@ -235,13 +235,13 @@ pub enum ScenarioError {
         value: String,
         reason: String,
     },
-    #[error("instance '{instance}': {source}")]
+    #[error("instance '{instance}'")]
     Layout {
         instance: String,
         #[source]
         source: LayoutError,
     },
-    #[error("instance '{instance}': {source}")]
+    #[error("instance '{instance}'")]
     Memory {
         instance: String,
         #[source]
@@ -251,7 +251,7 @@ pub enum ScenarioError {
     Hardware(#[from] HwError),
     #[error(transparent)]
     Workload(#[from] TraceError),
-    #[error("reading {file}: {source}")]
+    #[error("reading {file}")]
     Io {
         file: String,
         #[source]
@@ -667,6 +667,13 @@ fn validate(
             Some(m) => m as u64,
             None => model.max_context.min(kv_tokens),
         };
+        if !s.enable_chunked_prefill && (s.max_num_batched_tokens as u64) < max_model_len {
+            return Err(field(
+                f("scheduler.max_num_batched_tokens"),
+                s.max_num_batched_tokens,
+                format!("must be at least max_model_len ({max_model_len}) when chunked prefill is off, or no long prompt could ever be scheduled"),
+            ));
+        }
         instances.push(InstanceSetup {
             name: spec.name.clone(),
             count: spec.count,

@@ -8,7 +8,7 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// The trace could not be opened or read. Check the path and permissions.
-    #[error("cannot read {origin}: {source}")]
+    #[error("cannot read {origin}")]
     Io {
         /// The file path, or the label given for an in-memory reader.
         origin: String,

@@ -234,7 +234,7 @@ impl RankScheduler {
             let s = &self.seqs[&id];
             let samples = s.computed as u64 + new >= known as u64;
             let drafts = if decoding { (new - 1) as u32 } else { 0 };
-            self.push_entry(plan, s.computed, known, new as u32, drafts, samples, id);
+            self.push_entry(plan, s.computed, decoding, new as u32, drafts, samples, id);
             budget -= new;
             i += 1;
         }
@@ -319,7 +319,7 @@ impl RankScheduler {
             self.waiting.pop_front();
             self.running.push(id);
             let samples = computed as u64 + new >= prompt as u64;
-            self.push_entry(plan, computed, prompt, new as u32, 0, samples, id);
+            self.push_entry(plan, computed, false, new as u32, 0, samples, id);
             budget -= new;
         }
         #[cfg(debug_assertions)]
@@ -331,17 +331,17 @@ impl RankScheduler {
         &mut self,
         plan: &mut RankPlan,
         computed: u32,
-        prompt: u32,
+        decoding: bool,
         new: u32,
         drafts: u32,
         samples: bool,
         id: ReqId,
     ) {
         let cap = self.cfg.attn_cap;
-        if computed < prompt {
-            plan.shape.add_prefill(new as u64, computed as u64, cap);
-        } else {
+        if decoding {
             plan.shape.add_decode(new as u64, computed as u64, cap);
+        } else {
+            plan.shape.add_prefill(new as u64, computed as u64, cap);
         }
         if samples {
             plan.decode.push(DecodeSeq { req: id, drafts });

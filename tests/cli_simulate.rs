@@ -1,0 +1,269 @@
+//! `dstwin simulate` end to end: reports for people and scripts, determinism, and bad input.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn dstwin(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args(args)
+        .output()
+        .expect("run dstwin")
+}
+
+fn data(name: &str) -> String {
+    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn out(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn err(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("dstwin-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn pd_scenario_reports_every_metric() {
+    let o = dstwin(&["simulate", &data("tiny-pd.toml"), "--json", "--quiet"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(v["requests_finished"], 40);
+    assert_eq!(v["requests_unfinished"], 0);
+    for k in [
+        "ttft_ms",
+        "tpot_ms",
+        "itl_ms",
+        "e2e_ms",
+        "queue_ms",
+        "kv_transfer_ms",
+    ] {
+        let p = &v["latency"][k];
+        assert!(
+            p["p50"].as_f64().unwrap() > 0.0
+                && p["p99"].as_f64().unwrap() >= p["p50"].as_f64().unwrap(),
+            "{k}: {p}"
+        );
+    }
+    assert_eq!(v["kv_transfers"], 40);
+    assert!(v["goodput"].as_f64().unwrap() <= v["request_throughput"].as_f64().unwrap());
+    let inst = v["instances"].as_array().unwrap();
+    assert_eq!(inst.len(), 2);
+    for i in inst {
+        let share: f64 = i["time_share"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .sum();
+        assert!((share - 1.0).abs() < 1e-6, "{i}");
+        assert!(i["utilization"].as_f64().unwrap() > 0.0);
+    }
+    // MTP at 70%: TPOT below the decode step time (ITL).
+    assert!(
+        v["latency"]["tpot_ms"]["p50"].as_f64().unwrap()
+            < v["latency"]["itl_ms"]["p50"].as_f64().unwrap()
+    );
+}
+
+#[test]
+fn same_scenario_and_seed_give_byte_identical_json() {
+    for f in ["tiny-pd.toml", "tiny-mixed.toml", "tiny-trace.toml"] {
+        let a = dstwin(&["simulate", &data(f), "--json", "--quiet"]);
+        let b = dstwin(&["simulate", &data(f), "--json", "--quiet"]);
+        assert!(a.status.success(), "{f}: {}", err(&a));
+        assert_eq!(a.stdout, b.stdout, "{f}");
+    }
+    let c = dstwin(&[
+        "simulate",
+        &data("tiny-pd.toml"),
+        "--json",
+        "--quiet",
+        "--set",
+        "seed=8",
+    ]);
+    let a = dstwin(&["simulate", &data("tiny-pd.toml"), "--json", "--quiet"]);
+    assert_ne!(a.stdout, c.stdout, "another seed draws another workload");
+}
+
+#[test]
+fn text_report_snapshot() {
+    let o = dstwin(&["simulate", &data("tiny-pd.toml"), "--quiet"]);
+    assert!(o.status.success(), "{}", err(&o));
+    insta::assert_snapshot!("simulate_tiny_pd", out(&o));
+}
+
+#[test]
+fn closed_loop_and_trace_workloads_run() {
+    let o = dstwin(&["simulate", &data("tiny-mixed.toml"), "--json", "--quiet"]);
+    let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(v["requests_finished"], 30);
+    let o = dstwin(&["simulate", &data("tiny-trace.toml"), "--json", "--quiet"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(v["requests_arrived"], 40);
+    // Conversation turns share prefixes.
+    assert!(v["prefix_hit_rate"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn csv_per_request_rows_and_timeline() {
+    let dir = tmp("outputs");
+    let reqs = dir.join("reqs.csv");
+    let tl = dir.join("timeline.json");
+    let o = dstwin(&[
+        "simulate",
+        &data("tiny-pd.toml"),
+        "--csv",
+        "--quiet",
+        "--requests-csv",
+        reqs.to_str().unwrap(),
+        "--timeline",
+        tl.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let csv = out(&o);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 2);
+    assert!(
+        lines[0].starts_with("scenario,scenario_hash,seed,") && lines[0].contains("ttft_p99_ms")
+    );
+    assert_eq!(lines[0].split(',').count(), lines[1].split(',').count());
+    let rows = std::fs::read_to_string(&reqs).unwrap();
+    assert_eq!(rows.lines().count(), 41, "header + one row per request");
+    assert!(rows.starts_with("id,arrival_s,input_tokens,output_tokens,ttft_ms"));
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tl).unwrap()).unwrap();
+    let ev = t["traceEvents"].as_array().unwrap();
+    assert!(ev
+        .iter()
+        .any(|e| e["ph"] == "X" && e["name"].as_str().unwrap().starts_with("step")));
+    assert!(ev
+        .iter()
+        .any(|e| e["ph"] == "M" && e["args"]["name"] == "kv transfers"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn overrides_change_the_scenario_and_its_hash() {
+    let a = dstwin(&["simulate", &data("tiny-pd.toml"), "--json", "--quiet"]);
+    let b = dstwin(&[
+        "simulate",
+        &data("tiny-pd.toml"),
+        "--json",
+        "--quiet",
+        "--set",
+        "prefill.max_num_batched_tokens=512",
+    ]);
+    let va: serde_json::Value = serde_json::from_str(&out(&a)).unwrap();
+    let vb: serde_json::Value = serde_json::from_str(&out(&b)).unwrap();
+    assert_ne!(va["scenario_hash"], vb["scenario_hash"]);
+    assert!(
+        vb["latency"]["ttft_ms"]["mean"].as_f64().unwrap()
+            > va["latency"]["ttft_ms"]["mean"].as_f64().unwrap()
+    );
+}
+
+#[test]
+fn bad_input_exits_2_names_the_field_and_writes_nothing() {
+    let dir = tmp("bad");
+    let reqs = dir.join("reqs.csv");
+    let scen = dir.join("s.toml");
+    let base = std::fs::read_to_string(data("tiny-pd.toml")).unwrap();
+    let cases: Vec<(String, &str)> = vec![
+        (base.replace("seed = 7", "seed = 7\nsede = 8"), "sede"),
+        (
+            base.replace("rate = 20.0", "rate = -1.0"),
+            "workload.arrival.rate",
+        ),
+        (
+            base.replace("rate = 20.0", "rate = 0.0"),
+            "workload.arrival.rate",
+        ),
+        (base.replace("dies = 32", "dies = 30"), "decode"),
+        (
+            base.replace(
+                "max_model_len = 8192\n\n[[instance]]",
+                "max_model_len = 900000\n\n[[instance]]",
+            ),
+            "max_model_len",
+        ),
+        (
+            base.replace("acceptance = [0.7]", "acceptance = [1.7]"),
+            "mtp.acceptance[0]",
+        ),
+        (
+            base.replace("role = \"decode\"", "role = \"prefill\""),
+            "instance",
+        ),
+    ];
+    for (text, needle) in cases {
+        std::fs::write(&scen, text).unwrap();
+        let o = dstwin(&[
+            "simulate",
+            scen.to_str().unwrap(),
+            "--quiet",
+            "--requests-csv",
+            reqs.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{needle}: {}", err(&o));
+        assert!(err(&o).contains(needle), "{needle}: {}", err(&o));
+        assert!(out(&o).is_empty(), "no partial report");
+        assert!(!reqs.exists(), "no partial output file");
+    }
+    let o = dstwin(&["simulate", &data("tiny-pd.toml"), "--set", "nosuch"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("PATH=VALUE"), "{}", err(&o));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn malformed_and_empty_traces_exit_2_with_the_line() {
+    let dir = tmp("trace");
+    let scen = dir.join("s.toml");
+    let text = std::fs::read_to_string(data("tiny-trace.toml"))
+        .unwrap()
+        .replace(
+            "../../traces/tests/data/mooncake_conversation_head40.jsonl",
+            "t.jsonl",
+        );
+    std::fs::write(&scen, text).unwrap();
+    std::fs::write(dir.join("t.jsonl"), "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 5}\n{\"timestamp\": 1, \"input_length\": oops}\n").unwrap();
+    let o = dstwin(&["simulate", scen.to_str().unwrap(), "--quiet"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains(":2"), "{}", err(&o));
+    std::fs::write(dir.join("t.jsonl"), "").unwrap();
+    let o = dstwin(&["simulate", scen.to_str().unwrap(), "--quiet"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("no requests"), "{}", err(&o));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn the_default_scenario_runs_without_arguments() {
+    let o = dstwin(&["simulate", "--quiet", "--set", "workload.num_requests=60"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(out(&o).contains("scenario a3-2p1d"));
+}
+
+#[test]
+fn every_shipped_scenario_validates() {
+    // The benchmark scenarios are long; a tiny workload override checks they load and run.
+    for f in ["a3-2p1d", "cm384-pd", "a2-2p1d"] {
+        let path = format!("{}/sim/scenarios/{f}.toml", env!("CARGO_MANIFEST_DIR"));
+        let o = dstwin(&[
+            "simulate",
+            &path,
+            "--quiet",
+            "--json",
+            "--set",
+            "duration_s=2.0",
+        ]);
+        assert!(o.status.success(), "{f}: {}", err(&o));
+    }
+}
