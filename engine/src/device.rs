@@ -114,9 +114,10 @@ pub enum DeviceError {
 pub trait Device {
     /// Capacity the scheduler plans against.
     fn capacity(&self) -> Capacity;
-    /// Run one step for every DP rank. DP ranks of an EP group step in lockstep: the step ends
-    /// when the slowest rank and the all-to-all finish.
-    fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, DeviceError>;
+    /// Run one step for every DP rank, writing what happened into `out` (its buffers are reused
+    /// from step to step). DP ranks of an EP group step in lockstep: the step ends when the
+    /// slowest rank and the all-to-all finish.
+    fn execute(&mut self, plan: &StepPlan, out: &mut StepOutcome) -> Result<(), DeviceError>;
     /// Price a KV transfer leaving this instance.
     fn send_kv(&mut self, xfer: &KvTransfer) -> Result<TransferOutcome, DeviceError>;
 }

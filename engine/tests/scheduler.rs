@@ -4,7 +4,7 @@
 
 use dstwin_engine::batch::AttnCap;
 use dstwin_engine::device::{StepOutcome, StepPlan};
-use dstwin_engine::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
+use dstwin_engine::instance::{InstEvent, Instance, InstanceConfig, NewRequest, StepSummary};
 use dstwin_engine::layout::Role;
 use dstwin_engine::time::SimTime;
 use proptest::prelude::*;
@@ -38,8 +38,8 @@ fn req(id: u64, prompt: u32, output: u32) -> NewRequest<'static> {
     }
 }
 
-/// One step with every draft accepted (`accept_all`) or none; returns the events.
-fn step(inst: &mut Instance, accept_all: bool) -> (StepPlan, Vec<InstEvent>) {
+/// One step with every draft accepted (`accept_all`) or none: the plan, events and totals.
+fn step(inst: &mut Instance, accept_all: bool) -> (StepPlan, Vec<InstEvent>, StepSummary) {
     inst.schedule(SimTime::ZERO);
     let plan = inst.plan().clone();
     let accepted = plan
@@ -53,7 +53,7 @@ fn step(inst: &mut Instance, accept_all: bool) -> (StepPlan, Vec<InstEvent>) {
         })
         .collect();
     let mut ev = Vec::new();
-    inst.apply(
+    let sum = inst.apply(
         SimTime::ZERO,
         &StepOutcome {
             accepted,
@@ -61,30 +61,33 @@ fn step(inst: &mut Instance, accept_all: bool) -> (StepPlan, Vec<InstEvent>) {
         },
         &mut ev,
     );
-    (plan, ev)
-}
-
-fn tokens_of(ev: &[InstEvent], id: u64) -> u32 {
-    ev.iter()
-        .map(|e| match e {
-            InstEvent::Tokens { req, n } if *req == id => *n,
-            _ => 0,
-        })
-        .sum()
+    (plan, ev, sum)
 }
 
 #[test]
 fn chunked_prefill_splits_a_prompt_over_the_token_budget() {
     let mut inst = Instance::new(cfg(Role::Mixed, 1000));
     inst.add_request(req(1, 5000, 4), SimTime::ZERO);
-    let chunks: Vec<u64> = (0..3)
-        .map(|_| step(&mut inst, true).0.ranks[0].shape.prefill_tokens)
+    let steps: Vec<_> = (0..3).map(|_| step(&mut inst, true)).collect();
+    let chunks: Vec<u64> = steps
+        .iter()
+        .map(|s| s.0.ranks[0].shape.prefill_tokens)
         .collect();
     assert_eq!(chunks, vec![2048, 2048, 904]);
-    // The step that completes the prompt samples the first token; then one token per step.
-    let (plan, ev) = step(&mut inst, true);
+    // The step that completes the prompt samples the first token.
+    assert_eq!(steps[2].1, vec![InstEvent::First { req: 1 }]);
+    assert_eq!(steps[2].2.tokens, 1);
+    // Then one token per step, from consecutive steps.
+    let (plan, ev, sum) = step(&mut inst, true);
     assert_eq!(plan.ranks[0].shape.decode_tokens, 1);
-    assert_eq!(tokens_of(&ev, 1), 1);
+    assert!(ev.is_empty());
+    assert_eq!(
+        sum,
+        StepSummary {
+            tokens: 1,
+            continuing: 1
+        }
+    );
 }
 
 #[test]
@@ -95,7 +98,7 @@ fn running_requests_come_first_and_max_num_seqs_caps_admission() {
     for id in 0..3 {
         inst.add_request(req(id, 100, 10), SimTime::ZERO);
     }
-    let (plan, _) = step(&mut inst, true);
+    let (plan, _, _) = step(&mut inst, true);
     assert_eq!(plan.ranks[0].shape.prefill_seqs, 2);
     assert_eq!(inst.num_waiting(), 1);
 }
@@ -108,7 +111,7 @@ fn kv_exhaustion_preempts_the_newest_running_request() {
     inst.add_request(req(2, 200, 200), SimTime::ZERO);
     let mut preempted = Vec::new();
     for _ in 0..80 {
-        let (_, ev) = step(&mut inst, true);
+        let (_, ev, _) = step(&mut inst, true);
         preempted.extend(ev.iter().filter_map(|e| match e {
             InstEvent::Preempted { req } => Some(*req),
             _ => None,
@@ -119,6 +122,15 @@ fn kv_exhaustion_preempts_the_newest_running_request() {
     }
     assert_eq!(preempted, vec![2], "the newer request goes first");
     assert_eq!(inst.stats().preemptions, 1);
+    // When it runs again after sitting out, its next token is reported as a gap.
+    let mut gap = false;
+    for _ in 0..400 {
+        let (_, ev, _) = step(&mut inst, true);
+        gap |= ev
+            .iter()
+            .any(|e| matches!(e, InstEvent::Gap { req: 2, .. }));
+    }
+    assert!(gap);
 }
 
 #[test]
@@ -136,8 +148,9 @@ fn shared_hash_ids_give_prefix_hits_on_full_blocks_only() {
     inst.add_request(r(1), SimTime::ZERO);
     step(&mut inst, true);
     inst.add_request(r(2), SimTime::ZERO);
-    let (plan, _) = step(&mut inst, true);
-    // 1300 tokens = 10 full blocks of 128 (1280 tokens) + 20; all 10 were cached by request 1.
+    let (plan, _, _) = step(&mut inst, true);
+    // Request 1 decodes 1 token; request 2: 1300 tokens = 10 full blocks (1280 tokens) + 20, and
+    // all 10 blocks were cached by request 1.
     assert_eq!(plan.ranks[0].shape.prefill_tokens, 1300 - 1280);
     let s = inst.stats();
     assert_eq!(s.prefix_queries, 2600);
@@ -150,17 +163,19 @@ fn mtp_emits_one_plus_accepted_and_rejected_drafts_roll_back() {
     c.num_spec_tokens = 2;
     let mut inst = Instance::new(c);
     inst.add_request(req(1, 100, 20), SimTime::ZERO);
-    assert_eq!(tokens_of(&step(&mut inst, true).1, 1), 1);
+    assert_eq!(step(&mut inst, true).2.tokens, 1);
     // Decode steps compute 1 + 2 drafts.
-    let (plan, ev) = step(&mut inst, true);
+    let (plan, _, sum) = step(&mut inst, true);
     assert_eq!(plan.ranks[0].shape.decode_tokens, 3);
-    assert_eq!(tokens_of(&ev, 1), 3);
-    let (_, ev) = step(&mut inst, false);
-    assert_eq!(tokens_of(&ev, 1), 1);
+    assert_eq!(sum.tokens, 3);
+    assert_eq!(step(&mut inst, false).2.tokens, 1);
     // 1 + 3 + 1 = 5 emitted; the rest finish at exactly 20.
     let mut total = 5;
-    while total < 20 {
-        total += tokens_of(&step(&mut inst, true).1, 1);
+    let mut finished = false;
+    while !finished {
+        let (_, ev, sum) = step(&mut inst, true);
+        total += sum.tokens;
+        finished = ev.contains(&InstEvent::Finished { req: 1 });
     }
     assert_eq!(total, 20);
     assert!(!inst.has_work());
@@ -170,8 +185,8 @@ fn mtp_emits_one_plus_accepted_and_rejected_drafts_roll_back() {
 fn a_prefill_instance_holds_kv_until_it_is_sent() {
     let mut inst = Instance::new(cfg(Role::Prefill, 100));
     inst.add_request(req(1, 1000, 1), SimTime::ZERO);
-    let (_, ev) = step(&mut inst, true);
-    assert_eq!(tokens_of(&ev, 1), 1);
+    let (_, ev, _) = step(&mut inst, true);
+    assert_eq!(ev, vec![InstEvent::First { req: 1 }]);
     assert!(!inst.has_work());
     assert!(inst.kv_usage() > 0.0, "blocks held for the transfer");
     inst.release_kv(1);
@@ -194,9 +209,9 @@ fn a_decode_instance_pulls_kv_before_decoding() {
     assert!(inst.kv_usage() > 0.0, "blocks reserved for the pull");
     inst.kv_arrived(1, SimTime::ZERO);
     // The last prompt token is recomputed for its logits and samples the first output token.
-    let (plan, ev) = step(&mut inst, true);
+    let (plan, ev, _) = step(&mut inst, true);
     assert_eq!(plan.tokens(), 1);
-    assert_eq!(tokens_of(&ev, 1), 1);
+    assert_eq!(ev, vec![InstEvent::First { req: 1 }]);
 }
 
 #[test]
@@ -215,16 +230,21 @@ fn send_back_hands_a_preempted_decode_request_back() {
     }
     let mut sent = Vec::new();
     for _ in 0..200 {
-        let (_, ev) = step(&mut inst, true);
+        let (_, ev, _) = step(&mut inst, true);
         sent.extend(ev.iter().filter_map(|e| match e {
-            InstEvent::SentBack { req } => Some(*req),
+            InstEvent::SentBack { req, emitted } => Some((*req, *emitted)),
             _ => None,
         }));
         if !sent.is_empty() {
             break;
         }
     }
-    assert_eq!(sent, vec![2]);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].0, 2);
+    assert!(
+        sent[0].1 > 0,
+        "it had produced tokens before it was sent back"
+    );
 }
 
 #[test]
@@ -238,10 +258,91 @@ fn requests_go_to_the_least_loaded_dp_rank() {
     assert_eq!(ranks, vec![0, 1, 2, 0, 1, 2]);
 }
 
+type Log = Vec<(Vec<InstEvent>, StepSummary)>;
+
+/// Drives an instance through a request stream with a fixed acceptance pattern.
+fn drive(
+    reqs: &[(u32, u32, u64)],
+    blocks: u64,
+    spec: u32,
+    accept: &[bool],
+    chunked: bool,
+) -> (Vec<u32>, u64, Log) {
+    let mut c = cfg(Role::Mixed, blocks);
+    c.num_spec_tokens = spec;
+    // Without chunked prefill the budget must hold any prompt (vLLM refuses otherwise).
+    c.max_num_batched_tokens = if chunked { 512 } else { 2048 };
+    c.enable_chunked_prefill = chunked;
+    c.dp_ranks = 2;
+    let mut inst = Instance::new(c);
+    let hashes: Vec<u64> = (0..4).collect();
+    let mut log = Vec::new();
+    let mut finished = vec![0u32; reqs.len()];
+    let mut tokens = 0;
+    let mut next = 0;
+    for s in 0..20_000usize {
+        while next < reqs.len() && (reqs[next].2 as usize) <= s % 4 {
+            let (p, o, _) = reqs[next];
+            inst.add_request(
+                NewRequest {
+                    id: next as u64,
+                    prompt_tokens: p,
+                    max_output_tokens: o,
+                    hash_ids: &hashes,
+                    hash_block_tokens: 512,
+                    remote_kv: false,
+                },
+                SimTime::ZERO,
+            );
+            next += 1;
+        }
+        if next == reqs.len() && !inst.has_work() {
+            break;
+        }
+        inst.schedule(SimTime::ZERO);
+        let plan = inst.plan().clone();
+        let accepted = plan
+            .ranks
+            .iter()
+            .map(|r| {
+                r.decode
+                    .iter()
+                    .enumerate()
+                    .map(|(j, d)| {
+                        if accept[(s + j) % accept.len()] {
+                            d.drafts
+                        } else {
+                            0
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut ev = Vec::new();
+        let sum = inst.apply(
+            SimTime::ZERO,
+            &StepOutcome {
+                accepted,
+                ..Default::default()
+            },
+            &mut ev,
+        );
+        tokens += sum.tokens;
+        for e in &ev {
+            if let InstEvent::Finished { req } = e {
+                finished[*req as usize] += 1;
+            }
+        }
+        log.push((ev, sum));
+    }
+    (finished, tokens, log)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     /// Random request streams with random MTP acceptance: invariants hold at every step, every
-    /// request finishes when the KV fits the largest one, and equal inputs give equal events.
+    /// request finishes exactly once with exactly its output when the KV fits the largest one,
+    /// and equal inputs give equal events.
     #[test]
     fn every_request_finishes_and_runs_are_deterministic(
         reqs in prop::collection::vec((1u32..1500, 1u32..80, 0u64..4), 1..24),
@@ -250,48 +351,10 @@ proptest! {
         accept in prop::collection::vec(any::<bool>(), 64),
         chunked in any::<bool>(),
     ) {
-        let run = || {
-            let mut c = cfg(Role::Mixed, blocks);
-            c.num_spec_tokens = spec;
-            // Without chunked prefill the budget must hold any prompt (vLLM refuses otherwise).
-            c.max_num_batched_tokens = if chunked { 512 } else { 2048 };
-            c.enable_chunked_prefill = chunked;
-            c.dp_ranks = 2;
-            let mut inst = Instance::new(c);
-            let hashes: Vec<u64> = (0..4).collect();
-            let mut log = Vec::new();
-            let mut emitted = vec![0u32; reqs.len()];
-            let mut next = 0;
-            for s in 0..20_000usize {
-                // A few arrivals per step.
-                while next < reqs.len() && (reqs[next].2 as usize) <= s % 4 {
-                    let (p, o, _) = reqs[next];
-                    inst.add_request(NewRequest { id: next as u64, prompt_tokens: p, max_output_tokens: o, hash_ids: &hashes, hash_block_tokens: 512, remote_kv: false }, SimTime::ZERO);
-                    next += 1;
-                }
-                if next == reqs.len() && !inst.has_work() {
-                    break;
-                }
-                inst.schedule(SimTime::ZERO);
-                let plan = inst.plan().clone();
-                let accepted = plan.ranks.iter().map(|r| r.decode.iter().enumerate().map(|(j, d)| if accept[(s + j) % accept.len()] { d.drafts } else { 0 }).collect()).collect();
-                let mut ev = Vec::new();
-                inst.apply(SimTime::ZERO, &StepOutcome { accepted, ..Default::default() }, &mut ev);
-                for e in &ev {
-                    if let InstEvent::Tokens { req, n } = e {
-                        emitted[*req as usize] += n;
-                    }
-                }
-                log.push(ev);
-            }
-            (emitted, log)
-        };
-        let (emitted, log) = run();
-        // Largest request: prompt + output + drafts in blocks of 128 fits in 24 blocks.
-        for (i, (p, o, _)) in reqs.iter().enumerate() {
-            prop_assert_eq!(emitted[i], *o, "request {} (prompt {}) emitted {} of {}", i, p, emitted[i], o);
-        }
-        let (_, again) = run();
+        let (finished, tokens, log) = drive(&reqs, blocks, spec, &accept, chunked);
+        prop_assert!(finished.iter().all(|f| *f == 1), "finish counts {:?}", finished);
+        prop_assert_eq!(tokens, reqs.iter().map(|r| r.1 as u64).sum::<u64>());
+        let (_, _, again) = drive(&reqs, blocks, spec, &accept, chunked);
         prop_assert_eq!(log, again);
     }
 }

@@ -15,7 +15,7 @@ use dstwin_engine::time::SimDuration;
 use dstwin_hwmodels::{CostModel, DType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// Significant bits kept when quantizing shape sums for the price cache: prices are computed on
 /// the quantized shape, so a result never depends on which shape filled the cache first, and the
@@ -97,7 +97,7 @@ pub struct PricerSpec {
 #[derive(Clone, Debug)]
 pub struct StepPricer {
     spec: PricerSpec,
-    cache: HashMap<(BatchShape, u64), RankCost>,
+    cache: FxHashMap<(BatchShape, u64), RankCost>,
     pub hits: u64,
     pub misses: u64,
 }
@@ -106,7 +106,7 @@ impl StepPricer {
     pub fn new(spec: PricerSpec) -> Self {
         StepPricer {
             spec,
-            cache: HashMap::new(),
+            cache: FxHashMap::default(),
             hits: 0,
             misses: 0,
         }
@@ -225,7 +225,7 @@ impl Device for SimDevice {
         self.capacity
     }
 
-    fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, DeviceError> {
+    fn execute(&mut self, plan: &StepPlan, out: &mut StepOutcome) -> Result<(), DeviceError> {
         if plan.ranks.len() != self.capacity.dp_ranks as usize {
             return Err(DeviceError::Ranks {
                 got: plan.ranks.len(),
@@ -265,21 +265,14 @@ impl Device for SimDevice {
                 slowest = c;
             }
         }
-        let accepted = plan
-            .ranks
-            .iter()
-            .map(|r| {
-                r.decode
-                    .iter()
-                    .map(|d| self.mtp.accepted(d.drafts))
-                    .collect()
-            })
-            .collect();
-        Ok(StepOutcome {
-            duration: SimDuration::from_secs_f64(slowest.time_s),
-            accepted,
-            class_times: slowest.class_times,
-        })
+        out.accepted.resize_with(plan.ranks.len(), Vec::new);
+        for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
+            acc.clear();
+            acc.extend(r.decode.iter().map(|d| self.mtp.accepted(d.drafts)));
+        }
+        out.duration = SimDuration::from_secs_f64(slowest.time_s);
+        out.class_times = slowest.class_times;
+        Ok(())
     }
 
     fn send_kv(&mut self, xfer: &KvTransfer) -> Result<TransferOutcome, DeviceError> {

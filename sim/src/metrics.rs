@@ -44,8 +44,12 @@ impl Latency {
         self.record_n(d, 1);
     }
 
-    /// Records `n` samples of the same value.
+    /// Records `n` samples of the same value (none when `n` is 0: the histogram would still
+    /// move its max).
     pub fn record_n(&mut self, d: SimDuration, n: u64) {
+        if n == 0 {
+            return;
+        }
         let us = (d.0 / 1_000).clamp(1, MAX_SECONDS * 1_000_000);
         self.h.saturating_record_n(us, n);
     }
@@ -117,5 +121,8 @@ mod tests {
         assert!((s.p99 - 99.0).abs() < 0.1, "{}", s.p99);
         assert!((s.mean - 50.5).abs() < 0.1);
         assert!((s.max - 100.0).abs() < 0.1);
+        // Zero samples of a huge value change nothing.
+        l.record_n(SimDuration::from_millis(10_000), 0);
+        assert_eq!(l.summary(), s);
     }
 }

@@ -122,7 +122,9 @@ pub struct SimReport {
     /// Requests longer than max_model_len, refused like vLLM does (HTTP 400).
     pub requests_rejected: u64,
     pub requests_unfinished: u64,
+    /// Prompt tokens whose prefill completed.
     pub input_tokens: u64,
+    /// Tokens sampled by decode (or mixed) instances.
     pub output_tokens: u64,
     pub request_throughput: f64,
     pub input_tok_s: f64,
@@ -195,6 +197,8 @@ struct Inst {
     kv_weighted: f64,
     kv_max: f64,
     link_base: u32,
+    /// End time of every step, for inter-token gaps.
+    step_ends: Vec<SimTime>,
 }
 
 #[derive(Default)]
@@ -239,6 +243,8 @@ struct Sim<'s, 'o> {
     rows: Vec<RequestRow>,
     spans: Vec<Span>,
     processed: u64,
+    /// Scratch request ids, reused.
+    buf: Vec<ReqId>,
 }
 
 fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceConfig {
@@ -335,6 +341,7 @@ impl<'s, 'o> Sim<'s, 'o> {
                     kv_weighted: 0.0,
                     kv_max: 0.0,
                     link_base,
+                    step_ends: Vec::new(),
                 });
             }
         }
@@ -403,6 +410,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             rows: Vec::new(),
             spans: Vec::new(),
             processed: 0,
+            buf: Vec::new(),
         })
     }
 
@@ -439,7 +447,6 @@ impl<'s, 'o> Sim<'s, 'o> {
             self.reqs[id as usize].done = true;
             return self.next_closed_loop();
         }
-        self.input_tokens += prompt as u64;
         if self.prefill_ids.is_empty() {
             let i = self.proxy.route_decode(prompt as u64);
             self.reqs[id as usize].decode = self.serve_ids[i] as u32;
@@ -491,31 +498,32 @@ impl<'s, 'o> Sim<'s, 'o> {
             return Ok(());
         }
         inst.inst.schedule(now);
-        let pulls: Vec<ReqId> = inst.inst.kv_pulls().to_vec();
-        let started: Vec<ReqId> = inst.inst.started().to_vec();
         let tokens = inst.inst.plan().tokens();
-        let outcome = if tokens > 0 {
-            Some(inst.device.execute(inst.inst.plan())?)
-        } else {
-            None
-        };
-        for id in started {
+        if tokens > 0 {
+            inst.device.execute(inst.inst.plan(), &mut inst.outcome)?;
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        buf.extend_from_slice(inst.inst.started());
+        for &id in &buf {
             let r = &mut self.reqs[id as usize];
             if r.started.is_none() {
                 r.started = Some(now);
                 self.lat.queue.record(now - r.arrival);
             }
         }
-        for id in pulls {
+        buf.clear();
+        buf.extend_from_slice(self.insts[i].inst.kv_pulls());
+        for &id in &buf {
             self.start_transfer(i, id);
         }
+        self.buf = buf;
         let inst = &mut self.insts[i];
-        if let Some(o) = outcome {
+        if tokens > 0 {
             inst.busy = true;
             inst.step_start = now;
             inst.step_tokens = tokens;
-            let end = now + o.duration;
-            inst.outcome = o;
+            let end = now + inst.outcome.duration;
             self.push(end, Ev::StepDone(i as u32));
         }
         Ok(())
@@ -619,7 +627,7 @@ impl<'s, 'o> Sim<'s, 'o> {
         let now = self.now;
         let mut events = std::mem::take(&mut self.events);
         events.clear();
-        {
+        let (sum, prev_end) = {
             let inst = &mut self.insts[i];
             inst.busy = false;
             let dur = now - inst.step_start;
@@ -642,18 +650,35 @@ impl<'s, 'o> Sim<'s, 'o> {
                     tokens: inst.step_tokens,
                 });
             }
-            let outcome = std::mem::take(&mut inst.outcome);
-            inst.inst.apply(now, &outcome, &mut events);
+            let sum = inst.inst.apply(now, &inst.outcome, &mut events);
+            let prev_end = inst.step_ends.last().copied().unwrap_or(SimTime::ZERO);
+            inst.step_ends.push(now);
+            (sum, prev_end)
+        };
+        if self.insts[i].role != Role::Prefill {
+            self.output_tokens += sum.tokens;
+            // Requests that sampled in the previous step too: one ITL sample each.
+            self.lat.itl.record_n(now - prev_end, sum.continuing);
         }
         let role = self.insts[i].role;
         for ev in events.drain(..) {
             match ev {
-                InstEvent::Tokens { req, n } => self.on_tokens(i, role, req, n)?,
+                InstEvent::First { req } if role == Role::Prefill => self.prefill_done(i, req)?,
+                InstEvent::First { req } => self.first_token(req),
+                InstEvent::Gap { since_step, .. } => {
+                    // Steps are counted from 1; step k ended at step_ends[k - 1].
+                    let since = self.insts[i].step_ends[since_step as usize - 1];
+                    self.lat.itl.record(now - since);
+                }
+                InstEvent::Finished { req } => self.finished_request(req)?,
                 InstEvent::Preempted { req } => self.reqs[req as usize].preemptions += 1,
-                InstEvent::SentBack { req } => {
+                InstEvent::SentBack { req, emitted } => {
                     self.sent_back += 1;
-                    let d = self.reqs[req as usize].decode as usize;
-                    let prompt = self.reqs[req as usize].prompt as u64;
+                    let r = &mut self.reqs[req as usize];
+                    r.preemptions += 1;
+                    r.emitted += emitted;
+                    r.last_token = now;
+                    let (d, prompt) = (r.decode as usize, r.prompt as u64);
                     let k = self
                         .serve_ids
                         .iter()
@@ -668,94 +693,105 @@ impl<'s, 'o> Sim<'s, 'o> {
         self.try_start(i)
     }
 
-    fn on_tokens(&mut self, i: usize, role: Role, id: ReqId, n: u32) -> Result<(), RunError> {
+    /// A prefill instance finished a prompt: hand the request to a decode instance, which pulls
+    /// the KV.
+    fn prefill_done(&mut self, i: usize, id: ReqId) -> Result<(), RunError> {
+        let r = self.reqs[id as usize];
+        if r.first_token.is_none() {
+            self.input_tokens += r.prompt as u64;
+        }
+        let pk = self
+            .prefill_ids
+            .iter()
+            .position(|&x| x == i)
+            .expect("prefill instance");
+        self.proxy.prefill_done(pk, r.prompt as u64);
+        let dk = self.proxy.route_decode(r.prompt as u64);
+        let d = self.serve_ids[dk];
+        self.reqs[id as usize].decode = d as u32;
+        self.send_to_instance(d, id, true)
+    }
+
+    fn first_token(&mut self, id: ReqId) {
         let now = self.now;
-        if role == Role::Prefill {
-            // The prompt is computed: hand the request to a decode instance, which pulls the KV.
-            let r = self.reqs[id as usize];
-            let pk = self
+        let r = &mut self.reqs[id as usize];
+        if r.first_token.is_some() {
+            // Resumed after being sent back: the wait counts as one inter-token gap.
+            self.lat.itl.record(now - r.last_token);
+            return;
+        }
+        r.first_token = Some(now);
+        r.last_token = now;
+        self.lat.ttft.record(now - r.arrival);
+        if self.prefill_ids.is_empty() {
+            // Mixed instances: the prompt is computed when the first token comes.
+            self.input_tokens += r.prompt as u64;
+        }
+        if r.prefill != r.decode {
+            if let Some(pk) = self
                 .prefill_ids
                 .iter()
-                .position(|&x| x == i)
-                .expect("prefill instance");
-            self.proxy.prefill_done(pk, r.prompt as u64);
-            let dk = self.proxy.route_decode(r.prompt as u64);
-            let d = self.serve_ids[dk];
-            self.reqs[id as usize].decode = d as u32;
-            return self.send_to_instance(d, id, true);
+                .position(|&x| x == r.prefill as usize)
+            {
+                self.proxy.decode_started(pk, r.prompt as u64);
+            }
         }
+    }
+
+    fn finished_request(&mut self, id: ReqId) -> Result<(), RunError> {
+        let now = self.now;
         let slo = self.s.slo;
         let r = &mut self.reqs[id as usize];
-        if r.first_token.is_none() {
-            r.first_token = Some(now);
-            r.last_token = now;
-            self.lat.ttft.record(now - r.arrival);
-            if r.prefill != r.decode {
-                let pk = self
-                    .prefill_ids
-                    .iter()
-                    .position(|&x| x == r.prefill as usize);
-                if let Some(pk) = pk {
-                    self.proxy.decode_started(pk, r.prompt as u64);
-                }
-            }
+        debug_assert!(!r.done, "request {id} finished twice");
+        r.done = true;
+        r.emitted = r.output;
+        self.finished += 1;
+        let first = r.first_token.unwrap_or(now);
+        let ttft = first - r.arrival;
+        let e2e = now - r.arrival;
+        let tpot = if r.output > 1 {
+            SimDuration((now - first).0 / (r.output as u64 - 1))
         } else {
-            self.lat.itl.record(now - r.last_token);
-            r.last_token = now;
+            SimDuration::ZERO
+        };
+        if r.output > 1 {
+            self.lat.tpot.record(tpot);
         }
-        r.emitted += n;
-        self.output_tokens += n as u64;
-        if r.emitted >= r.output && !r.done {
-            r.done = true;
-            self.finished += 1;
-            let first = r.first_token.unwrap_or(now);
-            let ttft = first - r.arrival;
-            let e2e = now - r.arrival;
-            let tpot = if r.output > 1 {
-                SimDuration((now - first).0 / (r.output as u64 - 1))
-            } else {
-                SimDuration::ZERO
-            };
-            if r.output > 1 {
-                self.lat.tpot.record(tpot);
-            }
-            self.lat.e2e.record(e2e);
-            let met = slo.ttft.is_none_or(|x| ttft <= x)
-                && slo.tpot.is_none_or(|x| tpot <= x)
-                && slo.e2e.is_none_or(|x| e2e <= x);
-            if met {
-                self.good += 1;
-            }
-            let r = *r;
-            let dk = self
-                .serve_ids
-                .iter()
-                .position(|&x| x == r.decode as usize)
-                .expect("serving instance");
-            self.proxy.decode_done(dk, r.prompt as u64);
-            if self.opts.per_request {
-                self.rows.push(RequestRow {
-                    id,
-                    arrival_s: r.arrival.as_secs_f64(),
-                    input_tokens: r.prompt,
-                    output_tokens: r.output,
-                    ttft_ms: ttft.as_millis_f64(),
-                    tpot_ms: tpot.as_millis_f64(),
-                    e2e_ms: e2e.as_millis_f64(),
-                    queue_ms: r.started.map_or(0.0, |s| (s - r.arrival).as_millis_f64()),
-                    preemptions: r.preemptions,
-                    prefill_instance: if self.prefill_ids.is_empty() {
-                        String::new()
-                    } else {
-                        self.insts[r.prefill as usize].name.clone()
-                    },
-                    decode_instance: self.insts[r.decode as usize].name.clone(),
-                    met_slo: met,
-                });
-            }
-            self.next_closed_loop()?;
+        self.lat.e2e.record(e2e);
+        let met = slo.ttft.is_none_or(|x| ttft <= x)
+            && slo.tpot.is_none_or(|x| tpot <= x)
+            && slo.e2e.is_none_or(|x| e2e <= x);
+        if met {
+            self.good += 1;
         }
-        Ok(())
+        let r = *r;
+        let dk = self
+            .serve_ids
+            .iter()
+            .position(|&x| x == r.decode as usize)
+            .expect("serving instance");
+        self.proxy.decode_done(dk, r.prompt as u64);
+        if self.opts.per_request {
+            self.rows.push(RequestRow {
+                id,
+                arrival_s: r.arrival.as_secs_f64(),
+                input_tokens: r.prompt,
+                output_tokens: r.output,
+                ttft_ms: ttft.as_millis_f64(),
+                tpot_ms: tpot.as_millis_f64(),
+                e2e_ms: e2e.as_millis_f64(),
+                queue_ms: r.started.map_or(0.0, |s| (s - r.arrival).as_millis_f64()),
+                preemptions: r.preemptions,
+                prefill_instance: if self.prefill_ids.is_empty() {
+                    String::new()
+                } else {
+                    self.insts[r.prefill as usize].name.clone()
+                },
+                decode_instance: self.insts[r.decode as usize].name.clone(),
+                met_slo: met,
+            });
+        }
+        self.next_closed_loop()
     }
 
     fn next_closed_loop(&mut self) -> Result<(), RunError> {

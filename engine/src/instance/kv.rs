@@ -4,7 +4,7 @@
 //! block keeps its hash and stays hit-able until it is reused (lazy eviction). A request frees its
 //! blocks tail first, so its prefix is evicted last.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 const NIL: u32 = u32::MAX;
 
@@ -19,7 +19,7 @@ pub struct BlockPool {
     head: u32,
     tail: u32,
     free: u64,
-    cached: HashMap<u64, u32>,
+    cached: FxHashMap<u64, u32>,
 }
 
 impl BlockPool {
@@ -38,7 +38,7 @@ impl BlockPool {
             head: NIL,
             tail: NIL,
             free: 0,
-            cached: HashMap::new(),
+            cached: FxHashMap::default(),
         };
         for b in 0..n as u32 {
             p.push_tail(b);

@@ -54,15 +54,31 @@ pub struct NewRequest<'a> {
     pub remote_kv: bool,
 }
 
-/// What happened to a request during a step.
+/// What happened to a request during a step (steps where nothing notable happens to a request
+/// are summed in [`StepSummary`] instead).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InstEvent {
-    /// `n` tokens sampled (1 + accepted drafts); on a prefill instance, the prompt is done.
-    Tokens { req: ReqId, n: u32 },
+    /// Its first token was sampled; on a prefill instance, its prompt is done.
+    First { req: ReqId },
+    /// It sampled again after sitting out steps; its previous sample was at `since_step`.
+    Gap { req: ReqId, since_step: u64 },
+    /// It produced all its tokens and left (decode and mixed instances).
+    Finished { req: ReqId },
     /// KV ran out: the request lost its blocks and waits to recompute.
     Preempted { req: ReqId },
-    /// KV ran out on a decode instance with send-back: the request left; re-prefill it.
-    SentBack { req: ReqId },
+    /// KV ran out on a decode instance with send-back: the request left after `emitted` tokens;
+    /// re-prefill it.
+    SentBack { req: ReqId, emitted: u32 },
+}
+
+/// A step's totals over every request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepSummary {
+    /// Tokens sampled.
+    pub tokens: u64,
+    /// Requests that sampled in this step and in the one before: their inter-token latency is
+    /// the time since the previous step ended.
+    pub continuing: u64,
 }
 
 /// Counters over all ranks.
@@ -80,7 +96,7 @@ pub struct InstanceStats {
 pub struct Instance {
     cfg: InstanceConfig,
     ranks: Vec<RankScheduler>,
-    owner: std::collections::HashMap<ReqId, u32>,
+    owner: rustc_hash::FxHashMap<ReqId, u32>,
     plan: StepPlan,
     started: Vec<ReqId>,
     pulls: Vec<ReqId>,
@@ -97,7 +113,7 @@ impl Instance {
                 ranks: vec![Default::default(); cfg.dp_ranks as usize],
             },
             cfg,
-            owner: std::collections::HashMap::new(),
+            owner: rustc_hash::FxHashMap::default(),
             started: Vec::new(),
             pulls: Vec::new(),
             pending: Vec::new(),
@@ -152,24 +168,34 @@ impl Instance {
         &self.pulls
     }
 
-    /// Applies a step's outcome; appends what happened to `events` (preemptions decided while
-    /// scheduling come first).
-    pub fn apply(&mut self, _now: SimTime, outcome: &StepOutcome, events: &mut Vec<InstEvent>) {
+    /// Applies a step's outcome; appends what happened to requests to `events` (preemptions
+    /// decided while scheduling come first) and returns the step's totals.
+    pub fn apply(
+        &mut self,
+        _now: SimTime,
+        outcome: &StepOutcome,
+        events: &mut Vec<InstEvent>,
+    ) -> StepSummary {
         events.append(&mut self.pending);
+        let mut sum = StepSummary::default();
         for (i, r) in self.ranks.iter_mut().enumerate() {
             r.update(
                 outcome.accepted.get(i).map_or(&[][..], Vec::as_slice),
+                &mut sum,
                 events,
             );
         }
         for e in events.iter() {
-            match *e {
-                InstEvent::SentBack { req } => {
-                    self.owner.remove(&req);
-                }
-                InstEvent::Tokens { .. } | InstEvent::Preempted { .. } => {}
+            if let InstEvent::SentBack { req, .. } | InstEvent::Finished { req } = *e {
+                self.owner.remove(&req);
             }
         }
+        sum
+    }
+
+    /// Steps applied so far (every rank steps in lockstep).
+    pub fn steps(&self) -> u64 {
+        self.ranks[0].steps()
     }
 
     pub fn kv_arrived(&mut self, req: ReqId, _now: SimTime) {

@@ -2,13 +2,19 @@
 //! running requests first, then waiting ones up to `max_num_seqs`; chunked prefill; paged KV with
 //! prefix caching; preemption of the newest running request when KV runs out; MTP lookahead slots
 //! and rollback of rejected drafts. IO-free: time comes in as an argument.
+//!
+//! Requests live in a slab; queues hold slab indices. Per step, work is proportional to the
+//! requests scheduled, and what happens to every one of them is reported in aggregate (tokens
+//! emitted, requests that emitted in consecutive steps) plus one event per request only when
+//! something happens to it (first token, a gap, finish, preemption).
 
 use super::kv::{chain, BlockPool};
-use super::{InstEvent, InstanceConfig, NewRequest};
+use super::{InstEvent, InstanceConfig, NewRequest, StepSummary};
 use crate::batch::BatchShape;
 use crate::device::{DecodeSeq, RankPlan, ReqId};
 use crate::layout::Role;
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -28,19 +34,21 @@ struct Seq {
     computed: u32,
     output: u32,
     blocks: Vec<u32>,
-    /// Content keys of the prompt's full blocks (empty: never shared).
-    keys: Vec<u64>,
+    /// Chained hashes of the prompt's full blocks (empty: never shared).
+    hashes: Vec<u64>,
     /// Prompt blocks already registered in the prefix cache.
     hashed: u32,
     state: State,
     remote: bool,
     admitted_once: bool,
+    /// The rank step in which it last sampled.
+    last_step: u64,
 }
 
 /// Per-step bookkeeping of one scheduled request.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    id: ReqId,
+    slot: u32,
     new: u32,
     drafts: u32,
     samples: bool,
@@ -59,11 +67,16 @@ pub struct RankStats {
 pub struct RankScheduler {
     cfg: InstanceConfig,
     pool: BlockPool,
-    seqs: HashMap<ReqId, Seq>,
-    waiting: VecDeque<ReqId>,
-    running: Vec<ReqId>,
+    slab: Vec<Option<Seq>>,
+    free_slots: Vec<u32>,
+    index: FxHashMap<ReqId, u32>,
+    waiting: VecDeque<u32>,
+    running: Vec<u32>,
     pulling: usize,
     entries: Vec<Entry>,
+    finished: Vec<u32>,
+    /// Steps applied so far.
+    step: u64,
     pub stats: RankStats,
 }
 
@@ -76,13 +89,25 @@ impl RankScheduler {
         RankScheduler {
             pool: BlockPool::new(cfg.num_kv_blocks),
             cfg,
-            seqs: HashMap::new(),
+            slab: Vec::new(),
+            free_slots: Vec::new(),
+            index: FxHashMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             pulling: 0,
             entries: Vec::new(),
+            finished: Vec::new(),
+            step: 0,
             stats: RankStats::default(),
         }
+    }
+
+    fn seq(&self, slot: u32) -> &Seq {
+        self.slab[slot as usize].as_ref().expect("live slot")
+    }
+
+    fn seq_mut(slab: &mut [Option<Seq>], slot: u32) -> &mut Seq {
+        slab[slot as usize].as_mut().expect("live slot")
     }
 
     /// Requests this rank holds that are not finished (for DP load balancing).
@@ -106,69 +131,90 @@ impl RankScheduler {
         !self.running.is_empty() || !self.waiting.is_empty()
     }
 
-    fn content_keys(&self, r: &NewRequest<'_>) -> Vec<u64> {
+    /// Chained hashes of the prompt's full blocks, from hash ids of `hash_block_tokens` tokens.
+    fn block_hashes(&self, r: &NewRequest<'_>) -> Vec<u64> {
         let bs = self.cfg.block_size;
-        let full = r.prompt_tokens / bs;
-        if !self.cfg.enable_prefix_caching || r.hash_ids.is_empty() || r.hash_block_tokens == 0 {
+        if !self.cfg.enable_prefix_caching
+            || r.remote_kv
+            || r.hash_ids.is_empty()
+            || r.hash_block_tokens == 0
+        {
             return Vec::new();
         }
         let hbt = r.hash_block_tokens;
-        (0..full)
+        let mut parent = 0;
+        (0..r.prompt_tokens / bs)
             .map_while(|j| {
                 let tok = j * bs;
                 let id = *r.hash_ids.get((tok / hbt) as usize)?;
-                Some(chain(id, ((tok % hbt) / bs) as u64))
+                parent = chain(parent, chain(id, ((tok % hbt) / bs) as u64));
+                Some(parent)
             })
             .collect()
     }
 
     pub fn add(&mut self, r: NewRequest<'_>) {
-        let keys = if r.remote_kv {
-            Vec::new()
-        } else {
-            self.content_keys(&r)
+        let seq = Seq {
+            id: r.id,
+            prompt: r.prompt_tokens,
+            max_output: r.max_output_tokens,
+            computed: 0,
+            output: 0,
+            blocks: Vec::new(),
+            hashes: self.block_hashes(&r),
+            hashed: 0,
+            state: State::Waiting,
+            remote: r.remote_kv,
+            admitted_once: false,
+            last_step: 0,
         };
-        self.seqs.insert(
-            r.id,
-            Seq {
-                id: r.id,
-                prompt: r.prompt_tokens,
-                max_output: r.max_output_tokens,
-                computed: 0,
-                output: 0,
-                blocks: Vec::new(),
-                keys,
-                hashed: 0,
-                state: State::Waiting,
-                remote: r.remote_kv,
-                admitted_once: false,
-            },
-        );
-        self.waiting.push_back(r.id);
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slab[s as usize] = Some(seq);
+                s
+            }
+            None => {
+                self.slab.push(Some(seq));
+                (self.slab.len() - 1) as u32
+            }
+        };
+        self.index.insert(r.id, slot);
+        self.waiting.push_back(slot);
     }
 
-    /// Tokens a request's KV must hold to compute `new` more tokens plus lookahead slots.
+    fn remove(&mut self, slot: u32) -> Seq {
+        let s = self.slab[slot as usize].take().expect("live slot");
+        self.index.remove(&s.id);
+        self.free_slots.push(slot);
+        s
+    }
+
+    /// Makes a request's KV hold `tokens` tokens.
     fn ensure_slots(pool: &mut BlockPool, s: &mut Seq, tokens: u64, bs: u32) -> bool {
         let need = blocks_for(tokens, bs).saturating_sub(s.blocks.len() as u64);
         need == 0 || pool.allocate(need, &mut s.blocks)
     }
 
-    /// Frees a request's blocks and resets it for recompute.
-    fn preempt(&mut self, id: ReqId, events: &mut Vec<InstEvent>) {
-        let s = self.seqs.get_mut(&id).expect("running request exists");
+    /// Frees a request's blocks and resets it for recompute (or hands it back).
+    fn preempt(&mut self, slot: u32, events: &mut Vec<InstEvent>) {
+        let s = Self::seq_mut(&mut self.slab, slot);
         self.pool.release(&s.blocks);
         s.blocks.clear();
         s.computed = 0;
         s.hashed = 0;
         self.stats.preemptions += 1;
         if self.cfg.send_back && self.cfg.role != Role::Prefill {
-            self.seqs.remove(&id);
-            events.push(InstEvent::SentBack { req: id });
+            let s = self.remove(slot);
+            events.push(InstEvent::SentBack {
+                req: s.id,
+                emitted: s.output,
+            });
         } else {
             // A recomputed request computes its prompt and the tokens it already produced.
             s.remote = false;
             s.state = State::Waiting;
-            self.waiting.push_front(id);
+            let id = s.id;
+            self.waiting.push_front(slot);
             events.push(InstEvent::Preempted { req: id });
         }
     }
@@ -188,12 +234,13 @@ impl RankScheduler {
         let cfg = self.cfg;
         let bs = cfg.block_size;
         let k = cfg.num_spec_tokens;
+        let cap = cfg.attn_cap;
         let mut budget = cfg.max_num_batched_tokens as u64;
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
-            let id = self.running[i];
-            let s = &self.seqs[&id];
+            let slot = self.running[i];
+            let s = self.seq(slot);
             // Tokens whose ids are known: the prompt and what was sampled. A request decodes when
             // only the last sampled token is not in KV yet; otherwise it (re)computes known tokens.
             let known = s.prompt + s.output;
@@ -214,16 +261,15 @@ impl RankScheduler {
             // running requests until it fits.
             let mut fits = false;
             loop {
-                let s = self.seqs.get_mut(&id).expect("running request exists");
+                let s = Self::seq_mut(&mut self.slab, slot);
                 if Self::ensure_slots(&mut self.pool, s, s.computed as u64 + new + k as u64, bs) {
                     fits = true;
                     break;
                 }
-                let victim = *self.running.last().expect("the current request is running");
-                self.running.pop();
+                let victim = self.running.pop().expect("the current request is running");
                 self.preempt(victim, events);
                 preempted = true;
-                if victim == id {
+                if victim == slot {
                     break;
                 }
             }
@@ -231,10 +277,23 @@ impl RankScheduler {
                 // The current request was the newest and is gone; nothing after it remains.
                 break;
             }
-            let s = &self.seqs[&id];
+            let s = self.seq(slot);
             let samples = s.computed as u64 + new >= known as u64;
             let drafts = if decoding { (new - 1) as u32 } else { 0 };
-            self.push_entry(plan, s.computed, decoding, new as u32, drafts, samples, id);
+            if decoding {
+                plan.shape.add_decode(new, s.computed as u64, cap);
+            } else {
+                plan.shape.add_prefill(new, s.computed as u64, cap);
+            }
+            if samples {
+                plan.decode.push(DecodeSeq { req: s.id, drafts });
+            }
+            self.entries.push(Entry {
+                slot,
+                new: new as u32,
+                drafts,
+                samples,
+            });
             budget -= new;
             i += 1;
         }
@@ -243,10 +302,10 @@ impl RankScheduler {
             && budget > 0
             && self.running.len() + self.pulling < cfg.max_num_seqs as usize
         {
-            let Some(&id) = self.waiting.front() else {
+            let Some(&slot) = self.waiting.front() else {
                 break;
             };
-            let s = self.seqs.get_mut(&id).expect("waiting request exists");
+            let s = Self::seq_mut(&mut self.slab, slot);
             if s.remote {
                 // Reserve the whole prompt plus the first decode step, then pull the KV.
                 let need = s.prompt as u64 + 1 + k as u64;
@@ -254,31 +313,23 @@ impl RankScheduler {
                     break;
                 }
                 s.state = State::Pulling;
+                pulls.push(s.id);
                 self.waiting.pop_front();
                 self.pulling += 1;
-                pulls.push(id);
                 continue;
             }
             // Prefix hits on first admission: full cached blocks, at most prompt - 1 tokens so the
             // last token is computed to get logits.
-            if !s.admitted_once {
-                self.stats.prefix_queries += s.prompt as u64;
-            }
             let max_hit_blocks = (s.prompt.saturating_sub(1) / bs) as usize;
-            let mut hit = 0usize;
-            let mut parent = 0u64;
-            let mut hashes = Vec::new();
-            for key in s.keys.iter().take(max_hit_blocks) {
-                let h = chain(parent, *key);
-                if self.pool.lookup(h).is_none() {
-                    break;
-                }
-                hashes.push(h);
-                parent = h;
-                hit += 1;
-            }
+            let hit = s
+                .hashes
+                .iter()
+                .take(max_hit_blocks)
+                .take_while(|h| self.pool.lookup(**h).is_some())
+                .count();
             let cached = (hit as u32) * bs;
-            let mut new = (s.prompt + s.output - cached) as u64;
+            let known = s.prompt + s.output;
+            let mut new = (known - cached) as u64;
             if !cfg.enable_chunked_prefill && new > budget {
                 break;
             }
@@ -289,7 +340,7 @@ impl RankScheduler {
             let need_new_blocks =
                 blocks_for(cached as u64 + new + k as u64, bs).saturating_sub(hit as u64);
             // Hit blocks that sit unreferenced in the free queue leave it when touched.
-            let hits_in_free = hashes
+            let hits_in_free = s.hashes[..hit]
                 .iter()
                 .filter(|h| self.pool.lookup(**h).is_some_and(|b| self.pool.is_free(b)))
                 .count() as u64;
@@ -297,7 +348,7 @@ impl RankScheduler {
                 // Waiting requests never preempt.
                 break;
             }
-            for h in &hashes {
+            for h in &s.hashes[..hit] {
                 let b = self.pool.lookup(*h).expect("looked up above");
                 self.pool.touch(b);
                 s.blocks.push(b);
@@ -305,62 +356,49 @@ impl RankScheduler {
             let ok = Self::ensure_slots(&mut self.pool, s, cached as u64 + new + k as u64, bs);
             assert!(
                 ok,
-                "request {id}: free blocks were counted before admission"
+                "request {}: free blocks were counted before admission",
+                s.id
             );
             s.hashed = hit as u32;
             s.computed = cached;
             if !s.admitted_once {
+                self.stats.prefix_queries += s.prompt as u64;
                 self.stats.prefix_hits += cached as u64;
                 s.admitted_once = true;
-                started.push(id);
+                started.push(s.id);
             }
             s.state = State::Running;
-            let (computed, prompt) = (s.computed, s.prompt + s.output);
+            let samples = cached as u64 + new >= known as u64;
+            plan.shape.add_prefill(new, cached as u64, cap);
+            if samples {
+                plan.decode.push(DecodeSeq {
+                    req: s.id,
+                    drafts: 0,
+                });
+            }
+            self.entries.push(Entry {
+                slot,
+                new: new as u32,
+                drafts: 0,
+                samples,
+            });
             self.waiting.pop_front();
-            self.running.push(id);
-            let samples = computed as u64 + new >= prompt as u64;
-            self.push_entry(plan, computed, false, new as u32, 0, samples, id);
+            self.running.push(slot);
             budget -= new;
         }
         #[cfg(debug_assertions)]
         self.check();
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn push_entry(
-        &mut self,
-        plan: &mut RankPlan,
-        computed: u32,
-        decoding: bool,
-        new: u32,
-        drafts: u32,
-        samples: bool,
-        id: ReqId,
-    ) {
-        let cap = self.cfg.attn_cap;
-        if decoding {
-            plan.shape.add_decode(new as u64, computed as u64, cap);
-        } else {
-            plan.shape.add_prefill(new as u64, computed as u64, cap);
-        }
-        if samples {
-            plan.decode.push(DecodeSeq { req: id, drafts });
-        }
-        self.entries.push(Entry {
-            id,
-            new,
-            drafts,
-            samples,
-        });
-    }
-
-    /// Applies a step's outcome: `accepted[j]` drafts for the j-th sampling entry.
-    pub fn update(&mut self, accepted: &[u32], events: &mut Vec<InstEvent>) {
+    /// Applies a step's outcome: `accepted[j]` drafts for the j-th sampling entry. Adds the
+    /// tokens emitted to `sum` and reports first tokens, gaps and finishes in `events`.
+    pub fn update(&mut self, accepted: &[u32], sum: &mut StepSummary, events: &mut Vec<InstEvent>) {
+        self.step += 1;
+        let step = self.step;
         let bs = self.cfg.block_size;
         let mut j = 0;
-        let mut finished = Vec::new();
-        for e in std::mem::take(&mut self.entries) {
-            let Some(s) = self.seqs.get_mut(&e.id) else {
+        for e in &self.entries {
+            let Some(s) = self.slab[e.slot as usize].as_mut() else {
                 continue;
             };
             if s.state != State::Running {
@@ -368,11 +406,10 @@ impl RankScheduler {
             }
             s.computed += e.new;
             // Register newly completed prompt blocks in the prefix cache.
-            let full = (s.computed.min(s.prompt) / bs) as usize;
-            while (s.hashed as usize) < full.min(s.keys.len()) {
-                let idx = s.hashed as usize;
-                let h = s.keys[..=idx].iter().fold(0, |p, k| chain(p, *k));
-                self.pool.set_hash(s.blocks[idx], h);
+            let full = ((s.computed.min(s.prompt) / bs) as usize).min(s.hashes.len());
+            while (s.hashed as usize) < full {
+                self.pool
+                    .set_hash(s.blocks[s.hashed as usize], s.hashes[s.hashed as usize]);
                 s.hashed += 1;
             }
             if !e.samples {
@@ -383,50 +420,67 @@ impl RankScheduler {
             // Rejected drafts roll back.
             s.computed -= e.drafts - acc;
             let emitted = (1 + acc).min(s.max_output - s.output);
-            s.output += emitted;
-            events.push(InstEvent::Tokens {
-                req: e.id,
-                n: emitted,
-            });
-            if s.output >= s.max_output {
-                finished.push(e.id);
-            }
-        }
-        for id in finished {
-            self.running.retain(|&r| r != id);
-            if self.cfg.role == Role::Prefill {
-                self.seqs
-                    .get_mut(&id)
-                    .expect("finished request exists")
-                    .state = State::Held;
+            if s.output == 0 {
+                events.push(InstEvent::First { req: s.id });
+            } else if s.last_step + 1 == step {
+                sum.continuing += 1;
             } else {
-                let s = self.seqs.remove(&id).expect("finished request exists");
-                self.pool.release(&s.blocks);
+                events.push(InstEvent::Gap {
+                    req: s.id,
+                    since_step: s.last_step,
+                });
+            }
+            s.last_step = step;
+            s.output += emitted;
+            sum.tokens += emitted as u64;
+            if s.output >= s.max_output {
+                self.finished.push(e.slot);
             }
         }
+        let mut finished = std::mem::take(&mut self.finished);
+        if !finished.is_empty() {
+            self.running.retain(|r| !finished.contains(r));
+            for &slot in &finished {
+                if self.cfg.role == Role::Prefill {
+                    Self::seq_mut(&mut self.slab, slot).state = State::Held;
+                } else {
+                    let s = self.remove(slot);
+                    self.pool.release(&s.blocks);
+                    events.push(InstEvent::Finished { req: s.id });
+                }
+            }
+        }
+        finished.clear();
+        self.finished = finished;
         #[cfg(debug_assertions)]
         self.check();
     }
 
+    /// The rank's step counter (steps applied so far).
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
     /// The KV of a pulling request has arrived: it decodes from the next step.
     pub fn kv_arrived(&mut self, id: ReqId) {
-        if let Some(s) = self.seqs.get_mut(&id) {
+        if let Some(&slot) = self.index.get(&id) {
+            let s = Self::seq_mut(&mut self.slab, slot);
             if s.state == State::Pulling {
                 s.state = State::Running;
-                // The prompt's KV is here; the last prompt token is computed again for its logits,
-                // and that step samples the first output token.
+                // The prompt's KV is here; the last prompt token is computed again for its
+                // logits, and that step samples the first output token.
                 s.computed = s.prompt.saturating_sub(1);
                 self.pulling -= 1;
-                self.running.push(id);
+                self.running.push(slot);
             }
         }
     }
 
     /// A prefill request's KV has been sent: free its blocks.
     pub fn release(&mut self, id: ReqId) {
-        if let Some(s) = self.seqs.get(&id) {
-            if s.state == State::Held {
-                let s = self.seqs.remove(&id).expect("checked above");
+        if let Some(&slot) = self.index.get(&id) {
+            if self.seq(slot).state == State::Held {
+                let s = self.remove(slot);
                 self.pool.release(&s.blocks);
             }
         }
@@ -436,32 +490,37 @@ impl RankScheduler {
     /// conserved; tokens conserved.
     pub fn check(&self) {
         self.pool.check();
-        for id in &self.waiting {
+        for &slot in &self.waiting {
             assert_eq!(
-                self.seqs[id].state,
+                self.seq(slot).state,
                 State::Waiting,
-                "request {id} in waiting"
+                "slot {slot} in waiting"
             );
             assert!(
-                !self.running.contains(id),
-                "request {id} both waiting and running"
+                !self.running.contains(&slot),
+                "slot {slot} both waiting and running"
             );
         }
-        for id in &self.running {
+        for &slot in &self.running {
             assert_eq!(
-                self.seqs[id].state,
+                self.seq(slot).state,
                 State::Running,
-                "request {id} in running"
+                "slot {slot} in running"
             );
         }
-        let pulling = self
-            .seqs
-            .values()
-            .filter(|s| s.state == State::Pulling)
-            .count();
-        assert_eq!(pulling, self.pulling, "pulling count");
+        let live: Vec<&Seq> = self.slab.iter().flatten().collect();
+        assert_eq!(
+            live.len(),
+            self.index.len(),
+            "index covers the live requests"
+        );
+        assert_eq!(
+            live.iter().filter(|s| s.state == State::Pulling).count(),
+            self.pulling,
+            "pulling count"
+        );
         let mut held = 0;
-        for s in self.seqs.values() {
+        for s in &live {
             assert!(
                 s.computed <= s.prompt + s.output + self.cfg.num_spec_tokens,
                 "request {}: tokens conserved",
