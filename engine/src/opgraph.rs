@@ -9,7 +9,7 @@
 
 use crate::batch::BatchShape;
 use crate::layout::{Plan, Role};
-use crate::model::{self, Attention, ModelConfig, Quant};
+use crate::model::{self, Attention, Indexer, ModelConfig, Quant};
 use dstwin_hwmodels::{A2aMode, Comm, CommKind, DType, OpClass, Work};
 use serde::Serialize;
 
@@ -300,19 +300,16 @@ impl Builder<'_> {
                     self.gemm("v_absorb", layer, repeat, td, hh * kvl, v, lin, DType::Bf16);
                 }
                 if let Some(ix) = indexer {
-                    let (ih, id) = (ix.heads as f64, ix.head_dim as f64);
-                    self.indexer_proj(layer, repeat, t, ql, ih, id);
                     let pairs = (b.prefill_pairs + b.decode_pairs) as f64;
-                    let key = id * DType::Fp8.bytes() + SCALE_BYTES;
-                    let bytes = (kv_reads(b.decode_pairs) + tp_tok) * key;
-                    self.push(
-                        "indexer_score",
+                    self.indexer(
                         layer,
                         repeat,
-                        DieSet::All,
-                        work(OpClass::Indexer, 2.0 * pairs * ih * id, bytes, DType::Fp8),
+                        t,
+                        ql,
+                        ix,
+                        pairs,
+                        kv_reads(b.decode_pairs) + tp_tok,
                     );
-                    self.elementwise("indexer_topk", layer, repeat, pairs / id.max(1.0));
                 }
                 self.gemm("o_proj", layer, repeat, t, hh * v, h, lin, cdt);
             }
@@ -377,19 +374,9 @@ impl Builder<'_> {
                     work(OpClass::Attention, flops, bytes, DType::Bf16),
                 );
                 if r > 0 && Some(r) == csa {
-                    let (ih, id) = (indexer.heads as f64, indexer.head_dim as f64);
-                    self.indexer_proj(layer, repeat, t, ql, ih, id);
                     let pairs = (b.prefill_pairs + b.decode_pairs) as f64 / r as f64;
-                    let key = id * DType::Fp8.bytes() + SCALE_BYTES;
-                    let bytes = (kv_reads(b.decode_pairs) / r as f64 + tp_tok) * key;
-                    self.push(
-                        "indexer_score",
-                        layer,
-                        repeat,
-                        DieSet::All,
-                        work(OpClass::Indexer, 2.0 * pairs * ih * id, bytes, DType::Fp8),
-                    );
-                    self.elementwise("indexer_topk", layer, repeat, pairs / id.max(1.0));
+                    let reads = kv_reads(b.decode_pairs) / r as f64 + tp_tok;
+                    self.indexer(layer, repeat, t, ql, indexer, pairs, reads);
                 }
                 // Grouped low-rank output: each group maps its heads to o_lora (block-diagonal).
                 self.gemm("o_a_proj", layer, repeat, t, hh * hd, ol, lin, cdt);
@@ -406,6 +393,32 @@ impl Builder<'_> {
             );
         }
         self.elementwise("ffn_norm", layer, repeat, t * h);
+    }
+
+    /// A sparse-attention indexer: its projections, FP8 scores over `pairs` query-key pairs that
+    /// read `key_reads` cached keys, and the top-k selection.
+    #[allow(clippy::too_many_arguments)]
+    fn indexer(
+        &mut self,
+        layer: LayerKind,
+        repeat: u64,
+        t: f64,
+        q_lora: f64,
+        ix: &Indexer,
+        pairs: f64,
+        key_reads: f64,
+    ) {
+        let (ih, id) = (ix.heads as f64, ix.head_dim as f64);
+        self.indexer_proj(layer, repeat, t, q_lora, ih, id);
+        let key = id * DType::Fp8.bytes() + SCALE_BYTES;
+        let w = work(
+            OpClass::Indexer,
+            2.0 * pairs * ih * id,
+            key_reads * key,
+            DType::Fp8,
+        );
+        self.push("indexer_score", layer, repeat, DieSet::All, w);
+        self.elementwise("indexer_topk", layer, repeat, pairs / id.max(1.0));
     }
 
     /// The indexer's projections: queries from the q latent, one key and the per-head weights
