@@ -13,7 +13,7 @@ use dstwin_engine::model::{ModelConfig, Quant};
 use dstwin_engine::opgraph::{step_ops, MoeLoad, StepSpec};
 use dstwin_engine::time::SimDuration;
 use dstwin_hwmodels::{CostModel, DType};
-use rand::{Rng, SeedableRng};
+use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rustc_hash::FxHashMap;
 
@@ -162,29 +162,38 @@ impl StepPricer {
 /// Draws MTP acceptance: draft i is accepted with probability p_i given draft i-1 was.
 #[derive(Clone, Debug)]
 pub struct MtpSampler {
-    acceptance: Vec<f64>,
+    /// p_i as thresholds on a uniform u64 (the last repeats): one integer compare per draw.
+    thresholds: Vec<u64>,
     rng: ChaCha8Rng,
 }
 
 impl MtpSampler {
     pub fn new(acceptance: Vec<f64>, seed: u64) -> Self {
+        let thresholds = acceptance
+            .iter()
+            .map(|p| {
+                if *p >= 1.0 {
+                    u64::MAX
+                } else {
+                    (p.max(0.0) * 2f64.powi(64)) as u64
+                }
+            })
+            .collect();
         MtpSampler {
-            acceptance,
+            thresholds,
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
     }
 
     /// Accepted drafts out of `drafts`.
     pub fn accepted(&mut self, drafts: u32) -> u32 {
+        let last = self.thresholds.len().saturating_sub(1);
         let mut n = 0;
         while n < drafts {
-            let p = self
-                .acceptance
-                .get(n as usize)
-                .or(self.acceptance.last())
-                .copied()
-                .unwrap_or(0.0);
-            if self.rng.random::<f64>() < p {
+            let Some(&t) = self.thresholds.get((n as usize).min(last)) else {
+                break;
+            };
+            if self.rng.next_u64() < t {
                 n += 1;
             } else {
                 break;
