@@ -5,11 +5,16 @@
 //! share their bandwidth among concurrent transfers (processor sharing). Events at equal times run
 //! in insertion order: the queue is keyed by (time, sequence number).
 
+mod link;
+mod report;
+
+pub use report::{InstanceReport, RequestRow, RunResult, SimReport, Span};
+
 use crate::device::{MtpSampler, PricerSpec, SimDevice, StepPricer};
-use crate::metrics::{Latencies, LatencyReport};
+use crate::metrics::Latencies;
 use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
 use dstwin_engine::device::{
-    Capacity, ClassTimes, Device, KvTransfer, ReqId, StepOutcome, CLASS_NAMES, CLASS_SLOTS,
+    Capacity, ClassTimes, Device, KvTransfer, ReqId, StepOutcome, CLASS_SLOTS,
 };
 use dstwin_engine::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
 use dstwin_engine::layout::Role;
@@ -17,9 +22,9 @@ use dstwin_engine::model::kv_bytes;
 use dstwin_engine::pd::Proxy;
 use dstwin_engine::time::{SimDuration, SimTime};
 use dstwin_traces::{LengthSampler, WorkloadSource};
-use serde::Serialize;
+use link::Link;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -53,104 +58,6 @@ pub struct RunOptions<'a> {
     pub timeline: bool,
     /// Record one row per finished request.
     pub per_request: bool,
-}
-
-/// One finished request.
-#[derive(Clone, Debug, Serialize)]
-pub struct RequestRow {
-    pub id: ReqId,
-    pub arrival_s: f64,
-    pub input_tokens: u32,
-    pub output_tokens: u32,
-    pub ttft_ms: f64,
-    pub tpot_ms: f64,
-    pub e2e_ms: f64,
-    pub queue_ms: f64,
-    pub preemptions: u32,
-    pub prefill_instance: String,
-    pub decode_instance: String,
-    pub met_slo: bool,
-}
-
-/// One timeline span (chrome trace "X" event).
-#[derive(Clone, Debug, Serialize)]
-pub struct Span {
-    pub name: String,
-    /// Instance index, or the number of instances for KV links.
-    pub lane: u32,
-    pub lane_name: String,
-    pub start: SimTime,
-    pub dur: SimDuration,
-    pub tokens: u64,
-}
-
-/// Per-instance results.
-#[derive(Clone, Debug, Serialize)]
-pub struct InstanceReport {
-    pub name: String,
-    pub index: u32,
-    pub role: Role,
-    pub dies: u32,
-    pub steps: u64,
-    /// Fraction of the run the instance spent stepping.
-    pub utilization: f64,
-    pub mean_step_ms: f64,
-    pub mean_tokens_per_step: f64,
-    pub kv_usage_mean: f64,
-    pub kv_usage_max: f64,
-    pub prefix_queries: u64,
-    pub prefix_hits: u64,
-    pub preemptions: u64,
-    /// Share of step time by op class or collective.
-    pub time_share: BTreeMap<&'static str, f64>,
-}
-
-/// The report of a run: deterministic (no wall-clock figures), serialized by `--json`.
-#[derive(Clone, Debug, Serialize)]
-pub struct SimReport {
-    pub scenario: String,
-    pub scenario_hash: String,
-    pub seed: u64,
-    pub model: String,
-    pub quant: String,
-    pub hardware: String,
-    pub dies: u32,
-    pub cards: f64,
-    pub simulated_s: f64,
-    pub requests_arrived: u64,
-    pub requests_finished: u64,
-    /// Requests longer than max_model_len, refused like vLLM does (HTTP 400).
-    pub requests_rejected: u64,
-    pub requests_unfinished: u64,
-    /// Prompt tokens whose prefill completed.
-    pub input_tokens: u64,
-    /// Tokens sampled by decode (or mixed) instances.
-    pub output_tokens: u64,
-    pub request_throughput: f64,
-    pub input_tok_s: f64,
-    pub output_tok_s: f64,
-    /// Per card (package) of every instance, prefill and decode alike.
-    pub input_tok_s_per_card: f64,
-    pub output_tok_s_per_card: f64,
-    /// Requests per second that met every SLO of the scenario.
-    pub goodput: f64,
-    pub slo_attainment: f64,
-    pub latency: LatencyReport,
-    pub preemptions: u64,
-    pub sent_back: u64,
-    pub prefix_hit_rate: f64,
-    pub kv_transfers: u64,
-    pub kv_transfer_gb: f64,
-    pub instances: Vec<InstanceReport>,
-    pub price_cache_hit_rate: f64,
-    pub events: u64,
-}
-
-/// A run's outputs.
-pub struct RunResult {
-    pub report: SimReport,
-    pub requests: Vec<RequestRow>,
-    pub timeline: Vec<Span>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -199,15 +106,6 @@ struct Inst {
     link_base: u32,
     /// End time of every step, for inter-token gaps.
     step_ends: Vec<SimTime>,
-}
-
-#[derive(Default)]
-struct Link {
-    active: Vec<(ReqId, f64)>,
-    last: SimTime,
-    gen: u64,
-    bytes_per_s: f64,
-    latency: SimDuration,
 }
 
 struct Sim<'s, 'o> {
@@ -313,11 +211,7 @@ impl<'s, 'o> Sim<'s, 'o> {
                         })
                         .expect("pricing a transfer cannot fail");
                     for _ in 0..setup.plan.dp {
-                        links.push(Link {
-                            bytes_per_s: x.bytes_per_s * setup.plan.tp as f64,
-                            latency: x.latency,
-                            ..Link::default()
-                        });
+                        links.push(Link::new(x.bytes_per_s * setup.plan.tp as f64, x.latency));
                     }
                 }
                 insts.push(Inst {
@@ -536,36 +430,7 @@ impl<'s, 'o> Sim<'s, 'o> {
         self.kv_transfers += 1;
         self.kv_bytes += bytes;
         let l = (self.insts[i].link_base + r.rank) as usize;
-        self.advance_link(l);
-        self.links[l].active.push((id, bytes));
-        self.reschedule_link(l);
-    }
-
-    fn advance_link(&mut self, l: usize) {
-        let now = self.now;
-        let link = &mut self.links[l];
-        let n = link.active.len();
-        if n > 0 {
-            let moved = (now - link.last).as_secs_f64() * link.bytes_per_s / n as f64;
-            for a in &mut link.active {
-                a.1 -= moved;
-            }
-        }
-        link.last = now;
-    }
-
-    fn reschedule_link(&mut self, l: usize) {
-        let link = &mut self.links[l];
-        link.gen += 1;
-        let n = link.active.len();
-        if let Some(min) = link.active.iter().map(|a| a.1).reduce(f64::min) {
-            // Round up to whole nanoseconds so the completion event never lands before the bytes
-            // have moved.
-            let ns = (min.max(0.0) * n as f64 / link.bytes_per_s * 1e9)
-                .ceil()
-                .max(1.0);
-            let t = self.now + SimDuration(ns as u64);
-            let gen = link.gen;
+        if let Some((t, gen)) = self.links[l].add(self.now, id, bytes) {
             self.push(
                 t,
                 Ev::Xfer {
@@ -577,27 +442,23 @@ impl<'s, 'o> Sim<'s, 'o> {
     }
 
     fn on_xfer(&mut self, l: usize, gen: u64) {
-        if self.links[l].gen != gen {
-            return;
-        }
-        self.advance_link(l);
-        let latency = self.links[l].latency;
-        let n = self.links[l].active.len().max(1) as f64;
-        // What moves in a nanosecond at the current share is rounding, not data.
-        let slack = (self.links[l].bytes_per_s / n * 1e-9).max(1.0);
-        let mut done = Vec::new();
-        self.links[l].active.retain(|&(id, rem)| {
-            if rem <= slack {
-                done.push(id);
-                false
-            } else {
-                true
-            }
-        });
-        for id in done {
+        let mut done = std::mem::take(&mut self.buf);
+        done.clear();
+        let next = self.links[l].complete(self.now, gen, &mut done);
+        let latency = self.links[l].latency();
+        for &id in &done {
             self.push(self.now + latency, Ev::Deliver(id));
         }
-        self.reschedule_link(l);
+        self.buf = done;
+        if let Some((t, gen)) = next {
+            self.push(
+                t,
+                Ev::Xfer {
+                    link: l as u32,
+                    gen,
+                },
+            );
+        }
     }
 
     fn on_deliver(&mut self, id: ReqId) -> Result<(), RunError> {
@@ -880,112 +741,6 @@ impl<'s, 'o> Sim<'s, 'o> {
             });
         }
         Ok(self.finish(arrived))
-    }
-
-    fn finish(self, arrived: u64) -> RunResult {
-        let s = self.s;
-        let secs = self.now.as_secs_f64().max(1e-9);
-        let dpp = s.system().dies_per_package() as f64;
-        let cards = s.dies() as f64 / dpp;
-        let mut prefix_q = 0;
-        let mut prefix_h = 0;
-        let mut preempt = 0;
-        let instances = self
-            .insts
-            .iter()
-            .enumerate()
-            .map(|(k, i)| {
-                let st = i.inst.stats();
-                prefix_q += st.prefix_queries;
-                prefix_h += st.prefix_hits;
-                preempt += st.preemptions;
-                let total: f64 = i.class.iter().sum();
-                let time_share = CLASS_NAMES
-                    .iter()
-                    .zip(i.class.iter())
-                    .filter(|(_, v)| **v > 0.0)
-                    .map(|(n, v)| (*n, v / total.max(f64::MIN_POSITIVE)))
-                    .collect();
-                let busy = i.busy_ns as f64 * 1e-9;
-                InstanceReport {
-                    name: i.name.clone(),
-                    index: k as u32,
-                    role: i.role,
-                    dies: s.instances[i.setup].plan.dies,
-                    steps: i.steps,
-                    utilization: busy / secs,
-                    mean_step_ms: if i.steps > 0 {
-                        busy * 1e3 / i.steps as f64
-                    } else {
-                        0.0
-                    },
-                    mean_tokens_per_step: if i.steps > 0 {
-                        i.tokens as f64 / i.steps as f64
-                    } else {
-                        0.0
-                    },
-                    kv_usage_mean: i.kv_weighted / secs,
-                    kv_usage_max: i.kv_max,
-                    prefix_queries: st.prefix_queries,
-                    prefix_hits: st.prefix_hits,
-                    preemptions: st.preemptions,
-                    time_share,
-                }
-            })
-            .collect();
-        let (hits, misses) = self.insts.iter().fold((0, 0), |(h, m), i| {
-            (h + i.device.pricer().hits, m + i.device.pricer().misses)
-        });
-        let report = SimReport {
-            scenario: s.name.clone(),
-            scenario_hash: s.hash.clone(),
-            seed: s.seed,
-            model: s.model.name.clone(),
-            quant: s.quant.to_string(),
-            hardware: s.system().name.clone(),
-            dies: s.dies(),
-            cards,
-            simulated_s: secs,
-            requests_arrived: arrived,
-            requests_finished: self.finished,
-            requests_rejected: self.rejected,
-            requests_unfinished: arrived - self.finished - self.rejected,
-            input_tokens: self.input_tokens,
-            output_tokens: self.output_tokens,
-            request_throughput: self.finished as f64 / secs,
-            input_tok_s: self.input_tokens as f64 / secs,
-            output_tok_s: self.output_tokens as f64 / secs,
-            input_tok_s_per_card: self.input_tokens as f64 / secs / cards,
-            output_tok_s_per_card: self.output_tokens as f64 / secs / cards,
-            goodput: self.good as f64 / secs,
-            slo_attainment: if self.finished > 0 {
-                self.good as f64 / self.finished as f64
-            } else {
-                0.0
-            },
-            latency: self.lat.report(),
-            preemptions: preempt,
-            sent_back: self.sent_back,
-            prefix_hit_rate: if prefix_q > 0 {
-                prefix_h as f64 / prefix_q as f64
-            } else {
-                0.0
-            },
-            kv_transfers: self.kv_transfers,
-            kv_transfer_gb: self.kv_bytes / 1e9,
-            instances,
-            price_cache_hit_rate: if hits + misses > 0 {
-                hits as f64 / (hits + misses) as f64
-            } else {
-                0.0
-            },
-            events: self.processed,
-        };
-        RunResult {
-            report,
-            requests: self.rows,
-            timeline: self.spans,
-        }
     }
 }
 

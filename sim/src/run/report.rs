@@ -1,0 +1,215 @@
+//! What a run reports: the deterministic report (`--json`), per-request rows and timeline spans.
+
+use super::Sim;
+use crate::metrics::LatencyReport;
+use dstwin_engine::device::{ReqId, CLASS_NAMES};
+use dstwin_engine::layout::Role;
+use dstwin_engine::time::{SimDuration, SimTime};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One finished request.
+#[derive(Clone, Debug, Serialize)]
+pub struct RequestRow {
+    pub id: ReqId,
+    pub arrival_s: f64,
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    pub ttft_ms: f64,
+    pub tpot_ms: f64,
+    pub e2e_ms: f64,
+    pub queue_ms: f64,
+    pub preemptions: u32,
+    pub prefill_instance: String,
+    pub decode_instance: String,
+    pub met_slo: bool,
+}
+
+/// One timeline span (chrome trace "X" event).
+#[derive(Clone, Debug, Serialize)]
+pub struct Span {
+    pub name: String,
+    /// Instance index, or the number of instances for KV links.
+    pub lane: u32,
+    pub lane_name: String,
+    pub start: SimTime,
+    pub dur: SimDuration,
+    pub tokens: u64,
+}
+
+/// Per-instance results.
+#[derive(Clone, Debug, Serialize)]
+pub struct InstanceReport {
+    pub name: String,
+    pub index: u32,
+    pub role: Role,
+    pub dies: u32,
+    pub steps: u64,
+    /// Fraction of the run the instance spent stepping.
+    pub utilization: f64,
+    pub mean_step_ms: f64,
+    pub mean_tokens_per_step: f64,
+    pub kv_usage_mean: f64,
+    pub kv_usage_max: f64,
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+    /// Share of step time by op class or collective.
+    pub time_share: BTreeMap<&'static str, f64>,
+}
+
+/// The report of a run: deterministic (no wall-clock figures), serialized by `--json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    pub scenario: String,
+    pub scenario_hash: String,
+    pub seed: u64,
+    pub model: String,
+    pub quant: String,
+    pub hardware: String,
+    pub dies: u32,
+    pub cards: f64,
+    pub simulated_s: f64,
+    pub requests_arrived: u64,
+    pub requests_finished: u64,
+    /// Requests longer than max_model_len, refused like vLLM does (HTTP 400).
+    pub requests_rejected: u64,
+    pub requests_unfinished: u64,
+    /// Prompt tokens whose prefill completed.
+    pub input_tokens: u64,
+    /// Tokens sampled by decode (or mixed) instances.
+    pub output_tokens: u64,
+    pub request_throughput: f64,
+    pub input_tok_s: f64,
+    pub output_tok_s: f64,
+    /// Per card (package) of every instance, prefill and decode alike.
+    pub input_tok_s_per_card: f64,
+    pub output_tok_s_per_card: f64,
+    /// Requests per second that met every SLO of the scenario.
+    pub goodput: f64,
+    pub slo_attainment: f64,
+    pub latency: LatencyReport,
+    pub preemptions: u64,
+    pub sent_back: u64,
+    pub prefix_hit_rate: f64,
+    pub kv_transfers: u64,
+    pub kv_transfer_gb: f64,
+    pub instances: Vec<InstanceReport>,
+    pub price_cache_hit_rate: f64,
+    pub events: u64,
+}
+
+/// A run's outputs.
+pub struct RunResult {
+    pub report: SimReport,
+    pub requests: Vec<RequestRow>,
+    pub timeline: Vec<Span>,
+}
+
+impl Sim<'_, '_> {
+    pub(super) fn finish(self, arrived: u64) -> RunResult {
+        let s = self.s;
+        let secs = self.now.as_secs_f64().max(1e-9);
+        let dpp = s.system().dies_per_package() as f64;
+        let cards = s.dies() as f64 / dpp;
+        let mut prefix_q = 0;
+        let mut prefix_h = 0;
+        let mut preempt = 0;
+        let instances = self
+            .insts
+            .iter()
+            .enumerate()
+            .map(|(k, i)| {
+                let st = i.inst.stats();
+                prefix_q += st.prefix_queries;
+                prefix_h += st.prefix_hits;
+                preempt += st.preemptions;
+                let total: f64 = i.class.iter().sum();
+                let time_share = CLASS_NAMES
+                    .iter()
+                    .zip(i.class.iter())
+                    .filter(|(_, v)| **v > 0.0)
+                    .map(|(n, v)| (*n, v / total.max(f64::MIN_POSITIVE)))
+                    .collect();
+                let busy = i.busy_ns as f64 * 1e-9;
+                InstanceReport {
+                    name: i.name.clone(),
+                    index: k as u32,
+                    role: i.role,
+                    dies: s.instances[i.setup].plan.dies,
+                    steps: i.steps,
+                    utilization: busy / secs,
+                    mean_step_ms: if i.steps > 0 {
+                        busy * 1e3 / i.steps as f64
+                    } else {
+                        0.0
+                    },
+                    mean_tokens_per_step: if i.steps > 0 {
+                        i.tokens as f64 / i.steps as f64
+                    } else {
+                        0.0
+                    },
+                    kv_usage_mean: i.kv_weighted / secs,
+                    kv_usage_max: i.kv_max,
+                    prefix_queries: st.prefix_queries,
+                    prefix_hits: st.prefix_hits,
+                    preemptions: st.preemptions,
+                    time_share,
+                }
+            })
+            .collect();
+        let (hits, misses) = self.insts.iter().fold((0, 0), |(h, m), i| {
+            (h + i.device.pricer().hits, m + i.device.pricer().misses)
+        });
+        let report = SimReport {
+            scenario: s.name.clone(),
+            scenario_hash: s.hash.clone(),
+            seed: s.seed,
+            model: s.model.name.clone(),
+            quant: s.quant.to_string(),
+            hardware: s.system().name.clone(),
+            dies: s.dies(),
+            cards,
+            simulated_s: secs,
+            requests_arrived: arrived,
+            requests_finished: self.finished,
+            requests_rejected: self.rejected,
+            requests_unfinished: arrived - self.finished - self.rejected,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            request_throughput: self.finished as f64 / secs,
+            input_tok_s: self.input_tokens as f64 / secs,
+            output_tok_s: self.output_tokens as f64 / secs,
+            input_tok_s_per_card: self.input_tokens as f64 / secs / cards,
+            output_tok_s_per_card: self.output_tokens as f64 / secs / cards,
+            goodput: self.good as f64 / secs,
+            slo_attainment: if self.finished > 0 {
+                self.good as f64 / self.finished as f64
+            } else {
+                0.0
+            },
+            latency: self.lat.report(),
+            preemptions: preempt,
+            sent_back: self.sent_back,
+            prefix_hit_rate: if prefix_q > 0 {
+                prefix_h as f64 / prefix_q as f64
+            } else {
+                0.0
+            },
+            kv_transfers: self.kv_transfers,
+            kv_transfer_gb: self.kv_bytes / 1e9,
+            instances,
+            price_cache_hit_rate: if hits + misses > 0 {
+                hits as f64 / (hits + misses) as f64
+            } else {
+                0.0
+            },
+            events: self.processed,
+        };
+        RunResult {
+            report,
+            requests: self.rows,
+            timeline: self.spans,
+        }
+    }
+}
