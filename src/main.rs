@@ -1,6 +1,7 @@
 //! The dstwin command line: parses arguments and hands off to the library crates.
 
 mod calibrate_cmd;
+mod eplb_cmd;
 mod explain_cmd;
 mod simulate_cmd;
 
@@ -23,6 +24,9 @@ enum Command {
     /// Price one forward step of one instance: time by op class and layer, what bounds each op,
     /// two-micro-batch overlap, the memory map per die and the roofline limit.
     Explain(Box<explain_cmd::ExplainArgs>),
+    /// Place experts (with redundant replicas) from an expert heat map: balancedness before and
+    /// after, and the placement as JSON.
+    Eplb(eplb_cmd::EplbArgs),
     /// Fit the cost model's global parameters to published figures and print every error.
     Calibrate(calibrate_cmd::CalibrateArgs),
     /// List the built-in models, hardware systems and chips.
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
         Command::Simulate(a) => simulate_cmd::run_cmd(*a),
         Command::Explain(a) => explain_cmd::run(*a),
         Command::Calibrate(a) => calibrate_cmd::run(a),
+        Command::Eplb(a) => eplb_cmd::run(a),
         Command::Catalog { json } => explain_cmd::catalog(json),
     };
     match result {

@@ -7,12 +7,14 @@
 //! - [`model`]: model catalog: architectures, quantization, parameter counts, KV bytes.
 //! - [`layout`]: parallel layouts (role, DP x TP, EP, redundant and shared-expert slots).
 //! - [`memory`]: the memory map of a die and its KV capacity.
+//! - [`eplb`]: expert placement with redundant experts (DeepSeek's and greedy algorithms).
 //! - [`instance`]: an instance's DP-rank schedulers (vLLM v1), KV blocks and prefix cache.
 //! - [`pd`]: the PD proxy's routing policies.
 //! - [`opgraph`]: the per-step op graph, the one description of a step's work.
 
 pub mod batch;
 pub mod device;
+pub mod eplb;
 pub mod instance;
 pub mod layout;
 pub mod memory;
