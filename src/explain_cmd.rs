@@ -1,10 +1,10 @@
 //! `dstwin explain` and `dstwin catalog`: argument parsing and output only.
 
 use crate::Failure;
-use anyhow::{anyhow, Context};
+use anyhow::anyhow;
 use clap::Args;
 use dstwin_engine::layout::{Layout, Role};
-use dstwin_engine::model::{self, ModelConfig, Quant};
+use dstwin_engine::model::{self, Quant};
 use dstwin_hwmodels::{Catalog, DType};
 use dstwin_sim::explain::{explain, BatchSpec, ExplainInput, Mtp};
 use std::path::Path;
@@ -82,41 +82,13 @@ pub struct ExplainArgs {
     json: bool,
 }
 
-fn load_model(spec: &str) -> anyhow::Result<ModelConfig> {
-    if spec.ends_with(".json") {
-        let text = std::fs::read_to_string(spec)
-            .with_context(|| format!("reading model config {spec}"))?;
-        let name = Path::new(spec)
-            .parent()
-            .and_then(|p| p.file_name())
-            .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned());
-        Ok(ModelConfig::from_hf_json(&name, &text)
-            .with_context(|| format!("model config {spec}"))?)
-    } else {
-        model::builtin(spec).ok_or_else(|| {
-            anyhow!(
-                "--model {spec}: unknown model; built in: {}, or a path to a config.json",
-                model::BUILTIN_MODELS.join(", ")
-            )
-        })
-    }
-}
-
-fn parse_dtype(s: &str) -> anyhow::Result<DType> {
-    match s {
-        "bf16" => Ok(DType::Bf16),
-        "int8" => Ok(DType::Int8),
-        "fp8" => Ok(DType::Fp8),
-        _ => Err(anyhow!(
-            "--kv-dtype {s}: unknown format; use bf16, int8 or fp8"
-        )),
-    }
-}
-
 fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
-    let model = load_model(&a.model)?;
+    let model = dstwin_sim::scenario::load_model(&a.model, Path::new("."))?;
     let quant: Quant = a.quant.parse().map_err(|e| anyhow!("--quant: {e}"))?;
-    let kv_dtype = parse_dtype(&a.kv_dtype)?;
+    let kv_dtype: DType = a
+        .kv_dtype
+        .parse()
+        .map_err(|e: String| anyhow!("--kv-dtype: {e}"))?;
     let role: Role = a.role.parse().map_err(|e| anyhow!("--role: {e}"))?;
     let cat = Catalog::builtin();
     let system = cat.resolve_system(&a.hardware)?;

@@ -38,6 +38,23 @@ impl DType {
     }
 }
 
+impl std::str::FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [
+            DType::Bf16,
+            DType::Fp16,
+            DType::Fp8,
+            DType::Int8,
+            DType::Int4,
+            DType::Fp32,
+        ]
+        .into_iter()
+        .find(|d| d.name() == s)
+        .ok_or_else(|| format!("unknown format '{s}'; known: bf16, fp16, fp8, int8, int4, fp32"))
+    }
+}
+
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -425,12 +425,31 @@ fn fnv1a(s: &str) -> String {
     format!("{h:016x}")
 }
 
-fn parse_dtype(s: &str) -> Result<DType, ScenarioError> {
-    match s {
-        "bf16" => Ok(DType::Bf16),
-        "int8" => Ok(DType::Int8),
-        "fp8" => Ok(DType::Fp8),
-        _ => Err(field("kv_dtype", s, "use bf16, int8 or fp8")),
+/// A model by built-in name, or from a HuggingFace `config.json` when `spec` ends in `.json`
+/// (relative paths resolve against `base_dir`). The error says what is built in.
+pub fn load_model(spec: &str, base_dir: &Path) -> Result<ModelConfig, ScenarioError> {
+    if spec.ends_with(".json") {
+        let p = resolve(base_dir, spec);
+        let text = std::fs::read_to_string(&p).map_err(|source| ScenarioError::Io {
+            file: p.clone(),
+            source,
+        })?;
+        let name = Path::new(&p)
+            .parent()
+            .and_then(|d| d.file_name())
+            .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned());
+        ModelConfig::from_hf_json(&name, &text).map_err(|e| field("model", spec, e.to_string()))
+    } else {
+        model::builtin(spec).ok_or_else(|| {
+            field(
+                "model",
+                spec,
+                format!(
+                    "unknown; built in: {}, or a path to a config.json",
+                    model::BUILTIN_MODELS.join(", ")
+                ),
+            )
+        })
     }
 }
 
@@ -477,24 +496,11 @@ fn validate(
     base_dir: &Path,
     canonical: String,
 ) -> Result<Scenario, ScenarioError> {
-    let model = if raw.model.ends_with(".json") {
-        let p = resolve(base_dir, &raw.model);
-        let text = std::fs::read_to_string(&p).map_err(|source| ScenarioError::Io {
-            file: p.clone(),
-            source,
-        })?;
-        ModelConfig::from_hf_json(&raw.model, &text)
-            .map_err(|e| field("model", &raw.model, e.to_string()))?
-    } else {
-        model::builtin(&raw.model).ok_or_else(|| {
-            field(
-                "model",
-                &raw.model,
-                format!("unknown; built in: {}", model::BUILTIN_MODELS.join(", ")),
-            )
-        })?
-    };
-    let kv_dtype = parse_dtype(&raw.kv_dtype)?;
+    let model = load_model(&raw.model, base_dir)?;
+    let kv_dtype: DType = raw
+        .kv_dtype
+        .parse()
+        .map_err(|e: String| field("kv_dtype", &raw.kv_dtype, e))?;
     let cat = Catalog::builtin();
     let hw = resolve(base_dir, &raw.hardware);
     let system = cat.resolve_system(&hw)?;
