@@ -267,3 +267,84 @@ fn every_shipped_scenario_validates() {
         assert!(o.status.success(), "{f}: {}", err(&o));
     }
 }
+
+#[test]
+fn expert_skew_is_the_default_and_perfect_balance_is_explicit() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "simulate".to_string(),
+            data("tiny-pd.toml"),
+            "--json".into(),
+            "--quiet".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", err(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let skewed = run(&[]);
+    let perfect = run(&["--set", "expert_load.kind=perfect"]);
+    let imb = |v: &serde_json::Value| v["instances"][1]["moe_imbalance"].as_f64().unwrap();
+    assert!(imb(&skewed) > 1.1, "{}", imb(&skewed));
+    assert_eq!(imb(&perfect), 1.0);
+    let tpot = |v: &serde_json::Value| v["latency"]["tpot_ms"]["mean"].as_f64().unwrap();
+    assert!(tpot(&perfect) < tpot(&skewed));
+    // Identity placement is worse than the default greedy EPLB.
+    let ident = run(&["--set", "eplb.policy=identity"]);
+    assert!(
+        imb(&ident) > imb(&skewed),
+        "{} vs {}",
+        imb(&ident),
+        imb(&skewed)
+    );
+}
+
+#[test]
+fn a_recorded_heat_map_replays() {
+    // 58 MoE layers + the MTP layer, 256 experts; one expert of every layer is hot.
+    let counts: Vec<Vec<u64>> = (0..59)
+        .map(|l| {
+            (0..256)
+                .map(|e| if e == l % 256 { 5000 } else { 100 })
+                .collect()
+        })
+        .collect();
+    let heat = serde_json::json!({ "format": "dstwin-expert-load/1", "experts": 256, "windows": [{ "start_step": 0, "steps": 100, "counts": counts }] });
+    let dir = tmp("replay");
+    let path = dir.join("heat.json");
+    std::fs::write(&path, heat.to_string()).unwrap();
+    let o = dstwin(&[
+        "simulate",
+        &data("tiny-pd.toml"),
+        "--json",
+        "--quiet",
+        "--set",
+        "expert_load.kind=replay",
+        "--set",
+        &format!("expert_load.path=\"{}\"", path.display()),
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert!(v["instances"][1]["moe_imbalance"].as_f64().unwrap() > 1.0);
+    // A heat map of the wrong shape is refused with both shapes.
+    std::fs::write(
+        &path,
+        heat.to_string()
+            .replace("\"experts\":256", "\"experts\":255"),
+    )
+    .unwrap();
+    let o = dstwin(&[
+        "simulate",
+        &data("tiny-pd.toml"),
+        "--quiet",
+        "--set",
+        "expert_load.kind=replay",
+        "--set",
+        &format!("expert_load.path=\"{}\"", path.display()),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    std::fs::remove_dir_all(dir).unwrap();
+}

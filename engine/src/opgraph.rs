@@ -540,12 +540,15 @@ impl Builder<'_> {
                 mode,
             })
         };
+        // The all-to-all ends when the hottest die has received its tokens: the routed part of
+        // the traffic scales with the imbalance.
+        let skew = (m.top_k as f64 * load.imbalance + f64::from(u8::from(shared_dies))) / fanout;
         self.push(
             "dispatch",
             layer,
             repeat,
             DieSet::All,
-            comm(CommKind::Dispatch, own * fanout * per_token),
+            comm(CommKind::Dispatch, own * fanout * per_token * skew),
         );
         // Routed experts: tokens per routed die under perfect balance, times the imbalance.
         let slots = (m.routed_experts + p.redundant_experts as u64) as f64;
@@ -594,7 +597,7 @@ impl Builder<'_> {
             layer,
             repeat,
             DieSet::All,
-            comm(CommKind::Combine, own * fanout * h * act),
+            comm(CommKind::Combine, own * fanout * h * act * skew),
         );
     }
 

@@ -2,12 +2,14 @@
 //! (memoized on quantized shapes), takes the slowest rank as the lockstep step time, and draws MTP
 //! acceptance per sequence.
 
+use crate::expert_load::{imbalance, ExpertLoad};
 use crate::pricing::{price, two_microbatch_time, StepCost};
 use dstwin_engine::batch::BatchShape;
 use dstwin_engine::device::{
     Capacity, ClassTimes, Device, DeviceError, KvTransfer, StepOutcome, StepPlan, TransferOutcome,
     CLASS_NAMES, CLASS_SLOTS,
 };
+use dstwin_engine::eplb::Placement;
 use dstwin_engine::layout::Plan;
 use dstwin_engine::model::{ModelConfig, Quant};
 use dstwin_engine::opgraph::{step_ops, MoeLoad, StepSpec};
@@ -87,8 +89,6 @@ pub struct PricerSpec {
     pub kv_dtype: DType,
     pub plan: Plan,
     pub mtp_tokens: u32,
-    /// Tokens on the hottest routed die over the mean (1.0 = perfect balance).
-    pub moe_imbalance: f64,
     pub two_microbatch: bool,
     pub cost: CostModel,
 }
@@ -97,7 +97,7 @@ pub struct PricerSpec {
 #[derive(Clone, Debug)]
 pub struct StepPricer {
     spec: PricerSpec,
-    cache: FxHashMap<(BatchShape, u64), RankCost>,
+    cache: FxHashMap<(BatchShape, u64, u64), RankCost>,
     pub hits: u64,
     pub misses: u64,
 }
@@ -116,7 +116,7 @@ impl StepPricer {
         &self.spec
     }
 
-    fn price_shape(&self, shape: &BatchShape, group_tokens: u64) -> StepCost {
+    fn price_shape(&self, shape: &BatchShape, group_tokens: u64, imbalance: f64) -> StepCost {
         let s = &self.spec;
         let spec = StepSpec {
             model: &s.model,
@@ -127,22 +127,25 @@ impl StepPricer {
         };
         let load = MoeLoad {
             group_tokens,
-            imbalance: s.moe_imbalance,
+            imbalance,
         };
         price(&step_ops(spec, shape, &load), &s.cost)
     }
 
-    /// The price of one rank computing `shape` while the EP group computes `group_tokens`.
-    pub fn rank_cost(&mut self, shape: &BatchShape, group_tokens: u64) -> RankCost {
-        let key = (quantize_shape(shape), quantize(group_tokens));
+    /// The price of one rank computing `shape` while the EP group computes `group_tokens` with
+    /// the hottest routed die carrying `imbalance` times the mean (priced at 1/1000 resolution).
+    pub fn rank_cost(&mut self, shape: &BatchShape, group_tokens: u64, imbalance: f64) -> RankCost {
+        let milli = (imbalance * 1000.0).round().max(1000.0) as u64;
+        let key = (quantize_shape(shape), quantize(group_tokens), milli);
         if let Some(c) = self.cache.get(&key) {
             self.hits += 1;
             return *c;
         }
         self.misses += 1;
-        let full = self.price_shape(&key.0, key.1);
+        let imb = milli as f64 / 1000.0;
+        let full = self.price_shape(&key.0, key.1, imb);
         let cost = if self.spec.two_microbatch {
-            let h = self.price_shape(&half(&key.0), key.1.div_ceil(2));
+            let h = self.price_shape(&half(&key.0), key.1.div_ceil(2), imb);
             let t = two_microbatch_time(&h, self.spec.cost.params.overlap_efficiency);
             RankCost {
                 time_s: t,
@@ -210,18 +213,38 @@ pub struct SimDevice {
     mtp: MtpSampler,
     capacity: Capacity,
     dummy: BatchShape,
+    /// Routed-expert load and the static placement it runs on (`None`: perfect balance).
+    experts: Option<(ExpertLoad, Placement)>,
+    imbalance: f64,
 }
 
 impl SimDevice {
-    pub fn new(pricer: StepPricer, mtp: MtpSampler, capacity: Capacity) -> Self {
+    /// A device whose routed experts see `experts` (a load model and the placement it runs on),
+    /// or perfect balance with `None`.
+    pub fn new(
+        pricer: StepPricer,
+        mtp: MtpSampler,
+        capacity: Capacity,
+        experts: Option<(ExpertLoad, Placement)>,
+    ) -> Self {
         let cap = pricer.spec().model.attn_cap();
+        let imbalance = experts
+            .as_ref()
+            .map_or(1.0, |(l, p)| imbalance(p, l.shares()));
         SimDevice {
             pricer,
             mtp,
             capacity,
             // An idle DP rank runs a one-token dummy batch to keep the all-to-all in lockstep.
             dummy: BatchShape::uniform_decode(1, 1, 1, cap),
+            experts,
+            imbalance,
         }
+    }
+
+    /// Hottest routed die over the mean, averaged over MoE layers, right now.
+    pub fn imbalance(&self) -> f64 {
+        self.imbalance
     }
 
     pub fn pricer(&self) -> &StepPricer {
@@ -269,9 +292,14 @@ impl Device for SimDevice {
                 continue;
             }
             last = Some(shape);
-            let c = self.pricer.rank_cost(&shape, group);
+            let c = self.pricer.rank_cost(&shape, group, self.imbalance);
             if c.time_s > slowest.time_s {
                 slowest = c;
+            }
+        }
+        if let Some((load, placement)) = &mut self.experts {
+            if load.step() {
+                self.imbalance = imbalance(placement, load.shares());
             }
         }
         out.accepted.resize_with(plan.ranks.len(), Vec::new);

@@ -4,12 +4,14 @@
 //! - [`device`]: `SimDevice` (memoized step pricing, lockstep, MTP acceptance draws).
 //! - [`metrics`]: streaming latency histograms and their summaries.
 //! - [`pricing`]: prices an op list with the cost model; critical path; two-micro-batch overlap.
+//! - [`expert_load`]: skewed, drifting (or replayed) expert load and the imbalance it causes.
 //! - [`explain`]: one step of one instance, priced and broken down (`dstwin explain`).
 //! - [`run`]: the virtual-time event loop of a whole deployment and its report.
 //! - [`scenario`]: scenario files: strict parsing, `--set` overrides, validation.
 //! - [`report`]: human-readable rendering of reports.
 
 pub mod device;
+pub mod expert_load;
 pub mod explain;
 pub mod metrics;
 pub mod pricing;

@@ -206,7 +206,7 @@ pub fn render_sim(r: &SimReport) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "  {:<14} {:<8} {:>5} {:>9} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8}  top op classes",
+        "  {:<14} {:<8} {:>5} {:>9} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6}  top op classes",
         "instance",
         "role",
         "dies",
@@ -216,7 +216,8 @@ pub fn render_sim(r: &SimReport) -> String {
         "tok/step",
         "KV mean",
         "KV max",
-        "preempt"
+        "preempt",
+        "MoE x"
     );
     for i in &r.instances {
         let mut top: Vec<_> = i.time_share.iter().collect();
@@ -228,7 +229,7 @@ pub fn render_sim(r: &SimReport) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "  {:<14} {:<8} {:>5} {:>9} {:>5.0}% {:>9.2} {:>9.1} {:>7.1}% {:>7.1}% {:>8}  {}",
+            "  {:<14} {:<8} {:>5} {:>9} {:>5.0}% {:>9.2} {:>9.1} {:>7.1}% {:>7.1}% {:>8} {:>6.2}  {}",
             i.name,
             i.role.name(),
             i.dies,
@@ -239,6 +240,7 @@ pub fn render_sim(r: &SimReport) -> String {
             i.kv_usage_mean * 100.0,
             i.kv_usage_max * 100.0,
             i.preemptions,
+            i.moe_imbalance,
             top.join(", ")
         );
     }

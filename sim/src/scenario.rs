@@ -1,7 +1,9 @@
 //! Scenario files (TOML): everything a simulation run needs, parsed strictly, then validated once
 //! into a [`Scenario`] that the rest of the simulator takes.
 
+use crate::expert_load::ExpertLoadSpec;
 use crate::explain::Mtp;
+use dstwin_engine::eplb::Policy as EplbPolicy;
 use dstwin_engine::layout::{Layout, LayoutError, Plan, Role};
 use dstwin_engine::memory::{memory_map, MemoryError, MemoryInputs, MemoryMap};
 use dstwin_engine::model::{self, ModelConfig, Quant};
@@ -47,6 +49,9 @@ pub struct ScenarioFile {
     pub instance: Vec<InstanceSpec>,
     #[serde(default)]
     pub eplb: EplbSpec,
+    /// How routed tokens spread over experts (default: Zipf skew 0.5 with slow drift).
+    #[serde(default)]
+    pub expert_load: ExpertLoadSpec,
     pub workload: WorkloadSpec,
     #[serde(default)]
     pub slo: SloSpec,
@@ -86,23 +91,26 @@ pub struct ProxySpec {
     pub decode_policy: Policy,
 }
 
-/// Expert-load settings (the expert-load model and EPLB come later; this is its placeholder).
+/// Expert placement: how routed experts and their redundant replicas are laid out on the dies.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EplbSpec {
-    /// Tokens on the hottest routed die over the mean; 1.0 is perfect balance.
-    #[serde(default = "one")]
-    pub imbalance: f64,
+    /// identity, global, hierarchical or greedy (default). The placement is computed once from
+    /// the expert load at the start of the run (periodic rebalancing is not modelled yet).
+    #[serde(default = "default_policy")]
+    pub policy: EplbPolicy,
 }
 
 impl Default for EplbSpec {
     fn default() -> Self {
-        EplbSpec { imbalance: 1.0 }
+        EplbSpec {
+            policy: default_policy(),
+        }
     }
 }
 
-fn one() -> f64 {
-    1.0
+fn default_policy() -> EplbPolicy {
+    EplbPolicy::Greedy
 }
 
 /// Service-level objectives; a request meets them when every one given holds.
@@ -307,7 +315,8 @@ pub struct Scenario {
     pub mtp: Mtp,
     pub proxy: ProxySpec,
     pub instances: Vec<InstanceSetup>,
-    pub moe_imbalance: f64,
+    pub eplb_policy: EplbPolicy,
+    pub expert_load: ExpertLoadSpec,
     pub workload: WorkloadPlan,
     pub base_dir: PathBuf,
     pub slo: Slo,
@@ -539,13 +548,9 @@ fn validate(
             ));
         }
     }
-    if !(raw.eplb.imbalance.is_finite() && raw.eplb.imbalance >= 1.0) {
-        return Err(field(
-            "eplb.imbalance",
-            raw.eplb.imbalance,
-            "must be at least 1.0 (1.0 = perfect balance)",
-        ));
-    }
+    raw.expert_load
+        .validate()
+        .map_err(|(f, v, r)| field(f, v, r))?;
     for (name, v) in [
         ("slo.ttft_ms", raw.slo.ttft_ms),
         ("slo.tpot_ms", raw.slo.tpot_ms),
@@ -716,7 +721,8 @@ fn validate(
         },
         proxy: raw.proxy,
         instances,
-        moe_imbalance: raw.eplb.imbalance,
+        eplb_policy: raw.eplb.policy,
+        expert_load: raw.expert_load,
         workload,
         base_dir: base_dir.to_path_buf(),
         slo: Slo {

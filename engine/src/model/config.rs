@@ -71,6 +71,8 @@ pub struct ModelConfig {
     pub top_k: u64,
     pub shared_experts: u64,
     pub expert_ffn: u64,
+    /// Router expert groups (V3: 8, top-4 groups per token); 1 when routing has no groups.
+    pub router_groups: u64,
     pub vocab: u64,
     pub max_context: u64,
     pub attention: Attention,
@@ -109,6 +111,7 @@ fn v3(name: &str) -> ModelConfig {
         top_k: 8,
         shared_experts: 1,
         expert_ffn: 2048,
+        router_groups: 8,
         vocab: 129280,
         max_context: 163840,
         attention: Attention::Mla {
@@ -165,6 +168,7 @@ pub fn builtin(name: &str) -> Option<ModelConfig> {
             top_k: 6,
             shared_experts: 1,
             expert_ffn: 2048,
+            router_groups: 1,
             vocab: 129280,
             max_context: 1 << 20,
             attention: Attention::Hybrid {
@@ -195,6 +199,7 @@ pub fn builtin(name: &str) -> Option<ModelConfig> {
             top_k: 6,
             shared_experts: 1,
             expert_ffn: 3072,
+            router_groups: 1,
             vocab: 129280,
             max_context: 1 << 20,
             attention: Attention::Hybrid {
@@ -326,6 +331,7 @@ impl ModelConfig {
             top_k: uint(&v, "num_experts_per_tok")?,
             shared_experts: uint_or(&v, "n_shared_experts", 0)?,
             expert_ffn: uint(&v, "moe_intermediate_size")?,
+            router_groups: uint_or(&v, "n_group", 1)?,
             vocab: uint(&v, "vocab_size")?,
             max_context: uint(&v, "max_position_embeddings")?,
             attention,

@@ -11,11 +11,13 @@ mod report;
 pub use report::{InstanceReport, RequestRow, RunResult, SimReport, Span};
 
 use crate::device::{MtpSampler, PricerSpec, SimDevice, StepPricer};
+use crate::expert_load::{ExpertLoad, ExpertLoadSpec};
 use crate::metrics::Latencies;
 use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
 use dstwin_engine::device::{
     Capacity, ClassTimes, Device, KvTransfer, ReqId, StepOutcome, CLASS_SLOTS,
 };
+use dstwin_engine::eplb::{place, EpLayout};
 use dstwin_engine::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
 use dstwin_engine::layout::Role;
 use dstwin_engine::model::kv_bytes;
@@ -33,6 +35,14 @@ pub enum RunError {
     Workload(#[from] dstwin_traces::TraceError),
     #[error(transparent)]
     Device(#[from] dstwin_engine::device::DeviceError),
+    #[error(transparent)]
+    ExpertLoad(#[from] crate::expert_load::ExpertLoadError),
+    #[error("instance '{instance}': expert placement")]
+    Eplb {
+        instance: String,
+        #[source]
+        source: dstwin_engine::eplb::EplbError,
+    },
     #[error("deadlock at t={time}: {unfinished} requests unfinished and nothing left to happen ({hint})")]
     Deadlock {
         time: SimTime,
@@ -106,6 +116,8 @@ struct Inst {
     link_base: u32,
     /// End time of every step, for inter-token gaps.
     step_ends: Vec<SimTime>,
+    /// Sum over steps of the MoE imbalance the step ran with.
+    imbalance_sum: f64,
 }
 
 struct Sim<'s, 'o> {
@@ -183,7 +195,6 @@ impl<'s, 'o> Sim<'s, 'o> {
                     kv_dtype: s.kv_dtype,
                     plan: setup.plan.clone(),
                     mtp_tokens: s.mtp.tokens,
-                    moe_imbalance: s.moe_imbalance,
                     two_microbatch: setup.two_microbatch,
                     cost: s.cost.clone(),
                 });
@@ -198,7 +209,34 @@ impl<'s, 'o> Sim<'s, 'o> {
                     block_size: setup.scheduler.block_size,
                     kv_bytes_per_token,
                 };
-                let mut device = SimDevice::new(pricer, mtp, capacity);
+                let experts = match s.expert_load {
+                    ExpertLoadSpec::Perfect => None,
+                    ref spec => {
+                        let plan = &setup.plan;
+                        let load = ExpertLoad::new(
+                            spec,
+                            (s.model.moe_layers() + mtp_layers) as usize,
+                            s.model.routed_experts as usize,
+                            s.seed ^ 0xe1b_0000 ^ index,
+                            &s.base_dir,
+                        )?;
+                        let layout = EpLayout {
+                            slots: s.model.routed_experts as u32 + plan.redundant_experts,
+                            dies: plan.routed_dies,
+                            dies_per_node: s.system().dies_per_node(),
+                            groups: s.model.router_groups as u32,
+                        };
+                        let placement =
+                            place(s.eplb_policy, load.shares(), &layout).map_err(|e| {
+                                RunError::Eplb {
+                                    instance: setup.name.clone(),
+                                    source: e,
+                                }
+                            })?;
+                        Some((load, placement))
+                    }
+                };
+                let mut device = SimDevice::new(pricer, mtp, capacity, experts);
                 let link_base = links.len() as u32;
                 if setup.plan.role != Role::Prefill {
                     // One ingress link per decode DP rank: its dies' share of the fabric level that
@@ -236,6 +274,7 @@ impl<'s, 'o> Sim<'s, 'o> {
                     kv_max: 0.0,
                     link_base,
                     step_ends: Vec::new(),
+                    imbalance_sum: 0.0,
                 });
             }
         }
@@ -495,6 +534,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             inst.steps += 1;
             inst.busy_ns += dur.0;
             inst.tokens += inst.step_tokens;
+            inst.imbalance_sum += inst.device.imbalance();
             for (a, b) in inst.class.iter_mut().zip(inst.outcome.class_times.iter()) {
                 *a += b;
             }

@@ -49,6 +49,8 @@ pub struct InstanceReport {
     pub utilization: f64,
     pub mean_step_ms: f64,
     pub mean_tokens_per_step: f64,
+    /// Hottest routed-expert die over the mean, averaged over layers and steps (1.0: perfect).
+    pub moe_imbalance: f64,
     pub kv_usage_mean: f64,
     pub kv_usage_max: f64,
     pub prefix_queries: u64,
@@ -148,6 +150,11 @@ impl Sim<'_, '_> {
                         i.tokens as f64 / i.steps as f64
                     } else {
                         0.0
+                    },
+                    moe_imbalance: if i.steps > 0 {
+                        i.imbalance_sum / i.steps as f64
+                    } else {
+                        1.0
                     },
                     kv_usage_mean: i.kv_weighted / secs,
                     kv_usage_max: i.kv_max,
