@@ -283,15 +283,27 @@ pub struct Cost {
 pub struct CostModel {
     pub system: System,
     pub params: CostParams,
+    /// Peak FLOP/s per die by format, resolved once (formats without a fast path fall back).
+    peaks: [f64; DType::ALL.len()],
 }
 
 impl CostModel {
     pub fn new(system: System, params: CostParams) -> Self {
-        CostModel { system, params }
+        let peaks = DType::ALL.map(|d| system.chip.peak_flops(d));
+        CostModel {
+            system,
+            params,
+            peaks,
+        }
     }
 
     fn eff(&self, class: OpClass) -> &Efficiency {
         &self.params.efficiency[&class]
+    }
+
+    /// Peak FLOP/s per die for a format.
+    pub fn peak_flops(&self, d: DType) -> f64 {
+        self.peaks[d.index()]
     }
 
     /// Roofline time of `w` on one die: max(compute, memory) at the class's efficiency, plus the
@@ -300,7 +312,7 @@ impl CostModel {
         let chip = &self.system.chip;
         let e = self.eff(w.class);
         let k = self.params.in_situ_efficiency;
-        let compute_s = w.flops / (chip.peak_flops(w.dtype) * e.compute * k);
+        let compute_s = w.flops / (self.peaks[w.dtype.index()] * e.compute * k);
         let memory_s = w.bytes / (chip.hbm_bytes_per_s() * e.memory * k);
         let overhead_s = if w.flops > 0.0 || w.bytes > 0.0 {
             self.params.op_overhead_us * 1e-6

@@ -16,6 +16,20 @@ pub enum DType {
 }
 
 impl DType {
+    pub const ALL: [DType; 6] = [
+        DType::Bf16,
+        DType::Fp16,
+        DType::Fp8,
+        DType::Int8,
+        DType::Int4,
+        DType::Fp32,
+    ];
+
+    /// Position in [`DType::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// Bytes per element (int4 packs two per byte).
     pub fn bytes(self) -> f64 {
         match self {

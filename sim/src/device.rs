@@ -24,6 +24,9 @@ use rustc_hash::FxHashMap;
 /// relative rounding is below 1/2^7 < 0.8%.
 const KEY_BITS: u32 = 7;
 
+/// Imbalance is priced in steps of 1 / IMBALANCE_BUCKETS (2%).
+const IMBALANCE_BUCKETS: f64 = 50.0;
+
 fn quantize(v: u64) -> u64 {
     let bits = 64 - v.leading_zeros();
     if bits <= KEY_BITS {
@@ -71,12 +74,12 @@ pub struct RankCost {
 
 fn class_times(c: &StepCost, scale: f64) -> ClassTimes {
     let mut t = [0.0; CLASS_SLOTS];
-    for (name, v) in c.by_class() {
+    for o in c.on_path() {
         let slot = CLASS_NAMES
             .iter()
-            .position(|n| *n == name)
+            .position(|n| *n == o.class)
             .unwrap_or(CLASS_SLOTS - 1);
-        t[slot] += v * scale;
+        t[slot] += o.total_s * scale;
     }
     t
 }
@@ -133,16 +136,19 @@ impl StepPricer {
     }
 
     /// The price of one rank computing `shape` while the EP group computes `group_tokens` with
-    /// the hottest routed die carrying `imbalance` times the mean (priced at 1/1000 resolution).
+    /// the hottest routed die carrying `imbalance` times the mean (priced, like the shapes, at
+    /// the quantized value: steps of 2%, so a drifting load revisits cached prices).
     pub fn rank_cost(&mut self, shape: &BatchShape, group_tokens: u64, imbalance: f64) -> RankCost {
-        let milli = (imbalance * 1000.0).round().max(1000.0) as u64;
-        let key = (quantize_shape(shape), quantize(group_tokens), milli);
+        let bucket = (imbalance * IMBALANCE_BUCKETS)
+            .round()
+            .max(IMBALANCE_BUCKETS) as u64;
+        let key = (quantize_shape(shape), quantize(group_tokens), bucket);
         if let Some(c) = self.cache.get(&key) {
             self.hits += 1;
             return *c;
         }
         self.misses += 1;
-        let imb = milli as f64 / 1000.0;
+        let imb = bucket as f64 / IMBALANCE_BUCKETS;
         let full = self.price_shape(&key.0, key.1, imb);
         let cost = if self.spec.two_microbatch {
             let h = self.price_shape(&half(&key.0), key.1.div_ceil(2), imb);

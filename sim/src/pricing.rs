@@ -58,7 +58,8 @@ impl StepCost {
         self.sum_by(|o| o.bound.name())
     }
 
-    fn on_path(&self) -> impl Iterator<Item = &PricedOp> {
+    /// Ops on the critical path.
+    pub fn on_path(&self) -> impl Iterator<Item = &PricedOp> {
         let slow = self.slow_set();
         self.ops
             .iter()
@@ -99,8 +100,7 @@ pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
             let r = o.repeat as f64;
             let (cost, class, flops, bytes, roof) = match &o.kind {
                 OpKind::Compute(w) => {
-                    let roof =
-                        (w.flops / cm.system.chip.peak_flops(w.dtype)).max(w.bytes / peak_bw);
+                    let roof = (w.flops / cm.peak_flops(w.dtype)).max(w.bytes / peak_bw);
                     (cm.compute(w), w.class.name(), w.flops, w.bytes, roof)
                 }
                 OpKind::Comm(c) => (cm.comm(c), c.kind.name(), 0.0, c.bytes, 0.0),
