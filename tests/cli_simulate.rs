@@ -348,3 +348,33 @@ fn a_recorded_heat_map_replays() {
     assert_eq!(o.status.code(), Some(2));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn decode_kv_exhaustion_preempts_or_sends_back_and_loses_no_tokens() {
+    // A user system file with tight HBM (tests/data/tight-hbm.toml) leaves ~19K KV tokens per
+    // decode rank for 300 requests arriving at once.
+    let run = |mode: &str| {
+        let o = dstwin(&[
+            "simulate",
+            &data("tight-kv.toml"),
+            "--json",
+            "--quiet",
+            "--set",
+            &format!("decode.preemption={mode}"),
+        ]);
+        assert!(o.status.success(), "{mode}: {}", err(&o));
+        serde_json::from_str::<serde_json::Value>(&out(&o)).unwrap()
+    };
+    let recompute = run("recompute");
+    let send_back = run("send_back");
+    for v in [&recompute, &send_back] {
+        assert_eq!(v["requests_finished"], 300);
+        assert!(v["preemptions"].as_u64().unwrap() > 0);
+    }
+    assert_eq!(recompute["sent_back"], 0);
+    assert!(send_back["sent_back"].as_u64().unwrap() > 0);
+    // Sent-back requests are prefilled again and their KV moves again.
+    assert!(send_back["kv_transfers"].as_u64().unwrap() > 300);
+    // Every requested output token is produced exactly once either way.
+    assert_eq!(recompute["output_tokens"], send_back["output_tokens"]);
+}
