@@ -378,3 +378,61 @@ fn decode_kv_exhaustion_preempts_or_sends_back_and_loses_no_tokens() {
     // Every requested output token is produced exactly once either way.
     assert_eq!(recompute["output_tokens"], send_back["output_tokens"]);
 }
+
+#[test]
+fn dynamic_eplb_follows_a_shifting_load_and_pays_for_its_moves() {
+    // Window 1 is uniform, so the first greedy placement deals experts round-robin and die 0 holds
+    // experts 0, 32, ..., 224; window 2 makes exactly those hot.
+    let win = |start: u64, hot: bool| {
+        let counts: Vec<Vec<u64>> = (0..59)
+            .map(|_| {
+                (0..256)
+                    .map(|e| if hot && e % 32 == 0 { 5000 } else { 100 })
+                    .collect()
+            })
+            .collect();
+        serde_json::json!({ "start_step": start, "steps": 100, "counts": counts })
+    };
+    let heat = serde_json::json!({ "format": "dstwin-expert-load/1", "experts": 256, "windows": [win(0, false), win(100, true)] });
+    let dir = tmp("dynamic");
+    let path = dir.join("heat.json");
+    std::fs::write(&path, heat.to_string()).unwrap();
+    let run = |dynamic: bool| {
+        let p = format!("expert_load.path=\"{}\"", path.display());
+        let d = format!("eplb.dynamic={dynamic}");
+        let args = [
+            "simulate",
+            &data("tiny-pd.toml"),
+            "--json",
+            "--quiet",
+            "--set",
+            "expert_load.kind=replay",
+            "--set",
+            &p,
+            "--set",
+            "workload.num_requests=300",
+            "--set",
+            &d,
+            "--set",
+            "eplb.heat_interval=20",
+            "--set",
+            "eplb.algorithm_interval=2",
+        ];
+        let o = dstwin(&args);
+        assert!(o.status.success(), "{}", err(&o));
+        serde_json::from_str::<serde_json::Value>(&out(&o)).unwrap()
+    };
+    let (fixed, dynamic) = (run(false), run(true));
+    let decode = |v: &serde_json::Value| v["instances"][1].clone();
+    assert_eq!(decode(&fixed)["eplb_layer_moves"], 0);
+    assert!(decode(&dynamic)["eplb_layer_moves"].as_u64().unwrap() > 0);
+    assert!(
+        decode(&dynamic)["eplb_move_ms"].as_f64().unwrap() > 0.0,
+        "moves cost time"
+    );
+    assert!(
+        decode(&dynamic)["moe_imbalance"].as_f64().unwrap()
+            < decode(&fixed)["moe_imbalance"].as_f64().unwrap()
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

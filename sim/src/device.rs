@@ -9,6 +9,7 @@ use dstwin_engine::device::{
     Capacity, ClassTimes, Device, DeviceError, KvTransfer, StepOutcome, StepPlan, TransferOutcome,
     CLASS_NAMES, CLASS_SLOTS,
 };
+use dstwin_engine::eplb::cycle::{CycleEffect, Rebalancer};
 use dstwin_engine::eplb::Placement;
 use dstwin_engine::layout::Plan;
 use dstwin_engine::model::{ModelConfig, Quant};
@@ -219,24 +220,100 @@ pub struct SimDevice {
     mtp: MtpSampler,
     capacity: Capacity,
     dummy: BatchShape,
-    /// Routed-expert load and the static placement it runs on (`None`: perfect balance).
-    experts: Option<(ExpertLoad, Placement)>,
+    /// Routed-expert load, the placement it runs on and the rebalance cycle (`None`: perfect
+    /// balance).
+    experts: Option<Experts>,
     imbalance: f64,
+    /// Layers moved by EPLB and the step time their moves added.
+    pub eplb_moves: u64,
+    pub eplb_move_s: f64,
+}
+
+/// The routed experts of an instance as the twin sees them.
+#[derive(Clone, Debug)]
+pub struct Experts {
+    pub load: ExpertLoad,
+    pub placement: Placement,
+    /// Periodic rebalancing (vllm-ascend's dynamic EPLB); `None`: the placement stays.
+    pub rebalancer: Option<Rebalancer>,
+    /// Routed tokens per step per token of the batch (top-k).
+    pub top_k: f64,
+    /// Seconds to move one expert's weights onto a die over the EP group's fabric.
+    pub move_s_per_slot: f64,
+    /// Steps of heat not yet folded into the rebalancer (the shares have not changed since).
+    pending_tokens: f64,
+}
+
+impl Experts {
+    pub fn new(
+        load: ExpertLoad,
+        placement: Placement,
+        rebalancer: Option<Rebalancer>,
+        top_k: f64,
+        move_s_per_slot: f64,
+    ) -> Self {
+        Experts {
+            load,
+            placement,
+            rebalancer,
+            top_k,
+            move_s_per_slot,
+            pending_tokens: 0.0,
+        }
+    }
+
+    /// One step that routed `tokens` tokens: drift, heat, rebalancing. Returns the step time the
+    /// moves added and whether the imbalance must be recomputed.
+    fn step(&mut self, tokens: f64) -> Result<(f64, bool, bool), DeviceError> {
+        let mut changed = false;
+        let mut extra = 0.0;
+        let mut moved = false;
+        if let Some(r) = &mut self.rebalancer {
+            self.pending_tokens += tokens * self.top_k;
+            if r.computes_next() {
+                r.record(self.load.shares(), self.pending_tokens);
+                self.pending_tokens = 0.0;
+            }
+            match r
+                .step(&mut self.placement)
+                .map_err(|e| DeviceError::Failed(e.to_string()))?
+            {
+                CycleEffect::MovedLayer {
+                    max_slots_per_die, ..
+                } => {
+                    extra = max_slots_per_die as f64 * self.move_s_per_slot;
+                    changed = true;
+                    moved = true;
+                }
+                CycleEffect::None => {}
+            }
+        }
+        // Fold the heat of the old shares before they drift.
+        let before = self.pending_tokens;
+        if self.load.step() {
+            if let Some(r) = &mut self.rebalancer {
+                r.record(self.load.shares(), before);
+                self.pending_tokens = 0.0;
+            }
+            changed = true;
+        }
+        Ok((extra, changed, moved))
+    }
 }
 
 impl SimDevice {
-    /// A device whose routed experts see `experts` (a load model and the placement it runs on),
-    /// or perfect balance with `None`.
+    /// A device whose routed experts see `experts` (a load model, the placement it runs on and
+    /// optionally a rebalance cycle), or perfect balance with `None`.
     pub fn new(
         pricer: StepPricer,
         mtp: MtpSampler,
         capacity: Capacity,
-        experts: Option<(ExpertLoad, Placement)>,
+        experts: Option<Experts>,
     ) -> Self {
         let cap = pricer.spec().model.attn_cap();
         let imbalance = experts
             .as_ref()
-            .map_or(1.0, |(l, p)| imbalance(p, l.shares()));
+            .map_or(1.0, |e| imbalance(&e.placement, e.load.shares()));
         SimDevice {
             pricer,
             mtp,
@@ -245,6 +322,8 @@ impl SimDevice {
             dummy: BatchShape::uniform_decode(1, 1, 1, cap),
             experts,
             imbalance,
+            eplb_moves: 0,
+            eplb_move_s: 0.0,
         }
     }
 
@@ -303,17 +382,25 @@ impl Device for SimDevice {
                 slowest = c;
             }
         }
-        if let Some((load, placement)) = &mut self.experts {
-            if load.step() {
-                self.imbalance = imbalance(placement, load.shares());
+        let mut extra_s = 0.0;
+        if let Some(e) = &mut self.experts {
+            let (extra, changed, moved) = e.step(group as f64)?;
+            if changed {
+                self.imbalance = imbalance(&e.placement, e.load.shares());
             }
+            if moved {
+                self.eplb_moves += 1;
+                self.eplb_move_s += extra;
+            }
+            extra_s = extra;
         }
         out.accepted.resize_with(plan.ranks.len(), Vec::new);
         for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
             acc.clear();
             acc.extend(r.decode.iter().map(|d| self.mtp.accepted(d.drafts)));
         }
-        out.duration = SimDuration::from_secs_f64(slowest.time_s);
+        // Expert weights moving in this step are not overlapped with it.
+        out.duration = SimDuration::from_secs_f64(slowest.time_s + extra_s);
         out.class_times = slowest.class_times;
         Ok(())
     }

@@ -91,22 +91,43 @@ pub struct ProxySpec {
     pub decode_policy: Policy,
 }
 
-/// Expert placement: how routed experts and their redundant replicas are laid out on the dies.
+/// Expert placement: how routed experts and their redundant replicas are laid out on the dies,
+/// and whether they are re-placed as the load moves.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EplbSpec {
-    /// identity, global, hierarchical or greedy (default). The placement is computed once from
-    /// the expert load at the start of the run (periodic rebalancing is not modelled yet).
+    /// identity, global, hierarchical or greedy (default). The first placement is computed from
+    /// the expert load at the start of the run.
     #[serde(default = "default_policy")]
     pub policy: EplbPolicy,
+    /// Re-place periodically (vllm-ascend's dynamic EPLB): collect heat for `heat_interval`
+    /// steps, compute for `algorithm_interval` steps, move one MoE layer per step.
+    #[serde(default)]
+    pub dynamic: bool,
+    /// Steps of heat per cycle (vllm-ascend default 600; its guide recommends 50 for prefill).
+    #[serde(default = "default_heat")]
+    pub heat_interval: u64,
+    /// Steps the algorithm takes, asynchronously (default 50; 5 for prefill in the guide).
+    #[serde(default = "default_algo")]
+    pub algorithm_interval: u64,
 }
 
 impl Default for EplbSpec {
     fn default() -> Self {
         EplbSpec {
             policy: default_policy(),
+            dynamic: false,
+            heat_interval: default_heat(),
+            algorithm_interval: default_algo(),
         }
     }
+}
+
+fn default_heat() -> u64 {
+    600
+}
+fn default_algo() -> u64 {
+    50
 }
 
 fn default_policy() -> EplbPolicy {
@@ -315,7 +336,7 @@ pub struct Scenario {
     pub mtp: Mtp,
     pub proxy: ProxySpec,
     pub instances: Vec<InstanceSetup>,
-    pub eplb_policy: EplbPolicy,
+    pub eplb: EplbSpec,
     pub expert_load: ExpertLoadSpec,
     pub workload: WorkloadPlan,
     pub base_dir: PathBuf,
@@ -721,7 +742,7 @@ fn validate(
         },
         proxy: raw.proxy,
         instances,
-        eplb_policy: raw.eplb.policy,
+        eplb: raw.eplb.clone(),
         expert_load: raw.expert_load,
         workload,
         base_dir: base_dir.to_path_buf(),

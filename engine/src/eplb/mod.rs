@@ -2,6 +2,7 @@
 //! physical expert slots of an EP group so that the hottest die carries as little as possible.
 //! IO-free, deterministic (ties break by index), shared by the twin and the engine.
 //!
+//! - [`cycle`]: the periodic rebalance cycle (collect heat, compute, move one layer per step).
 //! - [`heatmap`]: the expert heat-map file format (tokens per layer per expert per window).
 //! - [`place`]: the entry point, from a load matrix (layers x logical experts) and a layout.
 //! - Policies: `identity` (slot i holds expert i mod E), `global` (DeepSeek's global mode:
@@ -14,6 +15,7 @@
 //! A computed layer placement whose hottest die is hotter than the identity placement's on the
 //! same load is replaced by the identity placement: a rebalance never makes a layer worse.
 
+pub mod cycle;
 pub mod heatmap;
 mod pack;
 

@@ -10,19 +10,21 @@ mod report;
 
 pub use report::{InstanceReport, RequestRow, RunResult, SimReport, Span};
 
-use crate::device::{MtpSampler, PricerSpec, SimDevice, StepPricer};
+use crate::device::{Experts, MtpSampler, PricerSpec, SimDevice, StepPricer};
 use crate::expert_load::{ExpertLoad, ExpertLoadSpec};
 use crate::metrics::Latencies;
 use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
 use dstwin_engine::device::{
     Capacity, ClassTimes, Device, KvTransfer, ReqId, StepOutcome, CLASS_SLOTS,
 };
+use dstwin_engine::eplb::cycle::{CycleConfig, Rebalancer};
 use dstwin_engine::eplb::{place, EpLayout};
 use dstwin_engine::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
 use dstwin_engine::layout::Role;
 use dstwin_engine::model::kv_bytes;
 use dstwin_engine::pd::Proxy;
 use dstwin_engine::time::{SimDuration, SimTime};
+use dstwin_hwmodels::{A2aMode, Comm, CommKind};
 use dstwin_traces::{LengthSampler, WorkloadSource};
 use link::Link;
 use std::cmp::Reverse;
@@ -157,6 +159,67 @@ struct Sim<'s, 'o> {
     buf: Vec<ReqId>,
 }
 
+/// The routed experts of one instance: load model, first placement, optional rebalance cycle, and
+/// the price of moving one expert's weights onto a die.
+fn experts_for(
+    s: &Scenario,
+    setup: &InstanceSetup,
+    spec: &ExpertLoadSpec,
+    mtp_layers: u64,
+    index: u64,
+) -> Result<Experts, RunError> {
+    let plan = &setup.plan;
+    let layers = (s.model.moe_layers() + mtp_layers) as usize;
+    let experts = s.model.routed_experts as usize;
+    let load = ExpertLoad::new(
+        spec,
+        layers,
+        experts,
+        s.seed ^ 0xe1b_0000 ^ index,
+        &s.base_dir,
+    )?;
+    let layout = EpLayout {
+        slots: s.model.routed_experts as u32 + plan.redundant_experts,
+        dies: plan.routed_dies,
+        dies_per_node: s.system().dies_per_node(),
+        groups: s.model.router_groups as u32,
+    };
+    let eplb_err = |source| RunError::Eplb {
+        instance: setup.name.clone(),
+        source,
+    };
+    let placement = place(s.eplb.policy, load.shares(), &layout).map_err(eplb_err)?;
+    let rebalancer = s.eplb.dynamic.then(|| {
+        Rebalancer::new(
+            CycleConfig {
+                heat_interval: s.eplb.heat_interval,
+                algorithm_interval: s.eplb.algorithm_interval,
+                policy: s.eplb.policy,
+            },
+            layout,
+            layers,
+            experts,
+        )
+    });
+    let expert_bytes = s.model.expert_params() as f64 * s.quant.expert_weight().bytes();
+    let move_s = s
+        .cost
+        .comm(&Comm {
+            kind: CommKind::P2p,
+            bytes: expert_bytes,
+            group: plan.ep,
+            mode: A2aMode::Normal,
+        })
+        .time_s;
+    Ok(Experts::new(
+        load,
+        placement,
+        rebalancer,
+        s.model.top_k as f64,
+        move_s,
+    ))
+}
+
 fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceConfig {
     let sc = &setup.scheduler;
     InstanceConfig {
@@ -211,30 +274,7 @@ impl<'s, 'o> Sim<'s, 'o> {
                 };
                 let experts = match s.expert_load {
                     ExpertLoadSpec::Perfect => None,
-                    ref spec => {
-                        let plan = &setup.plan;
-                        let load = ExpertLoad::new(
-                            spec,
-                            (s.model.moe_layers() + mtp_layers) as usize,
-                            s.model.routed_experts as usize,
-                            s.seed ^ 0xe1b_0000 ^ index,
-                            &s.base_dir,
-                        )?;
-                        let layout = EpLayout {
-                            slots: s.model.routed_experts as u32 + plan.redundant_experts,
-                            dies: plan.routed_dies,
-                            dies_per_node: s.system().dies_per_node(),
-                            groups: s.model.router_groups as u32,
-                        };
-                        let placement =
-                            place(s.eplb_policy, load.shares(), &layout).map_err(|e| {
-                                RunError::Eplb {
-                                    instance: setup.name.clone(),
-                                    source: e,
-                                }
-                            })?;
-                        Some((load, placement))
-                    }
+                    ref spec => Some(experts_for(s, setup, spec, mtp_layers, index)?),
                 };
                 let mut device = SimDevice::new(pricer, mtp, capacity, experts);
                 let link_base = links.len() as u32;

@@ -51,6 +51,9 @@ pub struct InstanceReport {
     pub mean_tokens_per_step: f64,
     /// Hottest routed-expert die over the mean, averaged over layers and steps (1.0: perfect).
     pub moe_imbalance: f64,
+    /// MoE layers whose experts EPLB moved, and the step time the moves added.
+    pub eplb_layer_moves: u64,
+    pub eplb_move_ms: f64,
     pub kv_usage_mean: f64,
     pub kv_usage_max: f64,
     pub prefix_queries: u64,
@@ -151,6 +154,8 @@ impl Sim<'_, '_> {
                     } else {
                         0.0
                     },
+                    eplb_layer_moves: i.device.eplb_moves,
+                    eplb_move_ms: i.device.eplb_move_s * 1e3,
                     moe_imbalance: if i.steps > 0 {
                         i.imbalance_sum / i.steps as f64
                     } else {
