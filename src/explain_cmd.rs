@@ -72,8 +72,15 @@ pub struct ExplainArgs {
     #[arg(long, default_value = "0.7", value_delimiter = ',')]
     mtp_accept: Vec<f64>,
     /// Tokens on the hottest routed die over the mean (1.0 = perfect expert balance).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, conflicts_with = "skew")]
     imbalance: f64,
+    /// Skew the routed-expert load (Zipf exponent; 0.5 is the simulator's default) and compute the
+    /// imbalance per layer from it and the --eplb placement.
+    #[arg(long)]
+    skew: Option<f64>,
+    /// EPLB policy placing a skewed load: identity, global, hierarchical, greedy.
+    #[arg(long, default_value = "greedy", requires = "skew")]
+    eplb: String,
     /// Per-rank token budget the workspace is sized for (default: the batch's tokens).
     #[arg(long)]
     max_tokens: Option<u64>,
@@ -134,6 +141,13 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
             acceptance: a.mtp_accept.clone(),
         },
         moe_imbalance: a.imbalance,
+        expert_skew: match a.skew {
+            Some(x) => Some((
+                x,
+                a.eplb.parse().map_err(|e: String| anyhow!("--eplb: {e}"))?,
+            )),
+            None => None,
+        },
         max_tokens_per_step: a.max_tokens,
     })
 }

@@ -201,3 +201,26 @@ fn calibrate_prints_the_fit_and_its_errors() {
     let o = dstwin(&["calibrate", "--step", "0"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn a_skewed_expert_load_is_priced_per_layer() {
+    let o = dstwin(&["explain", "--skew", "0.5", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let moe = &v["moe"];
+    // 58 MoE layers + the MTP layer.
+    assert_eq!(moe["imbalance_per_layer"].as_array().unwrap().len(), 59);
+    assert!(v["moe_imbalance"].as_f64().unwrap() > 1.0);
+    assert!(moe["imbalance_cost_ms"].as_f64().unwrap() > 0.0);
+    let ident = dstwin(&["explain", "--skew", "0.5", "--eplb", "identity", "--json"]);
+    let vi: serde_json::Value = serde_json::from_str(&stdout(&ident)).unwrap();
+    assert!(vi["moe_imbalance"].as_f64().unwrap() > v["moe_imbalance"].as_f64().unwrap());
+    // Without --skew there is no per-layer report; --eplb alone is refused.
+    let plain: serde_json::Value =
+        serde_json::from_str(&stdout(&dstwin(&["explain", "--json"]))).unwrap();
+    assert!(plain["moe"].is_null());
+    assert_eq!(
+        dstwin(&["explain", "--eplb", "global"]).status.code(),
+        Some(2)
+    );
+}

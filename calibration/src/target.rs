@@ -146,6 +146,7 @@ impl Target {
                 },
             },
             moe_imbalance: 1.0,
+            expert_skew: None,
             max_tokens_per_step: None,
         })
     }

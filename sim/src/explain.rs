@@ -1,7 +1,9 @@
 //! `dstwin explain`: one step of one instance, priced and broken down.
 
+use crate::expert_load::{ExpertLoad, ExpertLoadSpec};
 use crate::pricing::{price, two_microbatch_time, StepCost};
 use dstwin_engine::batch::BatchShape;
+use dstwin_engine::eplb::{balancedness, place, EpLayout, Policy as EplbPolicy};
 use dstwin_engine::layout::{Layout, LayoutError, Plan, Role};
 use dstwin_engine::memory::{memory_map, MemoryError, MemoryInputs, MemoryMap};
 use dstwin_engine::model::{ModelConfig, Quant};
@@ -69,8 +71,12 @@ pub struct ExplainInput {
     pub layout: Layout,
     pub batch: BatchSpec,
     pub mtp: Mtp,
-    /// Tokens on the hottest routed die over the mean (1.0 = perfect balance).
+    /// Tokens on the hottest routed die over the mean (1.0 = perfect balance); replaced by the
+    /// value `expert_skew` implies when that is given.
     pub moe_imbalance: f64,
+    /// Zipf skew of the routed-expert load and the EPLB policy placing it: the imbalance is
+    /// computed per layer from them.
+    pub expert_skew: Option<(f64, EplbPolicy)>,
     /// Per-rank token budget the workspace is sized for (default: this batch's tokens).
     pub max_tokens_per_step: Option<u64>,
 }
@@ -110,6 +116,21 @@ pub struct Throughput {
     pub input_tok_s_per_package: f64,
 }
 
+/// What expert imbalance costs the step.
+#[derive(Clone, Debug, Serialize)]
+pub struct MoeReport {
+    /// Zipf exponent of the load and the placement policy.
+    pub skew: f64,
+    pub policy: EplbPolicy,
+    /// Hottest routed die over the mean, per MoE layer (MTP layer last when loaded).
+    pub imbalance_per_layer: Vec<f64>,
+    pub imbalance_min: f64,
+    pub imbalance_max: f64,
+    /// The step with perfect balance, and what the imbalance adds.
+    pub perfect_step_ms: f64,
+    pub imbalance_cost_ms: f64,
+}
+
 /// The explain report; serialized as-is by `--json`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Explain {
@@ -123,6 +144,8 @@ pub struct Explain {
     pub shape: BatchShape,
     pub mtp: Mtp,
     pub moe_imbalance: f64,
+    /// Per-layer imbalance and its cost, when the load is skewed.
+    pub moe: Option<MoeReport>,
     /// Step time used for throughput: with two micro-batches when that is faster.
     pub step_ms: f64,
     pub serial_step_ms: f64,
@@ -165,6 +188,47 @@ fn shape_for(b: &BatchSpec, tokens_per_seq: u64, model: &ModelConfig, halve: boo
         s.add_prefill(rest, 0, cap);
     }
     s
+}
+
+/// Hottest routed die over the mean, per MoE layer, for a Zipf load of `exponent` (seeded, each
+/// layer its own ranking) placed by `policy` on the plan's routed-expert dies.
+fn layer_imbalance(
+    inp: &ExplainInput,
+    plan: &Plan,
+    exponent: f64,
+    policy: EplbPolicy,
+) -> Result<Vec<f64>, ExplainError> {
+    if !(exponent.is_finite() && exponent >= 0.0) {
+        return Err(input("skew", exponent, "must be a number >= 0"));
+    }
+    let m = &inp.model;
+    let layers = (m.moe_layers() + if inp.mtp.tokens > 0 { m.mtp_layers } else { 0 }) as usize;
+    let spec = ExpertLoadSpec::Zipf {
+        exponent,
+        drift: 0.0,
+        epoch_steps: 1,
+    };
+    let load = ExpertLoad::new(
+        &spec,
+        layers,
+        m.routed_experts as usize,
+        1,
+        std::path::Path::new("."),
+    )
+    .map_err(|e| input("skew", exponent, e.to_string()))?;
+    let layout = EpLayout {
+        slots: m.routed_experts as u32 + plan.redundant_experts,
+        dies: plan.routed_dies,
+        dies_per_node: inp.cost.system.dies_per_node(),
+        groups: m.router_groups as u32,
+    };
+    let p = place(policy, load.shares(), &layout)
+        .map_err(|e| input("eplb", format!("{policy:?}"), e.to_string()))?;
+    Ok(p.layers
+        .iter()
+        .zip(load.shares())
+        .map(|(lp, sh)| 1.0 / balancedness(&lp.die_loads(sh, p.slots_per_die)))
+        .collect())
 }
 
 /// Prices one step of one instance and everything around it.
@@ -251,17 +315,44 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
         mtp_tokens: inp.mtp.tokens,
     };
     let full = shape_for(b, tokens_per_seq, &inp.model, false);
-    let load = |s: &BatchShape| MoeLoad {
-        // Every DP rank of the EP group computes the same shape; its TP dies share its tokens.
-        group_tokens: s.tokens() * plan.dp as u64,
-        imbalance: inp.moe_imbalance,
-    };
-    let step = price(&step_ops(spec, &full, &load(&full)), &inp.cost);
     let half = shape_for(b, tokens_per_seq, &inp.model, true);
-    let half_cost = price(&step_ops(spec, &half, &load(&half)), &inp.cost);
-    let tmb = two_microbatch_time(&half_cost, inp.cost.params.overlap_efficiency);
-    let serial = step.serial_s;
+    let per_layer = match inp.expert_skew {
+        Some((exponent, policy)) => Some(layer_imbalance(inp, &plan, exponent, policy)?),
+        None => None,
+    };
+    let imbalance = per_layer.as_ref().map_or(inp.moe_imbalance, |v| {
+        v.iter().sum::<f64>() / v.len() as f64
+    });
+    // The step priced at an imbalance: (serial, two micro-batches, the serial step's op costs).
+    let step_at = |imbalance: f64| {
+        let load = |s: &BatchShape| MoeLoad {
+            // Every DP rank of the EP group computes the same shape; its TP dies share its tokens.
+            group_tokens: s.tokens() * plan.dp as u64,
+            imbalance,
+        };
+        let step = price(&step_ops(spec, &full, &load(&full)), &inp.cost);
+        let half_cost = price(&step_ops(spec, &half, &load(&half)), &inp.cost);
+        let tmb = two_microbatch_time(&half_cost, inp.cost.params.overlap_efficiency);
+        (step.serial_s, tmb, step)
+    };
+    let (serial, tmb, step) = step_at(imbalance);
     let step_s = serial.min(tmb);
+    let moe = per_layer.map(|v| {
+        let (ps, pt, _) = step_at(1.0);
+        let perfect = ps.min(pt);
+        let (exponent, policy) = inp
+            .expert_skew
+            .expect("per-layer imbalance comes from a skew");
+        MoeReport {
+            skew: exponent,
+            policy,
+            imbalance_min: v.iter().copied().fold(f64::INFINITY, f64::min),
+            imbalance_max: v.iter().copied().fold(1.0, f64::max),
+            imbalance_per_layer: v,
+            perfect_step_ms: perfect * 1e3,
+            imbalance_cost_ms: (step_s - perfect) * 1e3,
+        }
+    });
 
     let memory = memory_map(
         &inp.model,
@@ -303,7 +394,8 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
         batch: b.clone(),
         shape: full,
         mtp: inp.mtp.clone(),
-        moe_imbalance: inp.moe_imbalance,
+        moe_imbalance: imbalance,
+        moe,
         step_ms: step_s * 1e3,
         serial_step_ms: serial * 1e3,
         two_microbatch_step_ms: tmb * 1e3,

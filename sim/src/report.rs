@@ -56,6 +56,13 @@ pub fn render_explain(e: &Explain) -> String {
         e.two_microbatch_gain * 100.0
     );
     let _ = writeln!(s, "  roofline limit   {:>9.3} ms  (all compute at 100% of peak, no overhead, no communication)", e.roofline_ms);
+    if let Some(m) = &e.moe {
+        let _ = writeln!(
+            s,
+            "MoE imbalance      {:>9.2} x  (hottest routed die over the mean; layers {:.2} .. {:.2}; Zipf {} placed by {:?}): +{:.3} ms over perfect balance",
+            e.moe_imbalance, m.imbalance_min, m.imbalance_max, m.skew, m.policy, m.imbalance_cost_ms
+        );
+    }
     let t = &e.throughput;
     if let Some(tpot) = t.tpot_ms {
         let _ = writeln!(
