@@ -436,3 +436,71 @@ fn dynamic_eplb_follows_a_shifting_load_and_pays_for_its_moves() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn an_instance_can_start_from_a_placement_file() {
+    let dir = tmp("placement");
+    // Experts 0, 32, ..., 224 are hot.
+    let counts: Vec<Vec<u64>> = (0..59)
+        .map(|_| {
+            (0..256)
+                .map(|e| if e % 32 == 0 { 5000 } else { 100 })
+                .collect()
+        })
+        .collect();
+    let heat = serde_json::json!({ "format": "dstwin-expert-load/1", "experts": 256, "windows": [{ "start_step": 0, "steps": 100, "counts": counts }] });
+    std::fs::write(dir.join("heat.json"), heat.to_string()).unwrap();
+    // A bad placement: every hot expert on die 0 (8 slots per die on 32 dies).
+    let hot: Vec<u32> = (0..8).map(|i| i * 32).collect();
+    let rest: Vec<u32> = (0..256).filter(|e| e % 32 != 0).collect();
+    let phy2log: Vec<u32> = hot.iter().chain(rest.iter()).copied().collect();
+    let layer = serde_json::json!({ "phy2log": phy2log, "replicas": vec![1; 256] });
+    let bad = |layers: usize| {
+        serde_json::json!({ "policy": "identity", "slots_per_die": 8, "layers": vec![layer.clone(); layers] }).to_string()
+    };
+    std::fs::write(dir.join("bad.json"), bad(59)).unwrap();
+    let run = |placement: Option<&str>| {
+        let heat = format!("expert_load.path=\"{}\"", dir.join("heat.json").display());
+        let mut args = vec![
+            "simulate".to_string(),
+            data("tiny-pd.toml"),
+            "--json".into(),
+            "--quiet".into(),
+            "--set".into(),
+            "expert_load.kind=replay".into(),
+            "--set".into(),
+            heat,
+        ];
+        if let Some(p) = placement {
+            args.extend([
+                "--set".to_string(),
+                format!("decode.placement=\"{}\"", dir.join(p).display()),
+            ]);
+        }
+        Command::new(env!("CARGO_BIN_EXE_dstwin"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    let computed: serde_json::Value = serde_json::from_slice(&run(None).stdout).unwrap();
+    let o = run(Some("bad.json"));
+    assert!(o.status.success(), "{}", err(&o));
+    let from_file: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let imb = |v: &serde_json::Value| v["instances"][1]["moe_imbalance"].as_f64().unwrap();
+    assert!(
+        imb(&from_file) > 2.0 * imb(&computed),
+        "{} vs {}",
+        imb(&from_file),
+        imb(&computed)
+    );
+    // A placement for another shape is refused with both numbers.
+    std::fs::write(dir.join("bad.json"), bad(58)).unwrap();
+    let o = run(Some("bad.json"));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        err(&o).contains("placement has 58 layers, the instance has 59 MoE layers"),
+        "{}",
+        err(&o)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -245,6 +245,11 @@ pub struct InstanceSpec {
     /// Two-micro-batch overlap of communication with compute.
     #[serde(default)]
     pub two_microbatch: bool,
+    /// An expert placement file to start from instead of computing one (what `dstwin eplb
+    /// --json` prints, or its `placement` object), relative to the scenario file; it must match
+    /// this instance's MoE layers (MTP included when on) and routed-expert slots.
+    #[serde(default)]
+    pub placement: Option<String>,
     #[serde(default)]
     pub scheduler: SchedulerSpec,
 }
@@ -308,6 +313,7 @@ pub struct InstanceSetup {
     pub layout: Layout,
     pub plan: Plan,
     pub two_microbatch: bool,
+    pub placement: Option<String>,
     pub scheduler: SchedulerSpec,
     pub memory: MemoryMap,
     pub kv_blocks_per_rank: u64,
@@ -429,6 +435,7 @@ fn is_instance_key(k: &str) -> bool {
             | "redundant_experts"
             | "shared_expert_dies"
             | "two_microbatch"
+            | "placement"
             | "scheduler"
     )
 }
@@ -712,6 +719,7 @@ fn validate(
             layout,
             plan,
             two_microbatch: spec.two_microbatch,
+            placement: spec.placement.clone(),
             scheduler: s.clone(),
             memory,
             kv_blocks_per_rank,

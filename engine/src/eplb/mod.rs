@@ -137,7 +137,85 @@ pub fn balancedness(die_loads: &[f64]) -> f64 {
     die_loads.iter().sum::<f64>() / die_loads.len() as f64 / max
 }
 
+/// Why a placement read from a file does not fit an instance.
+#[derive(Debug, Error, PartialEq)]
+pub enum PlacementMismatch {
+    #[error("placement has {got} layers, the instance has {expected} MoE layers")]
+    Layers { got: usize, expected: usize },
+    #[error("placement layer {layer} has {got} slots, the instance has {expected}")]
+    Slots {
+        layer: usize,
+        got: usize,
+        expected: u32,
+    },
+    #[error("placement slots_per_die = {got}, the instance has {expected}")]
+    SlotsPerDie { got: u32, expected: u32 },
+    #[error("placement layer {layer}: {reason}")]
+    Layer { layer: usize, reason: String },
+}
+
 impl Placement {
+    /// Checks that this placement fits `layers` MoE layers of `experts` experts on `layout`, and
+    /// that its replica counts agree with its slots.
+    pub fn check(
+        &self,
+        layers: usize,
+        experts: usize,
+        layout: &EpLayout,
+    ) -> Result<(), PlacementMismatch> {
+        if self.layers.len() != layers {
+            return Err(PlacementMismatch::Layers {
+                got: self.layers.len(),
+                expected: layers,
+            });
+        }
+        let spd = layout.slots / layout.dies.max(1);
+        if self.slots_per_die != spd {
+            return Err(PlacementMismatch::SlotsPerDie {
+                got: self.slots_per_die,
+                expected: spd,
+            });
+        }
+        for (l, lp) in self.layers.iter().enumerate() {
+            if lp.phy2log.len() != layout.slots as usize {
+                return Err(PlacementMismatch::Slots {
+                    layer: l,
+                    got: lp.phy2log.len(),
+                    expected: layout.slots,
+                });
+            }
+            if lp.replicas.len() != experts {
+                return Err(PlacementMismatch::Layer {
+                    layer: l,
+                    reason: format!("{} replica counts for {experts} experts", lp.replicas.len()),
+                });
+            }
+            let mut count = vec![0u32; experts];
+            for &e in &lp.phy2log {
+                let c = count
+                    .get_mut(e as usize)
+                    .ok_or_else(|| PlacementMismatch::Layer {
+                        layer: l,
+                        reason: format!("expert {e} out of range"),
+                    })?;
+                *c += 1;
+            }
+            if count != lp.replicas {
+                return Err(PlacementMismatch::Layer {
+                    layer: l,
+                    reason: "replica counts disagree with phy2log".into(),
+                });
+            }
+            if let Some(e) = count.iter().position(|&c| c == 0) {
+                return Err(PlacementMismatch::Layer {
+                    layer: l,
+                    reason: format!("expert {e} has no slot"),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Balancedness of each layer under `load`.
     pub fn balancedness(&self, load: &[Vec<f64>]) -> Vec<f64> {
         self.layers

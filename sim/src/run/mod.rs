@@ -18,7 +18,7 @@ use dstwin_engine::device::{
     Capacity, ClassTimes, Device, KvTransfer, ReqId, StepOutcome, CLASS_SLOTS,
 };
 use dstwin_engine::eplb::cycle::{CycleConfig, Rebalancer};
-use dstwin_engine::eplb::{place, EpLayout};
+use dstwin_engine::eplb::{place, EpLayout, Placement};
 use dstwin_engine::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
 use dstwin_engine::layout::Role;
 use dstwin_engine::model::kv_bytes;
@@ -39,6 +39,12 @@ pub enum RunError {
     Device(#[from] dstwin_engine::device::DeviceError),
     #[error(transparent)]
     ExpertLoad(#[from] crate::expert_load::ExpertLoadError),
+    #[error("instance '{instance}': placement file {file}: {message}")]
+    Placement {
+        instance: String,
+        file: String,
+        message: String,
+    },
     #[error("instance '{instance}': expert placement")]
     Eplb {
         instance: String,
@@ -188,7 +194,16 @@ fn experts_for(
         instance: setup.name.clone(),
         source,
     };
-    let placement = place(s.eplb.policy, load.shares(), &layout).map_err(eplb_err)?;
+    let placement =
+        match &setup.placement {
+            Some(file) => load_placement(&s.base_dir.join(file), layers, experts, &layout)
+                .map_err(|message| RunError::Placement {
+                    instance: setup.name.clone(),
+                    file: file.clone(),
+                    message,
+                })?,
+            None => place(s.eplb.policy, load.shares(), &layout).map_err(eplb_err)?,
+        };
     let rebalancer = s.eplb.dynamic.then(|| {
         Rebalancer::new(
             CycleConfig {
@@ -218,6 +233,22 @@ fn experts_for(
         s.model.top_k as f64,
         move_s,
     ))
+}
+
+/// Reads a placement file: `dstwin eplb --json` output or a bare placement object.
+fn load_placement(
+    path: &std::path::Path,
+    layers: usize,
+    experts: usize,
+    layout: &EpLayout,
+) -> Result<Placement, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let p: Placement = serde_json::from_value(v.get("placement").cloned().unwrap_or(v))
+        .map_err(|e| e.to_string())?;
+    p.check(layers, experts, layout)
+        .map_err(|e| e.to_string())?;
+    Ok(p)
 }
 
 fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceConfig {
