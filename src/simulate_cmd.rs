@@ -36,6 +36,10 @@ pub struct SimulateArgs {
     /// Also write a chrome-trace timeline of steps and KV transfers to this file (Perfetto).
     #[arg(long, value_name = "FILE")]
     timeline: Option<PathBuf>,
+    /// Step every decoding request every step instead of advancing steady ones in aggregate:
+    /// the same report, slower (for checking the aggregation and for profiling).
+    #[arg(long)]
+    step_by_step: bool,
     /// No progress bar and no footer on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -85,6 +89,7 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
             progress: Some(&mut on_progress),
             timeline: a.timeline.is_some(),
             per_request: a.requests_csv.is_some(),
+            step_by_step: a.step_by_step,
         },
     )
     .map_err(|e| Failure::Input(e.into()))?;
@@ -113,12 +118,13 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
     }
     if !a.quiet {
         eprintln!(
-            "wall {:.2} s: {:.0} simulated requests per wall second, {:.1} simulated seconds per wall second, {} events, price cache hits {:.1}%",
+            "wall {:.2} s: {:.0} simulated requests per wall second, {:.1} simulated seconds per wall second, {} events, price cache hits {:.1}%, request-steps in aggregate {:.1}%",
             wall,
             r.requests_finished as f64 / wall.max(1e-9),
             r.simulated_s / wall.max(1e-9),
             r.events,
-            r.price_cache_hit_rate * 100.0
+            r.price_cache_hit_rate * 100.0,
+            result.steady_share * 100.0
         );
     }
     Ok(())

@@ -85,6 +85,14 @@ impl BatchShape {
         self.decode_pairs_capped += cap.capped_causal_sum(context_tokens, tokens);
     }
 
+    /// Adds `seqs` decoding sequences given by their sums (see the fields).
+    pub fn add_decode_sums(&mut self, seqs: u64, tokens: u64, pairs: u64, pairs_capped: u64) {
+        self.decode_seqs += seqs as u32;
+        self.decode_tokens += tokens;
+        self.decode_pairs += pairs;
+        self.decode_pairs_capped += pairs_capped;
+    }
+
     /// A uniform batch: `seqs` sequences each decoding `tokens_per_seq` tokens at `context` KV.
     pub fn uniform_decode(seqs: u32, tokens_per_seq: u64, context: u64, cap: AttnCap) -> Self {
         let mut s = BatchShape::default();

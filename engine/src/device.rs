@@ -5,6 +5,7 @@
 //! [`StepPlan`] and applies the [`StepOutcome`].
 
 use crate::batch::BatchShape;
+use crate::mtp::Acceptance;
 use crate::time::SimDuration;
 use serde::Serialize;
 use thiserror::Error;
@@ -25,11 +26,13 @@ pub struct Capacity {
     pub kv_bytes_per_token: f64,
 }
 
-/// One decoding sequence of a step: it verifies `drafts` MTP draft tokens.
+/// One sampling sequence of a step: it verifies `drafts` MTP draft tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct DecodeSeq {
     pub req: ReqId,
     pub drafts: u32,
+    /// Output tokens the request had produced before this step.
+    pub position: u32,
 }
 
 /// One DP rank's part of a step.
@@ -120,4 +123,10 @@ pub trait Device {
     fn execute(&mut self, plan: &StepPlan, out: &mut StepOutcome) -> Result<(), DeviceError>;
     /// Price a KV transfer leaving this instance.
     fn send_kv(&mut self, xfer: &KvTransfer) -> Result<TransferOutcome, DeviceError>;
+    /// The device's MTP acceptance when it is known ahead as a function of (request, output
+    /// position), as in the twin. A scheduler given it advances steadily decoding requests in
+    /// aggregate instead of touching each every step. Real devices return `None` (default).
+    fn acceptance(&self) -> Option<Acceptance> {
+        None
+    }
 }

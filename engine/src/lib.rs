@@ -9,6 +9,7 @@
 //! - [`memory`]: the memory map of a die and its KV capacity.
 //! - [`eplb`]: expert placement with redundant experts (DeepSeek's and greedy algorithms).
 //! - [`instance`]: an instance's DP-rank schedulers (vLLM v1), KV blocks and prefix cache.
+//! - [`mtp`]: MTP draft acceptance as a function of request and output position.
 //! - [`pd`]: the PD proxy's routing policies.
 //! - [`opgraph`]: the per-step op graph, the one description of a step's work.
 
@@ -19,6 +20,7 @@ pub mod instance;
 pub mod layout;
 pub mod memory;
 pub mod model;
+pub mod mtp;
 pub mod opgraph;
 pub mod pd;
 pub mod time;

@@ -358,3 +358,157 @@ proptest! {
         prop_assert_eq!(log, again);
     }
 }
+
+type Trace = Vec<(
+    Vec<dstwin_engine::batch::BatchShape>,
+    Vec<InstEvent>,
+    StepSummary,
+)>;
+
+/// Drives an instance whose device draws MTP acceptance from `acc`; with `aggregate` the
+/// scheduler is given the same acceptance and advances steady requests in aggregate.
+#[allow(clippy::too_many_arguments)]
+fn drive_with_acceptance(
+    reqs: &[(u32, u32, u64)],
+    blocks: u64,
+    block_size: u32,
+    spec: u32,
+    budget: u32,
+    cap: Option<u64>,
+    max_model_len: u64,
+    send_back: bool,
+    aggregate: bool,
+) -> (Trace, dstwin_engine::instance::InstanceStats) {
+    let acc = dstwin_engine::mtp::Acceptance::new(&[0.7, 0.4], 11);
+    let mut c = cfg(if send_back { Role::Decode } else { Role::Mixed }, blocks);
+    c.block_size = block_size;
+    c.num_spec_tokens = spec;
+    c.max_num_batched_tokens = budget;
+    c.max_num_seqs = 12;
+    c.attn_cap = AttnCap(cap);
+    c.max_model_len = max_model_len;
+    c.send_back = send_back;
+    c.dp_ranks = 2;
+    let mut inst = Instance::new(c);
+    if aggregate {
+        inst.set_acceptance(Some(acc));
+    }
+    let mut trace = Vec::new();
+    let mut next = 0;
+    for s in 0..4_000u64 {
+        while next < reqs.len() && reqs[next].2 <= s {
+            let (p, o, _) = reqs[next];
+            let mut r = req(next as u64, p, o);
+            r.remote_kv = send_back;
+            inst.add_request(r, SimTime::ZERO);
+            next += 1;
+        }
+        if next == reqs.len() && !inst.has_work() {
+            break;
+        }
+        inst.schedule(SimTime::ZERO);
+        for id in inst.kv_pulls().to_vec() {
+            inst.kv_arrived(id, SimTime::ZERO);
+        }
+        let plan = inst.plan().clone();
+        let accepted = plan
+            .ranks
+            .iter()
+            .map(|r| {
+                r.decode
+                    .iter()
+                    .map(|d| acc.accepted(d.req, d.position, d.drafts))
+                    .collect()
+            })
+            .collect();
+        let mut ev = Vec::new();
+        let sum = inst.apply(
+            SimTime::ZERO,
+            &StepOutcome {
+                accepted,
+                ..Default::default()
+            },
+            &mut ev,
+        );
+        // Sent-back requests come back as new pulls, like a proxy re-prefilling them would.
+        for e in &ev {
+            if let InstEvent::SentBack { req: id, emitted } = *e {
+                let (p, o, _) = reqs[id as usize];
+                let mut r = req(id, p + emitted, o - emitted);
+                r.remote_kv = true;
+                inst.add_request(r, SimTime::ZERO);
+            }
+        }
+        trace.push((plan.ranks.iter().map(|r| r.shape).collect(), ev, sum));
+    }
+    (trace, inst.stats())
+}
+
+#[test]
+fn aggregation_covers_steady_decoding_preemption_and_budget_fallbacks() {
+    let reqs: Vec<(u32, u32, u64)> = (0..24)
+        .map(|i| (40 + 7 * i, 150 + 3 * i, i as u64))
+        .collect();
+    let run = |blocks, budget, aggregate| {
+        drive_with_acceptance(
+            &reqs,
+            blocks,
+            16,
+            1,
+            budget,
+            None,
+            1 << 20,
+            false,
+            aggregate,
+        )
+    };
+    // Ample KV and budget: most request-steps advance in aggregate.
+    let (exact, _) = run(400, 4096, false);
+    let (fast, st) = run(400, 4096, true);
+    assert_eq!(exact, fast);
+    assert!(st.steady_steps > 4 * st.exact_steps, "{st:?}");
+    // Tight KV: preemptions hit steady requests; a tight budget forces exact steps.
+    let (exact, _) = run(40, 4096, false);
+    let (fast, st) = run(40, 4096, true);
+    assert_eq!(exact, fast);
+    assert!(st.preemptions > 0 && st.steady_steps > 0, "{st:?}");
+    let (exact, _) = run(400, 20, false);
+    let (fast, st) = run(400, 20, true);
+    assert_eq!(exact, fast);
+    assert!(st.budget_fallbacks > 0 && st.steady_steps > 0, "{st:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Advancing steady requests in aggregate gives exactly the schedule of stepping every
+    /// request: the same batch shapes (what the device prices), events and token totals, step by
+    /// step, under KV pressure (preemption, send-back), a binding budget, sparse-attention caps
+    /// and max_model_len.
+    #[test]
+    fn aggregated_decoding_is_exact(
+        reqs in prop::collection::vec((1u32..600, 1u32..300, 0u64..200), 1..30),
+        blocks in 8u64..80,
+        block_size in prop::sample::select(vec![4u32, 16, 128]),
+        spec in 0u32..3,
+        budget in prop::sample::select(vec![8u32, 24, 4096]),
+        cap in prop::option::of(16u64..700),
+        max_model_len in prop::sample::select(vec![700u64, 1 << 20]),
+        send_back in any::<bool>(),
+    ) {
+        // Every prompt must fit max_model_len and the KV (else vLLM rejects it up front).
+        let reqs: Vec<_> = reqs
+            .into_iter()
+            .map(|(p, o, t)| (p.min((blocks * block_size as u64 / 2) as u32).max(1), o, t))
+            .collect();
+        let (exact, _) = drive_with_acceptance(
+            &reqs, blocks, block_size, spec, budget, cap, max_model_len, send_back, false,
+        );
+        let (fast, _) = drive_with_acceptance(
+            &reqs, blocks, block_size, spec, budget, cap, max_model_len, send_back, true,
+        );
+        prop_assert_eq!(exact.len(), fast.len(), "step count");
+        for (i, (a, b)) in exact.iter().zip(&fast).enumerate() {
+            prop_assert_eq!(a, b, "step {}", i);
+        }
+    }
+}

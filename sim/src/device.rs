@@ -13,11 +13,10 @@ use dstwin_engine::eplb::cycle::{CycleEffect, Rebalancer};
 use dstwin_engine::eplb::Placement;
 use dstwin_engine::layout::Plan;
 use dstwin_engine::model::{ModelConfig, Quant};
+use dstwin_engine::mtp::Acceptance;
 use dstwin_engine::opgraph::{step_ops, MoeLoad, StepSpec};
 use dstwin_engine::time::SimDuration;
 use dstwin_hwmodels::{CostModel, DType};
-use rand::{RngCore, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use rustc_hash::FxHashMap;
 
 /// Significant bits kept when quantizing shape sums for the price cache: prices are computed on
@@ -169,55 +168,11 @@ impl StepPricer {
     }
 }
 
-/// Draws MTP acceptance: draft i is accepted with probability p_i given draft i-1 was.
-#[derive(Clone, Debug)]
-pub struct MtpSampler {
-    /// p_i as thresholds on a uniform u64 (the last repeats): one integer compare per draw.
-    thresholds: Vec<u64>,
-    rng: ChaCha8Rng,
-}
-
-impl MtpSampler {
-    pub fn new(acceptance: Vec<f64>, seed: u64) -> Self {
-        let thresholds = acceptance
-            .iter()
-            .map(|p| {
-                if *p >= 1.0 {
-                    u64::MAX
-                } else {
-                    (p.max(0.0) * 2f64.powi(64)) as u64
-                }
-            })
-            .collect();
-        MtpSampler {
-            thresholds,
-            rng: ChaCha8Rng::seed_from_u64(seed),
-        }
-    }
-
-    /// Accepted drafts out of `drafts`.
-    pub fn accepted(&mut self, drafts: u32) -> u32 {
-        let last = self.thresholds.len().saturating_sub(1);
-        let mut n = 0;
-        while n < drafts {
-            let Some(&t) = self.thresholds.get((n as usize).min(last)) else {
-                break;
-            };
-            if self.rng.next_u64() < t {
-                n += 1;
-            } else {
-                break;
-            }
-        }
-        n
-    }
-}
-
 /// The twin's device for one instance.
 #[derive(Clone, Debug)]
 pub struct SimDevice {
     pricer: StepPricer,
-    mtp: MtpSampler,
+    mtp: Acceptance,
     capacity: Capacity,
     dummy: BatchShape,
     /// Routed-expert load, the placement it runs on and the rebalance cycle (`None`: perfect
@@ -306,7 +261,7 @@ impl SimDevice {
     /// optionally a rebalance cycle), or perfect balance with `None`.
     pub fn new(
         pricer: StepPricer,
-        mtp: MtpSampler,
+        mtp: Acceptance,
         capacity: Capacity,
         experts: Option<Experts>,
     ) -> Self {
@@ -397,12 +352,20 @@ impl Device for SimDevice {
         out.accepted.resize_with(plan.ranks.len(), Vec::new);
         for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
             acc.clear();
-            acc.extend(r.decode.iter().map(|d| self.mtp.accepted(d.drafts)));
+            acc.extend(
+                r.decode
+                    .iter()
+                    .map(|d| self.mtp.accepted(d.req, d.position, d.drafts)),
+            );
         }
         // Expert weights moving in this step are not overlapped with it.
         out.duration = SimDuration::from_secs_f64(slowest.time_s + extra_s);
         out.class_times = slowest.class_times;
         Ok(())
+    }
+
+    fn acceptance(&self) -> Option<Acceptance> {
+        Some(self.mtp)
     }
 
     fn send_kv(&mut self, xfer: &KvTransfer) -> Result<TransferOutcome, DeviceError> {
@@ -432,18 +395,5 @@ mod tests {
                 "{v} -> {q}"
             );
         }
-    }
-
-    #[test]
-    fn mtp_acceptance_matches_its_probability() {
-        let mut s = MtpSampler::new(vec![0.7], 7);
-        let n = 100_000;
-        let acc: u32 = (0..n).map(|_| s.accepted(1)).sum();
-        let rate = acc as f64 / n as f64;
-        assert!((rate - 0.7).abs() < 0.01, "{rate}");
-        // A chain: the second draft needs the first.
-        let mut s = MtpSampler::new(vec![0.8, 0.5], 7);
-        let two: u32 = (0..n).map(|_| u32::from(s.accepted(2) == 2)).sum();
-        assert!((two as f64 / n as f64 - 0.4).abs() < 0.01);
     }
 }

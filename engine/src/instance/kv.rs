@@ -3,6 +3,10 @@
 //! Free blocks sit in an LRU queue (a doubly linked list over block ids, O(1) removal). A freed
 //! block keeps its hash and stays hit-able until it is reused (lazy eviction). A request frees its
 //! blocks tail first, so its prefix is evicted last.
+//!
+//! Without prefix caching no block is ever hit again, the order of reuse does not matter, and the
+//! free blocks are a plain stack ([`BlockPool::without_caching`]): the cheapest bookkeeping for
+//! the millions of blocks a long run allocates.
 
 use rustc_hash::FxHashMap;
 
@@ -20,6 +24,8 @@ pub struct BlockPool {
     tail: u32,
     free: u64,
     cached: FxHashMap<u64, u32>,
+    /// `Some`: no caching, free blocks on a stack (the LRU fields stay empty).
+    stack: Option<Vec<u32>>,
 }
 
 impl BlockPool {
@@ -39,11 +45,32 @@ impl BlockPool {
             tail: NIL,
             free: 0,
             cached: FxHashMap::default(),
+            stack: None,
         };
         for b in 0..n as u32 {
             p.push_tail(b);
         }
         p
+    }
+
+    /// A pool for a cache without prefix caching: no hashes, no LRU order.
+    pub fn without_caching(blocks: u64) -> Self {
+        assert!(
+            blocks > 0 && blocks < NIL as u64,
+            "block count out of range: {blocks}"
+        );
+        BlockPool {
+            ref_cnt: vec![0; blocks as usize],
+            hash: Vec::new(),
+            prev: Vec::new(),
+            next: Vec::new(),
+            in_free: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            free: blocks,
+            cached: FxHashMap::default(),
+            stack: Some((0..blocks as u32).rev().collect()),
+        }
     }
 
     pub fn total(&self) -> u64 {
@@ -109,6 +136,15 @@ impl BlockPool {
         if n > self.free {
             return false;
         }
+        if let Some(st) = &mut self.stack {
+            for _ in 0..n {
+                let b = st.pop().expect("free count matches the stack");
+                self.ref_cnt[b as usize] = 1;
+                out.push(b);
+            }
+            self.free -= n;
+            return true;
+        }
         for _ in 0..n {
             let b = self.pop();
             out.push(b);
@@ -123,11 +159,15 @@ impl BlockPool {
 
     /// True if `b` sits in the free queue (unreferenced, possibly still cached).
     pub fn is_free(&self, b: u32) -> bool {
+        if self.stack.is_some() {
+            return self.ref_cnt[b as usize] == 0;
+        }
         self.in_free[b as usize]
     }
 
     /// Takes a reference on a cached block (a prefix hit).
     pub fn touch(&mut self, b: u32) {
+        assert!(self.stack.is_none(), "prefix hit in a pool without caching");
         if self.in_free[b as usize] {
             self.unlink(b);
         }
@@ -136,6 +176,9 @@ impl BlockPool {
 
     /// Records that full block `b` holds content `hash`.
     pub fn set_hash(&mut self, b: u32, hash: u64) {
+        if self.stack.is_some() {
+            return;
+        }
         if self.hash[b as usize].is_none() && !self.cached.contains_key(&hash) {
             self.hash[b as usize] = Some(hash);
             self.cached.insert(hash, b);
@@ -149,13 +192,29 @@ impl BlockPool {
             debug_assert!(*r > 0, "double free of block {b}");
             *r -= 1;
             if *r == 0 {
-                self.push_tail(b);
+                match &mut self.stack {
+                    Some(st) => {
+                        st.push(b);
+                        self.free += 1;
+                    }
+                    None => self.push_tail(b),
+                }
             }
         }
     }
 
     /// Checks the pool's bookkeeping (tests and debug builds).
     pub fn check(&self) {
+        if let Some(st) = &self.stack {
+            assert_eq!(st.len() as u64, self.free, "free stack length");
+            assert!(
+                st.iter().all(|&b| self.ref_cnt[b as usize] == 0),
+                "a block on the free stack has refs"
+            );
+            let in_use = self.ref_cnt.iter().filter(|&&r| r > 0).count() as u64;
+            assert_eq!(in_use + self.free, self.total(), "blocks conserved");
+            return;
+        }
         let mut n = 0;
         let mut b = self.head;
         while b != NIL {
@@ -219,5 +278,24 @@ mod tests {
         assert_eq!(c, vec![a[1]]);
         assert_eq!(p.lookup(12), None);
         p.check();
+    }
+
+    #[test]
+    fn a_pool_without_caching_conserves_blocks() {
+        let mut p = BlockPool::without_caching(5);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        assert!(p.allocate(3, &mut a));
+        assert!(!p.allocate(3, &mut b));
+        assert!(b.is_empty(), "nothing taken on failure");
+        assert!(p.allocate(2, &mut b));
+        assert_eq!(p.free(), 0);
+        p.set_hash(a[0], 1);
+        assert_eq!(p.lookup(1), None, "no caching");
+        p.release(&a);
+        assert_eq!(p.free(), 3);
+        p.check();
+        let mut all: Vec<u32> = a.iter().chain(&b).copied().collect();
+        all.sort();
+        assert_eq!(all, vec![0, 1, 2, 3, 4]);
     }
 }

@@ -14,6 +14,7 @@ pub mod rank;
 use crate::batch::AttnCap;
 use crate::device::{ReqId, StepOutcome, StepPlan};
 use crate::layout::Role;
+use crate::mtp::Acceptance;
 use crate::time::SimTime;
 use rank::RankScheduler;
 use serde::Serialize;
@@ -89,6 +90,11 @@ pub struct InstanceStats {
     pub preemptions: u64,
     pub running: u64,
     pub waiting: u64,
+    /// Request-steps advanced in aggregate (steady) and one by one; steps where the token budget
+    /// could bind with steady requests in a rank. Diagnostics of the scheduler's speed.
+    pub steady_steps: u64,
+    pub exact_steps: u64,
+    pub budget_fallbacks: u64,
 }
 
 /// One instance's schedulers.
@@ -117,6 +123,14 @@ impl Instance {
             started: Vec::new(),
             pulls: Vec::new(),
             pending: Vec::new(),
+        }
+    }
+
+    /// Lets the ranks advance steadily decoding requests in aggregate with the device's MTP
+    /// acceptance ([`crate::device::Device::acceptance`]); call before adding requests.
+    pub fn set_acceptance(&mut self, a: Option<Acceptance>) {
+        for r in &mut self.ranks {
+            r.set_acceptance(a);
         }
     }
 
@@ -226,6 +240,9 @@ impl Instance {
             s.prefix_queries += r.stats.prefix_queries;
             s.prefix_hits += r.stats.prefix_hits;
             s.preemptions += r.stats.preemptions;
+            s.steady_steps += r.stats.steady_steps;
+            s.exact_steps += r.stats.exact_steps;
+            s.budget_fallbacks += r.stats.budget_fallbacks;
             s.running += r.num_running() as u64;
             s.waiting += r.num_waiting() as u64;
         }

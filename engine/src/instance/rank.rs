@@ -3,18 +3,38 @@
 //! prefix caching; preemption of the newest running request when KV runs out; MTP lookahead slots
 //! and rollback of rejected drafts. IO-free: time comes in as an argument.
 //!
-//! Requests live in a slab; queues hold slab indices. Per step, work is proportional to the
-//! requests scheduled, and what happens to every one of them is reported in aggregate (tokens
-//! emitted, requests that emitted in consecutive steps) plus one event per request only when
-//! something happens to it (first token, a gap, finish, preemption).
+//! Requests live in a slab; queues hold slab indices. What happens to requests is reported in
+//! aggregate (tokens emitted, requests that emitted in consecutive steps) plus one event per
+//! request only when something happens to it (first token, a gap, finish, preemption).
+//!
+//! **Steady decoding in aggregate.** When the device's MTP acceptance is a known function of
+//! (request, output position) ([`Acceptance`], the twin's model), a request that is simply
+//! decoding is not touched every step. After a step, such a request is scanned ahead to its next
+//! event: the step that needs a new KV block, the step it finishes in, the step `max_model_len`
+//! would clip it, or the end of the lookahead window. Until then it is *steady*: it computes
+//! 1 + k tokens per step, needs no allocation, and samples every step. Its contribution to the
+//! rank's batch shape (attention pairs, capped pairs) and its emitted tokens are written as
+//! per-step deltas into a ring indexed by step; the rank's steady sums advance by one ring cell
+//! per step. At its event step the request rejoins the running list and that step is scheduled
+//! exactly. The result is the same schedule, the same shapes and the same events as stepping
+//! every request (a property test compares the two), with per-step work independent of the
+//! number of steady requests.
+//!
+//! Order is kept: every running request has an admission order; the running list holds the
+//! non-steady ones in that order, and preemption takes the newest of both sets. When the token
+//! budget could bind (steady demand plus the others' demand exceeds it), every steady request is
+//! brought back and the step is scheduled request by request; the rank then stays exact for
+//! [`COOLDOWN`] steps so that a budget-bound rank does not rescan its requests every step.
 
 use super::kv::{chain, BlockPool};
 use super::{InstEvent, InstanceConfig, NewRequest, StepSummary};
 use crate::batch::BatchShape;
 use crate::device::{DecodeSeq, RankPlan, ReqId};
 use crate::layout::Role;
+use crate::mtp::Acceptance;
 use rustc_hash::FxHashMap;
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -43,6 +63,47 @@ struct Seq {
     admitted_once: bool,
     /// The rank step in which it last sampled.
     last_step: u64,
+    /// Position in the running order (larger: admitted later).
+    order: u64,
+    /// Steady window: plan steps `from..until` (until 0: not steady). While steady, `computed`,
+    /// `output` and `last_step` already hold their values at `until`; `base_*` hold them at
+    /// `from`.
+    from: u64,
+    until: u64,
+    base_computed: u32,
+    base_output: u32,
+    /// Index in the rank's steady list.
+    steady_idx: u32,
+    /// `LIN` or `SAT` while steady.
+    regime: u8,
+}
+
+/// Ring cells: steps a steady window can span (at most `RING - 2`).
+const RING: usize = 128;
+/// Steps a rank stays exact after a step whose budget could bind.
+pub const COOLDOWN: u64 = 64;
+
+/// Regimes of a steady window under capped (sparse) attention: `LIN`, every key of every query
+/// within the cap (or no cap), so pairs grow with the context; `SAT`, every query at the cap. A
+/// window never spans the few steps in between (they run exactly).
+const LIN: usize = 0;
+const SAT: usize = 1;
+
+/// Steady windows entering (+) and leaving (-) at one step, per regime: how many, and their
+/// contexts (KV tokens before the step).
+#[derive(Clone, Copy, Debug, Default)]
+struct Delta {
+    seqs: [i32; 2],
+    context: [i64; 2],
+}
+
+/// The steady requests of the current step, per regime: how many and the sum of their contexts;
+/// and the tokens the last step added to those contexts, applied at the next step.
+#[derive(Clone, Copy, Debug, Default)]
+struct SteadySums {
+    seqs: [i64; 2],
+    context: [i64; 2],
+    pending: [u64; 2],
 }
 
 /// Per-step bookkeeping of one scheduled request.
@@ -60,6 +121,11 @@ pub struct RankStats {
     pub prefix_queries: u64,
     pub prefix_hits: u64,
     pub preemptions: u64,
+    /// Request-steps advanced in aggregate (steady) and one by one.
+    pub steady_steps: u64,
+    pub exact_steps: u64,
+    /// Steps whose budget could bind with steady requests in the rank.
+    pub budget_fallbacks: u64,
 }
 
 /// One DP rank's scheduler.
@@ -78,6 +144,24 @@ pub struct RankScheduler {
     /// Steps applied so far.
     step: u64,
     pub stats: RankStats,
+    /// Known MTP acceptance: enables steady decoding in aggregate.
+    acceptance: Option<Acceptance>,
+    steady: Vec<u32>,
+    sums: SteadySums,
+    /// Per step (ring cell): tokens the steady requests compute and keep, per regime. The only
+    /// per-request-step write; 8 bytes a cell keeps a rank's ring in cache.
+    tokens: Vec<[u32; 2]>,
+    /// Per step (ring cell): windows entering and leaving.
+    deltas: Vec<Delta>,
+    /// Window ends: (plan step, slot, id), earliest first.
+    due: BinaryHeap<Reverse<(u64, u32, ReqId)>>,
+    /// The last plan step whose ring cell was applied (+1; 0: none).
+    advanced: u64,
+    /// No request turns steady before this plan step.
+    exact_until: u64,
+    next_order: u64,
+    /// Steady requests in the last plan.
+    planned_steady: u64,
 }
 
 fn blocks_for(tokens: u64, bs: u32) -> u64 {
@@ -87,7 +171,11 @@ fn blocks_for(tokens: u64, bs: u32) -> u64 {
 impl RankScheduler {
     pub fn new(cfg: InstanceConfig) -> Self {
         RankScheduler {
-            pool: BlockPool::new(cfg.num_kv_blocks),
+            pool: if cfg.enable_prefix_caching {
+                BlockPool::new(cfg.num_kv_blocks)
+            } else {
+                BlockPool::without_caching(cfg.num_kv_blocks)
+            },
             cfg,
             slab: Vec::new(),
             free_slots: Vec::new(),
@@ -99,6 +187,30 @@ impl RankScheduler {
             finished: Vec::new(),
             step: 0,
             stats: RankStats::default(),
+            acceptance: None,
+            steady: Vec::new(),
+            sums: SteadySums::default(),
+            tokens: Vec::new(),
+            deltas: Vec::new(),
+            due: BinaryHeap::new(),
+            advanced: 0,
+            exact_until: 0,
+            next_order: 0,
+            planned_steady: 0,
+        }
+    }
+
+    /// Lets the rank advance steadily decoding requests in aggregate, drawing their MTP acceptance
+    /// from `a` (which must be what the device draws). `None` steps every request.
+    pub fn set_acceptance(&mut self, a: Option<Acceptance>) {
+        assert!(
+            self.steady.is_empty(),
+            "acceptance changes only between requests"
+        );
+        self.acceptance = a;
+        if a.is_some() && self.tokens.is_empty() {
+            self.tokens = vec![[0; 2]; RING];
+            self.deltas = vec![Delta::default(); RING];
         }
     }
 
@@ -112,7 +224,7 @@ impl RankScheduler {
 
     /// Requests this rank holds that are not finished (for DP load balancing).
     pub fn load(&self) -> usize {
-        self.waiting.len() + self.running.len() + self.pulling
+        self.waiting.len() + self.running.len() + self.steady.len() + self.pulling
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -120,7 +232,7 @@ impl RankScheduler {
     }
 
     pub fn num_running(&self) -> usize {
-        self.running.len()
+        self.running.len() + self.steady.len()
     }
 
     pub fn kv_usage(&self) -> f64 {
@@ -128,7 +240,7 @@ impl RankScheduler {
     }
 
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty()
+        !self.running.is_empty() || !self.steady.is_empty() || !self.waiting.is_empty()
     }
 
     /// Chained hashes of the prompt's full blocks, from hash ids of `hash_block_tokens` tokens.
@@ -167,6 +279,13 @@ impl RankScheduler {
             remote: r.remote_kv,
             admitted_once: false,
             last_step: 0,
+            order: 0,
+            from: 0,
+            until: 0,
+            base_computed: 0,
+            base_output: 0,
+            steady_idx: 0,
+            regime: 0,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -219,6 +338,214 @@ impl RankScheduler {
         }
     }
 
+    /// Tokens a running request would compute this step before the budget, and whether it is
+    /// decoding (only its last sampled token is not in KV yet).
+    fn demand(cfg: &InstanceConfig, s: &Seq) -> (u64, bool) {
+        // Tokens whose ids are known: the prompt and what was sampled. A request decodes when
+        // only the last sampled token is not in KV yet; otherwise it (re)computes known tokens.
+        let known = s.prompt + s.output;
+        let decoding = s.output > 0 && s.computed + 1 >= known;
+        let target = known as u64
+            + if decoding {
+                cfg.num_spec_tokens as u64
+            } else {
+                0
+            };
+        let mut new = target.saturating_sub(s.computed as u64);
+        if !decoding && cfg.long_prefill_token_threshold > 0 {
+            new = new.min(cfg.long_prefill_token_threshold as u64);
+        }
+        (
+            new.min(cfg.max_model_len.saturating_sub(s.computed as u64)),
+            decoding,
+        )
+    }
+
+    fn at(step: u64) -> usize {
+        (step % RING as u64) as usize
+    }
+
+    /// Inserts a running request into the running list at its place in the running order.
+    fn insert_running(&mut self, slot: u32) {
+        let order = self.seq(slot).order;
+        let slab = &self.slab;
+        let at = self
+            .running
+            .partition_point(|&x| slab[x as usize].as_ref().expect("live slot").order < order);
+        self.running.insert(at, slot);
+    }
+
+    fn leave_steady(&mut self, slot: u32) {
+        let s = Self::seq_mut(&mut self.slab, slot);
+        let idx = s.steady_idx as usize;
+        s.until = 0;
+        self.steady.swap_remove(idx);
+        if let Some(&moved) = self.steady.get(idx) {
+            Self::seq_mut(&mut self.slab, moved).steady_idx = idx as u32;
+        }
+    }
+
+    /// Advances the steady sums to plan step `p` (once per step) and returns the requests whose
+    /// steady window ends at `p` to the running list.
+    fn advance(&mut self, p: u64) {
+        if self.tokens.is_empty() || self.advanced > p {
+            return;
+        }
+        self.advanced = p + 1;
+        let d = std::mem::take(&mut self.deltas[Self::at(p)]);
+        let sums = &mut self.sums;
+        for r in [LIN, SAT] {
+            sums.context[r] += std::mem::take(&mut sums.pending[r]) as i64 + d.context[r];
+            sums.seqs[r] += d.seqs[r] as i64;
+        }
+        while let Some(&Reverse((step, slot, id))) = self.due.peek() {
+            if step > p {
+                break;
+            }
+            self.due.pop();
+            let ends = self.slab[slot as usize]
+                .as_ref()
+                .is_some_and(|s| s.id == id && s.until == p);
+            if ends {
+                self.leave_steady(slot);
+                self.insert_running(slot);
+            }
+        }
+    }
+
+    /// Scans a request that has just sampled in plan step `q0 - 1` ahead to its next event and,
+    /// if it stays simply decoding for at least one step, makes it steady until then.
+    fn try_steady(&mut self, slot: u32, q0: u64) -> bool {
+        let Some(acc) = self.acceptance else {
+            return false;
+        };
+        if q0 < self.exact_until {
+            return false;
+        }
+        let cfg = self.cfg;
+        let bs = cfg.block_size;
+        let k = cfg.num_spec_tokens;
+        let t = 1 + k as u64;
+        let s = self.slab[slot as usize].as_mut().expect("live slot");
+        let full = ((s.prompt / bs) as usize).min(s.hashes.len());
+        if s.state != State::Running
+            || s.until != 0
+            || s.output == 0
+            || s.output >= s.max_output
+            || s.computed + 1 != s.prompt + s.output
+            || s.last_step != q0
+            || (s.hashed as usize) < full
+        {
+            return false;
+        }
+        // Keys per query: all of them below the cap, the cap above it.
+        let (regime, lin_limit) = match cfg.attn_cap.0 {
+            None => (LIN, u64::MAX),
+            Some(c) if s.computed as u64 >= c => (SAT, u64::MAX),
+            Some(c) => (LIN, c),
+        };
+        let capacity = s.blocks.len() as u64 * bs as u64;
+        let draws = acc.request(s.id);
+        let (mut c, mut o) = (s.computed, s.output);
+        let mut q = q0;
+        while q - q0 < (RING - 2) as u64 {
+            let cu = c as u64;
+            // The next step would allocate a block, be clipped by max_model_len, or have queries
+            // past the cap.
+            if cu + t + k as u64 > capacity || cu + t > cfg.max_model_len || cu + t > lin_limit {
+                break;
+            }
+            let a = draws.accepted(o, k);
+            let emitted = (1 + a).min(s.max_output - o);
+            if o + emitted >= s.max_output {
+                // It finishes in that step.
+                break;
+            }
+            self.tokens[Self::at(q)][regime] += emitted;
+            c += emitted;
+            o += emitted;
+            q += 1;
+        }
+        if q == q0 {
+            return false;
+        }
+        let enter = &mut self.deltas[Self::at(q0)];
+        enter.seqs[regime] += 1;
+        enter.context[regime] += s.computed as i64;
+        let leave = &mut self.deltas[Self::at(q)];
+        leave.seqs[regime] -= 1;
+        leave.context[regime] -= c as i64;
+        self.due.push(Reverse((q, slot, s.id)));
+        s.base_computed = s.computed;
+        s.base_output = s.output;
+        s.from = q0;
+        s.until = q;
+        s.regime = regime as u8;
+        s.computed = c;
+        s.output = o;
+        // It samples in every step of the window; the last is plan step q - 1.
+        s.last_step = q;
+        s.steady_idx = self.steady.len() as u32;
+        self.steady.push(slot);
+        true
+    }
+
+    /// Takes steady request `slot` out of its window at plan step `p` (`from <= p < until`,
+    /// before step `p` runs): its state becomes its state at `p`, and the rest of its window
+    /// leaves the sums and the ring.
+    fn unsteady(&mut self, slot: u32, p: u64) {
+        let acc = self.acceptance.expect("steady requests need acceptance");
+        let k = self.cfg.num_spec_tokens;
+        let s = self.slab[slot as usize].as_mut().expect("live slot");
+        debug_assert!(
+            s.from <= p && p < s.until,
+            "plan step {p} inside the window"
+        );
+        let r = s.regime as usize;
+        let draws = acc.request(s.id);
+        let (mut c, mut o) = (s.base_computed, s.base_output);
+        let mut at_p = (c, o);
+        for q in s.from..s.until {
+            // Inside a window every step emits 1 + accepted.
+            let emitted = 1 + draws.accepted(o, k);
+            if q == p {
+                at_p = (c, o);
+            }
+            if q >= p {
+                self.tokens[Self::at(q)][r] -= emitted;
+            }
+            c += emitted;
+            o += emitted;
+        }
+        self.sums.seqs[r] -= 1;
+        self.sums.context[r] -= at_p.0 as i64;
+        let leave = &mut self.deltas[Self::at(s.until)];
+        leave.seqs[r] += 1;
+        leave.context[r] += c as i64;
+        (s.computed, s.output) = at_p;
+        s.last_step = p;
+        self.leave_steady(slot);
+    }
+
+    /// Removes the newest running request (steady or not) from the running set for preemption.
+    /// A steady one gives its share of the budget back.
+    fn pop_newest(&mut self, p: u64, budget: &mut u64) -> Option<u32> {
+        let last = self.running.last().map(|&x| self.seq(x).order);
+        let newest_steady = self
+            .steady
+            .iter()
+            .copied()
+            .max_by_key(|&x| self.seq(x).order);
+        match newest_steady {
+            Some(st) if last.is_none_or(|o| self.seq(st).order > o) => {
+                self.unsteady(st, p);
+                *budget += 1 + self.cfg.num_spec_tokens as u64;
+                Some(st)
+            }
+            _ => self.running.pop(),
+        }
+    }
+
     /// Plans this rank's step into `plan`; requests admitted for the first time go to `started`,
     /// remote-KV requests whose blocks are now allocated go to `pulls`.
     pub fn schedule(
@@ -231,28 +558,40 @@ impl RankScheduler {
         plan.shape = BatchShape::default();
         plan.decode.clear();
         self.entries.clear();
+        let p = self.step;
+        self.advance(p);
         let cfg = self.cfg;
         let bs = cfg.block_size;
         let k = cfg.num_spec_tokens;
         let cap = cfg.attn_cap;
         let mut budget = cfg.max_num_batched_tokens as u64;
+        // Steady requests take 1 + k tokens each. If the budget could bind, the running order
+        // decides who gets it: schedule request by request.
+        let steady_demand = self.steady.len() as u64 * (1 + k as u64);
+        if steady_demand > 0 {
+            let others: u64 = self
+                .running
+                .iter()
+                .map(|&x| Self::demand(&cfg, self.seq(x)).0)
+                .sum();
+            if steady_demand + others > budget {
+                self.stats.budget_fallbacks += 1;
+                self.exact_until = p + COOLDOWN;
+                while let Some(&slot) = self.steady.last() {
+                    self.unsteady(slot, p);
+                    self.insert_running(slot);
+                }
+            }
+        }
+        budget -= self.steady.len() as u64 * (1 + k as u64);
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let slot = self.running[i];
             let s = self.seq(slot);
-            // Tokens whose ids are known: the prompt and what was sampled. A request decodes when
-            // only the last sampled token is not in KV yet; otherwise it (re)computes known tokens.
             let known = s.prompt + s.output;
-            let decoding = s.output > 0 && s.computed + 1 >= known;
-            let target = known as u64 + if decoding { k as u64 } else { 0 };
-            let mut new = target.saturating_sub(s.computed as u64);
-            if !decoding && cfg.long_prefill_token_threshold > 0 {
-                new = new.min(cfg.long_prefill_token_threshold as u64);
-            }
-            new = new
-                .min(budget)
-                .min(cfg.max_model_len.saturating_sub(s.computed as u64));
+            let (new, decoding) = Self::demand(&cfg, s);
+            let new = new.min(budget);
             if new == 0 {
                 i += 1;
                 continue;
@@ -266,7 +605,9 @@ impl RankScheduler {
                     fits = true;
                     break;
                 }
-                let victim = self.running.pop().expect("the current request is running");
+                let victim = self
+                    .pop_newest(p, &mut budget)
+                    .expect("the current request is running");
                 self.preempt(victim, events);
                 preempted = true;
                 if victim == slot {
@@ -286,7 +627,11 @@ impl RankScheduler {
                 plan.shape.add_prefill(new, s.computed as u64, cap);
             }
             if samples {
-                plan.decode.push(DecodeSeq { req: s.id, drafts });
+                plan.decode.push(DecodeSeq {
+                    req: s.id,
+                    drafts,
+                    position: s.output,
+                });
             }
             self.entries.push(Entry {
                 slot,
@@ -300,7 +645,7 @@ impl RankScheduler {
         // Waiting requests: only if nothing was preempted, within budget and max_num_seqs.
         while !preempted
             && budget > 0
-            && self.running.len() + self.pulling < cfg.max_num_seqs as usize
+            && self.running.len() + self.steady.len() + self.pulling < cfg.max_num_seqs as usize
         {
             let Some(&slot) = self.waiting.front() else {
                 break;
@@ -368,12 +713,15 @@ impl RankScheduler {
                 started.push(s.id);
             }
             s.state = State::Running;
+            s.order = self.next_order;
+            self.next_order += 1;
             let samples = cached as u64 + new >= known as u64;
             plan.shape.add_prefill(new, cached as u64, cap);
             if samples {
                 plan.decode.push(DecodeSeq {
                     req: s.id,
                     drafts: 0,
+                    position: s.output,
                 });
             }
             self.entries.push(Entry {
@@ -386,6 +734,27 @@ impl RankScheduler {
             self.running.push(slot);
             budget -= new;
         }
+        // The steady requests' share, from their sums: each computes t = 1 + k query tokens
+        // after its context c, t*c + t(t+1)/2 pairs (capped: t*cap once c >= cap).
+        let n = self.steady.len() as u64;
+        let sm = self.sums;
+        debug_assert_eq!(sm.seqs[LIN] + sm.seqs[SAT], n as i64, "steady count");
+        if n > 0 {
+            let t = 1 + k as u64;
+            let tri = t * (t + 1) / 2;
+            let (lin, sat) = (sm.seqs[LIN] as u64, sm.seqs[SAT] as u64);
+            let (clin, csat) = (sm.context[LIN] as u64, sm.context[SAT] as u64);
+            let capped_sat = cap.0.map_or(0, |c| sat * t * c);
+            plan.shape.add_decode_sums(
+                n,
+                n * t,
+                t * (clin + csat) + n * tri,
+                t * clin + lin * tri + capped_sat,
+            );
+        }
+        self.planned_steady = n;
+        self.stats.steady_steps += n;
+        self.stats.exact_steps += self.entries.len() as u64;
         #[cfg(debug_assertions)]
         self.check();
     }
@@ -393,9 +762,19 @@ impl RankScheduler {
     /// Applies a step's outcome: `accepted[j]` drafts for the j-th sampling entry. Adds the
     /// tokens emitted to `sum` and reports first tokens, gaps and finishes in `events`.
     pub fn update(&mut self, accepted: &[u32], sum: &mut StepSummary, events: &mut Vec<InstEvent>) {
+        let p = self.step;
         self.step += 1;
         let step = self.step;
         let bs = self.cfg.block_size;
+        // Steady requests sampled in this step and in the one before.
+        if !self.tokens.is_empty() {
+            let tk = std::mem::take(&mut self.tokens[Self::at(p)]);
+            for r in [LIN, SAT] {
+                sum.tokens += tk[r] as u64;
+                self.sums.pending[r] += tk[r] as u64;
+            }
+            sum.continuing += self.planned_steady;
+        }
         let mut j = 0;
         for e in &self.entries {
             let Some(s) = self.slab[e.slot as usize].as_mut() else {
@@ -452,6 +831,21 @@ impl RankScheduler {
         }
         finished.clear();
         self.finished = finished;
+        // Requests that are now simply decoding go steady until their next event.
+        if self.acceptance.is_some() && step >= self.exact_until {
+            let mut any = false;
+            for i in 0..self.entries.len() {
+                let e = self.entries[i];
+                if e.samples && self.slab[e.slot as usize].is_some() {
+                    any |= self.try_steady(e.slot, step);
+                }
+            }
+            if any {
+                let slab = &self.slab;
+                self.running
+                    .retain(|&x| slab[x as usize].as_ref().is_some_and(|s| s.until == 0));
+            }
+        }
         #[cfg(debug_assertions)]
         self.check();
     }
@@ -470,6 +864,8 @@ impl RankScheduler {
                 // The prompt's KV is here; the last prompt token is computed again for its
                 // logits, and that step samples the first output token.
                 s.computed = s.prompt.saturating_sub(1);
+                s.order = self.next_order;
+                self.next_order += 1;
                 self.pulling -= 1;
                 self.running.push(slot);
             }
@@ -502,10 +898,26 @@ impl RankScheduler {
             );
         }
         for &slot in &self.running {
-            assert_eq!(
-                self.seq(slot).state,
-                State::Running,
-                "slot {slot} in running"
+            let s = self.seq(slot);
+            assert_eq!(s.state, State::Running, "slot {slot} in running");
+            assert_eq!(s.until, 0, "slot {slot} both running and steady");
+        }
+        for w in self.running.windows(2) {
+            assert!(
+                self.seq(w[0]).order < self.seq(w[1]).order,
+                "running list in running order"
+            );
+        }
+        for (i, &slot) in self.steady.iter().enumerate() {
+            let s = self.seq(slot);
+            assert_eq!(s.state, State::Running, "steady slot {slot}");
+            assert_eq!(s.steady_idx as usize, i, "steady index of slot {slot}");
+            assert!(
+                s.from <= self.step + 1 && s.until >= self.step,
+                "slot {slot}: window {}..{} around step {}",
+                s.from,
+                s.until,
+                self.step
             );
         }
         let live: Vec<&Seq> = self.slab.iter().flatten().collect();

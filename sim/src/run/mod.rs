@@ -10,7 +10,7 @@ mod report;
 
 pub use report::{InstanceReport, RequestRow, RunResult, SimReport, Span};
 
-use crate::device::{Experts, MtpSampler, PricerSpec, SimDevice, StepPricer};
+use crate::device::{Experts, PricerSpec, SimDevice, StepPricer};
 use crate::expert_load::{ExpertLoad, ExpertLoadSpec};
 use crate::metrics::Latencies;
 use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
@@ -22,6 +22,7 @@ use dstwin_engine::eplb::{place, EpLayout, Placement};
 use dstwin_engine::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
 use dstwin_engine::layout::Role;
 use dstwin_engine::model::kv_bytes;
+use dstwin_engine::mtp::Acceptance;
 use dstwin_engine::pd::Proxy;
 use dstwin_engine::time::{SimDuration, SimTime};
 use dstwin_hwmodels::{A2aMode, Comm, CommKind};
@@ -76,6 +77,9 @@ pub struct RunOptions<'a> {
     pub timeline: bool,
     /// Record one row per finished request.
     pub per_request: bool,
+    /// Step every decoding request every step instead of advancing steady ones in aggregate.
+    /// Same results, slower: for checking the aggregation and for profiling.
+    pub step_by_step: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -292,11 +296,9 @@ impl<'s, 'o> Sim<'s, 'o> {
                     two_microbatch: setup.two_microbatch,
                     cost: s.cost.clone(),
                 });
-                // Sub-streams of the run's seed, one per instance.
-                let mtp = MtpSampler::new(
-                    s.mtp.acceptance.clone(),
-                    s.seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(index + 1)),
-                );
+                // Acceptance is a property of the request and its output position, the same on
+                // every instance.
+                let mtp = Acceptance::new(&s.mtp.acceptance, s.seed);
                 let capacity = Capacity {
                     dp_ranks: setup.plan.dp,
                     kv_blocks_per_rank: setup.kv_blocks_per_rank,
@@ -331,7 +333,13 @@ impl<'s, 'o> Sim<'s, 'o> {
                         setup.name.clone()
                     },
                     role: setup.plan.role,
-                    inst: Instance::new(instance_config(setup, s)),
+                    inst: {
+                        let mut inst = Instance::new(instance_config(setup, s));
+                        if !opts.step_by_step {
+                            inst.set_acceptance(device.acceptance());
+                        }
+                        inst
+                    },
                     device,
                     busy: false,
                     step_start: SimTime::ZERO,

@@ -109,6 +109,9 @@ pub struct RunResult {
     pub report: SimReport,
     pub requests: Vec<RequestRow>,
     pub timeline: Vec<Span>,
+    /// Share of request-steps advanced in aggregate (a speed diagnostic, not in the report:
+    /// the report is the same either way).
+    pub steady_share: f64,
 }
 
 impl Sim<'_, '_> {
@@ -218,10 +221,18 @@ impl Sim<'_, '_> {
             },
             events: self.processed,
         };
+        let (steady, exact) = self.insts.iter().fold((0, 0), |(a, b), i| {
+            let st = i.inst.stats();
+            if std::env::var_os("DSTWIN_DEBUG_STEADY").is_some() {
+                eprintln!("{}: {:?}", i.name, st);
+            }
+            (a + st.steady_steps, b + st.exact_steps)
+        });
         RunResult {
             report,
             requests: self.rows,
             timeline: self.spans,
+            steady_share: steady as f64 / (steady + exact).max(1) as f64,
         }
     }
 }

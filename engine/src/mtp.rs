@@ -1,0 +1,144 @@
+//! MTP draft acceptance as the twin models it: a function of the request and the output position,
+//! not of the batch.
+//!
+//! Draft i is accepted with probability p_i given draft i-1 was (the last p repeats). The draws
+//! are counter-based: the uniform number for draft i of request r at output position o is a hash
+//! of (seed, r, o, i). Whatever batches the request lands in, the same request at the same
+//! position accepts the same drafts, as a real model would on the same text. That is what lets the
+//! scheduler advance a steadily decoding request many steps ahead and land exactly where
+//! step-by-step execution would (see `instance::rank`).
+
+use crate::device::ReqId;
+
+/// Most draft positions with their own probability (later drafts repeat the last one).
+pub const MAX_POSITIONS: usize = 8;
+
+/// Per-position acceptance with counter-based draws.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Acceptance {
+    seed: u64,
+    /// p_i as thresholds on a uniform u64: one integer compare per draw.
+    thresholds: [u64; MAX_POSITIONS],
+    len: usize,
+}
+
+/// One request's draws (the request part of the hash computed once).
+#[derive(Clone, Copy, Debug)]
+pub struct RequestDraws<'a> {
+    acc: &'a Acceptance,
+    key: u64,
+}
+
+/// splitmix64's finalizer: a bijective mix with full avalanche.
+#[inline]
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Acceptance {
+    /// `probs[i]`: probability that draft i is accepted given draft i-1 was; values are clamped to
+    /// [0, 1]; positions past [`MAX_POSITIONS`] (and past the list) repeat the last value. An
+    /// empty list accepts nothing.
+    pub fn new(probs: &[f64], seed: u64) -> Self {
+        let mut thresholds = [0u64; MAX_POSITIONS];
+        for (t, p) in thresholds.iter_mut().zip(probs) {
+            *t = if *p >= 1.0 {
+                u64::MAX
+            } else {
+                (p.max(0.0) * 2f64.powi(64)) as u64
+            };
+        }
+        Acceptance {
+            seed: mix(seed ^ 0x6a09_e667_f3bc_c908),
+            thresholds,
+            len: probs.len().min(MAX_POSITIONS),
+        }
+    }
+
+    /// The draws of one request.
+    #[inline]
+    pub fn request(&self, req: ReqId) -> RequestDraws<'_> {
+        RequestDraws {
+            acc: self,
+            key: mix(self.seed ^ req.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        }
+    }
+
+    /// Drafts accepted out of `drafts` by request `req` at output position `position` (tokens it
+    /// had produced before the step).
+    pub fn accepted(&self, req: ReqId, position: u32, drafts: u32) -> u32 {
+        self.request(req).accepted(position, drafts)
+    }
+}
+
+impl RequestDraws<'_> {
+    /// Drafts accepted out of `drafts` at output position `position`.
+    #[inline]
+    pub fn accepted(&self, position: u32, drafts: u32) -> u32 {
+        let a = self.acc;
+        if a.len == 0 {
+            return 0;
+        }
+        let base = self.key ^ ((position as u64) << 8);
+        let mut n = 0;
+        while n < drafts {
+            let t = a.thresholds[(n as usize).min(a.len - 1)];
+            if mix(base ^ n as u64) < t {
+                n += 1;
+            } else {
+                break;
+            }
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acceptance_matches_its_probability() {
+        let a = Acceptance::new(&[0.7], 7);
+        let n = 200_000u32;
+        let acc: u32 = (0..n).map(|i| a.accepted(i as u64 % 97, i, 1)).sum();
+        let rate = acc as f64 / n as f64;
+        assert!((rate - 0.7).abs() < 0.01, "rate {rate}");
+    }
+
+    #[test]
+    fn second_draft_is_conditional_on_the_first() {
+        let a = Acceptance::new(&[0.8, 0.5], 7);
+        let n = 200_000u32;
+        let two = (0..n).filter(|&i| a.accepted(3, i, 2) == 2).count() as f64 / n as f64;
+        assert!((two - 0.4).abs() < 0.01, "P(both) {two}");
+        let one = (0..n).filter(|&i| a.accepted(3, i, 2) >= 1).count() as f64 / n as f64;
+        assert!((one - 0.8).abs() < 0.01, "P(first) {one}");
+    }
+
+    #[test]
+    fn draws_depend_on_request_position_and_seed_only() {
+        let a = Acceptance::new(&[0.5], 1);
+        let b = Acceptance::new(&[0.5], 1);
+        let c = Acceptance::new(&[0.5], 2);
+        let seq = |x: &Acceptance, r| (0..256).map(|o| x.accepted(r, o, 1)).collect::<Vec<_>>();
+        assert_eq!(seq(&a, 5), seq(&b, 5));
+        assert_ne!(seq(&a, 5), seq(&a, 6), "requests draw independently");
+        assert_ne!(seq(&a, 5), seq(&c, 5), "seeds draw independently");
+    }
+
+    #[test]
+    fn edge_probabilities() {
+        let never = Acceptance::new(&[0.0], 3);
+        let always = Acceptance::new(&[1.0], 3);
+        let none = Acceptance::new(&[], 3);
+        for o in 0..1000 {
+            assert_eq!(never.accepted(1, o, 3), 0);
+            assert_eq!(always.accepted(1, o, 3), 3);
+            assert_eq!(none.accepted(1, o, 3), 0);
+            assert_eq!(always.accepted(1, o, 0), 0);
+        }
+    }
+}
