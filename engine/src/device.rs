@@ -31,8 +31,9 @@ pub struct Capacity {
 pub struct DecodeSeq {
     pub req: ReqId,
     pub drafts: u32,
-    /// Output tokens the request had produced before this step.
-    pub position: u32,
+    /// Sampling steps the request had taken on this instance before this one (indexes the
+    /// twin's acceptance draws).
+    pub step: u32,
 }
 
 /// One DP rank's part of a step.
@@ -123,8 +124,8 @@ pub trait Device {
     fn execute(&mut self, plan: &StepPlan, out: &mut StepOutcome) -> Result<(), DeviceError>;
     /// Price a KV transfer leaving this instance.
     fn send_kv(&mut self, xfer: &KvTransfer) -> Result<TransferOutcome, DeviceError>;
-    /// The device's MTP acceptance when it is known ahead as a function of (request, output
-    /// position), as in the twin. A scheduler given it advances steadily decoding requests in
+    /// The device's MTP acceptance when it is known ahead as a function of (request, sampling
+    /// step), as in the twin. A scheduler given it advances steadily decoding requests in
     /// aggregate instead of touching each every step. Real devices return `None` (default).
     fn acceptance(&self) -> Option<Acceptance> {
         None

@@ -1,12 +1,13 @@
-//! MTP draft acceptance as the twin models it: a function of the request and the output position,
-//! not of the batch.
+//! MTP draft acceptance as the twin models it: a function of the request and of how many
+//! sampling steps it has taken, not of the batch.
 //!
 //! Draft i is accepted with probability p_i given draft i-1 was (the last p repeats). The draws
-//! are counter-based: the uniform number for draft i of request r at output position o is a hash
-//! of (seed, r, o, i). Whatever batches the request lands in, the same request at the same
-//! position accepts the same drafts, as a real model would on the same text. That is what lets the
-//! scheduler advance a steadily decoding request many steps ahead and land exactly where
-//! step-by-step execution would (see `instance::rank`).
+//! are counter-based: the uniform number for draft i of request r at its j-th sampling step is a
+//! hash of (seed, r, j, i). Whatever batches the request lands in, it accepts the same drafts at
+//! the same step of its life. That is what lets the scheduler advance a steadily decoding request
+//! many steps ahead and land exactly where step-by-step execution would (see `instance::rank`);
+//! indexing by step rather than by output position keeps the draws of successive steps
+//! independent of each other's outcome, so that scan pipelines.
 
 use crate::device::ReqId;
 
@@ -29,12 +30,24 @@ pub struct RequestDraws<'a> {
     key: u64,
 }
 
-/// splitmix64's finalizer: a bijective mix with full avalanche.
-#[inline]
+/// splitmix64's finalizer: a bijective mix with full avalanche (for keys).
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// wyrand's constants: the stream increment and the output mask.
+const WY_INC: u64 = 0xa076_1d64_78bd_642f;
+const WY_OUT: u64 = 0xe703_7ed1_a0b4_28db;
+/// Offset between the streams of successive draft positions.
+const DRAFT_STRIDE: u64 = 0x8ebc_6af0_9c88_c6e3;
+
+/// wyrand's output function on state `s`: one 64x64->128 multiply, folded.
+#[inline]
+fn wy(s: u64) -> u64 {
+    let r = (s as u128) * ((s ^ WY_OUT) as u128);
+    (r as u64) ^ ((r >> 64) as u64)
 }
 
 impl Acceptance {
@@ -66,30 +79,35 @@ impl Acceptance {
         }
     }
 
-    /// Drafts accepted out of `drafts` by request `req` at output position `position` (tokens it
-    /// had produced before the step).
-    pub fn accepted(&self, req: ReqId, position: u32, drafts: u32) -> u32 {
-        self.request(req).accepted(position, drafts)
+    /// Drafts accepted out of `drafts` by request `req` at its sampling step `step` (sampling
+    /// steps it had taken before this one).
+    pub fn accepted(&self, req: ReqId, step: u32, drafts: u32) -> u32 {
+        self.request(req).accepted(step, drafts)
     }
 }
 
 impl RequestDraws<'_> {
-    /// Drafts accepted out of `drafts` at output position `position`.
+    /// Drafts accepted out of `drafts` at sampling step `step`: the accepted prefix, counted
+    /// without branches on the draws.
     #[inline]
-    pub fn accepted(&self, position: u32, drafts: u32) -> u32 {
+    pub fn accepted(&self, step: u32, drafts: u32) -> u32 {
         let a = self.acc;
         if a.len == 0 {
             return 0;
         }
-        let base = self.key ^ ((position as u64) << 8);
+        // Draft i draws from its own wyrand stream, at index `step`: the draws of successive
+        // steps are independent of each other, so a scan over steps pipelines.
+        let at = (step as u64 + 1).wrapping_mul(WY_INC);
         let mut n = 0;
-        while n < drafts {
-            let t = a.thresholds[(n as usize).min(a.len - 1)];
-            if mix(base ^ n as u64) < t {
-                n += 1;
-            } else {
-                break;
-            }
+        let mut alive = 1;
+        for i in 0..drafts {
+            let t = a.thresholds[(i as usize).min(a.len - 1)];
+            let s = self
+                .key
+                .wrapping_add((i as u64).wrapping_mul(DRAFT_STRIDE))
+                .wrapping_add(at);
+            alive &= u32::from(wy(s) < t);
+            n += alive;
         }
         n
     }
@@ -119,7 +137,7 @@ mod tests {
     }
 
     #[test]
-    fn draws_depend_on_request_position_and_seed_only() {
+    fn draws_depend_on_request_step_and_seed_only() {
         let a = Acceptance::new(&[0.5], 1);
         let b = Acceptance::new(&[0.5], 1);
         let c = Acceptance::new(&[0.5], 2);
@@ -127,6 +145,22 @@ mod tests {
         assert_eq!(seq(&a, 5), seq(&b, 5));
         assert_ne!(seq(&a, 5), seq(&a, 6), "requests draw independently");
         assert_ne!(seq(&a, 5), seq(&c, 5), "seeds draw independently");
+    }
+
+    #[test]
+    fn successive_steps_are_independent() {
+        // P(accept at j and at j + 1) = p^2, over many requests.
+        let a = Acceptance::new(&[0.6], 9);
+        let (mut both, mut n) = (0u32, 0u32);
+        for r in 0..2_000u64 {
+            let d = a.request(r);
+            for j in 0..100 {
+                both += d.accepted(j, 1) * d.accepted(j + 1, 1);
+                n += 1;
+            }
+        }
+        let rate = both as f64 / n as f64;
+        assert!((rate - 0.36).abs() < 0.01, "P(both) {rate}");
     }
 
     #[test]

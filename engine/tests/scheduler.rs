@@ -417,7 +417,7 @@ fn drive_with_acceptance(
             .map(|r| {
                 r.decode
                     .iter()
-                    .map(|d| acc.accepted(d.req, d.position, d.drafts))
+                    .map(|d| acc.accepted(d.req, d.step, d.drafts))
                     .collect()
             })
             .collect();

@@ -100,16 +100,23 @@ pub struct PricerSpec {
 #[derive(Clone, Debug)]
 pub struct StepPricer {
     spec: PricerSpec,
-    cache: FxHashMap<(BatchShape, u64, u64), RankCost>,
+    cache: FxHashMap<PriceKey, RankCost>,
+    /// Per DP rank, the last key it priced and its cost: a rank's quantized shape stays the
+    /// same for many steps, and this small array stays in cache where the map does not.
+    recent: Vec<Option<(PriceKey, RankCost)>>,
     pub hits: u64,
     pub misses: u64,
 }
+
+/// A price-cache key: quantized shape, quantized group tokens, imbalance bucket.
+type PriceKey = (BatchShape, u64, u64);
 
 impl StepPricer {
     pub fn new(spec: PricerSpec) -> Self {
         StepPricer {
             spec,
             cache: FxHashMap::default(),
+            recent: Vec::new(),
             hits: 0,
             misses: 0,
         }
@@ -139,16 +146,47 @@ impl StepPricer {
     /// the hottest routed die carrying `imbalance` times the mean (priced, like the shapes, at
     /// the quantized value: steps of 2%, so a drifting load revisits cached prices).
     pub fn rank_cost(&mut self, shape: &BatchShape, group_tokens: u64, imbalance: f64) -> RankCost {
+        let key = Self::key(shape, group_tokens, imbalance);
+        self.cost_of(key)
+    }
+
+    /// [`StepPricer::rank_cost`] for DP rank `rank`, checking first what that rank priced last.
+    pub fn rank_cost_of(
+        &mut self,
+        rank: usize,
+        shape: &BatchShape,
+        group_tokens: u64,
+        imbalance: f64,
+    ) -> RankCost {
+        let key = Self::key(shape, group_tokens, imbalance);
+        if rank >= self.recent.len() {
+            self.recent.resize(rank + 1, None);
+        }
+        if let Some((k, c)) = &self.recent[rank] {
+            if *k == key {
+                self.hits += 1;
+                return *c;
+            }
+        }
+        let c = self.cost_of(key);
+        self.recent[rank] = Some((key, c));
+        c
+    }
+
+    fn key(shape: &BatchShape, group_tokens: u64, imbalance: f64) -> PriceKey {
         let bucket = (imbalance * IMBALANCE_BUCKETS)
             .round()
             .max(IMBALANCE_BUCKETS) as u64;
-        let key = (quantize_shape(shape), quantize(group_tokens), bucket);
+        (quantize_shape(shape), quantize(group_tokens), bucket)
+    }
+
+    fn cost_of(&mut self, key: PriceKey) -> RankCost {
         if let Some(c) = self.cache.get(&key) {
             self.hits += 1;
             return *c;
         }
         self.misses += 1;
-        let imb = bucket as f64 / IMBALANCE_BUCKETS;
+        let imb = key.2 as f64 / IMBALANCE_BUCKETS;
         let full = self.price_shape(&key.0, key.1, imb);
         let cost = if self.spec.two_microbatch {
             let h = self.price_shape(&half(&key.0), key.1.div_ceil(2), imb);
@@ -321,7 +359,7 @@ impl Device for SimDevice {
             class_times: [0.0; CLASS_SLOTS],
         };
         let mut last: Option<BatchShape> = None;
-        for r in &plan.ranks {
+        for (i, r) in plan.ranks.iter().enumerate() {
             let shape = if r.shape.is_empty() {
                 self.dummy
             } else {
@@ -332,7 +370,7 @@ impl Device for SimDevice {
                 continue;
             }
             last = Some(shape);
-            let c = self.pricer.rank_cost(&shape, group, self.imbalance);
+            let c = self.pricer.rank_cost_of(i, &shape, group, self.imbalance);
             if c.time_s > slowest.time_s {
                 slowest = c;
             }
@@ -355,7 +393,7 @@ impl Device for SimDevice {
             acc.extend(
                 r.decode
                     .iter()
-                    .map(|d| self.mtp.accepted(d.req, d.position, d.drafts)),
+                    .map(|d| self.mtp.accepted(d.req, d.step, d.drafts)),
             );
         }
         // Expert weights moving in this step are not overlapped with it.

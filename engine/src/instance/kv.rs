@@ -53,7 +53,8 @@ impl BlockPool {
         p
     }
 
-    /// A pool for a cache without prefix caching: no hashes, no LRU order.
+    /// A pool for a cache without prefix caching: no hashes, no LRU order; reference counts are
+    /// kept in debug builds only (to catch double frees).
     pub fn without_caching(blocks: u64) -> Self {
         assert!(
             blocks > 0 && blocks < NIL as u64,
@@ -137,11 +138,13 @@ impl BlockPool {
             return false;
         }
         if let Some(st) = &mut self.stack {
-            for _ in 0..n {
-                let b = st.pop().expect("free count matches the stack");
+            let from = st.len() - n as usize;
+            // Reference counts only guard against double frees here (debug builds).
+            #[cfg(debug_assertions)]
+            for &b in &st[from..] {
                 self.ref_cnt[b as usize] = 1;
-                out.push(b);
             }
+            out.extend(st.drain(from..).rev());
             self.free -= n;
             return true;
         }
@@ -159,9 +162,7 @@ impl BlockPool {
 
     /// True if `b` sits in the free queue (unreferenced, possibly still cached).
     pub fn is_free(&self, b: u32) -> bool {
-        if self.stack.is_some() {
-            return self.ref_cnt[b as usize] == 0;
-        }
+        assert!(self.stack.is_none(), "no block is cached without caching");
         self.in_free[b as usize]
     }
 
@@ -187,6 +188,17 @@ impl BlockPool {
 
     /// Releases a request's blocks, last block first into the free queue.
     pub fn release(&mut self, blocks: &[u32]) {
+        if let Some(st) = &mut self.stack {
+            #[cfg(debug_assertions)]
+            for &b in blocks {
+                let r = &mut self.ref_cnt[b as usize];
+                assert!(*r == 1, "double free of block {b}");
+                *r = 0;
+            }
+            st.extend(blocks.iter().rev());
+            self.free += blocks.len() as u64;
+            return;
+        }
         for &b in blocks.iter().rev() {
             let r = &mut self.ref_cnt[b as usize];
             debug_assert!(*r > 0, "double free of block {b}");

@@ -102,6 +102,9 @@ pub struct InstanceStats {
 pub struct Instance {
     cfg: InstanceConfig,
     ranks: Vec<RankScheduler>,
+    /// Each rank's unfinished requests, kept beside the ranks so that placing a request reads
+    /// one small array instead of every rank.
+    loads: Vec<u32>,
     owner: rustc_hash::FxHashMap<ReqId, u32>,
     plan: StepPlan,
     started: Vec<ReqId>,
@@ -115,6 +118,7 @@ impl Instance {
         assert!(cfg.dp_ranks > 0, "an instance needs at least one DP rank");
         Instance {
             ranks: (0..cfg.dp_ranks).map(|_| RankScheduler::new(cfg)).collect(),
+            loads: vec![0; cfg.dp_ranks as usize],
             plan: StepPlan {
                 ranks: vec![Default::default(); cfg.dp_ranks as usize],
             },
@@ -144,10 +148,11 @@ impl Instance {
 
     /// Adds a request to the least-loaded DP rank; returns the rank.
     pub fn add_request(&mut self, r: NewRequest<'_>, _now: SimTime) -> u32 {
-        let rank = (0..self.ranks.len())
-            .min_by_key(|&i| (self.ranks[i].load(), i))
+        let rank = (0..self.loads.len())
+            .min_by_key(|&i| (self.loads[i], i))
             .expect("at least one rank") as u32;
         self.ranks[rank as usize].add(r);
+        self.loads[rank as usize] += 1;
         self.owner.insert(r.id, rank);
         rank
     }
@@ -161,8 +166,15 @@ impl Instance {
         self.started.clear();
         self.pulls.clear();
         let mut events = Vec::new();
-        for (r, plan) in self.ranks.iter_mut().zip(self.plan.ranks.iter_mut()) {
+        for ((r, plan), load) in self
+            .ranks
+            .iter_mut()
+            .zip(self.plan.ranks.iter_mut())
+            .zip(self.loads.iter_mut())
+        {
             r.schedule(plan, &mut self.started, &mut self.pulls, &mut events);
+            // Send-back preemption removes requests while scheduling.
+            *load = r.load() as u32;
         }
         self.pending = events;
     }
@@ -198,6 +210,7 @@ impl Instance {
                 &mut sum,
                 events,
             );
+            self.loads[i] = r.load() as u32;
         }
         for e in events.iter() {
             if let InstEvent::SentBack { req, .. } | InstEvent::Finished { req } = *e {

@@ -13,10 +13,11 @@
 //! event: the step that needs a new KV block, the step it finishes in, the step `max_model_len`
 //! would clip it, or the end of the lookahead window. Until then it is *steady*: it computes
 //! 1 + k tokens per step, needs no allocation, and samples every step. Its contribution to the
-//! rank's batch shape (attention pairs, capped pairs) and its emitted tokens are written as
-//! per-step deltas into a ring indexed by step; the rank's steady sums advance by one ring cell
-//! per step. At its event step the request rejoins the running list and that step is scheduled
-//! exactly. The result is the same schedule, the same shapes and the same events as stepping
+//! rank's batch shape comes from per-rank sums (steady requests and their contexts, per
+//! attention regime); the tokens it keeps each step are written into a ring indexed by step, and
+//! the sums advance by one ring cell per step. Its window end sits in a small heap with the
+//! context it will have then. At its event step the request rejoins the running list and that
+//! step is scheduled exactly. The result is the same schedule, the same shapes and the same events as stepping
 //! every request (a property test compares the two), with per-step work independent of the
 //! number of steady requests.
 //!
@@ -63,11 +64,13 @@ struct Seq {
     admitted_once: bool,
     /// The rank step in which it last sampled.
     last_step: u64,
+    /// Sampling steps taken (indexes acceptance draws).
+    samples: u32,
     /// Position in the running order (larger: admitted later).
     order: u64,
     /// Steady window: plan steps `from..until` (until 0: not steady). While steady, `computed`,
-    /// `output` and `last_step` already hold their values at `until`; `base_*` hold them at
-    /// `from`.
+    /// `output`, `samples` and `last_step` already hold their values at `until`; `base_*` hold
+    /// them at `from`.
     from: u64,
     until: u64,
     base_computed: u32,
@@ -89,21 +92,28 @@ pub const COOLDOWN: u64 = 64;
 const LIN: usize = 0;
 const SAT: usize = 1;
 
-/// Steady windows entering (+) and leaving (-) at one step, per regime: how many, and their
-/// contexts (KV tokens before the step).
-#[derive(Clone, Copy, Debug, Default)]
-struct Delta {
-    seqs: [i32; 2],
-    context: [i64; 2],
-}
-
 /// The steady requests of the current step, per regime: how many and the sum of their contexts;
-/// and the tokens the last step added to those contexts, applied at the next step.
+/// the tokens the last step added to those contexts and the windows starting at the next step,
+/// both applied when the next step is planned.
 #[derive(Clone, Copy, Debug, Default)]
 struct SteadySums {
     seqs: [i64; 2],
     context: [i64; 2],
     pending: [u64; 2],
+    entering: [i64; 2],
+    entering_context: [i64; 2],
+}
+
+/// A steady window's end: the plan step it ends at, the window (slot, id and start step, to
+/// recognise a window that ended early), its regime and its context at that step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct WindowEnd {
+    step: u64,
+    from: u64,
+    slot: u32,
+    id: ReqId,
+    regime: u8,
+    context: u32,
 }
 
 /// Per-step bookkeeping of one scheduled request.
@@ -148,13 +158,15 @@ pub struct RankScheduler {
     acceptance: Option<Acceptance>,
     steady: Vec<u32>,
     sums: SteadySums,
-    /// Per step (ring cell): tokens the steady requests compute and keep, per regime. The only
-    /// per-request-step write; 8 bytes a cell keeps a rank's ring in cache.
-    tokens: Vec<[u32; 2]>,
-    /// Per step (ring cell): windows entering and leaving.
-    deltas: Vec<Delta>,
-    /// Window ends: (plan step, slot, id), earliest first.
-    due: BinaryHeap<Reverse<(u64, u32, ReqId)>>,
+    /// Per step (ring cell) and regime: tokens the steady requests compute and keep. The only
+    /// per-request-step write; cells of 4 bytes per regime keep a rank's ring in cache.
+    tokens: Vec<u32>,
+    /// Regimes in use: 1 (dense attention) or 2 (capped).
+    regimes: usize,
+    /// Window ends, earliest first.
+    due: BinaryHeap<Reverse<WindowEnd>>,
+    /// The earliest step in `due` (u64::MAX: none), beside the rank's other hot fields.
+    next_due: u64,
     /// The last plan step whose ring cell was applied (+1; 0: none).
     advanced: u64,
     /// No request turns steady before this plan step.
@@ -191,8 +203,9 @@ impl RankScheduler {
             steady: Vec::new(),
             sums: SteadySums::default(),
             tokens: Vec::new(),
-            deltas: Vec::new(),
+            regimes: if cfg.attn_cap.0.is_some() { 2 } else { 1 },
             due: BinaryHeap::new(),
+            next_due: u64::MAX,
             advanced: 0,
             exact_until: 0,
             next_order: 0,
@@ -209,8 +222,7 @@ impl RankScheduler {
         );
         self.acceptance = a;
         if a.is_some() && self.tokens.is_empty() {
-            self.tokens = vec![[0; 2]; RING];
-            self.deltas = vec![Delta::default(); RING];
+            self.tokens = vec![0; RING * self.regimes];
         }
     }
 
@@ -279,6 +291,7 @@ impl RankScheduler {
             remote: r.remote_kv,
             admitted_once: false,
             last_step: 0,
+            samples: 0,
             order: 0,
             from: 0,
             until: 0,
@@ -361,8 +374,9 @@ impl RankScheduler {
         )
     }
 
-    fn at(step: u64) -> usize {
-        (step % RING as u64) as usize
+    /// Ring index of `step`'s cell for `regime`.
+    fn at(&self, step: u64, regime: usize) -> usize {
+        (step % RING as u64) as usize * self.regimes + regime
     }
 
     /// Inserts a running request into the running list at its place in the running order.
@@ -392,25 +406,32 @@ impl RankScheduler {
             return;
         }
         self.advanced = p + 1;
-        let d = std::mem::take(&mut self.deltas[Self::at(p)]);
-        let sums = &mut self.sums;
+        let sm = &mut self.sums;
         for r in [LIN, SAT] {
-            sums.context[r] += std::mem::take(&mut sums.pending[r]) as i64 + d.context[r];
-            sums.seqs[r] += d.seqs[r] as i64;
+            sm.context[r] += std::mem::take(&mut sm.pending[r]) as i64
+                + std::mem::take(&mut sm.entering_context[r]);
+            sm.seqs[r] += std::mem::take(&mut sm.entering[r]);
         }
-        while let Some(&Reverse((step, slot, id))) = self.due.peek() {
-            if step > p {
+        if self.next_due > p {
+            return;
+        }
+        while let Some(&Reverse(w)) = self.due.peek() {
+            if w.step > p {
                 break;
             }
             self.due.pop();
-            let ends = self.slab[slot as usize]
+            // A window ended early (preemption, a binding budget) left its entry behind.
+            let ends = self.slab[w.slot as usize]
                 .as_ref()
-                .is_some_and(|s| s.id == id && s.until == p);
+                .is_some_and(|s| s.id == w.id && s.until == p && s.from == w.from);
             if ends {
-                self.leave_steady(slot);
-                self.insert_running(slot);
+                self.sums.seqs[w.regime as usize] -= 1;
+                self.sums.context[w.regime as usize] -= w.context as i64;
+                self.leave_steady(w.slot);
+                self.insert_running(w.slot);
             }
         }
+        self.next_due = self.due.peek().map_or(u64::MAX, |e| e.0.step);
     }
 
     /// Scans a request that has just sampled in plan step `q0 - 1` ahead to its next event and,
@@ -444,38 +465,52 @@ impl RankScheduler {
             Some(c) if s.computed as u64 >= c => (SAT, u64::MAX),
             Some(c) => (LIN, c),
         };
+        // In a window c - o stays fixed (c = prompt + o - 1): one bound on o covers the block
+        // capacity, max_model_len and the cap for the next step.
         let capacity = s.blocks.len() as u64 * bs as u64;
+        let c_limit = (capacity.saturating_sub(t + k as u64))
+            .min(cfg.max_model_len.saturating_sub(t))
+            .min(lin_limit.saturating_sub(t));
+        let offset = s.computed - s.output;
+        let o_limit = c_limit.saturating_sub(offset as u64).min(u32::MAX as u64) as u32;
+        if (s.computed as u64) > c_limit {
+            return false;
+        }
         let draws = acc.request(s.id);
-        let (mut c, mut o) = (s.computed, s.output);
+        let max_o = s.max_output;
+        let j0 = s.samples;
+        let mut o = s.output;
         let mut q = q0;
-        while q - q0 < (RING - 2) as u64 {
-            let cu = c as u64;
-            // The next step would allocate a block, be clipped by max_model_len, or have queries
-            // past the cap.
-            if cu + t + k as u64 > capacity || cu + t > cfg.max_model_len || cu + t > lin_limit {
+        let w = (RING - 2) as u64;
+        let regimes = self.regimes;
+        let tokens = &mut self.tokens;
+        // The next step would allocate a block, be clipped by max_model_len, have queries past
+        // the cap, or finish the request: then the window ends.
+        while q - q0 < w && o <= o_limit {
+            let e = 1 + draws.accepted(j0 + (q - q0) as u32, k);
+            if o + e >= max_o {
                 break;
             }
-            let a = draws.accepted(o, k);
-            let emitted = (1 + a).min(s.max_output - o);
-            if o + emitted >= s.max_output {
-                // It finishes in that step.
-                break;
-            }
-            self.tokens[Self::at(q)][regime] += emitted;
-            c += emitted;
-            o += emitted;
+            tokens[(q % RING as u64) as usize * regimes + regime] += e;
+            o += e;
             q += 1;
         }
+        let c = o + offset;
         if q == q0 {
             return false;
         }
-        let enter = &mut self.deltas[Self::at(q0)];
-        enter.seqs[regime] += 1;
-        enter.context[regime] += s.computed as i64;
-        let leave = &mut self.deltas[Self::at(q)];
-        leave.seqs[regime] -= 1;
-        leave.context[regime] -= c as i64;
-        self.due.push(Reverse((q, slot, s.id)));
+        // It joins the sums when step q0 is planned and leaves them at q.
+        self.sums.entering[regime] += 1;
+        self.sums.entering_context[regime] += s.computed as i64;
+        self.due.push(Reverse(WindowEnd {
+            step: q,
+            from: q0,
+            slot,
+            id: s.id,
+            regime: regime as u8,
+            context: c,
+        }));
+        self.next_due = self.next_due.min(q);
         s.base_computed = s.computed;
         s.base_output = s.output;
         s.from = q0;
@@ -483,6 +518,7 @@ impl RankScheduler {
         s.regime = regime as u8;
         s.computed = c;
         s.output = o;
+        s.samples += (q - q0) as u32;
         // It samples in every step of the window; the last is plan step q - 1.
         s.last_step = q;
         s.steady_idx = self.steady.len() as u32;
@@ -505,24 +541,26 @@ impl RankScheduler {
         let draws = acc.request(s.id);
         let (mut c, mut o) = (s.base_computed, s.base_output);
         let mut at_p = (c, o);
+        let j0 = s.samples - (s.until - s.from) as u32;
         for q in s.from..s.until {
             // Inside a window every step emits 1 + accepted.
-            let emitted = 1 + draws.accepted(o, k);
+            let emitted = 1 + draws.accepted(j0 + (q - s.from) as u32, k);
             if q == p {
                 at_p = (c, o);
             }
             if q >= p {
-                self.tokens[Self::at(q)][r] -= emitted;
+                let i = (q % RING as u64) as usize * self.regimes + r;
+                self.tokens[i] -= emitted;
             }
             c += emitted;
             o += emitted;
         }
+        // Its entry in `due` is left behind and skipped when it comes up.
         self.sums.seqs[r] -= 1;
         self.sums.context[r] -= at_p.0 as i64;
-        let leave = &mut self.deltas[Self::at(s.until)];
-        leave.seqs[r] += 1;
-        leave.context[r] += c as i64;
+        debug_assert_eq!(c, s.computed, "the rescan lands where the window ends");
         (s.computed, s.output) = at_p;
+        s.samples = j0 + (p - s.from) as u32;
         s.last_step = p;
         self.leave_steady(slot);
     }
@@ -630,7 +668,7 @@ impl RankScheduler {
                 plan.decode.push(DecodeSeq {
                     req: s.id,
                     drafts,
-                    position: s.output,
+                    step: s.samples,
                 });
             }
             self.entries.push(Entry {
@@ -721,7 +759,7 @@ impl RankScheduler {
                 plan.decode.push(DecodeSeq {
                     req: s.id,
                     drafts: 0,
-                    position: s.output,
+                    step: s.samples,
                 });
             }
             self.entries.push(Entry {
@@ -768,10 +806,11 @@ impl RankScheduler {
         let bs = self.cfg.block_size;
         // Steady requests sampled in this step and in the one before.
         if !self.tokens.is_empty() {
-            let tk = std::mem::take(&mut self.tokens[Self::at(p)]);
-            for r in [LIN, SAT] {
-                sum.tokens += tk[r] as u64;
-                self.sums.pending[r] += tk[r] as u64;
+            for r in 0..self.regimes {
+                let i = self.at(p, r);
+                let tk = std::mem::take(&mut self.tokens[i]) as u64;
+                sum.tokens += tk;
+                self.sums.pending[r] += tk;
             }
             sum.continuing += self.planned_steady;
         }
@@ -810,6 +849,7 @@ impl RankScheduler {
                 });
             }
             s.last_step = step;
+            s.samples += 1;
             s.output += emitted;
             sum.tokens += emitted as u64;
             if s.output >= s.max_output {
