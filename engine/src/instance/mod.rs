@@ -105,7 +105,8 @@ pub struct Instance {
     /// Each rank's unfinished requests, kept beside the ranks so that placing a request reads
     /// one small array instead of every rank.
     loads: Vec<u32>,
-    owner: rustc_hash::FxHashMap<ReqId, u32>,
+    /// Where each request lives: (rank, slot).
+    owner: rustc_hash::FxHashMap<ReqId, (u32, u32)>,
     plan: StepPlan,
     started: Vec<ReqId>,
     pulls: Vec<ReqId>,
@@ -151,9 +152,9 @@ impl Instance {
         let rank = (0..self.loads.len())
             .min_by_key(|&i| (self.loads[i], i))
             .expect("at least one rank") as u32;
-        self.ranks[rank as usize].add(r);
+        let slot = self.ranks[rank as usize].add(r);
         self.loads[rank as usize] += 1;
-        self.owner.insert(r.id, rank);
+        self.owner.insert(r.id, (rank, slot));
         rank
     }
 
@@ -226,15 +227,15 @@ impl Instance {
     }
 
     pub fn kv_arrived(&mut self, req: ReqId, _now: SimTime) {
-        if let Some(&r) = self.owner.get(&req) {
-            self.ranks[r as usize].kv_arrived(req);
+        if let Some(&(r, slot)) = self.owner.get(&req) {
+            self.ranks[r as usize].kv_arrived(slot, req);
         }
     }
 
     /// Frees a finished prefill request's KV after its transfer.
     pub fn release_kv(&mut self, req: ReqId) {
-        if let Some(r) = self.owner.remove(&req) {
-            self.ranks[r as usize].release(req);
+        if let Some((r, slot)) = self.owner.remove(&req) {
+            self.ranks[r as usize].release(slot, req);
         }
     }
 

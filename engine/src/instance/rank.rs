@@ -33,7 +33,6 @@ use crate::batch::BatchShape;
 use crate::device::{DecodeSeq, RankPlan, ReqId};
 use crate::layout::Role;
 use crate::mtp::Acceptance;
-use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -104,16 +103,15 @@ struct SteadySums {
     entering_context: [i64; 2],
 }
 
-/// A steady window's end: the plan step it ends at, the window (slot, id and start step, to
-/// recognise a window that ended early), its regime and its context at that step.
+/// A steady window's end (16 bytes): the plan step it ends at, and the slot and start step that
+/// identify the window (a slot is reused only by a request admitted after its window started, so
+/// a window that ended early is recognised and skipped). Its regime and context are the
+/// request's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct WindowEnd {
     step: u64,
-    from: u64,
     slot: u32,
-    id: ReqId,
-    regime: u8,
-    context: u32,
+    from: u32,
 }
 
 /// Per-step bookkeeping of one scheduled request.
@@ -145,7 +143,6 @@ pub struct RankScheduler {
     pool: BlockPool,
     slab: Vec<Option<Seq>>,
     free_slots: Vec<u32>,
-    index: FxHashMap<ReqId, u32>,
     waiting: VecDeque<u32>,
     running: Vec<u32>,
     pulling: usize,
@@ -191,7 +188,6 @@ impl RankScheduler {
             cfg,
             slab: Vec::new(),
             free_slots: Vec::new(),
-            index: FxHashMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             pulling: 0,
@@ -277,7 +273,9 @@ impl RankScheduler {
             .collect()
     }
 
-    pub fn add(&mut self, r: NewRequest<'_>) {
+    /// Queues a request; returns its slot (the handle for [`RankScheduler::kv_arrived`] and
+    /// [`RankScheduler::release`]).
+    pub fn add(&mut self, r: NewRequest<'_>) -> u32 {
         let seq = Seq {
             id: r.id,
             prompt: r.prompt_tokens,
@@ -310,13 +308,12 @@ impl RankScheduler {
                 (self.slab.len() - 1) as u32
             }
         };
-        self.index.insert(r.id, slot);
         self.waiting.push_back(slot);
+        slot
     }
 
     fn remove(&mut self, slot: u32) -> Seq {
         let s = self.slab[slot as usize].take().expect("live slot");
-        self.index.remove(&s.id);
         self.free_slots.push(slot);
         s
     }
@@ -423,10 +420,11 @@ impl RankScheduler {
             // A window ended early (preemption, a binding budget) left its entry behind.
             let ends = self.slab[w.slot as usize]
                 .as_ref()
-                .is_some_and(|s| s.id == w.id && s.until == p && s.from == w.from);
-            if ends {
-                self.sums.seqs[w.regime as usize] -= 1;
-                self.sums.context[w.regime as usize] -= w.context as i64;
+                .filter(|s| s.until == p && s.from as u32 == w.from)
+                .map(|s| (s.regime as usize, s.computed));
+            if let Some((r, context)) = ends {
+                self.sums.seqs[r] -= 1;
+                self.sums.context[r] -= context as i64;
                 self.leave_steady(w.slot);
                 self.insert_running(w.slot);
             }
@@ -504,11 +502,8 @@ impl RankScheduler {
         self.sums.entering_context[regime] += s.computed as i64;
         self.due.push(Reverse(WindowEnd {
             step: q,
-            from: q0,
             slot,
-            id: s.id,
-            regime: regime as u8,
-            context: c,
+            from: q0 as u32,
         }));
         self.next_due = self.next_due.min(q);
         s.base_computed = s.computed;
@@ -895,11 +890,10 @@ impl RankScheduler {
         self.step
     }
 
-    /// The KV of a pulling request has arrived: it decodes from the next step.
-    pub fn kv_arrived(&mut self, id: ReqId) {
-        if let Some(&slot) = self.index.get(&id) {
-            let s = Self::seq_mut(&mut self.slab, slot);
-            if s.state == State::Pulling {
+    /// The KV of pulling request `id` in `slot` has arrived: it decodes from the next step.
+    pub fn kv_arrived(&mut self, slot: u32, id: ReqId) {
+        if let Some(s) = self.slab.get_mut(slot as usize).and_then(Option::as_mut) {
+            if s.id == id && s.state == State::Pulling {
                 s.state = State::Running;
                 // The prompt's KV is here; the last prompt token is computed again for its
                 // logits, and that step samples the first output token.
@@ -912,10 +906,15 @@ impl RankScheduler {
         }
     }
 
-    /// A prefill request's KV has been sent: free its blocks.
-    pub fn release(&mut self, id: ReqId) {
-        if let Some(&slot) = self.index.get(&id) {
-            if self.seq(slot).state == State::Held {
+    /// Prefill request `id` in `slot` has sent its KV: free its blocks.
+    pub fn release(&mut self, slot: u32, id: ReqId) {
+        let held = self
+            .slab
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.id == id && s.state == State::Held);
+        {
+            if held {
                 let s = self.remove(slot);
                 self.pool.release(&s.blocks);
             }
@@ -962,9 +961,9 @@ impl RankScheduler {
         }
         let live: Vec<&Seq> = self.slab.iter().flatten().collect();
         assert_eq!(
-            live.len(),
-            self.index.len(),
-            "index covers the live requests"
+            live.len() + self.free_slots.len(),
+            self.slab.len(),
+            "free slots and live requests cover the slab"
         );
         assert_eq!(
             live.iter().filter(|s| s.state == State::Pulling).count(),
