@@ -130,6 +130,71 @@ fn advancing_steady_decoders_in_aggregate_changes_nothing() {
 }
 
 #[test]
+fn async_scheduling_hides_host_time_and_delays_what_arrives_during_a_step() {
+    let run = |asy: bool, host_us: u32| {
+        let mut args = vec![
+            "simulate".to_string(),
+            data("tiny-pd.toml"),
+            "--json".into(),
+            "--quiet".into(),
+        ];
+        for inst in ["prefill", "decode"] {
+            for (k, v) in [
+                ("async_scheduling", asy.to_string()),
+                ("host_overhead_us", host_us.to_string()),
+            ] {
+                args.push("--set".into());
+                args.push(format!("{inst}.{k}={v}"));
+            }
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = dstwin(&args);
+        assert!(o.status.success(), "{}", err(&o));
+        serde_json::from_str::<serde_json::Value>(&out(&o)).unwrap()
+    };
+    let tpot = |v: &serde_json::Value| v["latency"]["tpot_ms"]["mean"].as_f64().unwrap();
+    let ttft = |v: &serde_json::Value| v["latency"]["ttft_ms"]["mean"].as_f64().unwrap();
+    let sync0 = run(false, 0);
+    let sync_host = run(false, 5_000);
+    let async0 = run(true, 0);
+    let async_host = run(true, 5_000);
+    for v in [&sync0, &sync_host, &async0, &async_host] {
+        assert_eq!(v["requests_finished"], sync0["requests_finished"]);
+    }
+    // Synchronous scheduling pays the host time every step, and says so.
+    assert!(
+        tpot(&sync_host) > tpot(&sync0) + 2.0,
+        "{} vs {}",
+        tpot(&sync_host),
+        tpot(&sync0)
+    );
+    assert!(
+        sync_host["instances"][1]["time_share"]["host"]
+            .as_f64()
+            .unwrap()
+            > 0.05
+    );
+    // Async scheduling hides host time shorter than the device step...
+    assert!(
+        tpot(&async_host) < tpot(&sync_host),
+        "{} vs {}",
+        tpot(&async_host),
+        tpot(&async0)
+    );
+    // ...but what arrives during a step waits one more step, and finished requests take one
+    // more (discarded) slot.
+    assert!(
+        ttft(&async0) > ttft(&sync0),
+        "{} vs {}",
+        ttft(&async0),
+        ttft(&sync0)
+    );
+    assert!(tpot(&async0) >= tpot(&sync0));
+    // Same seed, same bytes, async or not.
+    assert_eq!(run(true, 5_000), async_host);
+}
+
+#[test]
 fn text_report_snapshot() {
     let o = dstwin(&["simulate", &data("tiny-pd.toml"), "--quiet"]);
     assert!(o.status.success(), "{}", err(&o));
@@ -238,6 +303,13 @@ fn bad_input_exits_2_names_the_field_and_writes_nothing() {
         (
             base.replace("role = \"decode\"", "role = \"prefill\""),
             "instance",
+        ),
+        (
+            base.replace(
+                "max_model_len = 8192\n\n[[instance]]",
+                "max_model_len = 8192\nhost_overhead_us = -5.0\n\n[[instance]]",
+            ),
+            "instance.prefill.scheduler.host_overhead_us",
         ),
     ];
     for (text, needle) in cases {

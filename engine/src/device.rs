@@ -72,8 +72,13 @@ pub const CLASS_NAMES: [&str; CLASS_SLOTS] = [
     "all_reduce",
     "all_gather",
     "other_comm",
+    "host",
 ];
-pub const CLASS_SLOTS: usize = 10;
+pub const CLASS_SLOTS: usize = 11;
+/// The slot of collectives without a slot of their own.
+pub const OTHER_COMM: usize = 9;
+/// The slot of host (CPU) time not hidden behind the device step.
+pub const HOST: usize = 10;
 
 /// What a step did.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

@@ -24,6 +24,7 @@ fn cfg(role: Role, blocks: u64) -> InstanceConfig {
         num_spec_tokens: 0,
         attn_cap: AttnCap(None),
         send_back: false,
+        async_scheduling: false,
     }
 }
 
@@ -248,6 +249,36 @@ fn send_back_hands_a_preempted_decode_request_back() {
 }
 
 #[test]
+fn async_scheduling_gives_a_finished_request_one_more_discarded_step() {
+    let run = |async_scheduling: bool| {
+        let mut c = cfg(Role::Mixed, 100);
+        c.async_scheduling = async_scheduling;
+        let mut inst = Instance::new(c);
+        inst.add_request(req(1, 100, 3), SimTime::ZERO);
+        let mut shapes = Vec::new();
+        while inst.has_work() {
+            let (plan, _, _) = step(&mut inst, true);
+            shapes.push(plan.ranks[0].shape);
+        }
+        shapes
+    };
+    let sync = run(false);
+    let asy = run(true);
+    // Prefill + first token, then two decode steps; async runs one more decode step for the
+    // request that finished, which nobody sees.
+    assert_eq!(sync.len(), 3);
+    assert_eq!(asy.len(), 4);
+    assert_eq!(asy[..3], sync[..]);
+    assert_eq!(asy[3].decode_seqs, 1);
+    assert_eq!(asy[3].decode_tokens, 1);
+    assert_eq!(
+        asy[3].decode_pairs,
+        100 + 2 + 1,
+        "its context after three tokens"
+    );
+}
+
+#[test]
 fn requests_go_to_the_least_loaded_dp_rank() {
     let mut c = cfg(Role::Mixed, 100);
     c.dp_ranks = 3;
@@ -377,6 +408,7 @@ fn drive_with_acceptance(
     cap: Option<u64>,
     max_model_len: u64,
     send_back: bool,
+    async_scheduling: bool,
     aggregate: bool,
 ) -> (Trace, dstwin_engine::instance::InstanceStats) {
     let acc = dstwin_engine::mtp::Acceptance::new(&[0.7, 0.4], 11);
@@ -388,6 +420,7 @@ fn drive_with_acceptance(
     c.attn_cap = AttnCap(cap);
     c.max_model_len = max_model_len;
     c.send_back = send_back;
+    c.async_scheduling = async_scheduling;
     c.dp_ranks = 2;
     let mut inst = Instance::new(c);
     if aggregate {
@@ -459,6 +492,7 @@ fn aggregation_covers_steady_decoding_preemption_and_budget_fallbacks() {
             None,
             1 << 20,
             false,
+            false,
             aggregate,
         )
     };
@@ -494,6 +528,7 @@ proptest! {
         cap in prop::option::of(16u64..700),
         max_model_len in prop::sample::select(vec![700u64, 1 << 20]),
         send_back in any::<bool>(),
+        async_scheduling in any::<bool>(),
     ) {
         // Every prompt must fit max_model_len and the KV (else vLLM rejects it up front).
         let reqs: Vec<_> = reqs
@@ -501,10 +536,12 @@ proptest! {
             .map(|(p, o, t)| (p.min((blocks * block_size as u64 / 2) as u32).max(1), o, t))
             .collect();
         let (exact, _) = drive_with_acceptance(
-            &reqs, blocks, block_size, spec, budget, cap, max_model_len, send_back, false,
+            &reqs, blocks, block_size, spec, budget, cap, max_model_len, send_back,
+            async_scheduling, false,
         );
         let (fast, _) = drive_with_acceptance(
-            &reqs, blocks, block_size, spec, budget, cap, max_model_len, send_back, true,
+            &reqs, blocks, block_size, spec, budget, cap, max_model_len, send_back,
+            async_scheduling, true,
         );
         prop_assert_eq!(exact.len(), fast.len(), "step count");
         for (i, (a, b)) in exact.iter().zip(&fast).enumerate() {

@@ -7,7 +7,7 @@ use crate::pricing::{price, two_microbatch_time, StepCost};
 use dstwin_engine::batch::BatchShape;
 use dstwin_engine::device::{
     Capacity, ClassTimes, Device, DeviceError, KvTransfer, StepOutcome, StepPlan, TransferOutcome,
-    CLASS_NAMES, CLASS_SLOTS,
+    CLASS_NAMES, CLASS_SLOTS, HOST, OTHER_COMM,
 };
 use dstwin_engine::eplb::cycle::{CycleEffect, Rebalancer};
 use dstwin_engine::eplb::Placement;
@@ -78,7 +78,7 @@ fn class_times(c: &StepCost, scale: f64) -> ClassTimes {
         let slot = CLASS_NAMES
             .iter()
             .position(|n| *n == o.class)
-            .unwrap_or(CLASS_SLOTS - 1);
+            .unwrap_or(OTHER_COMM);
         t[slot] += o.total_s * scale;
     }
     t
@@ -217,9 +217,19 @@ pub struct SimDevice {
     /// balance).
     experts: Option<Experts>,
     imbalance: f64,
+    host: HostOverhead,
     /// Layers moved by EPLB and the step time their moves added.
     pub eplb_moves: u64,
     pub eplb_move_s: f64,
+}
+
+/// Host (CPU) time of a step per DP rank, and whether it overlaps the device step (async
+/// scheduling) or adds to it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostOverhead {
+    pub step_s: f64,
+    pub per_seq_s: f64,
+    pub overlapped: bool,
 }
 
 /// The routed experts of an instance as the twin sees them.
@@ -315,6 +325,7 @@ impl SimDevice {
             dummy: BatchShape::uniform_decode(1, 1, 1, cap),
             experts,
             imbalance,
+            host: HostOverhead::default(),
             eplb_moves: 0,
             eplb_move_s: 0.0,
         }
@@ -323,6 +334,12 @@ impl SimDevice {
     /// Hottest routed die over the mean, averaged over MoE layers, right now.
     pub fn imbalance(&self) -> f64 {
         self.imbalance
+    }
+
+    /// Sets the host time per step and whether async scheduling hides it.
+    pub fn with_host(mut self, host: HostOverhead) -> Self {
+        self.host = host;
+        self
     }
 
     pub fn pricer(&self) -> &StepPricer {
@@ -397,8 +414,25 @@ impl Device for SimDevice {
             );
         }
         // Expert weights moving in this step are not overlapped with it.
-        out.duration = SimDuration::from_secs_f64(slowest.time_s + extra_s);
+        let device_s = slowest.time_s + extra_s;
+        // The slowest rank's host work: added to the step, or hidden behind it (async).
+        let h = self.host;
+        let host_s = if h.step_s > 0.0 || h.per_seq_s > 0.0 {
+            plan.ranks
+                .iter()
+                .map(|r| h.step_s + h.per_seq_s * r.shape.seqs() as f64)
+                .fold(0.0, f64::max)
+        } else {
+            0.0
+        };
+        let visible_host_s = if h.overlapped {
+            (host_s - device_s).max(0.0)
+        } else {
+            host_s
+        };
+        out.duration = SimDuration::from_secs_f64(device_s + visible_host_s);
         out.class_times = slowest.class_times;
+        out.class_times[HOST] = visible_host_s;
         Ok(())
     }
 

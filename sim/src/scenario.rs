@@ -183,6 +183,21 @@ pub struct SchedulerSpec {
     pub max_model_len: Option<u32>,
     #[serde(default)]
     pub preemption: PreemptionSpec,
+    /// vLLM's `--async-scheduling`: step N+1 is scheduled while step N runs, so host work hides
+    /// behind the device step, but what N produces is seen one step late: requests arriving (or
+    /// whose KV arrives) during a step wait one more step, and a request that finished in step
+    /// N still takes its slot in step N+1.
+    #[serde(default)]
+    pub async_scheduling: bool,
+    /// Host (CPU) time of one step per DP rank: scheduling, input preparation, output
+    /// processing, in microseconds, plus `host_overhead_per_seq_us` per scheduled request.
+    /// Synchronous scheduling adds it to the device step; async scheduling overlaps them. No
+    /// anchor measures it, so it defaults to 0 (the fitted device efficiencies absorb it); set
+    /// it from a profiler trace of your engine.
+    #[serde(default)]
+    pub host_overhead_us: f64,
+    #[serde(default)]
+    pub host_overhead_per_seq_us: f64,
 }
 
 impl Default for SchedulerSpec {
@@ -196,6 +211,9 @@ impl Default for SchedulerSpec {
             long_prefill_token_threshold: 0,
             max_model_len: None,
             preemption: PreemptionSpec::Recompute,
+            async_scheduling: false,
+            host_overhead_us: 0.0,
+            host_overhead_per_seq_us: 0.0,
         }
     }
 }
@@ -642,6 +660,21 @@ fn validate(
         ] {
             if v == 0 {
                 return Err(field(f(k), 0, "must be at least 1"));
+            }
+        }
+        for (k, v) in [
+            ("scheduler.host_overhead_us", s.host_overhead_us),
+            (
+                "scheduler.host_overhead_per_seq_us",
+                s.host_overhead_per_seq_us,
+            ),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(field(
+                    f(k),
+                    v,
+                    "must be a finite number of microseconds >= 0",
+                ));
             }
         }
         if let Some(m) = s.max_model_len {

@@ -39,6 +39,10 @@ pub struct InstanceConfig {
     pub attn_cap: AttnCap,
     /// On KV exhaustion in a decode instance, hand the request back instead of recomputing.
     pub send_back: bool,
+    /// Step N+1 is scheduled before step N's outputs are known (vLLM's async scheduling): a
+    /// request that finishes in step N still computes a (discarded) decode step in N+1. The
+    /// driver delays requests that arrive during a step by one step.
+    pub async_scheduling: bool,
 }
 
 /// A request entering an instance.

@@ -171,6 +171,9 @@ pub struct RankScheduler {
     next_order: u64,
     /// Steady requests in the last plan.
     planned_steady: u64,
+    /// Async scheduling: contexts of requests that finished in the last step; the step
+    /// scheduled before that was known computes one more (discarded) decode step for each.
+    phantoms: Vec<u32>,
 }
 
 fn blocks_for(tokens: u64, bs: u32) -> u64 {
@@ -206,6 +209,7 @@ impl RankScheduler {
             exact_until: 0,
             next_order: 0,
             planned_steady: 0,
+            phantoms: Vec::new(),
         }
     }
 
@@ -248,7 +252,10 @@ impl RankScheduler {
     }
 
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.steady.is_empty() || !self.waiting.is_empty()
+        !self.running.is_empty()
+            || !self.steady.is_empty()
+            || !self.waiting.is_empty()
+            || !self.phantoms.is_empty()
     }
 
     /// Chained hashes of the prompt's full blocks, from hash ids of `hash_block_tokens` tokens.
@@ -617,6 +624,14 @@ impl RankScheduler {
             }
         }
         budget -= self.steady.len() as u64 * (1 + k as u64);
+        // Async scheduling: last step's finished requests, not yet known to be finished when
+        // this step was scheduled, take their slot once more.
+        let phantoms = self.phantoms.len();
+        for c in self.phantoms.drain(..) {
+            let t = (1 + k as u64).min(budget);
+            plan.shape.add_decode(t, c as u64, cap);
+            budget -= t;
+        }
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
@@ -678,7 +693,8 @@ impl RankScheduler {
         // Waiting requests: only if nothing was preempted, within budget and max_num_seqs.
         while !preempted
             && budget > 0
-            && self.running.len() + self.steady.len() + self.pulling < cfg.max_num_seqs as usize
+            && self.running.len() + self.steady.len() + self.pulling + phantoms
+                < cfg.max_num_seqs as usize
         {
             let Some(&slot) = self.waiting.front() else {
                 break;
@@ -860,6 +876,9 @@ impl RankScheduler {
                 } else {
                     let s = self.remove(slot);
                     self.pool.release(&s.blocks);
+                    if self.cfg.async_scheduling {
+                        self.phantoms.push(s.computed);
+                    }
                     events.push(InstEvent::Finished { req: s.id });
                 }
             }

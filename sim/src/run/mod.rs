@@ -10,7 +10,7 @@ mod report;
 
 pub use report::{InstanceReport, RequestRow, RunResult, SimReport, Span};
 
-use crate::device::{Experts, PricerSpec, SimDevice, StepPricer};
+use crate::device::{Experts, HostOverhead, PricerSpec, SimDevice, StepPricer};
 use crate::expert_load::{ExpertLoad, ExpertLoadSpec};
 use crate::metrics::Latencies;
 use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
@@ -130,6 +130,17 @@ struct Inst {
     step_ends: Vec<SimTime>,
     /// Sum over steps of the MoE imbalance the step ran with.
     imbalance_sum: f64,
+    /// Async scheduling: the next step was scheduled when the running one started, so what
+    /// reaches the instance meanwhile waits for the schedule after it.
+    async_scheduling: bool,
+    deferred: Vec<Deferred>,
+}
+
+/// Something that reached an async-scheduling instance during a step.
+#[derive(Clone, Copy, Debug)]
+enum Deferred {
+    Add { id: ReqId, remote_kv: bool },
+    KvArrived(ReqId),
 }
 
 struct Sim<'s, 'o> {
@@ -271,6 +282,7 @@ fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceConfig {
         num_spec_tokens: s.mtp.tokens,
         attn_cap: s.model.attn_cap(),
         send_back: sc.preemption == PreemptionSpec::SendBack,
+        async_scheduling: sc.async_scheduling,
     }
 }
 
@@ -309,7 +321,13 @@ impl<'s, 'o> Sim<'s, 'o> {
                     ExpertLoadSpec::Perfect => None,
                     ref spec => Some(experts_for(s, setup, spec, mtp_layers, index)?),
                 };
-                let mut device = SimDevice::new(pricer, mtp, capacity, experts);
+                let sc = &setup.scheduler;
+                let mut device =
+                    SimDevice::new(pricer, mtp, capacity, experts).with_host(HostOverhead {
+                        step_s: sc.host_overhead_us * 1e-6,
+                        per_seq_s: sc.host_overhead_per_seq_us * 1e-6,
+                        overlapped: sc.async_scheduling,
+                    });
                 let link_base = links.len() as u32;
                 if setup.plan.role != Role::Prefill {
                     // One ingress link per decode DP rank: its dies' share of the fabric level that
@@ -354,6 +372,8 @@ impl<'s, 'o> Sim<'s, 'o> {
                     link_base,
                     step_ends: Vec::new(),
                     imbalance_sum: 0.0,
+                    async_scheduling: setup.scheduler.async_scheduling,
+                    deferred: Vec::new(),
                 });
             }
         }
@@ -477,6 +497,15 @@ impl<'s, 'o> Sim<'s, 'o> {
     }
 
     fn send_to_instance(&mut self, i: usize, id: ReqId, remote_kv: bool) -> Result<(), RunError> {
+        if self.insts[i].async_scheduling && self.insts[i].busy {
+            self.insts[i].deferred.push(Deferred::Add { id, remote_kv });
+            return Ok(());
+        }
+        self.add_to_instance(i, id, remote_kv);
+        self.try_start(i)
+    }
+
+    fn add_to_instance(&mut self, i: usize, id: ReqId, remote_kv: bool) {
         let r = self.reqs[id as usize];
         let role = self.insts[i].role;
         let hashes = self.hashes(&r).to_vec();
@@ -500,15 +529,39 @@ impl<'s, 'o> Sim<'s, 'o> {
         if role != Role::Prefill {
             self.reqs[id as usize].rank = rank;
         }
-        self.try_start(i)
+    }
+
+    /// Hands an async-scheduling instance what reached it during its last step, now that the
+    /// step after it is scheduled.
+    fn flush_deferred(&mut self, i: usize) {
+        let mut items = std::mem::take(&mut self.insts[i].deferred);
+        for it in items.drain(..) {
+            match it {
+                Deferred::Add { id, remote_kv } => self.add_to_instance(i, id, remote_kv),
+                Deferred::KvArrived(id) => self.insts[i].inst.kv_arrived(id, self.now),
+            }
+        }
+        // Keep the buffer.
+        self.insts[i].deferred = items;
     }
 
     fn try_start(&mut self, i: usize) -> Result<(), RunError> {
         let now = self.now;
         let inst = &mut self.insts[i];
-        if inst.busy || !inst.inst.has_work() {
+        if inst.busy {
             return Ok(());
         }
+        if !inst.inst.has_work() {
+            // Nothing was scheduled behind the last step: what arrived during it is next.
+            if inst.deferred.is_empty() {
+                return Ok(());
+            }
+            self.flush_deferred(i);
+            if !self.insts[i].inst.has_work() {
+                return Ok(());
+            }
+        }
+        let inst = &mut self.insts[i];
         inst.inst.schedule(now);
         let tokens = inst.inst.plan().tokens();
         if tokens > 0 {
@@ -537,6 +590,12 @@ impl<'s, 'o> Sim<'s, 'o> {
             inst.step_tokens = tokens;
             let end = now + inst.outcome.duration;
             self.push(end, Ev::StepDone(i as u32));
+        }
+        if !self.insts[i].deferred.is_empty() {
+            self.flush_deferred(i);
+            if !self.insts[i].busy {
+                return self.try_start(i);
+            }
         }
         Ok(())
     }
@@ -593,7 +652,11 @@ impl<'s, 'o> Sim<'s, 'o> {
                 tokens: r.prompt as u64,
             });
         }
-        self.insts[d].inst.kv_arrived(id, self.now);
+        if self.insts[d].async_scheduling && self.insts[d].busy {
+            self.insts[d].deferred.push(Deferred::KvArrived(id));
+        } else {
+            self.insts[d].inst.kv_arrived(id, self.now);
+        }
         let p = r.prefill as usize;
         if self.insts[p].role == Role::Prefill {
             self.insts[p].inst.release_kv(id);

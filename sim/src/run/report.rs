@@ -223,9 +223,6 @@ impl Sim<'_, '_> {
         };
         let (steady, exact) = self.insts.iter().fold((0, 0), |(a, b), i| {
             let st = i.inst.stats();
-            if std::env::var_os("DSTWIN_DEBUG_STEADY").is_some() {
-                eprintln!("{}: {:?}", i.name, st);
-            }
             (a + st.steady_steps, b + st.exact_steps)
         });
         RunResult {
