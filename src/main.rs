@@ -3,6 +3,7 @@
 mod calibrate_cmd;
 mod eplb_cmd;
 mod explain_cmd;
+mod serve_cmd;
 mod simulate_cmd;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,9 @@ enum Command {
     Eplb(eplb_cmd::EplbArgs),
     /// Fit the cost model's global parameters to published figures and print every error.
     Calibrate(calibrate_cmd::CalibrateArgs),
+    /// Serve an OpenAI-compatible API on the shared scheduler with the twin as the device: an
+    /// emulated deployment whose every step takes the time the twin predicts.
+    Serve(Box<serve_cmd::ServeArgs>),
     /// List the built-in models, hardware systems and chips.
     Catalog {
         /// Print JSON instead of a table.
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         Command::Explain(a) => explain_cmd::run(*a),
         Command::Calibrate(a) => calibrate_cmd::run(a),
         Command::Eplb(a) => eplb_cmd::run(a),
+        Command::Serve(a) => serve_cmd::run(*a),
         Command::Catalog { json } => explain_cmd::catalog(json),
     };
     match result {

@@ -12,6 +12,7 @@
 //! - [`mtp`]: MTP draft acceptance as a function of request and output position.
 //! - [`pd`]: the PD proxy's routing policies.
 //! - [`opgraph`]: the per-step op graph, the one description of a step's work.
+//! - [`serve`] (feature `runtime`): the wall-clock runtime and the OpenAI-compatible API.
 
 pub mod batch;
 pub mod device;
@@ -23,4 +24,6 @@ pub mod model;
 pub mod mtp;
 pub mod opgraph;
 pub mod pd;
+#[cfg(feature = "runtime")]
+pub mod serve;
 pub mod time;

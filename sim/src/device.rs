@@ -218,6 +218,9 @@ pub struct SimDevice {
     experts: Option<Experts>,
     imbalance: f64,
     host: HostOverhead,
+    /// Dies spanned by the deployment's prefill and decode instances together (sets the fabric
+    /// level KV transfers cross).
+    span_dies: u32,
     /// Layers moved by EPLB and the step time their moves added.
     pub eplb_moves: u64,
     pub eplb_move_s: f64,
@@ -326,6 +329,7 @@ impl SimDevice {
             experts,
             imbalance,
             host: HostOverhead::default(),
+            span_dies: capacity.dp_ranks,
             eplb_moves: 0,
             eplb_move_s: 0.0,
         }
@@ -334,6 +338,23 @@ impl SimDevice {
     /// Hottest routed die over the mean, averaged over MoE layers, right now.
     pub fn imbalance(&self) -> f64 {
         self.imbalance
+    }
+
+    /// Sets the dies the deployment spans (the fabric level of KV transfers).
+    pub fn with_span(mut self, dies: u32) -> Self {
+        self.span_dies = dies;
+        self
+    }
+
+    /// What a KV transfer into this instance costs when it has a link to itself: the level
+    /// spanning the deployment, per destination die.
+    pub fn ingress(&mut self) -> TransferOutcome {
+        self.send_kv(&KvTransfer {
+            req: 0,
+            bytes: 0.0,
+            span_dies: self.span_dies,
+        })
+        .expect("pricing a transfer cannot fail")
     }
 
     /// Sets the host time per step and whether async scheduling hides it.

@@ -116,6 +116,8 @@ pub struct Instance {
     pulls: Vec<ReqId>,
     /// Preemptions decided while scheduling, reported with the step's outcome.
     pending: Vec<InstEvent>,
+    /// Tokens each request sampled in the last step (when reporting emissions).
+    emissions: Vec<(ReqId, u32)>,
 }
 
 impl Instance {
@@ -132,6 +134,7 @@ impl Instance {
             started: Vec::new(),
             pulls: Vec::new(),
             pending: Vec::new(),
+            emissions: Vec::new(),
         }
     }
 
@@ -141,6 +144,31 @@ impl Instance {
         for r in &mut self.ranks {
             r.set_acceptance(a);
         }
+    }
+
+    /// Reports every request's tokens per step ([`Instance::emissions`]), as serving needs to
+    /// stream them; requests are then stepped one by one.
+    pub fn set_report_emissions(&mut self, on: bool) {
+        for r in &mut self.ranks {
+            r.report_emissions = on;
+        }
+    }
+
+    /// (request, tokens) for every request that sampled in the last applied step.
+    pub fn emissions(&self) -> &[(ReqId, u32)] {
+        &self.emissions
+    }
+
+    /// Drops a request wherever it is (its client went away) and frees its KV. Call between
+    /// `apply` and the next `schedule`. Returns false if the instance does not hold it.
+    pub fn abort(&mut self, req: ReqId) -> bool {
+        let Some((r, slot)) = self.owner.remove(&req) else {
+            return false;
+        };
+        let rank = &mut self.ranks[r as usize];
+        let found = rank.abort(slot, req);
+        self.loads[r as usize] = rank.load() as u32;
+        found
     }
 
     pub fn config(&self) -> &InstanceConfig {
@@ -208,12 +236,14 @@ impl Instance {
         events: &mut Vec<InstEvent>,
     ) -> StepSummary {
         events.append(&mut self.pending);
+        self.emissions.clear();
         let mut sum = StepSummary::default();
         for (i, r) in self.ranks.iter_mut().enumerate() {
             r.update(
                 outcome.accepted.get(i).map_or(&[][..], Vec::as_slice),
                 &mut sum,
                 events,
+                &mut self.emissions,
             );
             self.loads[i] = r.load() as u32;
         }

@@ -174,6 +174,8 @@ pub struct RankScheduler {
     /// Async scheduling: contexts of requests that finished in the last step; the step
     /// scheduled before that was known computes one more (discarded) decode step for each.
     phantoms: Vec<u32>,
+    /// Report every request's tokens per step (serving streams them); off in the simulator.
+    pub report_emissions: bool,
 }
 
 fn blocks_for(tokens: u64, bs: u32) -> u64 {
@@ -210,6 +212,7 @@ impl RankScheduler {
             next_order: 0,
             planned_steady: 0,
             phantoms: Vec::new(),
+            report_emissions: false,
         }
     }
 
@@ -445,7 +448,7 @@ impl RankScheduler {
         let Some(acc) = self.acceptance else {
             return false;
         };
-        if q0 < self.exact_until {
+        if q0 < self.exact_until || self.report_emissions {
             return false;
         }
         let cfg = self.cfg;
@@ -810,7 +813,13 @@ impl RankScheduler {
 
     /// Applies a step's outcome: `accepted[j]` drafts for the j-th sampling entry. Adds the
     /// tokens emitted to `sum` and reports first tokens, gaps and finishes in `events`.
-    pub fn update(&mut self, accepted: &[u32], sum: &mut StepSummary, events: &mut Vec<InstEvent>) {
+    pub fn update(
+        &mut self,
+        accepted: &[u32],
+        sum: &mut StepSummary,
+        events: &mut Vec<InstEvent>,
+        emissions: &mut Vec<(ReqId, u32)>,
+    ) {
         let p = self.step;
         self.step += 1;
         let step = self.step;
@@ -862,6 +871,9 @@ impl RankScheduler {
             s.last_step = step;
             s.samples += 1;
             s.output += emitted;
+            if self.report_emissions {
+                emissions.push((s.id, emitted));
+            }
             sum.tokens += emitted as u64;
             if s.output >= s.max_output {
                 self.finished.push(e.slot);
@@ -923,6 +935,44 @@ impl RankScheduler {
                 self.running.push(slot);
             }
         }
+    }
+
+    /// Drops request `id` in `slot` whatever its state (a client went away) and frees its
+    /// blocks. Call between `update` and the next `schedule`. Returns false if it is not here.
+    pub fn abort(&mut self, slot: u32, id: ReqId) -> bool {
+        let Some(state) = self
+            .slab
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .filter(|s| s.id == id)
+            .map(|s| s.state)
+        else {
+            return false;
+        };
+        match state {
+            State::Waiting => self.waiting.retain(|&x| x != slot),
+            State::Pulling => self.pulling -= 1,
+            State::Running => {
+                if self.seq(slot).until != 0 {
+                    // Bring the sums to the coming step, then take it out of its window.
+                    let p = self.step;
+                    self.advance(p);
+                    if self.seq(slot).until != 0 {
+                        self.unsteady(slot, p);
+                    } else {
+                        self.running.retain(|&x| x != slot);
+                    }
+                } else {
+                    self.running.retain(|&x| x != slot);
+                }
+            }
+            State::Held => {}
+        }
+        let s = self.remove(slot);
+        self.pool.release(&s.blocks);
+        #[cfg(debug_assertions)]
+        self.check();
+        true
     }
 
     /// Prefill request `id` in `slot` has sent its KV: free its blocks.

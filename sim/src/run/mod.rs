@@ -15,7 +15,7 @@ use crate::expert_load::{ExpertLoad, ExpertLoadSpec};
 use crate::metrics::Latencies;
 use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
 use dstwin_engine::device::{
-    Capacity, ClassTimes, Device, KvTransfer, ReqId, StepOutcome, CLASS_SLOTS,
+    Capacity, ClassTimes, Device, ReqId, StepOutcome, CLASS_SLOTS,
 };
 use dstwin_engine::eplb::cycle::{CycleConfig, Rebalancer};
 use dstwin_engine::eplb::{place, EpLayout, Placement};
@@ -286,73 +286,113 @@ fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceConfig {
     }
 }
 
+/// One instance of a scenario, ready to run: its name (`decode`, `prefill[2]`), the index of its
+/// `[[instance]]` setup, its scheduler configuration and its twin device.
+pub struct BuiltInstance {
+    pub name: String,
+    pub setup: usize,
+    pub config: InstanceConfig,
+    pub device: SimDevice,
+}
+
+/// KV bytes one context token takes across the model's layers (with MTP layers when MTP is on):
+/// what a PD hand-off moves per prompt token.
+pub fn kv_bytes_per_token(s: &Scenario) -> f64 {
+    let mtp_layers = if s.mtp.tokens > 0 {
+        s.model.mtp_layers
+    } else {
+        0
+    };
+    kv_bytes(&s.model, s.kv_dtype, mtp_layers).per_token
+}
+
+/// Builds every instance of a scenario with its twin device: what the virtual-time driver runs,
+/// and what `serve --device twin` runs in wall-clock time.
+pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
+    let mtp_layers = if s.mtp.tokens > 0 {
+        s.model.mtp_layers
+    } else {
+        0
+    };
+    let kv_bytes_per_token = kv_bytes_per_token(s);
+    let mut out = Vec::new();
+    for (k, setup) in s.instances.iter().enumerate() {
+        for c in 0..setup.count {
+            let index = out.len() as u64;
+            let pricer = StepPricer::new(PricerSpec {
+                model: s.model.clone(),
+                quant: s.quant,
+                kv_dtype: s.kv_dtype,
+                plan: setup.plan.clone(),
+                mtp_tokens: s.mtp.tokens,
+                two_microbatch: setup.two_microbatch,
+                cost: s.cost.clone(),
+            });
+            // Acceptance is a property of the request and its sampling step, the same on every
+            // instance.
+            let mtp = Acceptance::new(&s.mtp.acceptance, s.seed);
+            let capacity = Capacity {
+                dp_ranks: setup.plan.dp,
+                kv_blocks_per_rank: setup.kv_blocks_per_rank,
+                block_size: setup.scheduler.block_size,
+                kv_bytes_per_token,
+            };
+            let experts = match s.expert_load {
+                ExpertLoadSpec::Perfect => None,
+                ref spec => Some(experts_for(s, setup, spec, mtp_layers, index)?),
+            };
+            let sc = &setup.scheduler;
+            let device = SimDevice::new(pricer, mtp, capacity, experts)
+                .with_host(HostOverhead {
+                    step_s: sc.host_overhead_us * 1e-6,
+                    per_seq_s: sc.host_overhead_per_seq_us * 1e-6,
+                    overlapped: sc.async_scheduling,
+                })
+                .with_span(s.dies());
+            out.push(BuiltInstance {
+                name: if setup.count > 1 {
+                    format!("{}[{c}]", setup.name)
+                } else {
+                    setup.name.clone()
+                },
+                setup: k,
+                config: instance_config(setup, s),
+                device,
+            });
+        }
+    }
+    Ok(out)
+}
+
 impl<'s, 'o> Sim<'s, 'o> {
     fn new(s: &'s Scenario, opts: RunOptions<'o>) -> Result<Self, RunError> {
-        let mtp_layers = if s.mtp.tokens > 0 {
-            s.model.mtp_layers
-        } else {
-            0
-        };
-        let kv_bytes_per_token = kv_bytes(&s.model, s.kv_dtype, mtp_layers).per_token;
+        let kv_bytes_per_token = kv_bytes_per_token(s);
         let mut insts = Vec::new();
         let mut links = Vec::new();
-        for (k, setup) in s.instances.iter().enumerate() {
-            for c in 0..setup.count {
-                let index = insts.len() as u64;
-                let pricer = StepPricer::new(PricerSpec {
-                    model: s.model.clone(),
-                    quant: s.quant,
-                    kv_dtype: s.kv_dtype,
-                    plan: setup.plan.clone(),
-                    mtp_tokens: s.mtp.tokens,
-                    two_microbatch: setup.two_microbatch,
-                    cost: s.cost.clone(),
-                });
-                // Acceptance is a property of the request and its output position, the same on
-                // every instance.
-                let mtp = Acceptance::new(&s.mtp.acceptance, s.seed);
-                let capacity = Capacity {
-                    dp_ranks: setup.plan.dp,
-                    kv_blocks_per_rank: setup.kv_blocks_per_rank,
-                    block_size: setup.scheduler.block_size,
-                    kv_bytes_per_token,
-                };
-                let experts = match s.expert_load {
-                    ExpertLoadSpec::Perfect => None,
-                    ref spec => Some(experts_for(s, setup, spec, mtp_layers, index)?),
-                };
-                let sc = &setup.scheduler;
-                let mut device =
-                    SimDevice::new(pricer, mtp, capacity, experts).with_host(HostOverhead {
-                        step_s: sc.host_overhead_us * 1e-6,
-                        per_seq_s: sc.host_overhead_per_seq_us * 1e-6,
-                        overlapped: sc.async_scheduling,
-                    });
+        for b in build_instances(s)? {
+            let BuiltInstance {
+                name,
+                setup: k,
+                config,
+                mut device,
+            } = b;
+            let setup = &s.instances[k];
+            {
                 let link_base = links.len() as u32;
                 if setup.plan.role != Role::Prefill {
                     // One ingress link per decode DP rank: its dies' share of the fabric level that
                     // joins prefill and decode instances.
-                    let x = device
-                        .send_kv(&KvTransfer {
-                            req: 0,
-                            bytes: 0.0,
-                            span_dies: s.dies(),
-                        })
-                        .expect("pricing a transfer cannot fail");
+                    let x = device.ingress();
                     for _ in 0..setup.plan.dp {
                         links.push(Link::new(x.bytes_per_s * setup.plan.tp as f64, x.latency));
                     }
                 }
                 insts.push(Inst {
                     setup: k,
-                    name: if setup.count > 1 {
-                        format!("{}[{c}]", setup.name)
-                    } else {
-                        setup.name.clone()
-                    },
+                    name,
                     role: setup.plan.role,
                     inst: {
-                        let mut inst = Instance::new(instance_config(setup, s));
+                        let mut inst = Instance::new(config);
                         if !opts.step_by_step {
                             inst.set_acceptance(device.acceptance());
                         }

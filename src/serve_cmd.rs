@@ -1,0 +1,161 @@
+//! `dstwin serve`: an OpenAI-compatible server on the shared scheduler, with the twin as the
+//! device (an emulated Ascend deployment whose every step takes the time the twin predicts).
+
+use crate::Failure;
+use anyhow::{anyhow, Context};
+use clap::{Args, ValueEnum};
+use dstwin_engine::serve::{api, Runtime, RuntimeConfig, ServeInstance};
+use dstwin_sim::run::{build_instances, kv_bytes_per_token};
+use dstwin_sim::scenario::{load_path, load_str, Scenario};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DeviceKind {
+    /// The twin: every step takes the time the cost model predicts (times --time-scale), the
+    /// text is deterministic placeholder words.
+    Twin,
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  dstwin serve\n      the built-in A3 2P1D deployment in real time on 127.0.0.1:8000\n  dstwin serve sim/scenarios/cm384-pd.toml --time-scale 0.1 --port 8080\n  curl localhost:8000/v1/completions -d '{\"model\":\"deepseek-r1\",\"prompt\":\"hi\",\"max_tokens\":8}'\n\nEndpoints: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,\nGET /health, GET /metrics (vLLM metric names). The deployment (instances, scheduler knobs,\nMTP, expert load) comes from the scenario; its [workload] is ignored. Ctrl-C stops accepting\nrequests and lets in-flight ones finish."
+)]
+pub struct ServeArgs {
+    /// Scenario file (TOML) describing the deployment; without it, the built-in default.
+    scenario: Option<PathBuf>,
+    /// Override a scenario field: PATH=VALUE (repeatable), as for `simulate`.
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    sets: Vec<String>,
+    /// What executes the steps.
+    #[arg(long, value_enum, default_value = "twin")]
+    device: DeviceKind,
+    /// Wall seconds per predicted second: 1 is real time, 0.1 runs ten times faster, 0 does not
+    /// wait at all.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the address is printed on stdout).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Model name clients must ask for (default: the scenario's model).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Requests in flight before new ones are answered 429.
+    #[arg(long, default_value_t = 4096)]
+    max_pending: usize,
+}
+
+fn scenario(a: &ServeArgs) -> Result<Scenario, Failure> {
+    match &a.scenario {
+        Some(p) => load_path(p, &a.sets),
+        None => load_str(
+            "default scenario (a3-2p1d)",
+            crate::simulate_cmd::DEFAULT_SCENARIO,
+            Path::new("."),
+            &a.sets,
+        ),
+    }
+    .map_err(|e| Failure::Input(e.into()))
+}
+
+/// Builds the runtime of a scenario on twin devices (also used by tests and benchmarks).
+pub fn twin_runtime(
+    s: &Scenario,
+    model: String,
+    time_scale: f64,
+    max_pending: usize,
+) -> Result<Runtime, Failure> {
+    let built = build_instances(s).map_err(|e| Failure::Input(e.into()))?;
+    let instances = built
+        .into_iter()
+        .map(|b| ServeInstance {
+            name: b.name,
+            config: b.config,
+            device: Box::new(b.device),
+        })
+        .collect();
+    Ok(Runtime::start(
+        RuntimeConfig {
+            model,
+            time_scale,
+            max_pending,
+            prefill_policy: s.proxy.prefill_policy,
+            decode_policy: s.proxy.decode_policy,
+            kv_bytes_per_token: kv_bytes_per_token(s),
+            span_dies: s.dies(),
+            record_steps: false,
+        },
+        instances,
+    ))
+}
+
+pub fn run(a: ServeArgs) -> Result<(), Failure> {
+    if !(a.time_scale.is_finite() && a.time_scale >= 0.0) {
+        return Err(Failure::Input(anyhow!(
+            "--time-scale must be a finite number >= 0, got {}",
+            a.time_scale
+        )));
+    }
+    if a.max_pending == 0 {
+        return Err(Failure::Input(anyhow!("--max-pending must be at least 1")));
+    }
+    let s = scenario(&a)?;
+    let DeviceKind::Twin = a.device;
+    let model = a.served_model_name.clone().unwrap_or_else(|| s.model.name.clone());
+    let tokio = tokio::runtime::Runtime::new()
+        .context("starting the async runtime")
+        .map_err(Failure::Runtime)?;
+    tokio.block_on(async move {
+        let rt = twin_runtime(&s, model, a.time_scale, a.max_pending)?;
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
+            .await
+            .with_context(|| format!("binding {}:{}", a.host, a.port))
+            .map_err(Failure::Runtime)?;
+        let addr = listener
+            .local_addr()
+            .context("reading the bound address")
+            .map_err(Failure::Runtime)?;
+        println!("listening on http://{addr}");
+        let _ = std::io::stdout().flush();
+        eprintln!(
+            "serving {} ({}: {} instances, twin device, time scale {})",
+            rt.model(),
+            s.name,
+            rt.instance_names().len(),
+            a.time_scale
+        );
+        let closing = rt.clone();
+        axum::serve(listener, api::router(rt))
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                eprintln!("shutting down: no new requests, finishing the ones in flight");
+                closing.close();
+            })
+            .await
+            .context("serving")
+            .map_err(Failure::Runtime)
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
