@@ -1,5 +1,6 @@
 //! The dstwin command line: parses arguments and hands off to the library crates.
 
+mod bench_cmd;
 mod calibrate_cmd;
 mod eplb_cmd;
 mod explain_cmd;
@@ -33,6 +34,9 @@ enum Command {
     /// Serve an OpenAI-compatible API on the shared scheduler with the twin as the device: an
     /// emulated deployment whose every step takes the time the twin predicts.
     Serve(Box<serve_cmd::ServeArgs>),
+    /// Load-test an OpenAI-compatible server (dstwin serve, vLLM, vllm-ascend): TTFT, TPOT, ITL
+    /// and throughput, as `vllm bench serve` reports them.
+    BenchServe(Box<bench_cmd::BenchArgs>),
     /// List the built-in models, hardware systems and chips.
     Catalog {
         /// Print JSON instead of a table.
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
         Command::Calibrate(a) => calibrate_cmd::run(a),
         Command::Eplb(a) => eplb_cmd::run(a),
         Command::Serve(a) => serve_cmd::run(*a),
+        Command::BenchServe(a) => bench_cmd::run(*a),
         Command::Catalog { json } => explain_cmd::catalog(json),
     };
     match result {

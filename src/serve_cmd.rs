@@ -3,10 +3,11 @@
 
 use crate::Failure;
 use anyhow::{anyhow, Context};
+use axum::serve::ListenerExt;
 use clap::{Args, ValueEnum};
-use dstwin_engine::serve::{api, Runtime, RuntimeConfig, ServeInstance};
-use dstwin_sim::run::{build_instances, kv_bytes_per_token};
+use dstwin_engine::serve::api;
 use dstwin_sim::scenario::{load_path, load_str, Scenario};
+use dstwin_sim::serve::TwinServe;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -19,7 +20,7 @@ pub enum DeviceKind {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin serve\n      the built-in A3 2P1D deployment in real time on 127.0.0.1:8000\n  dstwin serve sim/scenarios/cm384-pd.toml --time-scale 0.1 --port 8080\n  curl localhost:8000/v1/completions -d '{\"model\":\"deepseek-r1\",\"prompt\":\"hi\",\"max_tokens\":8}'\n\nEndpoints: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,\nGET /health, GET /metrics (vLLM metric names). The deployment (instances, scheduler knobs,\nMTP, expert load) comes from the scenario; its [workload] is ignored. Ctrl-C stops accepting\nrequests and lets in-flight ones finish."
+    after_help = "Examples:\n  dstwin serve\n      the built-in A3 2P1D deployment in real time on 127.0.0.1:8000\n  dstwin serve sim/scenarios/cm384-pd.toml --time-scale 0.1 --port 8080\n  curl localhost:8000/v1/completions -d '{\"model\":\"deepseek-v3.1\",\"prompt\":\"hi\",\"max_tokens\":8}'\n\nEndpoints: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,\nGET /health, GET /metrics (vLLM metric names). The deployment (instances, scheduler knobs,\nMTP, expert load) comes from the scenario; its [workload] is ignored. Ctrl-C stops accepting\nrequests and lets in-flight ones finish."
 )]
 pub struct ServeArgs {
     /// Scenario file (TOML) describing the deployment; without it, the built-in default.
@@ -60,37 +61,6 @@ fn scenario(a: &ServeArgs) -> Result<Scenario, Failure> {
     .map_err(|e| Failure::Input(e.into()))
 }
 
-/// Builds the runtime of a scenario on twin devices (also used by tests and benchmarks).
-pub fn twin_runtime(
-    s: &Scenario,
-    model: String,
-    time_scale: f64,
-    max_pending: usize,
-) -> Result<Runtime, Failure> {
-    let built = build_instances(s).map_err(|e| Failure::Input(e.into()))?;
-    let instances = built
-        .into_iter()
-        .map(|b| ServeInstance {
-            name: b.name,
-            config: b.config,
-            device: Box::new(b.device),
-        })
-        .collect();
-    Ok(Runtime::start(
-        RuntimeConfig {
-            model,
-            time_scale,
-            max_pending,
-            prefill_policy: s.proxy.prefill_policy,
-            decode_policy: s.proxy.decode_policy,
-            kv_bytes_per_token: kv_bytes_per_token(s),
-            span_dies: s.dies(),
-            record_steps: false,
-        },
-        instances,
-    ))
-}
-
 pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if !(a.time_scale.is_finite() && a.time_scale >= 0.0) {
         return Err(Failure::Input(anyhow!(
@@ -103,12 +73,24 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     }
     let s = scenario(&a)?;
     let DeviceKind::Twin = a.device;
-    let model = a.served_model_name.clone().unwrap_or_else(|| s.model.name.clone());
+    let model = a
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| s.model.name.clone());
     let tokio = tokio::runtime::Runtime::new()
         .context("starting the async runtime")
         .map_err(Failure::Runtime)?;
     tokio.block_on(async move {
-        let rt = twin_runtime(&s, model, a.time_scale, a.max_pending)?;
+        let rt = dstwin_sim::serve::start(
+            &s,
+            TwinServe {
+                model,
+                time_scale: a.time_scale,
+                max_pending: a.max_pending,
+                record_steps: false,
+            },
+        )
+        .map_err(|e| Failure::Input(e.into()))?;
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await
             .with_context(|| format!("binding {}:{}", a.host, a.port))
@@ -127,6 +109,10 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             a.time_scale
         );
         let closing = rt.clone();
+        // Streams write small frames: without TCP_NODELAY each waits for the peer's delayed ACK.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(listener, api::router(rt))
             .with_graceful_shutdown(async move {
                 shutdown_signal().await;

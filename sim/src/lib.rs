@@ -9,6 +9,7 @@
 //! - [`run`]: the virtual-time event loop of a whole deployment and its report.
 //! - [`scenario`]: scenario files: strict parsing, `--set` overrides, validation.
 //! - [`report`]: human-readable rendering of reports.
+//! - [`serve`] (feature `serve`): a scenario's instances on twin devices in the wall-clock runtime.
 
 pub mod device;
 pub mod expert_load;
@@ -18,3 +19,5 @@ pub mod pricing;
 pub mod report;
 pub mod run;
 pub mod scenario;
+#[cfg(feature = "serve")]
+pub mod serve;

@@ -54,7 +54,10 @@ pub fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>
 
 async fn metrics(State(rt): State<Runtime>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         rt.metrics().render(),
     )
         .into_response()
@@ -150,6 +153,8 @@ struct Job {
     n: i64,
 }
 
+// Handlers answer errors with a finished response; its size does not matter here.
+#[allow(clippy::result_large_err)]
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Response> {
     serde_json::from_slice(body).map_err(|e| {
         error(
@@ -160,11 +165,15 @@ fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Response> {
     })
 }
 
+#[allow(clippy::result_large_err)]
 fn check_model(rt: &Runtime, model: &str) -> Result<(), Response> {
     if model != rt.model() {
         return Err(error(
             StatusCode::NOT_FOUND,
-            format!("The model `{model}` does not exist; this server serves `{}`.", rt.model()),
+            format!(
+                "The model `{model}` does not exist; this server serves `{}`.",
+                rt.model()
+            ),
             Some("model"),
         ));
     }
@@ -280,13 +289,23 @@ impl Choice {
     fn push(&mut self, n: u32, stops: &[String]) -> String {
         text::push_tokens(&mut self.text, self.seed, self.tokens, n);
         self.tokens += n;
-        let from = self.sent.saturating_sub(stops.iter().map(String::len).max().unwrap_or(0));
-        if let Some(p) = stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|p| p + from)).min() {
+        let from = self
+            .sent
+            .saturating_sub(stops.iter().map(String::len).max().unwrap_or(0));
+        if let Some(p) = stops
+            .iter()
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|p| p + from))
+            .min()
+        {
             self.text.truncate(p);
             self.finish = Some("stop");
             return self.take(p);
         }
-        let hold = stops.iter().map(|s| s.len().saturating_sub(1)).max().unwrap_or(0);
+        let hold = stops
+            .iter()
+            .map(|s| s.len().saturating_sub(1))
+            .max()
+            .unwrap_or(0);
         let upto = self.text.len().saturating_sub(hold).max(self.sent);
         self.take(upto)
     }
@@ -367,8 +386,20 @@ async fn run(rt: Runtime, job: Job) -> Response {
             finish: None,
         })
         .collect();
-    let merged = merge(streams);
+    let merged = Outputs::new(streams);
+    let prefix = format!(
+        "{{\"id\":{},\"object\":\"{}\",\"created\":{},\"model\":{},\"choices\":[",
+        serde_json::to_string(&id).expect("a string serializes"),
+        if job.chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        },
+        unix_now(),
+        serde_json::to_string(rt.model()).expect("a string serializes"),
+    );
     let meta = Meta {
+        prefix,
         id,
         model: rt.model().to_string(),
         created: unix_now(),
@@ -385,6 +416,8 @@ async fn run(rt: Runtime, job: Job) -> Response {
 }
 
 struct Meta {
+    /// `{"id":..,"object":..,"created":..,"model":..,"choices":[` of every chunk.
+    prefix: String,
     id: String,
     model: String,
     created: u64,
@@ -392,6 +425,36 @@ struct Meta {
     prompt_tokens: u32,
     include_usage: bool,
     stop: Vec<String>,
+}
+
+/// The outputs of a request's choices: one stream read directly, or several merged.
+enum Outputs {
+    One(Stream),
+    Many(tokio::sync::mpsc::UnboundedReceiver<(u32, Out)>),
+}
+
+impl Outputs {
+    fn new(mut streams: Vec<Stream>) -> Self {
+        if streams.len() == 1 {
+            Outputs::One(streams.pop().expect("one stream"))
+        } else {
+            Outputs::Many(merge(streams))
+        }
+    }
+
+    async fn recv(&mut self) -> Option<(u32, Out)> {
+        match self {
+            Outputs::One(s) => s.next().await.map(|o| (0, o)),
+            Outputs::Many(rx) => rx.recv().await,
+        }
+    }
+
+    fn try_recv(&mut self) -> Option<(u32, Out)> {
+        match self {
+            Outputs::One(s) => s.try_next().map(|o| (0, o)),
+            Outputs::Many(rx) => rx.try_recv().ok(),
+        }
+    }
 }
 
 /// All choices' outputs on one channel, tagged with the choice index. When the receiver goes
@@ -431,11 +494,7 @@ fn usage(prompt: u32, completion: u32) -> Value {
     })
 }
 
-async fn whole_response(
-    meta: Meta,
-    mut choices: Vec<Choice>,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<(u32, Out)>,
-) -> Response {
+async fn whole_response(meta: Meta, mut choices: Vec<Choice>, mut rx: Outputs) -> Response {
     let mut open = choices.len();
     while open > 0 {
         let Some((i, o)) = rx.recv().await else {
@@ -488,37 +547,38 @@ fn sse(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
-fn chunk(meta: &Meta, index: u32, text: Option<&str>, finish: Option<&str>, role: bool) -> Value {
+/// One streamed chunk as an SSE frame, formatted directly (the hot path of streaming).
+fn chunk(meta: &Meta, index: u32, text: Option<&str>, finish: Option<&str>, role: bool) -> Bytes {
+    let esc = |t: &str| serde_json::to_string(t).expect("a string serializes");
+    let finish = finish.map_or("null".to_string(), |f| format!("\"{f}\""));
     let choice = if meta.chat {
-        let mut delta = serde_json::Map::new();
+        let mut delta = Vec::new();
         if role {
-            delta.insert("role".into(), json!("assistant"));
+            delta.push("\"role\":\"assistant\"".to_string());
         }
         if let Some(t) = text {
-            delta.insert("content".into(), json!(t));
+            delta.push(format!("\"content\":{}", esc(t)));
         }
-        json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
+        format!(
+            "{{\"index\":{index},\"delta\":{{{}}},\"logprobs\":null,\"finish_reason\":{finish}}}",
+            delta.join(",")
+        )
     } else {
-        json!({"index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+        format!(
+            "{{\"index\":{index},\"text\":{},\"logprobs\":null,\"finish_reason\":{finish}}}",
+            esc(text.unwrap_or(""))
+        )
     };
-    json!({
-        "id": meta.id,
-        "object": if meta.chat { "chat.completion.chunk" } else { "text_completion" },
-        "created": meta.created,
-        "model": meta.model,
-        "choices": [choice],
-    })
+    Bytes::from(format!("data: {}{choice}]}}\n\n", meta.prefix))
 }
 
-fn stream_response(
-    meta: Meta,
-    choices: Vec<Choice>,
-    rx: tokio::sync::mpsc::UnboundedReceiver<(u32, Out)>,
-) -> Response {
+fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
     struct St {
         meta: Meta,
         choices: Vec<Choice>,
-        rx: Option<tokio::sync::mpsc::UnboundedReceiver<(u32, Out)>>,
+        rx: Option<Outputs>,
+        /// An output read while coalescing that belongs to the next frame.
+        held: Option<(u32, Out)>,
         open: usize,
         started: bool,
         done: bool,
@@ -528,6 +588,7 @@ fn stream_response(
         meta,
         choices,
         rx: Some(rx),
+        held: None,
         open,
         started: false,
         done: false,
@@ -541,16 +602,33 @@ fn stream_response(
             // Chat streams open with the assistant role.
             st.started = true;
             for c in &st.choices {
-                buf.extend_from_slice(&sse(&chunk(&st.meta, c.index, Some(""), None, true)));
+                buf.extend_from_slice(&chunk(&st.meta, c.index, Some(""), None, true));
             }
             return Some((Ok::<Bytes, std::convert::Infallible>(Bytes::from(buf)), st));
         }
         while st.open > 0 {
             let Some(rx) = st.rx.as_mut() else { break };
-            let Some((i, o)) = rx.recv().await else {
+            let next = match st.held.take() {
+                Some(x) => Some(x),
+                None => rx.recv().await,
+            };
+            let Some((i, mut o)) = next else {
                 st.open = 0;
                 break;
             };
+            // Tokens of one choice that are already here go out in one frame.
+            if let Out::Tokens(mut n) = o {
+                while let Some((j, p)) = rx.try_recv() {
+                    match p {
+                        Out::Tokens(m) if j == i => n += m,
+                        _ => {
+                            st.held = Some((j, p));
+                            break;
+                        }
+                    }
+                }
+                o = Out::Tokens(n);
+            }
             let stop = st.meta.stop.clone();
             let c = &mut st.choices[i as usize];
             if c.finish.is_some() {
@@ -571,14 +649,14 @@ fn stream_response(
                 st.open -= 1;
             }
             if !text.is_empty() || finish.is_some() {
-                let v = chunk(
+                let frame = chunk(
                     &st.meta,
                     c.index,
                     (!text.is_empty() || !st.meta.chat).then_some(text.as_str()),
                     finish,
                     false,
                 );
-                return Some((Ok(sse(&v)), st));
+                return Some((Ok(frame), st));
             }
         }
         // Every choice is over: free what stopped early, then usage and [DONE].

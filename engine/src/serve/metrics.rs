@@ -16,8 +16,8 @@ const ITL_BUCKETS: &[f64] = &[
     40.0, 80.0,
 ];
 const E2E_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
 
 /// A cumulative histogram with fixed bounds.
@@ -134,21 +134,67 @@ impl Metrics {
         let m = &self.model;
         let base = format!("model_name=\"{m}\"");
         let inst = self.instances.lock().expect("gauges").clone();
-        let gauge = |out: &mut String, name: &str, help: &str, ty: &str, f: &dyn Fn(&InstanceGauges) -> String| {
+        let gauge = |out: &mut String,
+                     name: &str,
+                     help: &str,
+                     ty: &str,
+                     f: &dyn Fn(&InstanceGauges) -> String| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {ty}");
             for (i, g) in inst.iter().enumerate() {
                 let _ = writeln!(out, "{name}{{{base},engine=\"{i}\"}} {}", f(g));
             }
         };
-        gauge(&mut out, "vllm:num_requests_running", "Requests in model execution batches.", "gauge", &|g| g.running.to_string());
-        gauge(&mut out, "vllm:num_requests_waiting", "Requests waiting to be processed.", "gauge", &|g| g.waiting.to_string());
-        gauge(&mut out, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "gauge", &|g| g.kv_usage.to_string());
-        gauge(&mut out, "vllm:prefix_cache_queries_total", "Prefix cache queries, in tokens.", "counter", &|g| g.prefix_queries.to_string());
-        gauge(&mut out, "vllm:prefix_cache_hits_total", "Prefix cache hits, in tokens.", "counter", &|g| g.prefix_hits.to_string());
+        gauge(
+            &mut out,
+            "vllm:num_requests_running",
+            "Requests in model execution batches.",
+            "gauge",
+            &|g| g.running.to_string(),
+        );
+        gauge(
+            &mut out,
+            "vllm:num_requests_waiting",
+            "Requests waiting to be processed.",
+            "gauge",
+            &|g| g.waiting.to_string(),
+        );
+        gauge(
+            &mut out,
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            "gauge",
+            &|g| g.kv_usage.to_string(),
+        );
+        gauge(
+            &mut out,
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in tokens.",
+            "counter",
+            &|g| g.prefix_queries.to_string(),
+        );
+        gauge(
+            &mut out,
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in tokens.",
+            "counter",
+            &|g| g.prefix_hits.to_string(),
+        );
         for (name, help, v) in [
-            ("vllm:prompt_tokens_total", "Prefill tokens processed.", &self.prompt_tokens),
-            ("vllm:generation_tokens_total", "Generation tokens processed.", &self.generation_tokens),
-            ("vllm:num_preemptions_total", "Cumulative number of preemptions.", &self.preemptions),
+            (
+                "vllm:prompt_tokens_total",
+                "Prefill tokens processed.",
+                &self.prompt_tokens,
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "Generation tokens processed.",
+                &self.generation_tokens,
+            ),
+            (
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemptions.",
+                &self.preemptions,
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let _ = writeln!(out, "{name}{{{base}}} {}", v.load(Ordering::Relaxed));
@@ -167,10 +213,30 @@ impl Metrics {
             "vllm:request_success_total{{{base},finished_reason=\"abort\"}} {}",
             self.aborted.load(Ordering::Relaxed)
         );
-        self.ttft.render(&mut out, "vllm:time_to_first_token_seconds", "Time to first token.", &base);
-        self.itl.render(&mut out, "vllm:inter_token_latency_seconds", "Inter-token latency.", &base);
-        self.tpot.render(&mut out, "vllm:time_per_output_token_seconds", "Time per output token (per request, after the first).", &base);
-        self.e2e.render(&mut out, "vllm:e2e_request_latency_seconds", "End-to-end request latency.", &base);
+        self.ttft.render(
+            &mut out,
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            &base,
+        );
+        self.itl.render(
+            &mut out,
+            "vllm:inter_token_latency_seconds",
+            "Inter-token latency.",
+            &base,
+        );
+        self.tpot.render(
+            &mut out,
+            "vllm:time_per_output_token_seconds",
+            "Time per output token (per request, after the first).",
+            &base,
+        );
+        self.e2e.render(
+            &mut out,
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            &base,
+        );
         out
     }
 }
@@ -188,10 +254,16 @@ mod tests {
         m.generation_tokens.fetch_add(7, Ordering::Relaxed);
         let t = m.render();
         assert!(t.contains("vllm:num_requests_running{model_name=\"deepseek-r1\",engine=\"0\"} 3"));
-        assert!(t.contains("vllm:kv_cache_usage_perc{model_name=\"deepseek-r1\",engine=\"0\"} 0.25"));
+        assert!(
+            t.contains("vllm:kv_cache_usage_perc{model_name=\"deepseek-r1\",engine=\"0\"} 0.25")
+        );
         assert!(t.contains("vllm:generation_tokens_total{model_name=\"deepseek-r1\"} 7"));
-        assert!(t.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"deepseek-r1\",le=\"0.005\"} 1"));
-        assert!(t.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"deepseek-r1\",le=\"0.5\"} 2"));
+        assert!(t.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"deepseek-r1\",le=\"0.005\"} 1"
+        ));
+        assert!(t.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"deepseek-r1\",le=\"0.5\"} 2"
+        ));
         assert!(t.contains("vllm:time_to_first_token_seconds_count{model_name=\"deepseek-r1\"} 2"));
         assert!(t.contains("vllm:prefix_cache_hits_total"));
     }

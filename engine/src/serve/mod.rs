@@ -162,6 +162,18 @@ impl Stream {
         o
     }
 
+    /// The next output if one is ready now.
+    pub fn try_next(&mut self) -> Option<Out> {
+        if self.done {
+            return None;
+        }
+        let o = self.rx.try_recv().ok();
+        if o == Some(Out::Finished) {
+            self.done = true;
+        }
+        o
+    }
+
     /// Stops the request now (a stop string was produced): frees its KV, no more output.
     pub fn cancel(&mut self) {
         if !self.done {
@@ -199,7 +211,10 @@ impl Runtime {
         let serve_ids: Vec<usize> = (0..handles.len())
             .filter(|&i| handles[i].role != Role::Prefill)
             .collect();
-        assert!(!serve_ids.is_empty(), "a deployment needs a decode or mixed instance");
+        assert!(
+            !serve_ids.is_empty(),
+            "a deployment needs a decode or mixed instance"
+        );
         let proxy = Proxy::new(
             cfg.prefill_policy,
             prefill_ids.len().max(1),
@@ -305,9 +320,15 @@ impl Runtime {
                 last: now,
             },
         );
-        s.metrics.prompt_tokens.fetch_add(r.prompt_tokens as u64, Ordering::Relaxed);
+        s.metrics
+            .prompt_tokens
+            .fetch_add(r.prompt_tokens as u64, Ordering::Relaxed);
         if s.prefill_ids.is_empty() {
-            let k = s.proxy.lock().expect("proxy").route_decode(r.prompt_tokens as u64);
+            let k = s
+                .proxy
+                .lock()
+                .expect("proxy")
+                .route_decode(r.prompt_tokens as u64);
             self.send_to(s.serve_ids[k], id, false);
         } else {
             self.route_prefill(id);
@@ -326,7 +347,11 @@ impl Runtime {
             Some(r) => r.prompt + r.emitted,
             None => return,
         };
-        let k = s.proxy.lock().expect("proxy").route_prefill(prompt as u64, &[]);
+        let k = s
+            .proxy
+            .lock()
+            .expect("proxy")
+            .route_prefill(prompt as u64, &[]);
         self.send_to(s.prefill_ids[k], id, false);
     }
 
@@ -484,7 +509,13 @@ impl InstanceTask {
             if shared.cfg.record_steps {
                 shared.steps.lock().expect("step log").push(StepRecord {
                     instance: self.index,
-                    rank_tokens: self.inst.plan().ranks.iter().map(|r| r.shape.tokens()).collect(),
+                    rank_tokens: self
+                        .inst
+                        .plan()
+                        .ranks
+                        .iter()
+                        .map(|r| r.shape.tokens())
+                        .collect(),
                     duration: outcome.duration,
                 });
             }
@@ -594,7 +625,9 @@ impl InstanceTask {
                 InstEvent::First { req } => {
                     if !shared.prefill_ids.is_empty() {
                         let r = shared.reqs.lock().expect("requests");
-                        if let Some((p, prompt)) = r.get(&req).and_then(|r| r.prefill.map(|p| (p, r.prompt))) {
+                        if let Some((p, prompt)) =
+                            r.get(&req).and_then(|r| r.prefill.map(|p| (p, r.prompt)))
+                        {
                             drop(r);
                             let pk = shared
                                 .prefill_ids
@@ -628,7 +661,8 @@ impl InstanceTask {
                     m.e2e.observe((now - r.arrival).as_secs_f64());
                     if let Some(f) = r.first {
                         if r.emitted > 1 {
-                            m.tpot.observe((now - f).as_secs_f64() / (r.emitted - 1) as f64);
+                            m.tpot
+                                .observe((now - f).as_secs_f64() / (r.emitted - 1) as f64);
                         }
                     }
                     m.finished.fetch_add(1, Ordering::Relaxed);
@@ -651,7 +685,11 @@ impl InstanceTask {
                             .iter()
                             .position(|&x| x == self.index)
                             .expect("a serving instance");
-                        shared.proxy.lock().expect("proxy").decode_done(sk, prompt as u64);
+                        shared
+                            .proxy
+                            .lock()
+                            .expect("proxy")
+                            .decode_done(sk, prompt as u64);
                         rt.route_prefill(req);
                     }
                 }

@@ -14,9 +14,7 @@ use crate::device::{Experts, HostOverhead, PricerSpec, SimDevice, StepPricer};
 use crate::expert_load::{ExpertLoad, ExpertLoadSpec};
 use crate::metrics::Latencies;
 use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
-use dstwin_engine::device::{
-    Capacity, ClassTimes, Device, ReqId, StepOutcome, CLASS_SLOTS,
-};
+use dstwin_engine::device::{Capacity, ClassTimes, Device, ReqId, StepOutcome, CLASS_SLOTS};
 use dstwin_engine::eplb::cycle::{CycleConfig, Rebalancer};
 use dstwin_engine::eplb::{place, EpLayout, Placement};
 use dstwin_engine::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
@@ -145,6 +143,8 @@ enum Deferred {
 
 struct Sim<'s, 'o> {
     s: &'s Scenario,
+    /// Instances to start once the current instant's events are applied.
+    starts: Vec<usize>,
     opts: RunOptions<'o>,
     now: SimTime,
     seq: u64,
@@ -447,6 +447,7 @@ impl<'s, 'o> Sim<'s, 'o> {
         let hash_block_tokens = open.as_ref().and_then(|w| w.hash_block_tokens());
         Ok(Sim {
             s,
+            starts: Vec::new(),
             opts,
             now: SimTime::ZERO,
             seq: 0,
@@ -542,7 +543,8 @@ impl<'s, 'o> Sim<'s, 'o> {
             return Ok(());
         }
         self.add_to_instance(i, id, remote_kv);
-        self.try_start(i)
+        self.want_start(i);
+        Ok(())
     }
 
     fn add_to_instance(&mut self, i: usize, id: ReqId, remote_kv: bool) {
@@ -583,6 +585,28 @@ impl<'s, 'o> Sim<'s, 'o> {
         }
         // Keep the buffer.
         self.insts[i].deferred = items;
+    }
+
+    /// Asks for instance `i` to plan a step once every event of the current instant has been
+    /// applied: requests arriving together are scheduled together, whatever order their events
+    /// were queued in.
+    fn want_start(&mut self, i: usize) {
+        if !self.starts.contains(&i) {
+            self.starts.push(i);
+        }
+    }
+
+    fn start_pending(&mut self) -> Result<(), RunError> {
+        let mut starts = std::mem::take(&mut self.starts);
+        starts.sort_unstable();
+        for &i in &starts {
+            self.try_start(i)?;
+        }
+        starts.clear();
+        if self.starts.is_empty() {
+            self.starts = starts;
+        }
+        Ok(())
     }
 
     fn try_start(&mut self, i: usize) -> Result<(), RunError> {
@@ -700,9 +724,10 @@ impl<'s, 'o> Sim<'s, 'o> {
         let p = r.prefill as usize;
         if self.insts[p].role == Role::Prefill {
             self.insts[p].inst.release_kv(id);
-            self.try_start(p)?;
+            self.want_start(p);
         }
-        self.try_start(d)
+        self.want_start(d);
+        Ok(())
     }
 
     fn on_step_done(&mut self, i: usize) -> Result<(), RunError> {
@@ -773,7 +798,8 @@ impl<'s, 'o> Sim<'s, 'o> {
             }
         }
         self.events = events;
-        self.try_start(i)
+        self.want_start(i);
+        Ok(())
     }
 
     /// A prefill instance finished a prompt: hand the request to a decode instance, which pulls
@@ -916,6 +942,14 @@ impl<'s, 'o> Sim<'s, 'o> {
         if let Some(d) = self.s.duration {
             self.push(SimTime::ZERO + d, Ev::Stop);
         }
+        // A closed loop admits its first requests before any event.
+        if self
+            .queue
+            .peek()
+            .is_none_or(|Reverse((t, _, _))| *t > self.now)
+        {
+            self.start_pending()?;
+        }
         while let Some(Reverse((t, _, ev))) = self.queue.pop() {
             debug_assert!(t >= self.now, "time never runs backwards");
             self.now = t;
@@ -926,6 +960,13 @@ impl<'s, 'o> Sim<'s, 'o> {
                 Ev::Xfer { link, gen } => self.on_xfer(link as usize, gen),
                 Ev::Deliver(id) => self.on_deliver(id)?,
                 Ev::Stop => break,
+            }
+            if self
+                .queue
+                .peek()
+                .is_none_or(|Reverse((next, _, _))| *next > self.now)
+            {
+                self.start_pending()?;
             }
             if self.processed.is_multiple_of(4096) {
                 if let Some(p) = self.opts.progress.as_mut() {

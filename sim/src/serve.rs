@@ -1,0 +1,45 @@
+//! A scenario's deployment on twin devices in the engine's wall-clock runtime: what
+//! `dstwin serve --device twin` runs (feature `serve`).
+
+use crate::run::{build_instances, kv_bytes_per_token, RunError};
+use crate::scenario::Scenario;
+use dstwin_engine::serve::{Runtime, RuntimeConfig, ServeInstance};
+
+/// How to run the twin in wall-clock time.
+#[derive(Clone, Debug)]
+pub struct TwinServe {
+    /// Model name clients must ask for.
+    pub model: String,
+    /// Wall seconds per predicted second (0: no waiting).
+    pub time_scale: f64,
+    /// Requests in flight before new ones get 429.
+    pub max_pending: usize,
+    /// Keep a log of every step (conformance checks).
+    pub record_steps: bool,
+}
+
+/// Starts the scenario's instances, each on its twin device, on the current tokio runtime. The
+/// scenario's workload is not used: clients bring the requests.
+pub fn start(s: &Scenario, t: TwinServe) -> Result<Runtime, RunError> {
+    let instances = build_instances(s)?
+        .into_iter()
+        .map(|b| ServeInstance {
+            name: b.name,
+            config: b.config,
+            device: Box::new(b.device),
+        })
+        .collect();
+    Ok(Runtime::start(
+        RuntimeConfig {
+            model: t.model,
+            time_scale: t.time_scale,
+            max_pending: t.max_pending,
+            prefill_policy: s.proxy.prefill_policy,
+            decode_policy: s.proxy.decode_policy,
+            kv_bytes_per_token: kv_bytes_per_token(s),
+            span_dies: s.dies(),
+            record_steps: t.record_steps,
+        },
+        instances,
+    ))
+}

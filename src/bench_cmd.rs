@@ -1,0 +1,494 @@
+//! `dstwin bench-serve`: a load generator for OpenAI-compatible servers (`dstwin serve` or a
+//! real vLLM / vllm-ascend deployment), reporting what `vllm bench serve` reports, so twin
+//! predictions and a real server are compared with one tool.
+
+use crate::Failure;
+use anyhow::{anyhow, Context};
+use axum::body::Bytes;
+use clap::Args;
+use dstwin_sim::scenario::load_path;
+use dstwin_traces::WorkloadSource;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rand::SeedableRng;
+use rand_distr::{Distribution, Exp};
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  dstwin bench-serve --url http://127.0.0.1:8000 --num-prompts 200 --input-len 1024 --output-len 128 --request-rate 8\n  dstwin bench-serve --url http://127.0.0.1:8000 --max-concurrency 32 --num-prompts 500 --json\n  dstwin bench-serve --url http://127.0.0.1:8000 --scenario sim/scenarios/a3-2p1d.toml --save-result run.json\n      (the scenario's [workload]: the same requests `dstwin simulate` predicts for)\n\nEach request is a streamed /v1/completions call with the prompt as token ids (exact input\nlength), max_tokens = the output length and ignore_eos. The report has the fields of\n`vllm bench serve --save-result` (request/output/total-token throughput, mean/median/p99\nTTFT, TPOT, ITL, E2E in ms)."
+)]
+pub struct BenchArgs {
+    /// Server base URL (http only).
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    url: String,
+    /// Model name to request (default: the first model `GET /v1/models` lists).
+    #[arg(long)]
+    model: Option<String>,
+    /// Take the requests from this scenario's [workload] (synthetic, trace or closed loop).
+    #[arg(long, conflicts_with_all = ["input_len", "output_len", "request_rate"])]
+    scenario: Option<PathBuf>,
+    /// Requests to send (with --input-len/--output-len).
+    #[arg(long, default_value_t = 100)]
+    num_prompts: u64,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 1024)]
+    input_len: u32,
+    /// Output tokens per request.
+    #[arg(long, default_value_t = 128)]
+    output_len: u32,
+    /// Poisson arrivals at this many requests per second (default: all at once).
+    #[arg(long)]
+    request_rate: Option<f64>,
+    /// At most this many requests in flight.
+    #[arg(long)]
+    max_concurrency: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Also write the JSON result to this file.
+    #[arg(long, value_name = "FILE")]
+    save_result: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// One request to send.
+#[derive(Clone, Copy, Debug)]
+struct Job {
+    at: Duration,
+    input: u32,
+    output: u32,
+}
+
+/// What one request measured.
+#[derive(Clone, Debug, Default)]
+struct Sample {
+    ok: bool,
+    error: Option<String>,
+    input: u32,
+    output: u32,
+    ttft: f64,
+    e2e: f64,
+    itl: Vec<f64>,
+}
+
+/// The result, with `vllm bench serve --save-result` field names.
+#[derive(Serialize, Debug)]
+pub struct BenchResult {
+    pub duration: f64,
+    pub completed: u64,
+    pub failed: u64,
+    pub total_input_tokens: u64,
+    pub total_output_tokens: u64,
+    pub request_throughput: f64,
+    pub output_throughput: f64,
+    pub total_token_throughput: f64,
+    pub max_concurrency: Option<usize>,
+    pub request_rate: Option<f64>,
+    pub mean_ttft_ms: f64,
+    pub median_ttft_ms: f64,
+    pub p99_ttft_ms: f64,
+    pub mean_tpot_ms: f64,
+    pub median_tpot_ms: f64,
+    pub p99_tpot_ms: f64,
+    pub mean_itl_ms: f64,
+    pub median_itl_ms: f64,
+    pub p99_itl_ms: f64,
+    pub mean_e2el_ms: f64,
+    pub median_e2el_ms: f64,
+    pub p99_e2el_ms: f64,
+    pub errors: Vec<String>,
+}
+
+/// mean, median, p99 of `v` in milliseconds (zeros when empty).
+fn stats_ms(mut v: Vec<f64>) -> (f64, f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    v.sort_by(f64::total_cmp);
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    (mean * 1e3, q(0.5) * 1e3, q(0.99) * 1e3)
+}
+
+fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
+    if let Some(p) = &a.scenario {
+        let s = load_path(p, &[]).map_err(|e| Failure::Input(e.into()))?;
+        let src = s
+            .workload
+            .build(s.seed, &s.base_dir)
+            .map_err(|e| Failure::Input(e.into()))?;
+        return Ok(match src {
+            WorkloadSource::Open(w) => {
+                let t0 = w.first_arrival_ns();
+                let v = w
+                    .requests()
+                    .iter()
+                    .map(|r| Job {
+                        at: Duration::from_nanos(r.arrival_ns - t0),
+                        input: r.input_tokens,
+                        output: r.output_tokens,
+                    })
+                    .collect();
+                (v, a.max_concurrency)
+            }
+            WorkloadSource::ClosedLoop {
+                concurrency,
+                num_requests,
+                mut sampler,
+            } => {
+                let v = (0..num_requests.get())
+                    .map(|_| {
+                        let l = sampler.next_lengths();
+                        Job {
+                            at: Duration::ZERO,
+                            input: l.input_tokens,
+                            output: l.output_tokens,
+                        }
+                    })
+                    .collect();
+                (v, Some(concurrency.get() as usize))
+            }
+        });
+    }
+    if a.num_prompts == 0 || a.input_len == 0 || a.output_len == 0 {
+        return Err(Failure::Input(anyhow!(
+            "--num-prompts, --input-len and --output-len must be at least 1"
+        )));
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
+    let exp = match a.request_rate {
+        Some(r) if !(r.is_finite() && r > 0.0) => {
+            return Err(Failure::Input(anyhow!(
+                "--request-rate must be a positive number, got {r}"
+            )))
+        }
+        Some(r) => Some(Exp::new(r).map_err(|e| Failure::Input(anyhow!("--request-rate: {e}")))?),
+        None => None,
+    };
+    let mut t = 0.0;
+    let v = (0..a.num_prompts)
+        .map(|_| {
+            let at = Duration::from_secs_f64(t);
+            if let Some(e) = &exp {
+                t += e.sample(&mut rng);
+            }
+            Job {
+                at,
+                input: a.input_len,
+                output: a.output_len,
+            }
+        })
+        .collect();
+    Ok((v, a.max_concurrency))
+}
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+async fn get_json(client: &HttpClient, url: &str) -> anyhow::Result<serde_json::Value> {
+    let resp = client
+        .get(url.parse().with_context(|| format!("bad URL {url}"))?)
+        .await
+        .with_context(|| format!("GET {url}"))?;
+    let status = resp.status();
+    let body = resp.into_body().collect().await?.to_bytes();
+    if !status.is_success() {
+        return Err(anyhow!("GET {url}: {status}"));
+    }
+    Ok(serde_json::from_slice(&body)?)
+}
+
+async fn one(client: HttpClient, url: String, model: String, job: Job) -> Sample {
+    let mut s = Sample {
+        input: job.input,
+        ..Sample::default()
+    };
+    let body = serde_json::json!({
+        "model": model,
+        "prompt": vec![100u32; job.input as usize],
+        "max_tokens": job.output,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "ignore_eos": true,
+    });
+    let req = match hyper::Request::post(&url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            s.error = Some(e.to_string());
+            return s;
+        }
+    };
+    let start = Instant::now();
+    let resp = match client.request(req).await {
+        Ok(r) => r,
+        Err(e) => {
+            s.error = Some(format!("{e:#}"));
+            return s;
+        }
+    };
+    if !resp.status().is_success() {
+        let status = resp.status();
+        let b = resp.into_body().collect().await.map(|b| b.to_bytes());
+        s.error = Some(format!(
+            "{status}: {}",
+            b.map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default()
+        ));
+        return s;
+    }
+    let mut body = resp.into_body();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut last: Option<Instant> = None;
+    let mut chunks = 0u32;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                s.error = Some(e.to_string());
+                return s;
+            }
+        };
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
+        buf.extend_from_slice(data);
+        while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..pos + 2).collect();
+            let line = String::from_utf8_lossy(&event);
+            let Some(payload) = line.trim().strip_prefix("data:") else {
+                continue;
+            };
+            let payload = payload.trim();
+            if payload == "[DONE]" {
+                s.ok = true;
+                continue;
+            }
+            // Parse only the usage chunk; a token chunk is recognised by its non-empty text.
+            if payload.contains("\"usage\"") {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(payload) {
+                    if let Some(u) = v.get("usage").and_then(|u| u.get("completion_tokens")) {
+                        s.output = u.as_u64().unwrap_or(0) as u32;
+                    }
+                }
+            }
+            let has_text = ["\"text\":\"", "\"content\":\""].iter().any(|k| {
+                payload
+                    .find(k)
+                    .is_some_and(|p| payload.as_bytes().get(p + k.len()) != Some(&b'"'))
+            });
+            if has_text {
+                let now = Instant::now();
+                match last {
+                    None => s.ttft = (now - start).as_secs_f64(),
+                    Some(l) => s.itl.push((now - l).as_secs_f64()),
+                }
+                last = Some(now);
+                chunks += 1;
+            }
+        }
+    }
+    s.e2e = start.elapsed().as_secs_f64();
+    if s.output == 0 {
+        s.output = chunks;
+    }
+    if !s.ok {
+        s.error = Some("the stream ended without [DONE]".into());
+    }
+    s
+}
+
+pub fn run(a: BenchArgs) -> Result<(), Failure> {
+    let (jobs, concurrency) = jobs(&a)?;
+    if concurrency == Some(0) {
+        return Err(Failure::Input(anyhow!(
+            "--max-concurrency must be at least 1"
+        )));
+    }
+    let tokio = tokio::runtime::Runtime::new()
+        .context("starting the async runtime")
+        .map_err(Failure::Runtime)?;
+    let result = tokio.block_on(bench(&a, jobs, concurrency))?;
+    let json = serde_json::to_string_pretty(&result).map_err(|e| Failure::Runtime(e.into()))?;
+    if let Some(p) = &a.save_result {
+        std::fs::write(p, &json)
+            .with_context(|| format!("writing {}", p.display()))
+            .map_err(Failure::Runtime)?;
+    }
+    if a.json {
+        println!("{json}");
+    } else {
+        print!("{}", render(&result));
+    }
+    Ok(())
+}
+
+async fn bench(
+    a: &BenchArgs,
+    jobs: Vec<Job>,
+    concurrency: Option<usize>,
+) -> Result<BenchResult, Failure> {
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1024)
+        .build(connector);
+    let base = a.url.trim_end_matches('/').to_string();
+    let model = match &a.model {
+        Some(m) => m.clone(),
+        None => {
+            let v = get_json(&client, &format!("{base}/v1/models"))
+                .await
+                .map_err(Failure::Runtime)?;
+            v["data"][0]["id"]
+                .as_str()
+                .ok_or_else(|| Failure::Runtime(anyhow!("{base}/v1/models lists no model")))?
+                .to_string()
+        }
+    };
+    let url = format!("{base}/v1/completions");
+    let bar = ProgressBar::with_draw_target(
+        Some(jobs.len() as u64),
+        if !a.quiet && std::io::stderr().is_terminal() {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:40} {pos}/{len} requests [{elapsed_precise}, eta {eta}]")
+    {
+        bar.set_style(style);
+    }
+    let limit = Arc::new(tokio::sync::Semaphore::new(
+        concurrency.unwrap_or(tokio::sync::Semaphore::MAX_PERMITS),
+    ));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let wait = job.at.saturating_sub(start.elapsed());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        let permit = limit
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| Failure::Runtime(e.into()))?;
+        let (client, url, model, bar) = (client.clone(), url.clone(), model.clone(), bar.clone());
+        tasks.push(tokio::spawn(async move {
+            let s = one(client, url, model, job).await;
+            drop(permit);
+            bar.inc(1);
+            s
+        }));
+    }
+    let mut samples = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        samples.push(t.await.map_err(|e| Failure::Runtime(e.into()))?);
+    }
+    let duration = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    Ok(summarize(samples, duration, concurrency, a.request_rate))
+}
+
+fn summarize(
+    samples: Vec<Sample>,
+    duration: f64,
+    max_concurrency: Option<usize>,
+    request_rate: Option<f64>,
+) -> BenchResult {
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
+    let mut errors: Vec<String> = samples.iter().filter_map(|s| s.error.clone()).collect();
+    errors.sort();
+    errors.dedup();
+    errors.truncate(10);
+    let total_in: u64 = ok.iter().map(|s| s.input as u64).sum();
+    let total_out: u64 = ok.iter().map(|s| s.output as u64).sum();
+    let ttft = stats_ms(ok.iter().map(|s| s.ttft).collect());
+    let tpot = stats_ms(
+        ok.iter()
+            .filter(|s| s.output > 1)
+            .map(|s| (s.e2e - s.ttft) / (s.output - 1) as f64)
+            .collect(),
+    );
+    let itl = stats_ms(ok.iter().flat_map(|s| s.itl.iter().copied()).collect());
+    let e2e = stats_ms(ok.iter().map(|s| s.e2e).collect());
+    let d = duration.max(1e-9);
+    BenchResult {
+        duration,
+        completed: ok.len() as u64,
+        failed: (samples.len() - ok.len()) as u64,
+        total_input_tokens: total_in,
+        total_output_tokens: total_out,
+        request_throughput: ok.len() as f64 / d,
+        output_throughput: total_out as f64 / d,
+        total_token_throughput: (total_in + total_out) as f64 / d,
+        max_concurrency,
+        request_rate,
+        mean_ttft_ms: ttft.0,
+        median_ttft_ms: ttft.1,
+        p99_ttft_ms: ttft.2,
+        mean_tpot_ms: tpot.0,
+        median_tpot_ms: tpot.1,
+        p99_tpot_ms: tpot.2,
+        mean_itl_ms: itl.0,
+        median_itl_ms: itl.1,
+        p99_itl_ms: itl.2,
+        mean_e2el_ms: e2e.0,
+        median_e2el_ms: e2e.1,
+        p99_e2el_ms: e2e.2,
+        errors,
+    }
+}
+
+fn render(r: &BenchResult) -> String {
+    let mut s = String::new();
+    let mut line = |k: &str, v: String| s.push_str(&format!("{k:<40}{v:>12}\n"));
+    line("Successful requests:", r.completed.to_string());
+    line("Failed requests:", r.failed.to_string());
+    line("Benchmark duration (s):", format!("{:.2}", r.duration));
+    line("Total input tokens:", r.total_input_tokens.to_string());
+    line("Total generated tokens:", r.total_output_tokens.to_string());
+    line(
+        "Request throughput (req/s):",
+        format!("{:.2}", r.request_throughput),
+    );
+    line(
+        "Output token throughput (tok/s):",
+        format!("{:.2}", r.output_throughput),
+    );
+    line(
+        "Total token throughput (tok/s):",
+        format!("{:.2}", r.total_token_throughput),
+    );
+    for (name, m) in [
+        ("TTFT", (r.mean_ttft_ms, r.median_ttft_ms, r.p99_ttft_ms)),
+        ("TPOT", (r.mean_tpot_ms, r.median_tpot_ms, r.p99_tpot_ms)),
+        ("ITL", (r.mean_itl_ms, r.median_itl_ms, r.p99_itl_ms)),
+        (
+            "E2E latency",
+            (r.mean_e2el_ms, r.median_e2el_ms, r.p99_e2el_ms),
+        ),
+    ] {
+        line(&format!("Mean {name} (ms):"), format!("{:.2}", m.0));
+        line(&format!("Median {name} (ms):"), format!("{:.2}", m.1));
+        line(&format!("P99 {name} (ms):"), format!("{:.2}", m.2));
+    }
+    for e in &r.errors {
+        s.push_str(&format!("error: {e}\n"));
+    }
+    s
+}

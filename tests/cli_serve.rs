@@ -1,0 +1,470 @@
+//! `dstwin serve` and `dstwin bench-serve` end to end: a server process on a free port, driven
+//! with a small HTTP/1.1 client (and, in `openai_python_client`, with the official `openai`
+//! Python package).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn data(name: &str) -> String {
+    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A running `dstwin serve`, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+            .arg("serve")
+            .args(args)
+            .args(["--port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start dstwin serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the listening line");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Server { child, addr }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A response: status and body (chunked bodies decoded).
+struct Resp {
+    status: u16,
+    body: String,
+}
+
+impl Resp {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+fn request(addr: &str, method: &str, path: &str, body: &str) -> Resp {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read the response");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a header block");
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut r = rest;
+        loop {
+            let (len, tail) = r.split_once("\r\n").expect("a chunk size");
+            let n = usize::from_str_radix(len.trim(), 16).unwrap();
+            if n == 0 {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            r = &tail[n + 2..];
+        }
+        out
+    } else {
+        rest.to_string()
+    };
+    Resp { status, body }
+}
+
+fn post(addr: &str, path: &str, body: serde_json::Value) -> Resp {
+    request(addr, "POST", path, &body.to_string())
+}
+
+/// The `data:` payloads of an SSE body.
+fn events(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|e| e.trim().strip_prefix("data: ").map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn completions_chat_models_health_and_metrics() {
+    let srv = Server::start(&[&data("tiny-pd.toml"), "--time-scale", "0"]);
+    let a = &srv.addr;
+    assert_eq!(request(a, "GET", "/health", "").status, 200);
+    let models = request(a, "GET", "/v1/models", "").json();
+    assert_eq!(models["data"][0]["id"], "deepseek-r1");
+
+    // Non-streaming completion: exactly max_tokens placeholder tokens.
+    let r = post(
+        a,
+        "/v1/completions",
+        serde_json::json!({"model": "deepseek-r1", "prompt": "tell me about the fabric", "max_tokens": 12, "seed": 5}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    assert_eq!(v["usage"]["prompt_tokens"], 6);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(text.split(' ').count(), 12);
+    // The same seed gives the same text.
+    let again = post(
+        a,
+        "/v1/completions",
+        serde_json::json!({"model": "deepseek-r1", "prompt": [1, 2, 3], "max_tokens": 12, "seed": 5}),
+    )
+    .json();
+    assert_eq!(again["choices"][0]["text"], text.as_str());
+    assert_eq!(
+        again["usage"]["prompt_tokens"], 3,
+        "token ids count exactly"
+    );
+
+    // Streaming completion with usage: one frame per token here, then usage, then [DONE].
+    let r = post(
+        a,
+        "/v1/completions",
+        serde_json::json!({"model": "deepseek-r1", "prompt": "hi", "max_tokens": 7, "stream": true,
+                           "stream_options": {"include_usage": true}}),
+    );
+    assert_eq!(r.status, 200);
+    let ev = events(&r.body);
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let usage: serde_json::Value = serde_json::from_str(&ev[ev.len() - 2]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 7);
+    let streamed: String = ev[..ev.len() - 2]
+        .iter()
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e).unwrap();
+            v["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(streamed.split(' ').count(), 7);
+    let last: serde_json::Value = serde_json::from_str(&ev[ev.len() - 3]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+
+    // Chat, streaming: the role first, then content deltas, finish, [DONE].
+    let r = post(
+        a,
+        "/v1/chat/completions",
+        serde_json::json!({"model": "deepseek-r1", "messages": [{"role": "user", "content": "hello"}],
+                           "max_tokens": 5, "stream": true}),
+    );
+    let ev = events(&r.body);
+    let first: serde_json::Value = serde_json::from_str(&ev[0]).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    // Chat, not streaming, two choices, a stop string.
+    let v = post(
+        a,
+        "/v1/chat/completions",
+        serde_json::json!({"model": "deepseek-r1", "messages": [{"role": "user", "content": "hello"}],
+                           "max_tokens": 40, "n": 2, "seed": 1, "stop": ["the"]}),
+    )
+    .json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2);
+    for c in v["choices"].as_array().unwrap() {
+        let t = c["message"]["content"].as_str().unwrap();
+        assert!(!t.contains("the"), "stopped before the stop string: {t:?}");
+        if c["finish_reason"] == "length" {
+            assert_eq!(t.split(' ').count(), 40);
+        }
+    }
+
+    // Metrics under vLLM's names.
+    let m = request(a, "GET", "/metrics", "").body;
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:num_preemptions_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+    ] {
+        assert!(m.contains(name), "/metrics lacks {name}");
+    }
+    let generated: f64 = m
+        .lines()
+        .find(|l| l.starts_with("vllm:generation_tokens_total{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(generated >= 12.0 + 12.0 + 7.0 + 5.0, "{generated}");
+}
+
+#[test]
+fn bad_requests_get_openai_style_errors() {
+    let srv = Server::start(&[&data("tiny-mixed.toml"), "--time-scale", "0"]);
+    let a = &srv.addr;
+    let cases = [
+        ("{not json", 400, None),
+        (r#"{"model":"gpt-4","prompt":"x"}"#, 404, Some("model")),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","max_tokens":0}"#,
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","max_tokens":9000}"#,
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","n":17}"#,
+            400,
+            Some("n"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":[]}"#,
+            400,
+            Some("prompt"),
+        ),
+    ];
+    for (body, status, param) in cases {
+        let r = request(a, "POST", "/v1/completions", body);
+        assert_eq!(r.status, status, "{body}: {}", r.body);
+        let v = r.json();
+        assert!(v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+        assert_eq!(v["error"]["code"], status);
+        if let Some(p) = param {
+            assert_eq!(v["error"]["param"], p, "{body}");
+        }
+    }
+    let r = request(
+        a,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"model":"deepseek-v3","messages":[]}"#,
+    );
+    assert_eq!(r.status, 400);
+}
+
+fn metric(addr: &str, prefix: &str) -> f64 {
+    request(addr, "GET", "/metrics", "")
+        .body
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+#[test]
+fn a_disconnected_client_frees_its_request_and_a_full_queue_answers_429() {
+    // Real time: a 2,000-token answer takes tens of seconds, so it is surely in flight.
+    let srv = Server::start(&[&data("tiny-mixed.toml"), "--max-pending", "1"]);
+    let a = srv.addr.clone();
+    let mut s = TcpStream::connect(&a).unwrap();
+    let body = r#"{"model":"deepseek-v3","prompt":"x","max_tokens":2000,"stream":true}"#;
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {a}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Wait for the first token so the request is running.
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("data:") && !line.contains("data:") {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+    }
+    assert_eq!(metric(&a, "vllm:num_requests_running{"), 1.0);
+    // The admission limit is one request: the next one is refused.
+    let busy = request(
+        &a,
+        "POST",
+        "/v1/completions",
+        r#"{"model":"deepseek-v3","prompt":"x","max_tokens":4}"#,
+    );
+    assert_eq!(busy.status, 429, "{}", busy.body);
+    // The client goes away: its request is aborted and its KV freed.
+    drop(r);
+    drop(s);
+    let t = Instant::now();
+    while metric(
+        &a,
+        "vllm:request_success_total{model_name=\"deepseek-v3\",finished_reason=\"abort\"",
+    ) < 1.0
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the abort was not noticed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    while metric(&a, "vllm:num_requests_running{") > 0.0
+        || metric(&a, "vllm:kv_cache_usage_perc{") > 0.0
+    {
+        assert!(t.elapsed() < Duration::from_secs(10), "KV not freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // And there is room again.
+    let ok = request(
+        &a,
+        "POST",
+        "/v1/completions",
+        r#"{"model":"deepseek-v3","prompt":"x","max_tokens":2}"#,
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
+}
+
+#[cfg(unix)]
+#[test]
+fn shutdown_drains_in_flight_requests() {
+    let mut srv = Server::start(&[&data("tiny-mixed.toml"), "--time-scale", "0.5"]);
+    let a = srv.addr.clone();
+    let client = std::thread::spawn(move || {
+        request(
+            &a,
+            "POST",
+            "/v1/completions",
+            r#"{"model":"deepseek-v3","prompt":"x","max_tokens":40}"#,
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = srv.child.id().to_string();
+    let st = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(st.success());
+    let r = client.join().unwrap();
+    assert_eq!(r.status, 200, "the in-flight request finished: {}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 40);
+    let status = srv.child.wait().unwrap();
+    assert!(status.success(), "exit {status:?}");
+    assert!(
+        TcpStream::connect(&srv.addr).is_err(),
+        "no new connections after shutdown"
+    );
+}
+
+#[test]
+fn bench_serve_reports_like_vllm_bench_serve() {
+    let srv = Server::start(&[&data("tiny-pd.toml"), "--time-scale", "0"]);
+    let dir = std::env::temp_dir().join(format!("dstwin-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let saved = dir.join("result.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args([
+            "bench-serve",
+            "--url",
+            &srv.url(),
+            "--num-prompts",
+            "40",
+            "--input-len",
+            "300",
+        ])
+        .args([
+            "--output-len",
+            "16",
+            "--request-rate",
+            "200",
+            "--json",
+            "--quiet",
+            "--save-result",
+        ])
+        .arg(&saved)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["completed"], 40);
+    assert_eq!(v["failed"], 0);
+    assert_eq!(v["total_input_tokens"], 40 * 300);
+    assert_eq!(v["total_output_tokens"], 40 * 16);
+    for k in [
+        "request_throughput",
+        "output_throughput",
+        "mean_ttft_ms",
+        "median_tpot_ms",
+        "p99_itl_ms",
+        "mean_e2el_ms",
+    ] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {}", v[k]);
+    }
+    let file: serde_json::Value = serde_json::from_slice(&std::fs::read(&saved).unwrap()).unwrap();
+    assert_eq!(file["completed"], 40);
+    // The server's own count agrees.
+    let m = metric(&srv.addr, "vllm:generation_tokens_total{");
+    assert_eq!(m, 640.0);
+    // Against a server that is not there: a clear failure, exit 1.
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args([
+            "bench-serve",
+            "--url",
+            "http://127.0.0.1:9",
+            "--num-prompts",
+            "2",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn openai_python_client() {
+    // The official client, streaming and not, chat and completions. CI installs the package
+    // (.ci/run); elsewhere the test says it skipped when the package is missing.
+    let has = Command::new("python3")
+        .args(["-c", "import openai"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the openai Python package is required in CI"
+        );
+        eprintln!("skipped: `python3 -c 'import openai'` failed (pip install openai)");
+        return;
+    }
+    let srv = Server::start(&[&data("tiny-pd.toml"), "--time-scale", "0"]);
+    let o = Command::new("python3")
+        .arg(format!(
+            "{}/tests/python/openai_client.py",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .arg(format!("{}/v1", srv.url()))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ok"));
+}
