@@ -4,8 +4,11 @@ mod bench_cmd;
 mod calibrate_cmd;
 mod eplb_cmd;
 mod explain_cmd;
+mod plan_cmd;
+mod report_cmd;
 mod serve_cmd;
 mod simulate_cmd;
+mod sweep_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -23,6 +26,14 @@ enum Command {
     /// Simulate a deployment serving a workload (a scenario file; without one, the built-in
     /// default): TTFT, TPOT, ITL, throughput per card, goodput, KV use, where the time goes.
     Simulate(Box<simulate_cmd::SimulateArgs>),
+    /// Simulate a grid of what-if variations of a scenario in parallel: CSV/JSON rows, Pareto
+    /// fronts of throughput per card against TPOT and TTFT, a summary; resumable and shardable.
+    Sweep(Box<sweep_cmd::SweepArgs>),
+    /// Search PD layouts of a model on N cards for the best goodput per card under SLOs and
+    /// print their vllm-ascend launch arguments.
+    Plan(Box<plan_cmd::PlanArgs>),
+    /// Regenerate a sweep's fronts, plots and summary, or merge the shards of a study.
+    Report(report_cmd::ReportArgs),
     /// Price one forward step of one instance: time by op class and layer, what bounds each op,
     /// two-micro-batch overlap, the memory map per die and the roofline limit.
     Explain(Box<explain_cmd::ExplainArgs>),
@@ -56,6 +67,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Simulate(a) => simulate_cmd::run_cmd(*a),
         Command::Explain(a) => explain_cmd::run(*a),
+        Command::Sweep(a) => sweep_cmd::run(*a),
+        Command::Plan(a) => plan_cmd::run(*a),
+        Command::Report(a) => report_cmd::run(a),
         Command::Calibrate(a) => calibrate_cmd::run(a),
         Command::Eplb(a) => eplb_cmd::run(a),
         Command::Serve(a) => serve_cmd::run(*a),

@@ -1,0 +1,483 @@
+//! `dstwin plan`: search PD deployments of a model on N cards for the best goodput per card
+//! under SLOs, and print each winner's vllm-ascend launch arguments. IO-free: candidates are
+//! scenario texts the caller simulates (in parallel) with [`evaluate`].
+//!
+//! The search space, per the vllm-ascend deployment guides: prefill instances of one node each
+//! (DP x TP within the node, two-micro-batch overlap), one decode instance over the remaining
+//! nodes (EP over all its dies); the split between them, prefill and decode TP, the decode
+//! batch cap, redundant experts and MTP depth vary. Each candidate is first run closed-loop with
+//! every decode slot (DP ranks x batch cap) busy, which measures its capacity in requests per
+//! second; then open-loop (Poisson) at 60% and 90% of that capacity. It is reported at the
+//! lower load unless the higher one gains more than 3% goodput.
+
+use crate::run::{run, RunOptions};
+use crate::scenario::load_str;
+use crate::sweep::one_line;
+use dstwin_hwmodels::Catalog;
+use serde::Serialize;
+use std::path::Path;
+
+/// What to plan for.
+#[derive(Clone, Debug)]
+pub struct PlanInput {
+    pub model: String,
+    pub quant: String,
+    pub hardware: String,
+    pub cards: u32,
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    /// MTP acceptance per draft position.
+    pub acceptance: Vec<f64>,
+    pub seed: u64,
+}
+
+/// One deployment to try.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Candidate {
+    pub prefill_nodes: u32,
+    pub decode_nodes: u32,
+    pub prefill_tp: u32,
+    pub decode_tp: u32,
+    pub max_num_seqs: u32,
+    pub redundant_experts: u32,
+    pub mtp: u32,
+}
+
+/// The search space on `nodes` nodes of `dies_per_node` dies.
+pub fn candidates(nodes: u32, dies_per_node: u32) -> Vec<Candidate> {
+    let mut v = Vec::new();
+    for prefill_nodes in 1..nodes {
+        for prefill_tp in [8, 16] {
+            if !dies_per_node.is_multiple_of(prefill_tp) {
+                continue;
+            }
+            for decode_tp in [1, 2, 4] {
+                for max_num_seqs in [16, 32, 48] {
+                    for redundant_experts in [0, 32] {
+                        for mtp in [0, 1, 2] {
+                            v.push(Candidate {
+                                prefill_nodes,
+                                decode_nodes: nodes - prefill_nodes,
+                                prefill_tp,
+                                decode_tp,
+                                max_num_seqs,
+                                redundant_experts,
+                                mtp,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+impl Candidate {
+    /// A one-line description.
+    pub fn label(&self) -> String {
+        format!(
+            "{}P{}D nodes, prefill TP{}, decode TP{} x{} seqs, {} redundant, MTP {}",
+            self.prefill_nodes,
+            self.decode_nodes,
+            self.prefill_tp,
+            self.decode_tp,
+            self.max_num_seqs,
+            self.redundant_experts,
+            self.mtp
+        )
+    }
+
+    /// Decode DP ranks x batch cap.
+    pub fn decode_slots(&self, dies_per_node: u32) -> u32 {
+        self.decode_nodes * dies_per_node / self.decode_tp * self.max_num_seqs
+    }
+
+    /// The scenario text of this candidate under `load`.
+    pub fn scenario(&self, p: &PlanInput, dies_per_node: u32, load: Load) -> String {
+        let t = self.mtp;
+        let acc = if p.acceptance.is_empty() {
+            "[0.7]".to_string()
+        } else {
+            format!("{:?}", p.acceptance)
+        };
+        let mtp = if t > 0 {
+            format!("[mtp]\ntokens = {t}\nacceptance = {acc}\n")
+        } else {
+            String::new()
+        };
+        let mut slo = String::from("[slo]\n");
+        if let Some(x) = p.ttft_ms {
+            slo += &format!("ttft_ms = {x}\n");
+        }
+        if let Some(x) = p.tpot_ms {
+            slo += &format!("tpot_ms = {x}\n");
+        }
+        let max_len = p.input_tokens + p.output_tokens + 64;
+        format!(
+            r#"name = "plan"
+seed = {seed}
+model = "{model}"
+quant = "{quant}"
+hardware = "{hw}"
+{mtp}
+[[instance]]
+name = "prefill"
+role = "prefill"
+count = {pn}
+dies = {dpn}
+tp = {ptp}
+redundant_experts = {red}
+two_microbatch = true
+[instance.scheduler]
+max_num_batched_tokens = 16384
+max_num_seqs = 8
+max_model_len = {max_len}
+enable_prefix_caching = false
+
+[[instance]]
+name = "decode"
+role = "decode"
+dies = {dd}
+tp = {dtp}
+redundant_experts = {red}
+[instance.scheduler]
+max_num_batched_tokens = {budget}
+max_num_seqs = {seqs}
+max_model_len = {max_len}
+enable_prefix_caching = false
+preemption = "send_back"
+
+[workload]
+{load}
+input = {{ dist = "fixed", value = {inp} }}
+output = {{ dist = "fixed", value = {out} }}
+
+{slo}"#,
+            seed = p.seed,
+            model = p.model,
+            quant = p.quant,
+            hw = p.hardware,
+            pn = self.prefill_nodes,
+            dpn = dies_per_node,
+            ptp = self.prefill_tp,
+            red = self.redundant_experts,
+            dd = self.decode_nodes * dies_per_node,
+            dtp = self.decode_tp,
+            budget = self.max_num_seqs * (1 + t),
+            seqs = self.max_num_seqs,
+            load = match load {
+                Load::Closed(c) => format!(
+                    "kind = \"closed_loop\"\nconcurrency = {c}\nnum_requests = {}",
+                    (2 * c).max(64)
+                ),
+                Load::Open(rate) => format!(
+                    "kind = \"synthetic\"\nnum_requests = {}\narrival = {{ process = \"poisson\", rate = {rate} }}",
+                    (2 * self.decode_slots(dies_per_node)).max(100)
+                ),
+            },
+            inp = p.input_tokens,
+            out = p.output_tokens,
+        )
+    }
+
+    /// The `vllm serve` arguments of each instance, as vllm-ascend takes them.
+    pub fn launch_args(&self, p: &PlanInput, dies_per_node: u32) -> Vec<(String, String)> {
+        let pdp = dies_per_node / self.prefill_tp;
+        let ddp = self.decode_nodes * dies_per_node / self.decode_tp;
+        let quant = if p.quant == "bf16" {
+            ""
+        } else {
+            " \\\n  --quantization ascend"
+        };
+        let spec = if self.mtp > 0 {
+            format!(
+                " \\\n  --speculative-config '{{\"num_speculative_tokens\": {}, \"method\": \"mtp\"}}'",
+                self.mtp
+            )
+        } else {
+            String::new()
+        };
+        let extra = format!(
+            "{{\"prefill\": {{\"dp_size\": {pdp}, \"tp_size\": {}}}, \"decode\": {{\"dp_size\": {ddp}, \"tp_size\": {}}}}}",
+            self.prefill_tp, self.decode_tp
+        );
+        let max_len = p.input_tokens + p.output_tokens + 64;
+        let role = |name: &str,
+                    kv_role: &str,
+                    dp: u32,
+                    tp: u32,
+                    seqs: u32,
+                    budget: u32,
+                    eplb: &str| {
+            (
+                name.to_string(),
+                format!(
+                    "vllm serve ${{MODEL_PATH:?the {model} {q} weights}} \\\n  --served-model-name {model} \\\n  --data-parallel-size {dp} \\\n  --tensor-parallel-size {tp} \\\n  --enable-expert-parallel \\\n  --max-num-seqs {seqs} \\\n  --max-num-batched-tokens {budget} \\\n  --max-model-len {max_len} \\\n  --no-enable-prefix-caching{quant}{spec} \\\n  --additional-config '{{\"recompute_scheduler_enable\": true, \"eplb_config\": {eplb}}}' \\\n  --kv-transfer-config '{{\"kv_connector\": \"MooncakeConnectorV1\", \"kv_role\": \"{kv_role}\", \"kv_connector_extra_config\": {extra}}}'",
+                    model = p.model,
+                    q = p.quant,
+                ),
+            )
+        };
+        let eplb = |heat: u32, algo: u32| {
+            format!(
+                "{{\"dynamic_eplb\": {}, \"expert_heat_collection_interval\": {heat}, \"algorithm_execution_interval\": {algo}, \"num_redundant_experts\": {}}}",
+                self.redundant_experts > 0,
+                self.redundant_experts
+            )
+        };
+        vec![
+            role(
+                &format!("prefill (x{} instances, one node each)", self.prefill_nodes),
+                "kv_producer",
+                pdp,
+                self.prefill_tp,
+                8,
+                16384,
+                &eplb(50, 5),
+            ),
+            role(
+                &format!("decode ({} nodes)", self.decode_nodes),
+                "kv_consumer",
+                ddp,
+                self.decode_tp,
+                self.max_num_seqs,
+                self.max_num_seqs * (1 + self.mtp),
+                &eplb(600, 50),
+            ),
+        ]
+    }
+}
+
+/// The workload a candidate runs: a closed loop of N requests in flight, or Poisson arrivals at
+/// a rate (requests per second).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Load {
+    Closed(u32),
+    Open(f64),
+}
+
+/// How a candidate did.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    pub candidate: Candidate,
+    /// Why it could not run (layout, memory), or empty.
+    pub invalid: String,
+    /// Capacity measured with every decode slot busy (requests per second).
+    pub capacity_req_s: f64,
+    /// The arrival rate of the reported figures (requests per second).
+    pub rate_req_s: f64,
+    pub cards: f64,
+    pub goodput_per_card: f64,
+    pub output_tok_s_per_card: f64,
+    pub slo_attainment: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+    pub tpot_p50_ms: f64,
+    pub tpot_p99_ms: f64,
+}
+
+impl Outcome {
+    /// Why this candidate is not a winner, given the SLOs.
+    pub fn verdict(&self, p: &PlanInput) -> String {
+        if !self.invalid.is_empty() {
+            return if self.invalid.contains("does not fit") || self.invalid.contains("HBM") {
+                "memory".into()
+            } else {
+                "layout".into()
+            };
+        }
+        if p.tpot_ms.is_some_and(|x| self.tpot_p50_ms > x) {
+            return "TPOT".into();
+        }
+        if p.ttft_ms.is_some_and(|x| self.ttft_p50_ms > x) {
+            return "TTFT".into();
+        }
+        "lower goodput".into()
+    }
+}
+
+/// The dies of one node of `hardware`, and the nodes `cards` fill.
+pub fn nodes(hardware: &str, cards: u32) -> Result<(u32, u32), String> {
+    let sys = Catalog::builtin()
+        .system(hardware)
+        .map_err(|e| e.to_string())?;
+    let per_node = sys.packages_per_node;
+    if cards == 0 || !cards.is_multiple_of(per_node) {
+        return Err(format!(
+            "--cards {cards}: {hardware} has {per_node} cards per node; give a multiple"
+        ));
+    }
+    let nodes = cards / per_node;
+    if nodes < 2 {
+        return Err(format!(
+            "--cards {cards}: PD disaggregation needs at least two nodes ({} cards)",
+            2 * per_node
+        ));
+    }
+    Ok((nodes, sys.dies_per_node()))
+}
+
+/// Measures a candidate's capacity with every decode slot busy, then runs it open-loop at 60%
+/// and 90% of that.
+pub fn evaluate(p: &PlanInput, c: &Candidate, dies_per_node: u32) -> Outcome {
+    let slots = c.decode_slots(dies_per_node).max(1);
+    let sim = |load: Load| -> Result<crate::run::SimReport, String> {
+        let text = c.scenario(p, dies_per_node, load);
+        let s = load_str("plan candidate", &text, Path::new("."), &[]).map_err(|e| one_line(&e))?;
+        run(&s, RunOptions::default())
+            .map(|r| r.report)
+            .map_err(|e| one_line(&e))
+    };
+    let failed = |invalid: String| Outcome {
+        candidate: c.clone(),
+        invalid,
+        capacity_req_s: 0.0,
+        rate_req_s: 0.0,
+        cards: 0.0,
+        goodput_per_card: 0.0,
+        output_tok_s_per_card: 0.0,
+        slo_attainment: 0.0,
+        ttft_p50_ms: 0.0,
+        ttft_p99_ms: 0.0,
+        tpot_p50_ms: 0.0,
+        tpot_p99_ms: 0.0,
+    };
+    let capacity = match sim(Load::Closed(slots)) {
+        Ok(r) => r.request_throughput,
+        Err(e) => return failed(e),
+    };
+    if capacity.is_nan() || capacity <= 0.0 {
+        return failed("no request finished at full load".into());
+    }
+    let mut levels = Vec::new();
+    for f in [0.6, 0.9] {
+        let rate = capacity * f;
+        let r = match sim(Load::Open(rate)) {
+            Ok(r) => r,
+            Err(e) => return failed(e),
+        };
+        levels.push(Outcome {
+            candidate: c.clone(),
+            invalid: String::new(),
+            capacity_req_s: capacity,
+            rate_req_s: rate,
+            cards: r.cards,
+            goodput_per_card: r.goodput / r.cards.max(f64::MIN_POSITIVE),
+            output_tok_s_per_card: r.output_tok_s_per_card,
+            slo_attainment: r.slo_attainment,
+            ttft_p50_ms: r.latency.ttft_ms.p50,
+            ttft_p99_ms: r.latency.ttft_ms.p99,
+            tpot_p50_ms: r.latency.tpot_ms.p50,
+            tpot_p99_ms: r.latency.tpot_ms.p99,
+        });
+    }
+    let top = levels
+        .iter()
+        .map(|o| o.goodput_per_card)
+        .fold(0.0, f64::max);
+    levels
+        .iter()
+        .find(|o| o.goodput_per_card >= 0.97 * top)
+        .cloned()
+        .unwrap_or_else(|| levels[0].clone())
+}
+
+/// Best first: goodput per card, then output per card; invalid ones last.
+pub fn rank(outcomes: &mut [Outcome]) {
+    outcomes.sort_by(|a, b| {
+        a.invalid
+            .is_empty()
+            .cmp(&b.invalid.is_empty())
+            .reverse()
+            .then(b.goodput_per_card.total_cmp(&a.goodput_per_card))
+            .then(b.output_tok_s_per_card.total_cmp(&a.output_tok_s_per_card))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> PlanInput {
+        PlanInput {
+            model: "deepseek-r1".into(),
+            quant: "w8a8".into(),
+            hardware: "atlas-800-a3".into(),
+            cards: 32,
+            input_tokens: 3500,
+            output_tokens: 1500,
+            ttft_ms: Some(2000.0),
+            tpot_ms: Some(50.0),
+            acceptance: vec![0.7],
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn the_space_covers_every_split_and_knob() {
+        let (n, d) = nodes("atlas-800-a3", 32).unwrap();
+        assert_eq!((n, d), (4, 16));
+        let c = candidates(n, d);
+        assert_eq!(c.len(), 3 * 2 * 3 * 3 * 2 * 3);
+        assert!(nodes("atlas-800-a3", 12).is_err());
+        assert!(
+            nodes("atlas-800-a3", 8).is_err(),
+            "one node cannot be split"
+        );
+    }
+
+    #[test]
+    fn candidate_scenarios_validate_and_launch_args_match() {
+        let p = input();
+        let c = Candidate {
+            prefill_nodes: 2,
+            decode_nodes: 2,
+            prefill_tp: 8,
+            decode_tp: 1,
+            max_num_seqs: 16,
+            redundant_experts: 32,
+            mtp: 1,
+        };
+        let text = c.scenario(&p, 16, Load::Closed(64));
+        let s = load_str("t", &text, Path::new("."), &[]).expect("valid");
+        assert_eq!(s.instances.len(), 2);
+        let args = c.launch_args(&p, 16);
+        assert!(args[0].1.contains("--data-parallel-size 2"));
+        assert!(args[0].1.contains("--tensor-parallel-size 8"));
+        assert!(args[0].1.contains("\"kv_role\": \"kv_producer\""));
+        assert!(args[1].1.contains("--data-parallel-size 32"));
+        assert!(args[1].1.contains("--max-num-seqs 16"));
+        assert!(args[1].1.contains("--max-num-batched-tokens 32"));
+        assert!(args[1].1.contains("\"num_speculative_tokens\": 1"));
+        assert!(args[1].1.contains("\"num_redundant_experts\": 32"));
+        assert!(args[1].1.contains("--enable-expert-parallel"));
+        assert!(args[1].1.contains("--quantization ascend"));
+    }
+
+    #[test]
+    fn ranking_puts_valid_high_goodput_first() {
+        let c = candidates(2, 16)[0].clone();
+        let mk = |g: f64, invalid: &str| Outcome {
+            candidate: c.clone(),
+            invalid: invalid.into(),
+            capacity_req_s: 1.0,
+            rate_req_s: 1.0,
+            cards: 16.0,
+            goodput_per_card: g,
+            output_tok_s_per_card: g * 10.0,
+            slo_attainment: 1.0,
+            ttft_p50_ms: 1.0,
+            ttft_p99_ms: 1.0,
+            tpot_p50_ms: 1.0,
+            tpot_p99_ms: 1.0,
+        };
+        let mut v = vec![mk(0.1, ""), mk(0.0, "does not fit"), mk(0.3, "")];
+        rank(&mut v);
+        assert_eq!(v[0].goodput_per_card, 0.3);
+        assert!(!v[2].invalid.is_empty());
+        assert_eq!(v[2].verdict(&input()), "memory");
+    }
+}
