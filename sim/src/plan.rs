@@ -17,6 +17,10 @@ use dstwin_hwmodels::Catalog;
 use serde::Serialize;
 use std::path::Path;
 
+/// The dynamic EPLB cycle of planned layouts with redundant experts (vllm-ascend's defaults).
+const EPLB_HEAT: u32 = 600;
+const EPLB_ALGO: u32 = 50;
+
 /// What to plan for.
 #[derive(Clone, Debug)]
 pub struct PlanInput {
@@ -116,13 +120,20 @@ impl Candidate {
             slo += &format!("tpot_ms = {x}\n");
         }
         let max_len = p.input_tokens + p.output_tokens + 64;
+        // Redundant experts are re-placed as vllm-ascend's dynamic EPLB does (the launch
+        // arguments ask for the same cycle).
+        let eplb = if self.redundant_experts > 0 {
+            format!("[eplb]\ndynamic = true\nheat_interval = {EPLB_HEAT}\nalgorithm_interval = {EPLB_ALGO}\n")
+        } else {
+            String::new()
+        };
         format!(
             r#"name = "plan"
 seed = {seed}
 model = "{model}"
 quant = "{quant}"
 hardware = "{hw}"
-{mtp}
+{mtp}{eplb}
 [[instance]]
 name = "prefill"
 role = "prefill"
@@ -222,6 +233,9 @@ output = {{ dist = "fixed", value = {out} }}
             )
         };
         let eplb = |heat: u32, algo: u32| {
+            if self.redundant_experts == 0 {
+                return "{\"dynamic_eplb\": false}".to_string();
+            }
             format!(
                 "{{\"dynamic_eplb\": {}, \"expert_heat_collection_interval\": {heat}, \"algorithm_execution_interval\": {algo}, \"num_redundant_experts\": {}}}",
                 self.redundant_experts > 0,
@@ -236,7 +250,7 @@ output = {{ dist = "fixed", value = {out} }}
                 self.prefill_tp,
                 8,
                 16384,
-                &eplb(50, 5),
+                &eplb(EPLB_HEAT, EPLB_ALGO),
             ),
             role(
                 &format!("decode ({} nodes)", self.decode_nodes),
@@ -245,7 +259,7 @@ output = {{ dist = "fixed", value = {out} }}
                 self.decode_tp,
                 self.max_num_seqs,
                 self.max_num_seqs * (1 + self.mtp),
-                &eplb(600, 50),
+                &eplb(EPLB_HEAT, EPLB_ALGO),
             ),
         ]
     }

@@ -180,9 +180,17 @@ pub fn svg(p: &Plot) -> String {
     if let Some(((x, y), label)) = &p.knee {
         let (cx, cy) = (f.px(*x), f.py(*y));
         s += &format!("<circle cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"8\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"2.5\"/>\n");
+        // About 7 px per character at 12 px: right of the knee if it fits, else left of it.
+        let width = label.chars().count() as f64 * 7.0;
+        let (lx, anchor) = if cx + 10.0 + width <= W {
+            (cx + 10.0, "start")
+        } else if cx - 10.0 - width >= 0.0 {
+            (cx - 10.0, "end")
+        } else {
+            (4.0, "start")
+        };
         s += &format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#d62728\">{}</text>\n",
-            cx + 10.0,
+            "<text x=\"{lx:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\" fill=\"#d62728\">{}</text>\n",
             cy - 10.0,
             esc(label)
         );
@@ -334,7 +342,15 @@ pub fn png(p: &Plot) -> Vec<u8> {
     if let Some(((x, y), label)) = &p.knee {
         let (cx, cy) = (f.px(*x), f.py(*y));
         c.disc(cx, cy, 8.0, red, true);
-        c.text(cx + 12.0, cy - 12.0, label, red, 0);
+        // Right of the knee if it fits, else left of it, else from the left edge.
+        let width = label.chars().count() as f64 * 8.0;
+        if cx + 12.0 + width <= W - 4.0 {
+            c.text(cx + 12.0, cy - 12.0, label, red, 0);
+        } else if cx - 12.0 - width >= 4.0 {
+            c.text(cx - 12.0, cy - 12.0, label, red, 2);
+        } else {
+            c.text(4.0, cy - 14.0, label, red, 0);
+        }
     }
     let mut out = Vec::new();
     {

@@ -1,0 +1,250 @@
+//! `dstwin sweep`, `dstwin report` and `dstwin plan` end to end.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn dstwin(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args(args)
+        .output()
+        .expect("run dstwin")
+}
+
+fn data(name: &str) -> String {
+    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("dstwin-sweep-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn err(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Two batch caps x two DP shapes, one of which does not divide the dies: 4 points, 2 invalid.
+fn sweep(out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "sweep",
+        &data("tiny-mixed.toml")[..],
+        "--vary",
+        "serve.max_num_seqs=4,8",
+        "--vary",
+        "serve.tp=4,5",
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    dstwin(&args)
+}
+
+#[test]
+fn a_sweep_writes_rows_fronts_plots_and_a_summary() {
+    let out = tmp("full");
+    let o = sweep(&out, &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("4 points: 4 simulated, 0 already done, 2 invalid"),
+        "{stdout}"
+    );
+    let csv = read(&out.join("sweep.csv"));
+    let mut lines = csv.lines();
+    assert!(lines
+        .next()
+        .unwrap()
+        .starts_with("index,id,serve.max_num_seqs,serve.tp,status,reason,cards,"));
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 4);
+    assert!(
+        rows[0].starts_with("0,") && rows[3].starts_with("3,"),
+        "grid order"
+    );
+    let invalid: Vec<&&str> = rows.iter().filter(|r| r.contains(",invalid,")).collect();
+    assert_eq!(invalid.len(), 2);
+    assert!(
+        invalid.iter().all(|r| r.contains(",5,invalid,")),
+        "tp=5 does not divide 32 dies"
+    );
+    let json: serde_json::Value = serde_json::from_str(&read(&out.join("sweep.json"))).unwrap();
+    assert_eq!(json["rows"].as_array().unwrap().len(), 4);
+    for f in ["pareto_tpot", "pareto_ttft"] {
+        assert!(read(&out.join(format!("{f}.svg"))).starts_with("<svg"));
+        let png = std::fs::read(out.join(format!("{f}.png"))).unwrap();
+        assert_eq!(&png[1..4], b"PNG");
+        assert!(read(&out.join(format!("{f}.csv"))).starts_with("index,id,"));
+    }
+    let summary = read(&out.join("summary.md"));
+    assert!(summary.contains("4 points over serve.max_num_seqs, serve.tp: 2 ran, 2 invalid."));
+    assert!(summary.contains("## Invalid points"));
+
+    // The same sweep again: same rows, byte for byte (deterministic).
+    let again = tmp("again");
+    assert!(sweep(&again, &[]).status.success());
+    assert_eq!(csv, read(&again.join("sweep.csv")));
+
+    // `report` regenerates the same summary from the CSV.
+    let re = tmp("report");
+    let o = dstwin(&[
+        "report",
+        out.join("sweep.csv").to_str().unwrap(),
+        "--out",
+        re.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(summary, read(&re.join("summary.md")));
+    insta::assert_snapshot!("sweep_summary", summary);
+}
+
+#[test]
+fn an_interrupted_sweep_resumes_where_it_stopped() {
+    let full = tmp("resume-full");
+    assert!(sweep(&full, &[]).status.success());
+    let expected = read(&full.join("sweep.csv"));
+    // Keep the header and one finished row, and a row cut in the middle.
+    let out = tmp("resume");
+    let mut lines = expected.lines();
+    let partial = format!(
+        "{}\n{}\n3,abc,8,5,inv",
+        lines.next().unwrap(),
+        lines.next().unwrap()
+    );
+    std::fs::write(out.join("sweep.csv"), partial).unwrap();
+    let o = sweep(&out, &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("3 simulated, 1 already done"));
+    assert_eq!(read(&out.join("sweep.csv")), expected);
+    // A CSV of another sweep in the same directory is refused.
+    let o = dstwin(&[
+        "sweep",
+        &data("tiny-mixed.toml"),
+        "--vary",
+        "serve.max_num_seqs=4",
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+}
+
+#[test]
+fn shards_merge_into_the_whole_sweep() {
+    let full = tmp("shard-full");
+    assert!(sweep(&full, &[]).status.success());
+    let (a, b) = (tmp("shard-0"), tmp("shard-1"));
+    assert!(sweep(&a, &["--shard", "0/2"]).status.success());
+    assert!(sweep(&b, &["--shard", "1/2"]).status.success());
+    let merged = tmp("merged");
+    let o = dstwin(&[
+        "report",
+        "--merge",
+        a.join("sweep.csv").to_str().unwrap(),
+        b.join("sweep.csv").to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(
+        read(&merged.join("sweep.csv")),
+        read(&full.join("sweep.csv"))
+    );
+    assert_eq!(
+        read(&merged.join("summary.md")),
+        read(&full.join("summary.md"))
+    );
+}
+
+#[test]
+fn bad_axes_and_shards_exit_2_naming_them() {
+    let out = tmp("bad");
+    for (args, needle) in [
+        (vec!["--vary", "serve.max_num_sqs=4,8"], "serve.max_num_sqs"),
+        (vec!["--vary", "serve.max_num_seqs=8..4"], "8..4"),
+        (vec!["--vary", "serve.max_num_seqs"], "PATH=VALUES"),
+        (vec!["--vary", "seed=1", "--shard", "2/2"], "--shard"),
+    ] {
+        let mut a = vec![
+            "sweep",
+            &data("tiny-mixed.toml")[..],
+            "--out",
+            out.to_str().unwrap(),
+            "-q",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+        a.extend(args.iter().map(|s| s.to_string()));
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let o = dstwin(&a);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", err(&o));
+        assert!(err(&o).contains(needle), "{args:?}: {}", err(&o));
+    }
+}
+
+#[test]
+fn plan_ranks_layouts_and_prints_launch_arguments() {
+    let out = tmp("plan");
+    let o = dstwin(&[
+        "plan",
+        "--model",
+        "deepseek-r1",
+        "--hardware",
+        "atlas-800-a3",
+        "--cards",
+        "16",
+        "--input",
+        "400",
+        "--output",
+        "24",
+        "--slo",
+        "tpot=50ms,ttft=5s",
+        "--top",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("rank  goodput/card"), "{s}");
+    assert!(s.contains("why the others lose:"), "{s}");
+    assert!(s.contains("#1 1P1D nodes"), "{s}");
+    for flag in [
+        "--data-parallel-size",
+        "--tensor-parallel-size",
+        "--enable-expert-parallel",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--additional-config",
+        "eplb_config",
+        "\"kv_role\": \"kv_producer\"",
+        "\"kv_role\": \"kv_consumer\"",
+    ] {
+        assert!(s.contains(flag), "launch arguments lack {flag}");
+    }
+    let plan: serde_json::Value = serde_json::from_str(&read(&out.join("plan.json"))).unwrap();
+    let first = &plan[0];
+    assert!(first["goodput_per_card"].as_f64().unwrap() > 0.0);
+    assert!(first["tpot_p50_ms"].as_f64().unwrap() <= 50.0);
+    assert!(
+        read(&out.join("plan_tpot.svg")).contains("knee") || plan.as_array().unwrap().len() < 3
+    );
+    // Cards that do not fill whole nodes are refused.
+    let o = dstwin(&["plan", "--cards", "12", "-q"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("--cards 12"));
+    let o = dstwin(&["plan", "--slo", "tpot=fast", "-q"]);
+    assert_eq!(o.status.code(), Some(2));
+}
