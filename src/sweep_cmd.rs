@@ -23,8 +23,15 @@ pub struct SweepArgs {
     /// The base scenario.
     scenario: PathBuf,
     /// An axis: PATH=VALUES (repeatable; the grid is their cartesian product).
-    #[arg(long = "vary", value_name = "PATH=VALUES", required = true)]
+    #[arg(
+        long = "vary",
+        value_name = "PATH=VALUES",
+        required_unless_present = "axes"
+    )]
     vary: Vec<String>,
+    /// A sweep file: one PATH=VALUES axis per line ('#' starts a comment), before any --vary.
+    #[arg(long, value_name = "FILE")]
+    axes: Option<PathBuf>,
     /// Override the base scenario for every point (as for `simulate`).
     #[arg(long = "set", value_name = "PATH=VALUE")]
     sets: Vec<String>,
@@ -54,8 +61,27 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
     let base_dir = a.scenario.parent().unwrap_or(Path::new(".")).to_path_buf();
     // The base must be valid on its own.
     load_str(&name, &text, &base_dir, &a.sets).map_err(input)?;
-    let axes: Vec<Axis> = a
-        .vary
+    let mut specs: Vec<String> = Vec::new();
+    if let Some(f) = &a.axes {
+        let t = std::fs::read_to_string(f)
+            .with_context(|| format!("reading {}", f.display()))
+            .map_err(Failure::Input)?;
+        for (i, line) in t.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            Axis::parse(line).map_err(|e| input(anyhow!("{}:{}: {e}", f.display(), i + 1)))?;
+            specs.push(line.to_string());
+        }
+    }
+    specs.extend(a.vary.iter().cloned());
+    if specs.is_empty() {
+        return Err(input(anyhow!(
+            "no axes: give --vary PATH=VALUES or --axes FILE"
+        )));
+    }
+    let axes: Vec<Axis> = specs
         .iter()
         .map(|v| Axis::parse(v))
         .collect::<Result<_, _>>()

@@ -167,6 +167,40 @@ fn shards_merge_into_the_whole_sweep() {
 }
 
 #[test]
+fn a_sweep_file_gives_the_same_grid() {
+    let out = tmp("file");
+    let file = out.join("axes.txt");
+    std::fs::write(
+        &file,
+        "# batch caps\nserve.max_num_seqs=4,8\n\nserve.tp=4,5  # DP shapes\n",
+    )
+    .unwrap();
+    let o = dstwin(&[
+        "sweep",
+        &data("tiny-mixed.toml"),
+        "--axes",
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let full = tmp("file-ref");
+    assert!(sweep(&full, &[]).status.success());
+    assert_eq!(read(&out.join("sweep.csv")), read(&full.join("sweep.csv")));
+    std::fs::write(&file, "serve.max_num_seqs=4,,8\n").unwrap();
+    let o = dstwin(&[
+        "sweep",
+        &data("tiny-mixed.toml"),
+        "--axes",
+        file.to_str().unwrap(),
+        "-q",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("axes.txt:1"), "{}", err(&o));
+}
+
+#[test]
 fn bad_axes_and_shards_exit_2_naming_them() {
     let out = tmp("bad");
     for (args, needle) in [
