@@ -3,7 +3,9 @@
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
-use dstwin_calibration::fit::{fit, residuals, Globals, Residual};
+use dstwin_calibration::fit::{
+    fit, fit_concentration, parse_eplb_gap, residuals, Globals, Residual, EXPERT_LOAD,
+};
 use dstwin_calibration::target::{parse_targets, CLOUDMATRIX384};
 
 #[derive(Args, Debug)]
@@ -75,11 +77,24 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     let shipped = Globals::of(&base);
     let f = fit(&targets, a.step).map_err(|e| Failure::Input(e.into()))?;
     let shipped_r = residuals(&targets, shipped).map_err(|e| Failure::Input(e.into()))?;
+    // The per-request routing concentration, fitted to the one figure that isolates it, with
+    // the fitted globals (only for the built-in targets, which hold its base deployment).
+    let conc = if a.targets.is_none() {
+        let gap = parse_eplb_gap("expert-load.toml", EXPERT_LOAD)
+            .map_err(|e| Failure::Input(e.into()))?;
+        Some(
+            fit_concentration(&gap, &targets, &f.globals.apply(&base))
+                .map_err(|e| Failure::Input(e.into()))?,
+        )
+    } else {
+        None
+    };
     if a.json {
         let v = serde_json::json!({
             "cost_model": base.params.name,
             "fit": f,
             "shipped": { "globals": shipped, "residuals": shipped_r },
+            "expert_load_concentration": conc,
         });
         println!(
             "{}",
@@ -101,5 +116,17 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     println!("# for hwmodels/data/costs/{}.toml", base.params.name);
     println!("in_situ_efficiency = {:.3}", f.globals.in_situ_efficiency);
     println!("overlap_efficiency = {:.3}", f.globals.overlap_efficiency);
+    if let Some(c) = conc {
+        println!();
+        println!(
+            "expert-load concentration fitted to {}: {:.2} (default/perfect EPLB throughput {:.3}, published {:.3})",
+            c.id, c.concentration, c.predicted_ratio, c.published_ratio
+        );
+        println!(
+            "# for sim/src/expert_load.rs: DEFAULT_CONCENTRATION = {:.1} (shipped {:.1})",
+            c.concentration,
+            dstwin_sim::expert_load::DEFAULT_CONCENTRATION
+        );
+    }
     Ok(())
 }

@@ -81,6 +81,11 @@ pub struct ExplainArgs {
     /// EPLB policy placing a skewed load: identity, global, hierarchical, greedy.
     #[arg(long, default_value = "greedy", requires = "skew")]
     eplb: String,
+    /// With --skew: Dirichlet concentration of each request's routing around the mean; the
+    /// fewer requests a step holds, the further its load strays from what EPLB placed for
+    /// (0: no per-batch fluctuation). Default: the value fitted by `dstwin calibrate`.
+    #[arg(long, default_value_t = dstwin_sim::expert_load::DEFAULT_CONCENTRATION, requires = "skew")]
+    concentration: f64,
     /// Per-rank token budget the workspace is sized for (default: the batch's tokens).
     #[arg(long)]
     max_tokens: Option<u64>,
@@ -148,6 +153,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
             )),
             None => None,
         },
+        expert_concentration: a.concentration,
         max_tokens_per_step: a.max_tokens,
     })
 }

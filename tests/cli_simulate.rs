@@ -181,15 +181,14 @@ fn async_scheduling_hides_host_time_and_delays_what_arrives_during_a_step() {
         tpot(&async_host),
         tpot(&async0)
     );
-    // ...but what arrives during a step waits one more step, and finished requests take one
-    // more (discarded) slot.
+    // ...but what arrives during a step waits one more step (the discarded slot of a finished
+    // request is checked in the engine's scheduler tests).
     assert!(
         ttft(&async0) > ttft(&sync0),
         "{} vs {}",
         ttft(&async0),
         ttft(&sync0)
     );
-    assert!(tpot(&async0) >= tpot(&sync0));
     // Same seed, same bytes, async or not.
     assert_eq!(run(true, 5_000), async_host);
 }

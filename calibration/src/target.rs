@@ -147,6 +147,7 @@ impl Target {
             },
             moe_imbalance: 1.0,
             expert_skew: None,
+            expert_concentration: 0.0,
             max_tokens_per_step: None,
         })
     }

@@ -58,3 +58,32 @@ fn target_files_reject_unknown_fields() {
     let err = parse_targets("x.toml", &bad).unwrap_err().to_string();
     assert!(err.contains("batch"), "{err}");
 }
+
+#[test]
+fn shipped_concentration_is_the_fit_and_reproduces_the_eplb_gap() {
+    use dstwin_calibration::fit::{eplb_gap_ratio, fit_concentration, parse_eplb_gap, EXPERT_LOAD};
+    let targets = parse_targets("cloudmatrix384.toml", CLOUDMATRIX384).unwrap();
+    let gap = parse_eplb_gap("expert-load.toml", EXPERT_LOAD).unwrap();
+    let cat = Catalog::builtin();
+    let cost = cat
+        .cost_model(cat.system("cloudmatrix384").unwrap(), None)
+        .unwrap();
+    let f = fit_concentration(&gap, &targets, &cost).unwrap();
+    let shipped = dstwin_sim::expert_load::DEFAULT_CONCENTRATION;
+    assert!(
+        (f.concentration - shipped).abs() / f.concentration < 0.02,
+        "fit {:.2} vs shipped {shipped}",
+        f.concentration
+    );
+    // The shipped value predicts the published gap within 1% (it is a one-figure fit).
+    let r = eplb_gap_ratio(&gap, &targets, &cost, shipped).unwrap();
+    assert!(
+        (r / f.published_ratio - 1.0).abs() < 0.01,
+        "{r} vs {}",
+        f.published_ratio
+    );
+    // Without per-batch fluctuation the gap all but vanishes: the mechanism, not the skew,
+    // carries it.
+    let none = eplb_gap_ratio(&gap, &targets, &cost, 0.0).unwrap();
+    assert!(none > 0.99, "{none}");
+}

@@ -2,7 +2,7 @@
 //! (memoized on quantized shapes), takes the slowest rank as the lockstep step time, and draws MTP
 //! acceptance per sequence.
 
-use crate::expert_load::{imbalance, ExpertLoad};
+use crate::expert_load::{effective_requests, fluctuation, imbalance, ExpertLoad};
 use crate::pricing::{price, two_microbatch_time, StepCost};
 use dstwin_engine::batch::BatchShape;
 use dstwin_engine::device::{
@@ -217,6 +217,7 @@ pub struct SimDevice {
     /// balance).
     experts: Option<Experts>,
     imbalance: f64,
+    step_imbalance: f64,
     host: HostOverhead,
     /// Dies spanned by the deployment's prefill and decode instances together (sets the fabric
     /// level KV transfers cross).
@@ -248,6 +249,8 @@ pub struct Experts {
     pub move_s_per_slot: f64,
     /// Steps of heat not yet folded into the rebalancer (the shares have not changed since).
     pending_tokens: f64,
+    /// Per-batch fluctuation of the routing (0: none), see `expert_load::fluctuation`.
+    pub concentration: f64,
 }
 
 impl Experts {
@@ -257,6 +260,7 @@ impl Experts {
         rebalancer: Option<Rebalancer>,
         top_k: f64,
         move_s_per_slot: f64,
+        concentration: f64,
     ) -> Self {
         Experts {
             load,
@@ -265,7 +269,14 @@ impl Experts {
             top_k,
             move_s_per_slot,
             pending_tokens: 0.0,
+            concentration,
         }
+    }
+
+    /// Routed-expert dies of the placement.
+    fn dies(&self) -> u32 {
+        let slots = self.placement.layers.first().map_or(0, |l| l.phy2log.len());
+        (slots / self.placement.slots_per_die.max(1) as usize) as u32
     }
 
     /// One step that routed `tokens` tokens: drift, heat, rebalancing. Returns the step time the
@@ -328,6 +339,7 @@ impl SimDevice {
             dummy: BatchShape::uniform_decode(1, 1, 1, cap),
             experts,
             imbalance,
+            step_imbalance: imbalance,
             host: HostOverhead::default(),
             span_dies: capacity.dp_ranks,
             eplb_moves: 0,
@@ -335,9 +347,10 @@ impl SimDevice {
         }
     }
 
-    /// Hottest routed die over the mean, averaged over MoE layers, right now.
-    pub fn imbalance(&self) -> f64 {
-        self.imbalance
+    /// Hottest routed die over the mean, averaged over MoE layers, in the last step (the
+    /// placement's imbalance for the mean load plus the step's per-batch fluctuation).
+    pub fn step_imbalance(&self) -> f64 {
+        self.step_imbalance
     }
 
     /// Sets the dies the deployment spans (the fabric level of KV transfers).
@@ -392,6 +405,15 @@ impl Device for SimDevice {
                 }
             })
             .sum();
+        // The batch's own routing strays from the mean the placement was made for.
+        let step_imbalance = match &self.experts {
+            Some(e) if e.concentration > 0.0 => {
+                let n = effective_requests(plan.ranks.iter().map(|r| &r.shape));
+                self.imbalance + fluctuation(e.dies(), n, e.concentration)
+            }
+            _ => self.imbalance,
+        };
+        self.step_imbalance = step_imbalance;
         let mut slowest = RankCost {
             time_s: 0.0,
             class_times: [0.0; CLASS_SLOTS],
@@ -408,7 +430,7 @@ impl Device for SimDevice {
                 continue;
             }
             last = Some(shape);
-            let c = self.pricer.rank_cost_of(i, &shape, group, self.imbalance);
+            let c = self.pricer.rank_cost_of(i, &shape, group, step_imbalance);
             if c.time_s > slowest.time_s {
                 slowest = c;
             }

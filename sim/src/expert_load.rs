@@ -5,6 +5,12 @@
 //! factor per expert every epoch of steps, or a replayed heat map (`eplb::heatmap`). Perfect
 //! balance is an explicit choice, never the default.
 //!
+//! Per-batch fluctuation: each request routes by its own expert preferences, drawn around the
+//! layer's mean shares (a Dirichlet of concentration `concentration`); a step's die loads are
+//! the token-weighted mean of its requests' preferences, so a step of few long prompts strays far
+//! from the mean load the placement was made for, and a decode step of thousands of requests
+//! does not ([`fluctuation`]). EPLB can place for the mean, not for the batch.
+//!
 //! Default: static skew (no drift; see `DEFAULT_DRIFT`). Exponent 0.5 gives a hottest-to-mean expert ratio of 2.1 over 12 experts, the
 //! ratio of the example load in DeepSeek's EPLB README (an assumption until recorded heat maps of
 //! DeepSeek on Ascend are available; replay one with `kind = "replay"`).
@@ -24,6 +30,11 @@ const DEFAULT_EXPONENT: f64 = 0.5;
 /// drift is opt-in (e.g. 0.06 per epoch of 1,000 steps).
 const DEFAULT_DRIFT: f64 = 0.0;
 const DEFAULT_EPOCH_STEPS: u64 = 1000;
+/// Dirichlet concentration of one request's routing around the mean: fitted by `dstwin
+/// calibrate` to the CloudMatrix384 prefill throughput with default EPLB against perfect
+/// balance (5,655 vs 6,688 tokens/s per NPU), the one published figure that isolates it;
+/// `calibration/tests/fit.rs` checks this value against the fit.
+pub const DEFAULT_CONCENTRATION: f64 = 10.8;
 
 /// The `[expert_load]` table of a scenario.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -40,6 +51,11 @@ pub enum ExpertLoadSpec {
         drift: f64,
         #[serde(default = "default_epoch")]
         epoch_steps: u64,
+        /// Dirichlet concentration of each request's routing around the mean (smaller: each
+        /// request uses fewer experts, batches of few requests are less balanced); 0 turns the
+        /// per-batch fluctuation off.
+        #[serde(default = "default_concentration")]
+        concentration: f64,
     },
     /// A recorded heat map (format dstwin-expert-load/1); its windows are replayed in turn by
     /// step, cycling.
@@ -55,6 +71,9 @@ fn default_drift() -> f64 {
 fn default_epoch() -> u64 {
     DEFAULT_EPOCH_STEPS
 }
+fn default_concentration() -> f64 {
+    DEFAULT_CONCENTRATION
+}
 
 impl Default for ExpertLoadSpec {
     fn default() -> Self {
@@ -62,19 +81,37 @@ impl Default for ExpertLoadSpec {
             exponent: DEFAULT_EXPONENT,
             drift: DEFAULT_DRIFT,
             epoch_steps: DEFAULT_EPOCH_STEPS,
+            concentration: DEFAULT_CONCENTRATION,
         }
     }
 }
 
 impl ExpertLoadSpec {
+    /// The per-batch fluctuation model's concentration (0: none; replayed heat maps already
+    /// carry their batches' fluctuation).
+    pub fn concentration(&self) -> f64 {
+        match self {
+            ExpertLoadSpec::Zipf { concentration, .. } => *concentration,
+            _ => 0.0,
+        }
+    }
+
     /// Checks the fields; the error names the field and value.
     pub fn validate(&self) -> Result<(), (String, String, &'static str)> {
         if let ExpertLoadSpec::Zipf {
             exponent,
             drift,
             epoch_steps,
+            concentration,
         } = self
         {
+            if !(concentration.is_finite() && *concentration >= 0.0) {
+                return Err((
+                    "expert_load.concentration".into(),
+                    concentration.to_string(),
+                    "must be a number >= 0 (0: no per-batch fluctuation)",
+                ));
+            }
             if !(exponent.is_finite() && *exponent >= 0.0) {
                 return Err((
                     "expert_load.exponent".into(),
@@ -168,6 +205,7 @@ impl ExpertLoad {
                 exponent,
                 drift,
                 epoch_steps,
+                ..
             } => {
                 let shares = (0..layers)
                     .map(|_| {
@@ -277,6 +315,101 @@ impl ExpertLoad {
     }
 }
 
+/// Φ⁻¹(p) for 0 < p < 1 (Acklam's rational approximation, relative error < 1.2e-9).
+fn inverse_normal(p: f64) -> f64 {
+    const A: [f64; 6] = [
+        -3.969683028665376e1,
+        2.209460984245205e2,
+        -2.759285104469687e2,
+        1.383_577_518_672_69e2,
+        -3.066479806614716e1,
+        2.506628277459239,
+    ];
+    const B: [f64; 5] = [
+        -5.447609879822406e1,
+        1.615858368580409e2,
+        -1.556989798598866e2,
+        6.680131188771972e1,
+        -1.328068155288572e1,
+    ];
+    const C: [f64; 6] = [
+        -7.784894002430293e-3,
+        -3.223964580411365e-1,
+        -2.400758277161838,
+        -2.549732539343734,
+        4.374664141464968,
+        2.938163982698783,
+    ];
+    const D: [f64; 4] = [
+        7.784695709041462e-3,
+        3.224671290700398e-1,
+        2.445134137142996,
+        3.754408661907416,
+    ];
+    let tail = |q: f64| {
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    };
+    if p < 0.02425 {
+        tail((-2.0 * p.ln()).sqrt())
+    } else if p > 1.0 - 0.02425 {
+        -tail((-2.0 * (1.0 - p).ln()).sqrt())
+    } else {
+        let q = p - 0.5;
+        let r = q * q;
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+    }
+}
+
+/// Expected largest of `n` independent standard normals (Blom's approximation).
+fn expected_max_normal(n: f64) -> f64 {
+    if n < 2.0 {
+        return 0.0;
+    }
+    inverse_normal((n - 0.375) / (n + 0.25))
+}
+
+/// What per-batch fluctuation adds to the hottest die's load over the mean, for an EP group of
+/// `dies` routed dies computing a step whose tokens come from `n_eff` requests (effective
+/// count: (Σ tokens)² / Σ tokens² over requests).
+///
+/// Each request's share of a die is Beta-distributed around the die's mean share 1/dies with
+/// variance (1/dies)(1 - 1/dies) / (concentration + 1) (the aggregation property of the
+/// Dirichlet); averaging n_eff requests divides the variance by n_eff; the hottest of `dies`
+/// such loads sits about E[max of dies normals] standard deviations above the mean.
+pub fn fluctuation(dies: u32, n_eff: f64, concentration: f64) -> f64 {
+    if concentration <= 0.0 || dies < 2 || n_eff <= 0.0 {
+        return 0.0;
+    }
+    let d = dies as f64;
+    expected_max_normal(d) * ((d - 1.0) / ((concentration + 1.0) * n_eff)).sqrt()
+}
+
+/// The effective number of requests of a step from per-rank aggregates: within a rank, tokens
+/// of one kind (prefill or decode) are taken as spread evenly over its requests.
+pub fn effective_requests<'a>(
+    shapes: impl Iterator<Item = &'a dstwin_engine::batch::BatchShape>,
+) -> f64 {
+    let (mut t, mut t2) = (0.0, 0.0);
+    for s in shapes {
+        for (tok, seqs) in [
+            (s.prefill_tokens as f64, s.prefill_seqs as f64),
+            (s.decode_tokens as f64, s.decode_seqs as f64),
+        ] {
+            if seqs > 0.0 && tok > 0.0 {
+                t += tok;
+                t2 += tok * tok / seqs;
+            }
+        }
+    }
+    if t2 > 0.0 {
+        t * t / t2
+    } else {
+        0.0
+    }
+}
+
 /// Hottest die over mean die load, averaged over layers: the factor by which the routed-expert
 /// work (and the all-to-all receive on the hottest die) exceeds perfect balance.
 pub fn imbalance(placement: &Placement, shares: &[Vec<f64>]) -> f64 {
@@ -332,11 +465,50 @@ mod tests {
     }
 
     #[test]
+    fn expected_maxima_of_normals() {
+        // Known values: E[max] of 2, 10 and 100 standard normals.
+        for (n, want) in [(2.0, 0.564), (10.0, 1.539), (100.0, 2.508)] {
+            let got = expected_max_normal(n);
+            assert!((got - want).abs() < 0.03, "n {n}: {got} vs {want}");
+        }
+        assert!((inverse_normal(0.975) - 1.959_964).abs() < 1e-6);
+        assert!((inverse_normal(0.001) + 3.090_232).abs() < 1e-5);
+    }
+
+    #[test]
+    fn fluctuation_falls_with_requests_and_concentration() {
+        let f = |n, c| fluctuation(32, n, c);
+        assert!(f(4.0, 10.0) > f(64.0, 10.0));
+        assert!(f(64.0, 10.0) > f(64.0, 100.0));
+        assert!(
+            f(10_000.0, 10.0) < 0.05,
+            "decode-sized batches barely fluctuate"
+        );
+        assert_eq!(f(64.0, 0.0), 0.0, "0 turns it off");
+        assert_eq!(fluctuation(1, 4.0, 10.0), 0.0);
+        // Variance falls as 1/n: four times the requests, half the excess.
+        assert!((f(16.0, 10.0) / f(64.0, 10.0) - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn effective_requests_weigh_by_tokens() {
+        use dstwin_engine::batch::{AttnCap, BatchShape};
+        let a = BatchShape::uniform_prefill(2, 4096, AttnCap(None));
+        assert!((effective_requests([a, a].iter()) - 4.0).abs() < 1e-9);
+        let mut mixed = BatchShape::uniform_decode(100, 1, 1000, AttnCap(None));
+        mixed.add_prefill(4000, 0, AttnCap(None));
+        // One long prompt dominates a hundred single-token decodes.
+        let n = effective_requests(std::iter::once(&mixed));
+        assert!(n > 1.0 && n < 2.0, "{n}");
+    }
+
+    #[test]
     fn drift_moves_shares_once_per_epoch_and_keeps_them_normalized() {
         let spec = ExpertLoadSpec::Zipf {
             exponent: 0.5,
             drift: 0.1,
             epoch_steps: 10,
+            concentration: 0.0,
         };
         let mut l = ExpertLoad::new(&spec, 2, 16, 5, Path::new(".")).unwrap();
         let before = l.shares().to_vec();

@@ -1,6 +1,6 @@
 //! `dstwin explain`: one step of one instance, priced and broken down.
 
-use crate::expert_load::{ExpertLoad, ExpertLoadSpec};
+use crate::expert_load::{effective_requests, fluctuation, ExpertLoad, ExpertLoadSpec};
 use crate::pricing::{price, two_microbatch_time, StepCost};
 use dstwin_engine::batch::BatchShape;
 use dstwin_engine::eplb::{balancedness, place, EpLayout, Policy as EplbPolicy};
@@ -77,6 +77,9 @@ pub struct ExplainInput {
     /// Zipf skew of the routed-expert load and the EPLB policy placing it: the imbalance is
     /// computed per layer from them.
     pub expert_skew: Option<(f64, EplbPolicy)>,
+    /// With a skew: Dirichlet concentration of each request's routing around the mean
+    /// (`expert_load::fluctuation`; 0: no per-batch fluctuation).
+    pub expert_concentration: f64,
     /// Per-rank token budget the workspace is sized for (default: this batch's tokens).
     pub max_tokens_per_step: Option<u64>,
 }
@@ -122,8 +125,13 @@ pub struct MoeReport {
     /// Zipf exponent of the load and the placement policy.
     pub skew: f64,
     pub policy: EplbPolicy,
-    /// Hottest routed die over the mean, per MoE layer (MTP layer last when loaded).
+    /// Hottest routed die over the mean load, per MoE layer (MTP layer last when loaded), for
+    /// the placement and the mean load.
     pub imbalance_per_layer: Vec<f64>,
+    /// Requests in the EP group's step (effective count) and what their own routing adds to
+    /// the hottest die over the mean load.
+    pub requests_per_step: f64,
+    pub fluctuation: f64,
     pub imbalance_min: f64,
     pub imbalance_max: f64,
     /// The step with perfect balance, and what the imbalance adds.
@@ -207,6 +215,7 @@ fn layer_imbalance(
         exponent,
         drift: 0.0,
         epoch_steps: 1,
+        concentration: 0.0,
     };
     let load = ExpertLoad::new(
         &spec,
@@ -320,8 +329,15 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
         Some((exponent, policy)) => Some(layer_imbalance(inp, &plan, exponent, policy)?),
         None => None,
     };
+    // Every DP rank of the EP group computes the same shape.
+    let requests = effective_requests(std::iter::repeat_n(&full, plan.dp as usize));
+    let fluct = if per_layer.is_some() {
+        fluctuation(plan.routed_dies, requests, inp.expert_concentration)
+    } else {
+        0.0
+    };
     let imbalance = per_layer.as_ref().map_or(inp.moe_imbalance, |v| {
-        v.iter().sum::<f64>() / v.len() as f64
+        v.iter().sum::<f64>() / v.len() as f64 + fluct
     });
     // The step priced at an imbalance: (serial, two micro-batches, the serial step's op costs).
     let step_at = |imbalance: f64| {
@@ -349,6 +365,8 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
             imbalance_min: v.iter().copied().fold(f64::INFINITY, f64::min),
             imbalance_max: v.iter().copied().fold(1.0, f64::max),
             imbalance_per_layer: v,
+            requests_per_step: requests,
+            fluctuation: fluct,
             perfect_step_ms: perfect * 1e3,
             imbalance_cost_ms: (step_s - perfect) * 1e3,
         }

@@ -450,6 +450,19 @@ impl InstanceTask {
         );
     }
 
+    /// Sleeps until something reaches the instance and applies it; false when the runtime
+    /// is gone.
+    async fn wait_for_cmd(&mut self) -> bool {
+        let Some(cmd) = self.rx.recv().await else {
+            return false;
+        };
+        let Some(shared) = self.shared.upgrade() else {
+            return false;
+        };
+        self.apply_cmd(&shared, cmd);
+        true
+    }
+
     async fn run(mut self) {
         let mut outcome = StepOutcome::default();
         let mut events = Vec::new();
@@ -465,16 +478,10 @@ impl InstanceTask {
             }
             if !self.inst.has_work() {
                 drop(shared);
-                match self.rx.recv().await {
-                    Some(cmd) => {
-                        let Some(shared) = self.shared.upgrade() else {
-                            return;
-                        };
-                        self.apply_cmd(&shared, cmd);
-                        continue;
-                    }
-                    None => return,
+                if !self.wait_for_cmd().await {
+                    return;
                 }
+                continue;
             }
             let now = self.now();
             self.inst.schedule(now);
@@ -490,16 +497,10 @@ impl InstanceTask {
             if self.inst.plan().tokens() == 0 {
                 // Only KV pulls in flight: wait for something to happen.
                 drop(shared);
-                match self.rx.recv().await {
-                    Some(cmd) => {
-                        let Some(shared) = self.shared.upgrade() else {
-                            return;
-                        };
-                        self.apply_cmd(&shared, cmd);
-                        continue;
-                    }
-                    None => return,
+                if !self.wait_for_cmd().await {
+                    return;
                 }
+                continue;
             }
             let began = Instant::now();
             if let Err(e) = self.device.execute(self.inst.plan(), &mut outcome) {

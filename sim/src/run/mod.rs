@@ -232,6 +232,8 @@ fn experts_for(
         )
     });
     let expert_bytes = s.model.expert_params() as f64 * s.quant.expert_weight().bytes();
+    // Moving an expert: its weights cross the EP group's fabric, are read from the source die's
+    // HBM and written to the destination's (the copy is not overlapped with the step).
     let move_s = s
         .cost
         .comm(&Comm {
@@ -240,13 +242,15 @@ fn experts_for(
             group: plan.ep,
             mode: A2aMode::Normal,
         })
-        .time_s;
+        .time_s
+        + 2.0 * expert_bytes / s.system().chip.hbm_bytes_per_s();
     Ok(Experts::new(
         load,
         placement,
         rebalancer,
         s.model.top_k as f64,
         move_s,
+        spec.concentration(),
     ))
 }
 
@@ -741,7 +745,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             inst.steps += 1;
             inst.busy_ns += dur.0;
             inst.tokens += inst.step_tokens;
-            inst.imbalance_sum += inst.device.imbalance();
+            inst.imbalance_sum += inst.device.step_imbalance();
             for (a, b) in inst.class.iter_mut().zip(inst.outcome.class_times.iter()) {
                 *a += b;
             }
