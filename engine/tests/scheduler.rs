@@ -53,6 +53,12 @@ fn step(inst: &mut Instance, accept_all: bool) -> (StepPlan, Vec<InstEvent>, Ste
                 .collect()
         })
         .collect();
+    let (ev, sum) = apply(inst, accepted);
+    (plan, ev, sum)
+}
+
+/// Applies a step's outcome with the given acceptance; the step's events and totals.
+fn apply(inst: &mut Instance, accepted: Vec<Vec<u32>>) -> (Vec<InstEvent>, StepSummary) {
     let mut ev = Vec::new();
     let sum = inst.apply(
         SimTime::ZERO,
@@ -62,7 +68,7 @@ fn step(inst: &mut Instance, accept_all: bool) -> (StepPlan, Vec<InstEvent>, Ste
         },
         &mut ev,
     );
-    (plan, ev, sum)
+    (ev, sum)
 }
 
 #[test]
@@ -349,15 +355,7 @@ fn drive(
                     .collect()
             })
             .collect();
-        let mut ev = Vec::new();
-        let sum = inst.apply(
-            SimTime::ZERO,
-            &StepOutcome {
-                accepted,
-                ..Default::default()
-            },
-            &mut ev,
-        );
+        let (ev, sum) = apply(&mut inst, accepted);
         tokens += sum.tokens;
         for e in &ev {
             if let InstEvent::Finished { req } = e {
@@ -454,15 +452,7 @@ fn drive_with_acceptance(
                     .collect()
             })
             .collect();
-        let mut ev = Vec::new();
-        let sum = inst.apply(
-            SimTime::ZERO,
-            &StepOutcome {
-                accepted,
-                ..Default::default()
-            },
-            &mut ev,
-        );
+        let (ev, sum) = apply(&mut inst, accepted);
         // Sent-back requests come back as new pulls, like a proxy re-prefilling them would.
         for e in &ev {
             if let InstEvent::SentBack { req: id, emitted } = *e {

@@ -573,6 +573,20 @@ impl InstanceTask {
         });
     }
 
+    /// Tells the proxy a request left this serving instance.
+    fn decode_done(&self, shared: &Shared, prompt: u32) {
+        let k = shared
+            .serve_ids
+            .iter()
+            .position(|&x| x == self.index)
+            .expect("a serving instance");
+        shared
+            .proxy
+            .lock()
+            .expect("proxy")
+            .decode_done(k, prompt as u64);
+    }
+
     /// Streams the step's tokens and moves requests on (PD hand-off, finish, send-back).
     fn after_step(&mut self, shared: &Arc<Shared>, events: &[InstEvent]) {
         let role = self.inst.config().role;
@@ -649,16 +663,7 @@ impl InstanceTask {
                         continue;
                     };
                     shared.pending.fetch_sub(1, Ordering::Relaxed);
-                    let sk = shared
-                        .serve_ids
-                        .iter()
-                        .position(|&x| x == self.index)
-                        .expect("a serving instance");
-                    shared
-                        .proxy
-                        .lock()
-                        .expect("proxy")
-                        .decode_done(sk, r.prompt as u64);
+                    self.decode_done(shared, r.prompt);
                     m.e2e.observe((now - r.arrival).as_secs_f64());
                     if let Some(f) = r.first {
                         if r.emitted > 1 {
@@ -681,16 +686,7 @@ impl InstanceTask {
                         .get(&req)
                         .map(|r| r.prompt);
                     if let Some(prompt) = prompt {
-                        let sk = shared
-                            .serve_ids
-                            .iter()
-                            .position(|&x| x == self.index)
-                            .expect("a serving instance");
-                        shared
-                            .proxy
-                            .lock()
-                            .expect("proxy")
-                            .decode_done(sk, prompt as u64);
+                        self.decode_done(shared, prompt);
                         rt.route_prefill(req);
                     }
                 }
