@@ -9,6 +9,7 @@ mod report_cmd;
 mod serve_cmd;
 mod simulate_cmd;
 mod sweep_cmd;
+mod validate_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -48,6 +49,9 @@ enum Command {
     /// Load-test an OpenAI-compatible server (dstwin serve, vLLM, vllm-ascend): TTFT, TPOT, ITL
     /// and throughput, as `vllm bench serve` reports them.
     BenchServe(Box<bench_cmd::BenchArgs>),
+    /// Compare the twin with every published figure it is calibrated on, or with your own
+    /// cluster's measurements (`--measured`): errors, mean absolute error, `--max-error` for CI.
+    Validate(validate_cmd::ValidateArgs),
     /// List the built-in models, hardware systems and chips.
     Catalog {
         /// Print JSON instead of a table.
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
         Command::Eplb(a) => eplb_cmd::run(a),
         Command::Serve(a) => serve_cmd::run(*a),
         Command::BenchServe(a) => bench_cmd::run(*a),
+        Command::Validate(a) => validate_cmd::run(a),
         Command::Catalog { json } => explain_cmd::catalog(json),
     };
     match result {

@@ -4,10 +4,13 @@
 //! - [`target`]: calibration targets (a deployment as `explain` inputs + a published metric),
 //!   read from `data/*.toml`; evaluation of one target under a parameter set.
 //! - [`fit`]: the grid-search fit of the global parameters (in-situ efficiency, overlap
-//!   efficiency) that minimizes the squared relative errors over all targets of one hardware.
+//!   efficiency) that minimizes the squared relative errors over all targets of one hardware,
+//!   and the per-request routing concentration fitted to the EPLB gap.
+//! - [`measured`]: a team's `vllm bench serve` results against a simulation of the same run.
 //!
 //! Not built yet: mapping profiler kernels (msprof `kernel_details.csv`, Kineto traces) onto the
 //! op graph's op names to fit per-class efficiencies.
 
 pub mod fit;
+pub mod measured;
 pub mod target;
