@@ -6,7 +6,7 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use dstwin_calibration::fit::{eplb_gap_ratio, parse_eplb_gap, residuals, Globals, EXPERT_LOAD};
 use dstwin_calibration::measured::compare;
-use dstwin_calibration::target::{parse_targets, CLOUDMATRIX384};
+use dstwin_calibration::target::{parse_targets, CLOUDMATRIX384, HELD_OUT};
 use dstwin_sim::run::{run as simulate, RunOptions};
 use dstwin_sim::scenario::load_path;
 use serde::Serialize;
@@ -83,6 +83,23 @@ fn rows_builtin() -> Result<Vec<Row>, Failure> {
         error: ratio / published - 1.0,
         fitted: true,
     });
+    // Held-out anchors, each priced with its own hardware's shipped cost model.
+    let held = parse_targets("held-out.toml", HELD_OUT).map_err(|e| Failure::Runtime(e.into()))?;
+    for t in &held {
+        let cost = t.base_cost().map_err(|e| Failure::Runtime(e.into()))?;
+        let predicted = t.predict(cost).map_err(|e| Failure::Runtime(e.into()))?;
+        rows.push(Row {
+            id: t.id.clone(),
+            metric: serde_json::to_value(t.metric)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            published: t.published,
+            predicted,
+            error: t.metric.error(predicted, t.published),
+            fitted: false,
+        });
+    }
     Ok(rows)
 }
 
@@ -149,7 +166,11 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
                 r.published,
                 r.predicted,
                 r.error * 100.0,
-                if r.fitted { "  (fit target)" } else { "" }
+                if r.fitted {
+                    "  (fit target)"
+                } else {
+                    "  (held out)"
+                }
             );
         }
         println!(

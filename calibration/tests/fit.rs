@@ -87,3 +87,32 @@ fn shipped_concentration_is_the_fit_and_reproduces_the_eplb_gap() {
     let none = eplb_gap_ratio(&gap, &targets, &cost, 0.0).unwrap();
     assert!(none > 0.99, "{none}");
 }
+
+#[test]
+fn held_out_anchors_stay_within_their_documented_bounds() {
+    use dstwin_calibration::target::HELD_OUT;
+    // docs/validation.md: CloudMatrix384 144 cards -14.5%, Atlas 800I A2 -33.7% (its cost model
+    // is borrowed from the 910C). A change that moves them past these bounds fails here.
+    let bounds = [
+        ("huawei-cm384-decode-144-cards", 0.16),
+        ("huawei-a2-decode-4-nodes", 0.36),
+    ];
+    let held = parse_targets("held-out.toml", HELD_OUT).unwrap();
+    assert_eq!(held.len(), bounds.len());
+    for t in &held {
+        let bound = bounds
+            .iter()
+            .find(|b| b.0 == t.id)
+            .expect("a documented bound")
+            .1;
+        let p = t.predict(t.base_cost().unwrap()).unwrap();
+        let e = t.metric.error(p, t.published);
+        assert!(
+            e.abs() <= bound,
+            "{}: {:+.1}% (bound {:.0}%)",
+            t.id,
+            e * 100.0,
+            bound * 100.0
+        );
+    }
+}
