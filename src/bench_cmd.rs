@@ -11,11 +11,9 @@ use dstwin_traces::WorkloadSource;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Exp};
 use serde::Serialize;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -359,19 +357,11 @@ async fn bench(
         }
     };
     let url = format!("{base}/v1/completions");
-    let bar = ProgressBar::with_draw_target(
+    let bar = crate::progress::bar(
         Some(jobs.len() as u64),
-        if !a.quiet && std::io::stderr().is_terminal() {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
+        a.quiet,
+        "{bar:40} {pos}/{len} requests [{elapsed_precise}, eta {eta}]",
     );
-    if let Ok(style) =
-        ProgressStyle::with_template("{bar:40} {pos}/{len} requests [{elapsed_precise}, eta {eta}]")
-    {
-        bar.set_style(style);
-    }
     let limit = Arc::new(tokio::sync::Semaphore::new(
         concurrency.unwrap_or(tokio::sync::Semaphore::MAX_PERMITS),
     ));

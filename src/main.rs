@@ -5,6 +5,7 @@ mod calibrate_cmd;
 mod eplb_cmd;
 mod explain_cmd;
 mod plan_cmd;
+mod progress;
 mod report_cmd;
 mod serve_cmd;
 mod simulate_cmd;

@@ -7,10 +7,8 @@ use clap::Args;
 use dstwin_sim::plan::{candidates, evaluate, nodes, rank, Load, Outcome, PlanInput};
 use dstwin_sim::plot;
 use dstwin_sim::sweep::{knee, pareto};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -121,19 +119,11 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         }
     }
     let cands = candidates(n, dies_per_node);
-    let bar = ProgressBar::with_draw_target(
+    let bar = crate::progress::bar(
         Some(cands.len() as u64),
-        if !a.quiet && std::io::stderr().is_terminal() {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
+        a.quiet,
+        "{bar:40} {pos}/{len} layouts [{elapsed_precise}, eta {eta}]",
     );
-    if let Ok(st) =
-        ProgressStyle::with_template("{bar:40} {pos}/{len} layouts [{elapsed_precise}, eta {eta}]")
-    {
-        bar.set_style(st);
-    }
     let mut outcomes: Vec<Outcome> = cands
         .par_iter()
         .map(|c| {

@@ -6,10 +6,9 @@ use anyhow::{anyhow, Context};
 use axum::serve::ListenerExt;
 use clap::{Args, ValueEnum};
 use dstwin_engine::serve::api;
-use dstwin_sim::scenario::{load_path, load_str, Scenario};
 use dstwin_sim::serve::TwinServe;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum DeviceKind {
@@ -48,19 +47,6 @@ pub struct ServeArgs {
     max_pending: usize,
 }
 
-fn scenario(a: &ServeArgs) -> Result<Scenario, Failure> {
-    match &a.scenario {
-        Some(p) => load_path(p, &a.sets),
-        None => load_str(
-            "default scenario (a3-2p1d)",
-            crate::simulate_cmd::DEFAULT_SCENARIO,
-            Path::new("."),
-            &a.sets,
-        ),
-    }
-    .map_err(|e| Failure::Input(e.into()))
-}
-
 pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if !(a.time_scale.is_finite() && a.time_scale >= 0.0) {
         return Err(Failure::Input(anyhow!(
@@ -71,7 +57,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if a.max_pending == 0 {
         return Err(Failure::Input(anyhow!("--max-pending must be at least 1")));
     }
-    let s = scenario(&a)?;
+    let s = crate::simulate_cmd::load_scenario(a.scenario.as_deref(), &a.sets)?;
     let DeviceKind::Twin = a.device;
     let model = a
         .served_model_name

@@ -1,13 +1,11 @@
 //! `dstwin simulate`: runs a scenario and writes its reports.
 
 use crate::Failure;
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use clap::Args;
 use dstwin_sim::report::{chrome_trace, render_sim, sim_csv, write_requests_csv};
 use dstwin_sim::run::{run, Progress, RunOptions};
-use dstwin_sim::scenario::{load_path, load_str};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use std::io::IsTerminal;
+use dstwin_sim::scenario::{load_path, load_str, Scenario};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -51,31 +49,26 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
         .map_err(Failure::Runtime)
 }
 
-pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
-    let scenario = match &a.scenario {
-        Some(p) => load_path(p, &a.sets),
+/// A scenario file with overrides, or the built-in default scenario without a file.
+pub fn load_scenario(path: Option<&Path>, sets: &[String]) -> Result<Scenario, Failure> {
+    match path {
+        Some(p) => load_path(p, sets),
         None => load_str(
             "default scenario (a3-2p1d)",
             DEFAULT_SCENARIO,
             Path::new("."),
-            &a.sets,
+            sets,
         ),
     }
-    .map_err(|e| Failure::Input(e.into()))?;
-    let show = !a.quiet && std::io::stderr().is_terminal();
-    let bar = ProgressBar::with_draw_target(
+    .map_err(|e| Failure::Input(e.into()))
+}
+
+pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
+    let scenario = load_scenario(a.scenario.as_deref(), &a.sets)?;
+    let bar = crate::progress::bar(
         None,
-        if show {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
-    );
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} requests finished, {msg}",
-        )
-        .map_err(|e| Failure::Runtime(anyhow!(e)))?,
+        a.quiet,
+        "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} requests finished, {msg}",
     );
     let mut on_progress = |p: &Progress| {
         bar.set_length(p.total);

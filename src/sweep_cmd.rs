@@ -9,9 +9,8 @@ use dstwin_sim::scenario::{load_str, ScenarioError};
 use dstwin_sim::sweep::{
     csv_record, grid, instance_names, overrides, run_point, write_csv, Axis, Row, Shard,
 };
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -168,19 +167,11 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         .has_headers(false)
         .from_writer(file);
 
-    let bar = ProgressBar::with_draw_target(
+    let bar = crate::progress::bar(
         Some(todo.len() as u64),
-        if !a.quiet && std::io::stderr().is_terminal() {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
-    );
-    if let Ok(st) = ProgressStyle::with_template(
+        a.quiet,
         "{bar:40} {pos}/{len} points [{elapsed_precise}, eta {eta}] {msg}",
-    ) {
-        bar.set_style(st);
-    }
+    );
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.jobs.unwrap_or(0))
         .build()

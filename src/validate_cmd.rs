@@ -55,10 +55,7 @@ fn rows_builtin() -> Result<Vec<Row>, Failure> {
         .into_iter()
         .map(|r| Row {
             id: r.id,
-            metric: serde_json::to_value(r.metric)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            metric: r.metric.name().to_string(),
             published: r.published,
             predicted: r.predicted,
             error: r.error,
@@ -90,10 +87,7 @@ fn rows_builtin() -> Result<Vec<Row>, Failure> {
         let predicted = t.predict(cost).map_err(|e| Failure::Runtime(e.into()))?;
         rows.push(Row {
             id: t.id.clone(),
-            metric: serde_json::to_value(t.metric)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            metric: t.metric.name().to_string(),
             published: t.published,
             predicted,
             error: t.metric.error(predicted, t.published),

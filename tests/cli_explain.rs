@@ -1,13 +1,9 @@
 //! `dstwin explain` end to end: reports, JSON for scripts, and errors with exit code 2.
 
-use std::process::{Command, Output};
+mod common;
+use common::dstwin;
 
-fn dstwin(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dstwin"))
-        .args(args)
-        .output()
-        .expect("run dstwin")
-}
+use std::process::Output;
 
 fn stdout(o: &Output) -> String {
     String::from_utf8(o.stdout.clone()).unwrap()

@@ -2,14 +2,13 @@
 //! with a small HTTP/1.1 client (and, in `openai_python_client`, with the official `openai`
 //! Python package).
 
+mod common;
+use common::data;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn data(name: &str) -> String {
-    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
-}
 
 /// A running `dstwin serve`, killed on drop.
 struct Server {

@@ -1,18 +1,10 @@
 //! `dstwin simulate` end to end: reports for people and scripts, determinism, and bad input.
 
+mod common;
+use common::{data, dstwin};
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
-
-fn dstwin(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dstwin"))
-        .args(args)
-        .output()
-        .expect("run dstwin")
-}
-
-fn data(name: &str) -> String {
-    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
-}
 
 fn out(o: &Output) -> String {
     String::from_utf8(o.stdout.clone()).unwrap()

@@ -1,18 +1,10 @@
 //! `dstwin sweep`, `dstwin report` and `dstwin plan` end to end.
 
+mod common;
+use common::{data, dstwin};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn dstwin(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dstwin"))
-        .args(args)
-        .output()
-        .expect("run dstwin")
-}
-
-fn data(name: &str) -> String {
-    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
-}
+use std::process::Output;
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("dstwin-sweep-{}-{name}", std::process::id()));

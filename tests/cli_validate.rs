@@ -1,17 +1,7 @@
 //! `dstwin validate`: the built-in anchors, the error bound, and a team's own measurements.
 
-use std::process::{Command, Output};
-
-fn dstwin(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dstwin"))
-        .args(args)
-        .output()
-        .expect("run dstwin")
-}
-
-fn data(name: &str) -> String {
-    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
+use common::{data, dstwin};
 
 #[test]
 fn builtin_anchors_with_errors_and_a_bound() {

@@ -24,6 +24,16 @@ pub enum Metric {
 }
 
 impl Metric {
+    /// The name target files use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::TpotMs => "tpot_ms",
+            Metric::OutputTokSPerPackage => "output_tok_s_per_package",
+            Metric::InputTokSPerPackage => "input_tok_s_per_package",
+            Metric::TwoMicrobatchGain => "two_microbatch_gain",
+        }
+    }
+
     pub fn read(self, e: &Explain) -> f64 {
         match self {
             Metric::TpotMs => e.throughput.tpot_ms.unwrap_or(f64::NAN),
