@@ -10,7 +10,7 @@ use dstwin_calibration::target::{parse_targets, CLOUDMATRIX384};
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Fits in_situ_efficiency and overlap_efficiency of a hardware's cost model by least squares over the \
+    after_help = "Fits in_situ_efficiency and the two overlap efficiencies (low-latency and normal all-to-all) of a hardware's cost model by least squares over the \
 relative errors of every target (a deployment and a published figure), then prints the fitted values, \
 the residuals of the fit and of the parameters shipped in hwmodels/data/costs. Paste the printed lines \
 into the cost file to adopt a new fit.\n\nExamples:\n  dstwin calibrate\n      the built-in CloudMatrix384 targets\n  dstwin calibrate --targets my-cluster-targets.toml --json"
@@ -20,7 +20,7 @@ pub struct CalibrateArgs {
     /// built-in CloudMatrix384 targets.
     #[arg(long)]
     targets: Option<String>,
-    /// Grid step of the coarse search (refined at a tenth of it around the best point).
+    /// Grid step of the coarse coordinate search (refined at a tenth of it around the optimum).
     #[arg(long, default_value_t = 0.02)]
     step: f64,
     /// Print JSON.
@@ -29,10 +29,12 @@ pub struct CalibrateArgs {
 }
 
 fn table(title: &str, g: Globals, r: &[Residual]) {
-    println!(
-        "{title}: in_situ_efficiency = {:.3}, overlap_efficiency = {:.3}",
-        g.in_situ_efficiency, g.overlap_efficiency
-    );
+    let params: Vec<String> = Globals::NAMES
+        .iter()
+        .zip(g.values())
+        .map(|(n, v)| format!("{n} = {v:.3}"))
+        .collect();
+    println!("{title}: {}", params.join(", "));
     println!(
         "  {:<34} {:>12} {:>12} {:>8}",
         "target", "published", "predicted", "error"
@@ -114,8 +116,9 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     table("shipped", shipped, &shipped_r);
     println!();
     println!("# for hwmodels/data/costs/{}.toml", base.params.name);
-    println!("in_situ_efficiency = {:.3}", f.globals.in_situ_efficiency);
-    println!("overlap_efficiency = {:.3}", f.globals.overlap_efficiency);
+    for (n, v) in Globals::NAMES.iter().zip(f.globals.values()) {
+        println!("{n} = {v:.3}");
+    }
     if let Some(c) = conc {
         println!();
         println!(

@@ -8,21 +8,49 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Globals {
     pub in_situ_efficiency: f64,
-    pub overlap_efficiency: f64,
+    pub overlap_efficiency_low_latency: f64,
+    pub overlap_efficiency_normal: f64,
 }
 
 impl Globals {
+    /// Names, in the order of `values`.
+    pub const NAMES: [&'static str; 3] = [
+        "in_situ_efficiency",
+        "overlap_efficiency_low_latency",
+        "overlap_efficiency_normal",
+    ];
+    /// The range each parameter is searched in.
+    const BOUNDS: [(f64, f64); 3] = [(0.30, 1.0), (0.0, 1.0), (0.0, 1.0)];
+
+    pub fn values(self) -> [f64; 3] {
+        [
+            self.in_situ_efficiency,
+            self.overlap_efficiency_low_latency,
+            self.overlap_efficiency_normal,
+        ]
+    }
+
+    fn from_values(v: [f64; 3]) -> Globals {
+        Globals {
+            in_situ_efficiency: v[0],
+            overlap_efficiency_low_latency: v[1],
+            overlap_efficiency_normal: v[2],
+        }
+    }
+
     pub fn apply(self, base: &CostModel) -> CostModel {
         let mut c = base.clone();
         c.params.in_situ_efficiency = self.in_situ_efficiency;
-        c.params.overlap_efficiency = self.overlap_efficiency;
+        c.params.overlap_efficiency_low_latency = self.overlap_efficiency_low_latency;
+        c.params.overlap_efficiency_normal = self.overlap_efficiency_normal;
         c
     }
 
     pub fn of(c: &CostModel) -> Globals {
         Globals {
             in_situ_efficiency: c.params.in_situ_efficiency,
-            overlap_efficiency: c.params.overlap_efficiency,
+            overlap_efficiency_low_latency: c.params.overlap_efficiency_low_latency,
+            overlap_efficiency_normal: c.params.overlap_efficiency_normal,
         }
     }
 }
@@ -69,49 +97,55 @@ pub struct Fit {
     pub evaluated: usize,
 }
 
-/// Searches `in_situ_efficiency` in [0.30, 1.00] and `overlap_efficiency` in [0, 1] on a grid of
-/// `step`, minimizing the sum of squared relative errors over `targets`, then refines around the
-/// best point at a tenth of the step.
+/// Minimizes the sum of squared relative errors over `targets` by coordinate search: each
+/// parameter in turn is set to the best point of a grid of `step` over its range (the others
+/// held), until a whole round changes nothing; then the same at a tenth of the step within one
+/// coarse step of the optimum. Decode targets depend on the low-latency overlap and prefill
+/// targets on the normal one, so the search mostly trades `in_situ_efficiency` between them.
 pub fn fit(targets: &[Target], step: f64) -> Result<Fit, CalibrationError> {
     let grid = |lo: f64, hi: f64, st: f64| -> Vec<f64> {
         let n = ((hi - lo) / st).round() as usize;
         (0..=n).map(|i| (lo + i as f64 * st).min(hi)).collect()
     };
-    let mut best: Option<(f64, Globals)> = None;
     let mut evaluated = 0;
-    let mut search = |xs: &[f64],
-                      ys: &[f64],
-                      best: &mut Option<(f64, Globals)>|
-     -> Result<(), CalibrationError> {
-        for &x in xs {
-            for &y in ys {
-                let g = Globals {
-                    in_situ_efficiency: x,
-                    overlap_efficiency: y,
+    let mut eval = |v: [f64; 3]| -> Result<f64, CalibrationError> {
+        evaluated += 1;
+        Ok(loss(&residuals(targets, Globals::from_values(v))?))
+    };
+    // Start in the middle of every range.
+    let mut x = Globals::BOUNDS.map(|(lo, hi)| lo + ((hi - lo) / 2.0 / step).round() * step);
+    let mut best = eval(x)?;
+    for (st, window) in [(step, None), (step / 10.0, Some(step))] {
+        let centre = x;
+        for _round in 0..50 {
+            let mut changed = false;
+            for (i, &(lo, hi)) in Globals::BOUNDS.iter().enumerate() {
+                let (lo, hi) = match window {
+                    Some(w) => ((centre[i] - w).max(lo), (centre[i] + w).min(hi)),
+                    None => (lo, hi),
                 };
-                let l = loss(&residuals(targets, g)?);
-                evaluated += 1;
-                if best.is_none_or(|(b, _)| l < b) {
-                    *best = Some((l, g));
+                for v in grid(lo, hi, st) {
+                    if v == x[i] {
+                        continue;
+                    }
+                    let mut y = x;
+                    y[i] = v;
+                    let l = eval(y)?;
+                    if l < best {
+                        (best, x, changed) = (l, y, true);
+                    }
                 }
             }
+            if !changed {
+                break;
+            }
         }
-        Ok(())
-    };
-    search(&grid(0.30, 1.0, step), &grid(0.0, 1.0, step), &mut best)?;
-    let (_, g) = best.expect("non-empty grid");
-    let fine = step / 10.0;
-    let around = |v: f64, lo: f64, hi: f64| grid((v - step).max(lo), (v + step).min(hi), fine);
-    search(
-        &around(g.in_situ_efficiency, 0.30, 1.0),
-        &around(g.overlap_efficiency, 0.0, 1.0),
-        &mut best,
-    )?;
-    let (l, globals) = best.expect("non-empty grid");
+    }
+    let globals = Globals::from_values(x);
     let residuals = residuals(targets, globals)?;
     Ok(Fit {
         globals,
-        rms_error: (l / residuals.len() as f64).sqrt(),
+        rms_error: (best / residuals.len() as f64).sqrt(),
         residuals,
         evaluated,
     })

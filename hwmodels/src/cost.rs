@@ -137,9 +137,12 @@ pub struct CostParams {
     /// Fraction of their isolated-microbenchmark efficiency that kernels reach inside a full
     /// model step (shapes, cache and core contention); multiplies every class's efficiencies.
     pub in_situ_efficiency: f64,
-    /// Fraction of the smaller of compute and communication that two-micro-batch overlap hides
-    /// (1.0 = perfect overlap; the rest runs serially).
-    pub overlap_efficiency: f64,
+    /// How close two-micro-batch overlap comes to its best case (1.0) from running the two halves
+    /// one after the other (0.0), in steps whose all-to-all runs in low-latency mode (decode).
+    pub overlap_efficiency_low_latency: f64,
+    /// The same in steps whose all-to-all runs in normal mode (prefill, mixed steps with
+    /// prompts): the bulk transfers take vector cores and HBM from the other micro-batch.
+    pub overlap_efficiency_normal: f64,
     /// Per op class; every class must be present.
     pub efficiency: BTreeMap<OpClass, Efficiency>,
     pub alltoall: AllToAllParams,
@@ -163,17 +166,27 @@ fn check_nonneg(file: &str, field: &str, v: f64) -> Result<(), HwError> {
 }
 
 impl CostParams {
+    /// Two-micro-batch overlap efficiency of steps whose all-to-all runs in `mode`.
+    pub fn overlap_efficiency(&self, mode: A2aMode) -> f64 {
+        match mode {
+            A2aMode::LowLatency => self.overlap_efficiency_low_latency,
+            A2aMode::Normal => self.overlap_efficiency_normal,
+        }
+    }
+
     pub fn validate(&self, file: &str) -> Result<(), HwError> {
         check_nonneg(file, "op_overhead_us", self.op_overhead_us)?;
         check_frac(file, "in_situ_efficiency".into(), self.in_situ_efficiency)?;
-        if !(self.overlap_efficiency.is_finite() && (0.0..=1.0).contains(&self.overlap_efficiency))
-        {
-            return Err(invalid(
-                file,
-                "overlap_efficiency",
-                self.overlap_efficiency,
-                "must be in [0, 1]",
-            ));
+        for (field, v) in [
+            (
+                "overlap_efficiency_low_latency",
+                self.overlap_efficiency_low_latency,
+            ),
+            ("overlap_efficiency_normal", self.overlap_efficiency_normal),
+        ] {
+            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+                return Err(invalid(file, field, v, "must be in [0, 1]"));
+            }
         }
         for c in OpClass::ALL {
             let e = self.efficiency.get(&c).ok_or_else(|| {

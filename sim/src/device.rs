@@ -190,7 +190,7 @@ impl StepPricer {
         let full = self.price_shape(&key.0, key.1, imb);
         let cost = if self.spec.two_microbatch {
             let h = self.price_shape(&half(&key.0), key.1.div_ceil(2), imb);
-            let t = two_microbatch_time(&h, self.spec.cost.params.overlap_efficiency);
+            let t = two_microbatch_time(&h, &self.spec.cost.params);
             RankCost {
                 time_s: t,
                 class_times: class_times(&full, t / full.serial_s.max(f64::MIN_POSITIVE)),

@@ -348,7 +348,7 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
         };
         let step = price(&step_ops(spec, &full, &load(&full)), &inp.cost);
         let half_cost = price(&step_ops(spec, &half, &load(&half)), &inp.cost);
-        let tmb = two_microbatch_time(&half_cost, inp.cost.params.overlap_efficiency);
+        let tmb = two_microbatch_time(&half_cost, &inp.cost.params);
         (step.serial_s, tmb, step)
     };
     let (serial, tmb, step) = step_at(imbalance);

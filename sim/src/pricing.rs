@@ -2,7 +2,7 @@
 //! effect of two-micro-batch overlap.
 
 use dstwin_engine::opgraph::{DieSet, LayerKind, Op, OpKind};
-use dstwin_hwmodels::{Bound, CostModel};
+use dstwin_hwmodels::{A2aMode, Bound, CostModel, CostParams};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -26,6 +26,15 @@ pub struct PricedOp {
     pub bytes: f64,
     /// Seconds at 100% of peak compute / HBM bandwidth, over all occurrences (0 for collectives).
     pub roofline_s: f64,
+    /// Seconds the op keeps the compute units busy at the model's efficiency, over all
+    /// occurrences (0 for collectives).
+    pub compute_busy_s: f64,
+    /// Seconds it keeps HBM busy at the model's efficiency, over all occurrences (0 for
+    /// collectives).
+    pub memory_busy_s: f64,
+    /// The all-to-all mode of a dispatch or combine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub a2a_mode: Option<A2aMode>,
 }
 
 /// A priced step.
@@ -82,6 +91,17 @@ impl StepCost {
         }
     }
 
+    /// The step's all-to-all mode: normal when any all-to-all on the path runs in normal mode
+    /// (or there is none), low-latency otherwise.
+    pub fn a2a_mode(&self) -> A2aMode {
+        let mut modes = self.on_path().filter_map(|o| o.a2a_mode).peekable();
+        if modes.peek().is_some() && modes.all(|m| m == A2aMode::LowLatency) {
+            A2aMode::LowLatency
+        } else {
+            A2aMode::Normal
+        }
+    }
+
     fn sum_by(&self, key: impl Fn(&PricedOp) -> &'static str) -> BTreeMap<&'static str, f64> {
         let mut m = BTreeMap::new();
         for o in self.on_path() {
@@ -117,6 +137,12 @@ pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
                 flops: flops * r,
                 bytes: bytes * r,
                 roofline_s: roof * r,
+                compute_busy_s: cost.compute_s * r,
+                memory_busy_s: cost.memory_s * r,
+                a2a_mode: match &o.kind {
+                    OpKind::Comm(c) => Some(c.mode),
+                    OpKind::Compute(_) => None,
+                },
             }
         })
         .collect();
@@ -143,35 +169,55 @@ pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
     step
 }
 
-/// Step time with two micro-batches: each half of the batch is priced as `half`; within each
-/// repeated layer, one micro-batch's communication overlaps the other's compute. A layer takes
-/// 2 x max(compute, comm) of a half plus the part of 2 x min(compute, comm) that `overlap`
-/// (the hardware's overlap efficiency, 1.0 = perfect) does not hide, plus one fill at the start.
-/// Ops that run once per step (embedding, LM head) do not overlap.
-pub fn two_microbatch_time(half: &StepCost, overlap: f64) -> f64 {
+/// Step time with two micro-batches, each half of the batch priced as `half`.
+///
+/// Within each repeated layer the two micro-batches run on two streams of the same die: the
+/// attention stream (the ops every die runs) and the MoE stream (dispatch, the expert GEMMs,
+/// combine). One micro-batch's attention runs while the other's MoE stage runs, so besides
+/// hiding communication, a memory-bound op of one stream can run under a compute-bound op of
+/// the other. A layer of both micro-batches then takes at best
+/// `2 x max(attention, moe, compute-busy, HBM-busy)` of a half (neither stream can go faster
+/// than its own chain; the two share the die's compute units and HBM), and at worst the two
+/// halves one after the other, `2 x (attention + moe)`. The hardware's overlap efficiency for
+/// the step's all-to-all mode (1.0 = the best case) sets where between the two a layer lands.
+/// One stage's fill is added at the start. Ops that run once per step (embedding, LM head) do
+/// not overlap.
+pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
+    let overlap = params.overlap_efficiency(half.a2a_mode());
+    #[derive(Default)]
+    struct Group {
+        attention: f64,
+        moe: f64,
+        compute: f64,
+        memory: f64,
+        layers: u64,
+    }
     // Decoder layers and the MTP module, each spread evenly over its layer count.
-    let mut groups: BTreeMap<bool, (f64, f64, u64)> = BTreeMap::new();
+    let mut groups: BTreeMap<bool, Group> = BTreeMap::new();
     let mut once = 0.0;
     for o in half.on_path() {
-        let mtp = o.layer == LayerKind::Mtp;
         match o.layer {
             LayerKind::Embedding | LayerKind::LmHead => once += 2.0 * o.total_s,
             _ => {
-                let g = groups.entry(mtp).or_insert((0.0, 0.0, 0));
-                if o.bound == Bound::Communication {
-                    g.1 += o.total_s;
+                let g = groups.entry(o.layer == LayerKind::Mtp).or_default();
+                if o.bound == Bound::Communication || o.dies != DieSet::All {
+                    g.moe += o.total_s;
                 } else {
-                    g.0 += o.total_s;
+                    g.attention += o.total_s;
                 }
-                g.2 = g.2.max(o.repeat);
+                g.compute += o.compute_busy_s;
+                g.memory += o.memory_busy_s;
+                g.layers = g.layers.max(o.repeat);
             }
         }
     }
     let mut t = once;
-    for (c, m, layers) in groups.into_values() {
-        let n = layers.max(1) as f64;
-        let (c1, m1) = (c / n, m / n);
-        t += n * 2.0 * (c1.max(m1) + (1.0 - overlap) * c1.min(m1)) + c1.min(m1);
+    for g in groups.into_values() {
+        let n = g.layers.max(1) as f64;
+        let (a, m) = (g.attention / n, g.moe / n);
+        let best = 2.0 * a.max(m).max(g.compute / n).max(g.memory / n);
+        let serial = 2.0 * (a + m);
+        t += n * (best + (1.0 - overlap) * (serial - best)) + a.min(m);
     }
     t
 }

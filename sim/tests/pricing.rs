@@ -80,5 +80,23 @@ fn critical_path_is_compute_plus_communication() {
         imbalance: 1.0,
     };
     let h = price(&step_ops(spec, &half, &hl), &cm);
-    assert!(two_microbatch_time(&h, 1.0) >= s.compute_s.max(s.comm_s) * 0.5);
+    let mut perfect = cm.params.clone();
+    perfect.overlap_efficiency_low_latency = 1.0;
+    let mut none = cm.params.clone();
+    none.overlap_efficiency_low_latency = 0.0;
+    let best = two_microbatch_time(&h, &perfect);
+    assert!(best >= s.compute_s.max(s.comm_s) * 0.5);
+    // Without overlap the halves run one after the other: never faster than the best case,
+    // and the overlap efficiency moves the step monotonically between the two.
+    let worst = two_microbatch_time(&h, &none);
+    assert!(worst > best);
+    assert!(worst >= h.serial_s * 2.0 - 1e-12);
+    let mut mid = cm.params.clone();
+    mid.overlap_efficiency_low_latency = 0.5;
+    let m = two_microbatch_time(&h, &mid);
+    assert!(best < m && m < worst);
+    // A decode step's all-to-all is low-latency: the normal-mode efficiency does not touch it.
+    let mut other = perfect.clone();
+    other.overlap_efficiency_normal = 0.0;
+    assert_eq!(two_microbatch_time(&h, &other), best);
 }
