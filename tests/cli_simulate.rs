@@ -605,3 +605,57 @@ fn an_instance_can_start_from_a_placement_file() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_warm_up_is_left_out_of_latencies_tokens_and_rates() {
+    let run = |warmup: &str| {
+        let o = dstwin(&[
+            "simulate",
+            &data("tiny-pd.toml"),
+            "--json",
+            "--quiet",
+            "--set",
+            "workload.num_requests=400",
+            "--set",
+            "duration_s=12",
+            "--set",
+            &format!("warmup_s={warmup}"),
+        ]);
+        assert!(o.status.success(), "{}", err(&o));
+        serde_json::from_str::<serde_json::Value>(&out(&o)).unwrap()
+    };
+    let (all, late) = (run("0"), run("4"));
+    assert_eq!(late["warmup_s"], 4.0);
+    // The same run: what happens does not depend on what is measured.
+    assert_eq!(all["requests_arrived"], late["requests_arrived"]);
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+    let count = |v: &serde_json::Value| v["latency"]["ttft_ms"]["count"].as_u64().unwrap();
+    assert!(count(&late) < count(&all), "{} vs {}", count(&late), count(&all));
+    assert!(f(&late, "output_tokens") < f(&all, "output_tokens"));
+    // Rates are over the measured time only.
+    let measured = f(&late, "simulated_s") - 4.0;
+    assert!((f(&late, "output_tok_s") * measured - f(&late, "output_tokens")).abs() < 1e-6);
+    let text = out(&dstwin(&[
+        "simulate",
+        &data("tiny-pd.toml"),
+        "--quiet",
+        "--set",
+        "duration_s=12",
+        "--set",
+        "warmup_s=4",
+    ]));
+    assert!(text.contains("the first 4.0 s are left out"), "{text}");
+    // A warm-up must be >= 0 and shorter than the run.
+    for (bad, says) in [("-1", "must be a number of seconds >= 0"), ("12", "shorter than duration_s")] {
+        let o = dstwin(&[
+            "simulate",
+            &data("tiny-pd.toml"),
+            "--set",
+            "duration_s=12",
+            "--set",
+            &format!("warmup_s={bad}"),
+        ]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(err(&o).contains("warmup_s") && err(&o).contains(says), "{}", err(&o));
+    }
+}

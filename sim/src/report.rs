@@ -171,6 +171,13 @@ pub fn render_sim(r: &SimReport) -> String {
         "simulated {:.1} s: {} requests arrived, {} finished, {} rejected (longer than max_model_len), {} unfinished",
         r.simulated_s, r.requests_arrived, r.requests_finished, r.requests_rejected, r.requests_unfinished
     );
+    if r.warmup_s > 0.0 {
+        let _ = writeln!(
+            s,
+            "warm-up     the first {:.1} s are left out: latencies of requests that arrived in it, tokens and steps in it",
+            r.warmup_s
+        );
+    }
     let _ = writeln!(s);
     let _ = writeln!(
         s,

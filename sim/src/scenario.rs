@@ -41,6 +41,11 @@ pub struct ScenarioFile {
     /// Stop the run at this simulated time (seconds); without it, run until every request ends.
     #[serde(default)]
     pub duration_s: Option<f64>,
+    /// Leave the first seconds out of every statistic (steady-state measurements): latencies of
+    /// requests that arrived before it, tokens, gaps and finishes before it, and steps that
+    /// started before it; rates are over the time after it.
+    #[serde(default)]
+    pub warmup_s: f64,
     #[serde(default)]
     pub mtp: MtpSpec,
     #[serde(default)]
@@ -366,6 +371,8 @@ pub struct Scenario {
     pub base_dir: PathBuf,
     pub slo: Slo,
     pub duration: Option<SimDuration>,
+    /// Statistics start here.
+    pub warmup: SimDuration,
     /// FNV-1a of the scenario after overrides, as TOML: reports record it.
     pub hash: String,
     /// The scenario after overrides, as TOML.
@@ -568,6 +575,20 @@ fn validate(
                 "must be a positive number of seconds",
             ));
         }
+    }
+    if !(raw.warmup_s.is_finite() && raw.warmup_s >= 0.0) {
+        return Err(field(
+            "warmup_s",
+            raw.warmup_s,
+            "must be a number of seconds >= 0",
+        ));
+    }
+    if let Some(d) = raw.duration_s.filter(|&d| raw.warmup_s >= d) {
+        return Err(field(
+            "warmup_s",
+            raw.warmup_s,
+            format!("must be shorter than duration_s ({d})"),
+        ));
     }
     if raw.mtp.tokens > 0 {
         if model.mtp_layers == 0 {
@@ -793,6 +814,7 @@ fn validate(
             e2e: ms(raw.slo.e2e_ms),
         },
         duration: raw.duration_s.map(SimDuration::from_secs_f64),
+        warmup: SimDuration::from_secs_f64(raw.warmup_s),
         hash: fnv1a(&canonical),
         canonical,
     })

@@ -168,6 +168,10 @@ struct Sim<'s, 'o> {
     events: Vec<InstEvent>,
     input_tokens: u64,
     output_tokens: u64,
+    /// Statistics leave out what happened before this (the scenario's warm-up).
+    warmup: SimTime,
+    /// Requests that arrived after the warm-up and finished.
+    measured_finished: u64,
     good: u64,
     sent_back: u64,
     kv_transfers: u64,
@@ -479,6 +483,8 @@ impl<'s, 'o> Sim<'s, 'o> {
             events: Vec::new(),
             input_tokens: 0,
             output_tokens: 0,
+            warmup: SimTime::ZERO + s.warmup,
+            measured_finished: 0,
             good: 0,
             sent_back: 0,
             kv_transfers: 0,
@@ -642,7 +648,9 @@ impl<'s, 'o> Sim<'s, 'o> {
             let r = &mut self.reqs[id as usize];
             if r.started.is_none() {
                 r.started = Some(now);
-                self.lat.queue.record(now - r.arrival);
+                if r.arrival >= self.warmup {
+                    self.lat.queue.record(now - r.arrival);
+                }
             }
         }
         buf.clear();
@@ -709,7 +717,9 @@ impl<'s, 'o> Sim<'s, 'o> {
     fn on_deliver(&mut self, id: ReqId) -> Result<(), RunError> {
         let r = self.reqs[id as usize];
         let d = r.decode as usize;
-        self.lat.kv_transfer.record(self.now - r.xfer_start);
+        if r.arrival >= self.warmup {
+            self.lat.kv_transfer.record(self.now - r.xfer_start);
+        }
         if self.opts.timeline {
             self.spans.push(Span {
                 name: format!("kv req {id}"),
@@ -742,16 +752,18 @@ impl<'s, 'o> Sim<'s, 'o> {
             let inst = &mut self.insts[i];
             inst.busy = false;
             let dur = now - inst.step_start;
-            inst.steps += 1;
-            inst.busy_ns += dur.0;
-            inst.tokens += inst.step_tokens;
-            inst.imbalance_sum += inst.device.step_imbalance();
-            for (a, b) in inst.class.iter_mut().zip(inst.outcome.class_times.iter()) {
-                *a += b;
+            if inst.step_start >= self.warmup {
+                inst.steps += 1;
+                inst.busy_ns += dur.0;
+                inst.tokens += inst.step_tokens;
+                inst.imbalance_sum += inst.device.step_imbalance();
+                for (a, b) in inst.class.iter_mut().zip(inst.outcome.class_times.iter()) {
+                    *a += b;
+                }
+                let usage = inst.inst.kv_usage();
+                inst.kv_weighted += usage * dur.as_secs_f64();
+                inst.kv_max = inst.kv_max.max(usage);
             }
-            let usage = inst.inst.kv_usage();
-            inst.kv_weighted += usage * dur.as_secs_f64();
-            inst.kv_max = inst.kv_max.max(usage);
             if self.opts.timeline {
                 self.spans.push(Span {
                     name: format!("step {} tok", inst.step_tokens),
@@ -767,7 +779,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             inst.step_ends.push(now);
             (sum, prev_end)
         };
-        if self.insts[i].role != Role::Prefill {
+        if self.insts[i].role != Role::Prefill && now >= self.warmup {
             self.output_tokens += sum.tokens;
             // Requests that sampled in the previous step too: one ITL sample each.
             self.lat.itl.record_n(now - prev_end, sum.continuing);
@@ -780,7 +792,9 @@ impl<'s, 'o> Sim<'s, 'o> {
                 InstEvent::Gap { since_step, .. } => {
                     // Steps are counted from 1; step k ended at step_ends[k - 1].
                     let since = self.insts[i].step_ends[since_step as usize - 1];
-                    self.lat.itl.record(now - since);
+                    if now >= self.warmup {
+                        self.lat.itl.record(now - since);
+                    }
                 }
                 InstEvent::Finished { req } => self.finished_request(req)?,
                 InstEvent::Preempted { req } => self.reqs[req as usize].preemptions += 1,
@@ -810,7 +824,7 @@ impl<'s, 'o> Sim<'s, 'o> {
     /// the KV.
     fn prefill_done(&mut self, i: usize, id: ReqId) -> Result<(), RunError> {
         let r = self.reqs[id as usize];
-        if r.first_token.is_none() {
+        if r.first_token.is_none() && self.now >= self.warmup {
             self.input_tokens += r.prompt as u64;
         }
         let pk = self
@@ -830,13 +844,17 @@ impl<'s, 'o> Sim<'s, 'o> {
         let r = &mut self.reqs[id as usize];
         if r.first_token.is_some() {
             // Resumed after being sent back: the wait counts as one inter-token gap.
-            self.lat.itl.record(now - r.last_token);
+            if now >= self.warmup {
+                self.lat.itl.record(now - r.last_token);
+            }
             return;
         }
         r.first_token = Some(now);
         r.last_token = now;
-        self.lat.ttft.record(now - r.arrival);
-        if self.prefill_ids.is_empty() {
+        if r.arrival >= self.warmup {
+            self.lat.ttft.record(now - r.arrival);
+        }
+        if self.prefill_ids.is_empty() && now >= self.warmup {
             // Mixed instances: the prompt is computed when the first token comes.
             self.input_tokens += r.prompt as u64;
         }
@@ -867,15 +885,18 @@ impl<'s, 'o> Sim<'s, 'o> {
         } else {
             SimDuration::ZERO
         };
-        if r.output > 1 {
-            self.lat.tpot.record(tpot);
-        }
-        self.lat.e2e.record(e2e);
         let met = slo.ttft.is_none_or(|x| ttft <= x)
             && slo.tpot.is_none_or(|x| tpot <= x)
             && slo.e2e.is_none_or(|x| e2e <= x);
-        if met {
-            self.good += 1;
+        if r.arrival >= self.warmup {
+            self.measured_finished += 1;
+            if r.output > 1 {
+                self.lat.tpot.record(tpot);
+            }
+            self.lat.e2e.record(e2e);
+            if met {
+                self.good += 1;
+            }
         }
         let r = *r;
         let dk = self

@@ -75,6 +75,9 @@ pub struct SimReport {
     pub dies: u32,
     pub cards: f64,
     pub simulated_s: f64,
+    /// Statistics leave out the first seconds (the scenario's `warmup_s`); rates are over
+    /// `simulated_s - warmup_s`.
+    pub warmup_s: f64,
     pub requests_arrived: u64,
     pub requests_finished: u64,
     /// Requests longer than max_model_len, refused like vLLM does (HTTP 400).
@@ -117,7 +120,8 @@ pub struct RunResult {
 impl Sim<'_, '_> {
     pub(super) fn finish(self, arrived: u64) -> RunResult {
         let s = self.s;
-        let secs = self.now.as_secs_f64().max(1e-9);
+        // Rates are over the measured time, after the warm-up.
+        let secs = (self.now.as_secs_f64() - self.warmup.as_secs_f64()).max(1e-9);
         let dpp = s.system().dies_per_package() as f64;
         let cards = s.dies() as f64 / dpp;
         let mut prefix_q = 0;
@@ -185,21 +189,22 @@ impl Sim<'_, '_> {
             hardware: s.system().name.clone(),
             dies: s.dies(),
             cards,
-            simulated_s: secs,
+            simulated_s: self.now.as_secs_f64(),
+            warmup_s: self.warmup.as_secs_f64(),
             requests_arrived: arrived,
             requests_finished: self.finished,
             requests_rejected: self.rejected,
             requests_unfinished: arrived - self.finished - self.rejected,
             input_tokens: self.input_tokens,
             output_tokens: self.output_tokens,
-            request_throughput: self.finished as f64 / secs,
+            request_throughput: self.measured_finished as f64 / secs,
             input_tok_s: self.input_tokens as f64 / secs,
             output_tok_s: self.output_tokens as f64 / secs,
             input_tok_s_per_card: self.input_tokens as f64 / secs / cards,
             output_tok_s_per_card: self.output_tokens as f64 / secs / cards,
             goodput: self.good as f64 / secs,
-            slo_attainment: if self.finished > 0 {
-                self.good as f64 / self.finished as f64
+            slo_attainment: if self.measured_finished > 0 {
+                self.good as f64 / self.measured_finished as f64
             } else {
                 0.0
             },
