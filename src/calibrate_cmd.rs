@@ -6,11 +6,14 @@ use clap::Args;
 use dstwin_calibration::fit::{
     fit, fit_concentration, parse_eplb_gap, residuals, Globals, Residual, EXPERT_LOAD,
 };
+use dstwin_calibration::micro;
 use dstwin_calibration::target::{parse_targets, CLOUDMATRIX384};
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Fits in_situ_efficiency and the two overlap efficiencies (low-latency and normal all-to-all) of a hardware's cost model by least squares over the \
+    after_help = "Step 1 fits each cost model's all-to-all parameters (dispatch/combine base, per-doubling latency, \
+bandwidth efficiencies of the low-latency and normal modes) to the built-in dispatch/combine microbenchmarks \
+(calibration/data/microbenchmarks.toml). Step 2 fits in_situ_efficiency and the two overlap efficiencies (low-latency and normal all-to-all) of a hardware's cost model by least squares over the \
 relative errors of every target (a deployment and a published figure), then prints the fitted values, \
 the residuals of the fit and of the parameters shipped in hwmodels/data/costs. Paste the printed lines \
 into the cost file to adopt a new fit.\n\nExamples:\n  dstwin calibrate\n      the built-in CloudMatrix384 targets\n  dstwin calibrate --targets my-cluster-targets.toml --json"
@@ -69,6 +72,10 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             CLOUDMATRIX384.to_string(),
         ),
     };
+    let bench = micro::builtin().map_err(|e| Failure::Runtime(e.into()))?;
+    let a2a = micro::fit(&bench).map_err(|e| Failure::Runtime(e.into()))?;
+    let a2a_fit = micro::residuals(&bench, &a2a).map_err(|e| Failure::Runtime(e.into()))?;
+    let a2a_shipped = micro::residuals(&bench, &[]).map_err(|e| Failure::Runtime(e.into()))?;
     let targets = parse_targets(&file, &text).map_err(|e| Failure::Input(e.into()))?;
     if targets.is_empty() {
         return Err(Failure::Input(anyhow!("{file}: no [[target]] tables")));
@@ -93,6 +100,11 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     };
     if a.json {
         let v = serde_json::json!({
+            "alltoall": {
+                "fit": a2a,
+                "residuals_of_fit": a2a_fit,
+                "residuals_of_shipped": a2a_shipped,
+            },
             "cost_model": base.params.name,
             "fit": f,
             "shipped": { "globals": shipped, "residuals": shipped_r },
@@ -104,6 +116,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
         );
         return Ok(());
     }
+    print_alltoall(&a2a, &a2a_fit, &a2a_shipped);
     println!(
         "cost model {} ({} targets, {} parameter sets evaluated)",
         base.params.name,
@@ -132,4 +145,36 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// Step 1: the all-to-all fit per cost model, each point's error under the fit and under the
+/// shipped parameters, and the lines for the cost files.
+fn print_alltoall(
+    fits: &[micro::A2aFit],
+    of_fit: &[micro::MicroResidual],
+    shipped: &[micro::MicroResidual],
+) {
+    println!("all-to-all microbenchmarks (calibration/data/microbenchmarks.toml)");
+    println!(
+        "  {:<20} {:<22} {:>10} {:>10} {:>8} {:>10} {:>8}",
+        "benchmark", "point", "published", "fit", "error", "shipped", "error"
+    );
+    for (f, s) in of_fit.iter().zip(shipped) {
+        println!(
+            "  {:<20} {:<22} {:>10.1} {:>10.1} {:>+7.1}% {:>10.1} {:>+7.1}%",
+            f.id,
+            f.metric,
+            f.published,
+            f.predicted,
+            f.error * 100.0,
+            s.predicted,
+            s.error * 100.0
+        );
+    }
+    for f in fits {
+        println!();
+        println!("# for hwmodels/data/costs/{}.toml [alltoall]", f.cost_model);
+        println!("{}", f.toml());
+    }
+    println!();
 }

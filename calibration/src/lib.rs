@@ -3,8 +3,10 @@
 //! Module map:
 //! - [`target`]: calibration targets (a deployment as `explain` inputs + a published metric),
 //!   read from `data/*.toml`; evaluation of one target under a parameter set.
-//! - [`fit`]: the grid-search fit of the global parameters (in-situ efficiency, overlap
-//!   efficiency) that minimizes the squared relative errors over all targets of one hardware,
+//! - [`micro`]: the all-to-all parameters of each cost model fitted to the dispatch/combine
+//!   microbenchmarks (`data/microbenchmarks.toml`), and their residuals.
+//! - [`fit`]: the coordinate-search fit of the global parameters (in-situ efficiency, overlap
+//!   efficiencies) that minimizes the squared relative errors over all targets of one hardware,
 //!   and the per-request routing concentration fitted to the EPLB gap.
 //! - [`measured`]: a team's `vllm bench serve` results against a simulation of the same run.
 //!
@@ -13,4 +15,5 @@
 
 pub mod fit;
 pub mod measured;
+pub mod micro;
 pub mod target;

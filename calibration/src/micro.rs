@@ -1,0 +1,517 @@
+//! The all-to-all parameters of each cost model, fitted to published dispatch/combine
+//! microbenchmarks (`data/microbenchmarks.toml`), and the residuals of any parameter set.
+//!
+//! Low-latency mode is linear in its unknowns once the level's latency is taken off:
+//! `t - latency = base(kind) + per_doubling * log2(EP) + k * remote_bytes / bandwidth` with
+//! `k = 1 / efficiency`, fitted by least squares over relative errors with the bases and the
+//! per-doubling term held at >= 0 and the efficiency at <= 1. Normal mode fits
+//! `efficiency = at_ep8 + per_doubling * log2(EP / 8)` to the achieved bandwidth over the
+//! level's bandwidth, also over relative errors.
+
+use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, CostModel};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// The microbenchmarks shipped with the crate.
+pub const MICROBENCHMARKS: &str = include_str!("../data/microbenchmarks.toml");
+
+#[derive(Debug, Error)]
+pub enum MicroError {
+    #[error("{file}: {message}")]
+    Parse { file: String, message: String },
+    #[error("microbenchmark {id}: {message}")]
+    Block { id: String, message: String },
+    #[error("cost model {0}: too few points to fit its all-to-all parameters")]
+    TooFew(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Dispatch,
+    Combine,
+}
+
+impl Kind {
+    fn comm(self) -> CommKind {
+        match self {
+            Kind::Dispatch => CommKind::Dispatch,
+            Kind::Combine => CommKind::Combine,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Dispatch => "dispatch",
+            Kind::Combine => "combine",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencyPoint {
+    pub kind: Kind,
+    pub ep: u32,
+    pub us: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LowLatencyBlock {
+    pub id: String,
+    pub source: String,
+    pub system: String,
+    pub tokens: u32,
+    pub copies: u32,
+    pub dispatch_bytes_per_token: f64,
+    pub combine_bytes_per_token: f64,
+    pub bound: f64,
+    pub points: Vec<LatencyPoint>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BandwidthPoint {
+    pub kind: Kind,
+    pub ep: u32,
+    pub gb_s: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NormalBlock {
+    pub id: String,
+    pub source: String,
+    pub system: String,
+    pub bound: f64,
+    pub points: Vec<BandwidthPoint>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Microbenchmarks {
+    #[serde(default)]
+    pub low_latency: Vec<LowLatencyBlock>,
+    #[serde(default)]
+    pub normal: Vec<NormalBlock>,
+}
+
+/// Parses a microbenchmark file; every point must be positive and every block's system known.
+pub fn parse(file: &str, text: &str) -> Result<Microbenchmarks, MicroError> {
+    let m: Microbenchmarks = toml::from_str(text).map_err(|e| MicroError::Parse {
+        file: file.into(),
+        message: e.to_string(),
+    })?;
+    let cat = Catalog::builtin();
+    let check =
+        |id: &str, system: &str, bound: f64, values: &mut dyn Iterator<Item = (u32, f64)>| {
+            let bad = |message: String| MicroError::Block {
+                id: id.to_string(),
+                message,
+            };
+            cat.system(system)
+                .map_err(|e| bad(format!("system = {system:?}: {e}")))?;
+            if !(bound.is_finite() && bound > 0.0) {
+                return Err(bad(format!("bound = {bound}: must be a positive fraction")));
+            }
+            for (ep, v) in values {
+                if ep < 2 {
+                    return Err(bad(format!("ep = {ep}: must be at least 2")));
+                }
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(bad(format!("EP{ep}: {v} must be positive")));
+                }
+            }
+            Ok(())
+        };
+    for b in &m.low_latency {
+        check(
+            &b.id,
+            &b.system,
+            b.bound,
+            &mut b.points.iter().map(|p| (p.ep, p.us)),
+        )?;
+    }
+    for b in &m.normal {
+        check(
+            &b.id,
+            &b.system,
+            b.bound,
+            &mut b.points.iter().map(|p| (p.ep, p.gb_s)),
+        )?;
+    }
+    Ok(m)
+}
+
+/// The shipped microbenchmarks.
+pub fn builtin() -> Result<Microbenchmarks, MicroError> {
+    parse("microbenchmarks.toml", MICROBENCHMARKS)
+}
+
+/// The fitted all-to-all parameters of one cost model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct A2aFit {
+    pub cost_model: String,
+    pub dispatch_base_us: f64,
+    pub combine_base_us: f64,
+    pub per_doubling_us: f64,
+    pub low_latency_bw_eff: f64,
+    pub normal_bw_eff_at_ep8: f64,
+    pub normal_bw_eff_per_doubling: f64,
+}
+
+impl A2aFit {
+    /// `cm` with these parameters.
+    pub fn apply(&self, cm: &CostModel) -> CostModel {
+        let mut p = cm.params.clone();
+        let a = &mut p.alltoall;
+        a.dispatch_base_us = self.dispatch_base_us;
+        a.combine_base_us = self.combine_base_us;
+        a.per_doubling_us = self.per_doubling_us;
+        a.low_latency_bw_eff = self.low_latency_bw_eff;
+        a.normal_bw_eff_at_ep8 = self.normal_bw_eff_at_ep8;
+        a.normal_bw_eff_per_doubling = self.normal_bw_eff_per_doubling;
+        CostModel::new(cm.system.clone(), p)
+    }
+
+    /// The lines to paste into the cost model's data file.
+    pub fn toml(&self) -> String {
+        format!(
+            "dispatch_base_us = {:.1}\ncombine_base_us = {:.1}\nper_doubling_us = {:.2}\nlow_latency_bw_eff = {:.2}\nnormal_bw_eff_at_ep8 = {:.3}\nnormal_bw_eff_per_doubling = {:.3}",
+            self.dispatch_base_us,
+            self.combine_base_us,
+            self.per_doubling_us,
+            self.low_latency_bw_eff,
+            self.normal_bw_eff_at_ep8,
+            self.normal_bw_eff_per_doubling
+        )
+    }
+}
+
+/// One microbenchmark point against a cost model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MicroResidual {
+    pub id: String,
+    /// e.g. "dispatch_us EP8" or "combine_gb_s EP64".
+    pub metric: String,
+    pub published: f64,
+    pub predicted: f64,
+    pub error: f64,
+    pub bound: f64,
+}
+
+fn cost_model_of(cat: &Catalog, system: &str) -> Result<CostModel, MicroError> {
+    let bad = |e: dstwin_hwmodels::HwError| MicroError::Block {
+        id: system.to_string(),
+        message: e.to_string(),
+    };
+    let s = cat.system(system).map_err(bad)?;
+    cat.cost_model(s, None).map_err(bad)
+}
+
+/// Low-latency bytes one rank sends for a point.
+fn ll_bytes(b: &LowLatencyBlock, kind: Kind) -> f64 {
+    let per_token = match kind {
+        Kind::Dispatch => b.dispatch_bytes_per_token,
+        Kind::Combine => b.combine_bytes_per_token,
+    };
+    b.tokens as f64 * b.copies as f64 * per_token
+}
+
+/// The level a low-latency all-to-all of `ep` dies runs on under `cm`.
+fn ll_level(cm: &CostModel, ep: u32) -> (f64, f64) {
+    let level = if cm.params.alltoall.low_latency_uses_outer_level {
+        cm.system
+            .fabric
+            .last()
+            .expect("validated: at least one level")
+    } else {
+        cm.level(ep)
+    };
+    (level.latency_us, level.bw_gb_s_per_die * 1e3) // bytes per µs
+}
+
+/// Least squares of `rows` (features, target) over the free columns; fixed columns keep their
+/// value. Returns None when the free columns are not independent.
+fn lstsq(rows: &[(Vec<f64>, f64)], fixed: &[Option<f64>]) -> Option<Vec<f64>> {
+    let n = fixed.len();
+    let free: Vec<usize> = (0..n).filter(|&j| fixed[j].is_none()).collect();
+    let m = free.len();
+    let mut a = vec![vec![0.0; m + 1]; m];
+    for (x, y) in rows {
+        let rest = y
+            - (0..n)
+                .filter_map(|j| fixed[j].map(|v| v * x[j]))
+                .sum::<f64>();
+        for (r, &i) in free.iter().enumerate() {
+            for (c, &j) in free.iter().enumerate() {
+                a[r][c] += x[i] * x[j];
+            }
+            a[r][m] += x[i] * rest;
+        }
+    }
+    // Gauss-Jordan with partial pivoting on the normal equations (at most four unknowns).
+    for c in 0..m {
+        let p = (c..m).max_by(|&i, &j| a[i][c].abs().total_cmp(&a[j][c].abs()))?;
+        if a[p][c].abs() < 1e-12 {
+            return None;
+        }
+        a.swap(c, p);
+        let pivot = a[c].clone();
+        for (r, row) in a.iter_mut().enumerate() {
+            if r != c {
+                let f = row[c] / pivot[c];
+                for (x, p) in row.iter_mut().zip(&pivot).skip(c) {
+                    *x -= f * p;
+                }
+            }
+        }
+    }
+    let mut out: Vec<f64> = fixed.iter().map(|f| f.unwrap_or(0.0)).collect();
+    for (r, &j) in free.iter().enumerate() {
+        out[j] = a[r][m] / a[r][r];
+    }
+    Some(out)
+}
+
+/// Least squares with each parameter held inside `[lo, hi]` (each side may be infinite): every
+/// way of holding some parameters at a finite limit is solved, and the feasible solution with
+/// the smallest squared residual wins (exact for box bounds; at most four parameters here).
+fn bounded_lstsq(rows: &[(Vec<f64>, f64)], lo: &[f64], hi: &[f64]) -> Option<Vec<f64>> {
+    let n = lo.len();
+    let sse = |x: &[f64]| -> f64 {
+        rows.iter()
+            .map(|(f, y)| (f.iter().zip(x).map(|(a, b)| a * b).sum::<f64>() - y).powi(2))
+            .sum()
+    };
+    let mut best: Option<(f64, Vec<f64>)> = None;
+    // Each parameter: free, at its lower limit or at its upper limit.
+    for code in 0..3usize.pow(n as u32) {
+        let mut fixed = vec![None; n];
+        let mut c = code;
+        let mut possible = true;
+        for j in 0..n {
+            let limit = match c % 3 {
+                0 => None,
+                1 => Some(lo[j]),
+                _ => Some(hi[j]),
+            };
+            c /= 3;
+            if let Some(l) = limit {
+                if !l.is_finite() {
+                    possible = false;
+                }
+                fixed[j] = Some(l);
+            }
+        }
+        if !possible {
+            continue;
+        }
+        let Some(x) = lstsq(rows, &fixed) else {
+            continue;
+        };
+        if (0..n).all(|j| lo[j] - 1e-12 <= x[j] && x[j] <= hi[j] + 1e-12) {
+            let e = sse(&x);
+            if best.as_ref().is_none_or(|b| e < b.0) {
+                best = Some((e, x));
+            }
+        }
+    }
+    best.map(|b| b.1)
+}
+
+/// Fits every cost model the microbenchmarks cover.
+pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
+    let cat = Catalog::builtin();
+    let mut names: Vec<String> = Vec::new();
+    let mut models: Vec<CostModel> = Vec::new();
+    for system in m
+        .low_latency
+        .iter()
+        .map(|b| &b.system)
+        .chain(m.normal.iter().map(|b| &b.system))
+    {
+        let cm = cost_model_of(cat, system)?;
+        if !names.contains(&cm.params.name) {
+            names.push(cm.params.name.clone());
+            models.push(cm);
+        }
+    }
+    let mut fits = Vec::new();
+    for base in &models {
+        let name = &base.params.name;
+        let a = &base.params.alltoall;
+        // Low latency: columns dispatch base, combine base, per doubling, 1 / efficiency.
+        let mut rows = Vec::new();
+        for b in m.low_latency.iter() {
+            let cm = cost_model_of(cat, &b.system)?;
+            if cm.params.name != *name {
+                continue;
+            }
+            for p in &b.points {
+                let (lat, bw) = ll_level(&cm, p.ep);
+                let g = p.ep as f64;
+                let remote = ll_bytes(b, p.kind) * (g - 1.0) / g;
+                // Relative least squares: each row scaled by the published time.
+                let x = vec![
+                    f64::from(u8::from(p.kind == Kind::Dispatch)) / p.us,
+                    f64::from(u8::from(p.kind == Kind::Combine)) / p.us,
+                    g.log2() / p.us,
+                    remote / bw / p.us,
+                ];
+                rows.push((x, (p.us - lat) / p.us));
+            }
+        }
+        let ll = if rows.len() >= 4 {
+            let x = bounded_lstsq(
+                &rows,
+                &[0.0, 0.0, 0.0, 1.0],
+                &[f64::INFINITY, f64::INFINITY, f64::INFINITY, f64::INFINITY],
+            )
+            .ok_or_else(|| MicroError::TooFew(name.clone()))?;
+            (x[0], x[1], x[2], 1.0 / x[3])
+        } else {
+            (
+                a.dispatch_base_us,
+                a.combine_base_us,
+                a.per_doubling_us,
+                a.low_latency_bw_eff,
+            )
+        };
+        // Normal: efficiency = at_ep8 + per_doubling * log2(EP / 8).
+        let mut rows = Vec::new();
+        for b in m.normal.iter() {
+            let cm = cost_model_of(cat, &b.system)?;
+            if cm.params.name != *name {
+                continue;
+            }
+            for p in &b.points {
+                let bw = cm.level(p.ep).bw_gb_s_per_die;
+                // Relative least squares, as above.
+                let w = bw / p.gb_s;
+                rows.push((vec![w, w * (p.ep as f64 / 8.0).log2()], 1.0));
+            }
+        }
+        let normal = if rows.len() >= 2 {
+            let x = lstsq(&rows, &[None, None]).ok_or_else(|| MicroError::TooFew(name.clone()))?;
+            (x[0], x[1])
+        } else {
+            (a.normal_bw_eff_at_ep8, a.normal_bw_eff_per_doubling)
+        };
+        fits.push(A2aFit {
+            cost_model: name.clone(),
+            dispatch_base_us: ll.0,
+            combine_base_us: ll.1,
+            per_doubling_us: ll.2,
+            low_latency_bw_eff: ll.3,
+            normal_bw_eff_at_ep8: normal.0,
+            normal_bw_eff_per_doubling: normal.1,
+        });
+    }
+    Ok(fits)
+}
+
+/// Every point against the shipped cost models, or against `fits` where one covers the
+/// point's cost model.
+pub fn residuals(m: &Microbenchmarks, fits: &[A2aFit]) -> Result<Vec<MicroResidual>, MicroError> {
+    let cat = Catalog::builtin();
+    let model = |system: &str| -> Result<CostModel, MicroError> {
+        let cm = cost_model_of(cat, system)?;
+        Ok(match fits.iter().find(|f| f.cost_model == cm.params.name) {
+            Some(f) => f.apply(&cm),
+            None => cm,
+        })
+    };
+    let mut out = Vec::new();
+    for b in &m.low_latency {
+        let cm = model(&b.system)?;
+        for p in &b.points {
+            let c = Comm {
+                kind: p.kind.comm(),
+                bytes: ll_bytes(b, p.kind),
+                group: p.ep,
+                mode: A2aMode::LowLatency,
+            };
+            let predicted = cm.comm(&c).time_s * 1e6;
+            out.push(MicroResidual {
+                id: b.id.clone(),
+                metric: format!("{}_us EP{}", p.kind.name(), p.ep),
+                published: p.us,
+                predicted,
+                error: predicted / p.us - 1.0,
+                bound: b.bound,
+            });
+        }
+    }
+    for b in &m.normal {
+        let cm = model(&b.system)?;
+        for p in &b.points {
+            let a = &cm.params.alltoall;
+            let eff = (a.normal_bw_eff_at_ep8
+                + a.normal_bw_eff_per_doubling * (p.ep as f64 / 8.0).log2())
+            .clamp(a.normal_bw_eff_min, 1.0);
+            let predicted = cm.level(p.ep).bw_gb_s_per_die * eff;
+            out.push(MicroResidual {
+                id: b.id.clone(),
+                metric: format!("{}_gb_s EP{}", p.kind.name(), p.ep),
+                published: p.gb_s,
+                predicted,
+                error: predicted / p.gb_s - 1.0,
+                bound: b.bound,
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn least_squares_recovers_an_exact_line_and_respects_bounds() {
+        let rows: Vec<(Vec<f64>, f64)> = (0..6)
+            .map(|i| {
+                let x = i as f64;
+                (vec![1.0, x], 3.0 + 2.0 * x)
+            })
+            .collect();
+        let x = lstsq(&rows, &[None, None]).unwrap();
+        assert!(
+            (x[0] - 3.0).abs() < 1e-9 && (x[1] - 2.0).abs() < 1e-9,
+            "{x:?}"
+        );
+        // Slope held at <= 1: the intercept refits to the best line of slope 1.
+        let x = bounded_lstsq(&rows, &[f64::NEG_INFINITY; 2], &[f64::INFINITY, 1.0]).unwrap();
+        assert_eq!(x[1], 1.0);
+        assert!((x[0] - (3.0 + 2.5)).abs() < 1e-9, "{x:?}");
+        // A bound that does not bind changes nothing.
+        let x = bounded_lstsq(&rows, &[0.0, 0.0], &[f64::INFINITY; 2]).unwrap();
+        assert!(
+            (x[0] - 3.0).abs() < 1e-9 && (x[1] - 2.0).abs() < 1e-9,
+            "{x:?}"
+        );
+        // Intercept held at >= 10: the slope refits below the data.
+        let x = bounded_lstsq(&rows, &[10.0, f64::NEG_INFINITY], &[f64::INFINITY; 2]).unwrap();
+        assert_eq!(x[0], 10.0);
+        let x = bounded_lstsq(&rows, &[f64::NEG_INFINITY; 2], &[f64::INFINITY, 1.0]).unwrap();
+        assert_eq!(x[1], 1.0);
+        assert!((x[0] - (3.0 + 2.5)).abs() < 1e-9, "{x:?}");
+        // Dependent columns cannot be fitted.
+        let rows = vec![(vec![1.0, 2.0], 1.0), (vec![2.0, 4.0], 2.0)];
+        assert!(lstsq(&rows, &[None, None]).is_none());
+    }
+
+    #[test]
+    fn bad_files_name_the_block_and_value() {
+        let bad = MICROBENCHMARKS.replacen("us = 116", "us = -116", 1);
+        let e = parse("x.toml", &bad).unwrap_err().to_string();
+        assert!(e.contains("cm384-deepep") && e.contains("-116"), "{e}");
+        let bad = MICROBENCHMARKS.replacen("system = \"cloudmatrix384\"", "system = \"cm999\"", 1);
+        let e = parse("x.toml", &bad).unwrap_err().to_string();
+        assert!(e.contains("cm999"), "{e}");
+        let bad = MICROBENCHMARKS.replacen("tokens = 128", "tokens = 128\nwarmup = 3", 1);
+        let e = parse("x.toml", &bad).unwrap_err().to_string();
+        assert!(e.contains("warmup"), "{e}");
+    }
+}

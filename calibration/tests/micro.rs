@@ -1,0 +1,82 @@
+//! The shipped all-to-all parameters are the microbenchmark fit, and every microbenchmark point
+//! stays within its documented bound.
+
+use dstwin_calibration::micro::{builtin, fit, residuals};
+use dstwin_hwmodels::Catalog;
+
+#[test]
+fn shipped_alltoall_parameters_are_the_microbenchmark_fit() {
+    let m = builtin().unwrap();
+    let fits = fit(&m).unwrap();
+    assert_eq!(fits.len(), 2, "ascend-910c and nvidia-hopper");
+    let cat = Catalog::builtin();
+    for f in &fits {
+        let shipped = &cat.cost_params(&f.cost_model).unwrap().alltoall;
+        let pairs = [
+            (
+                "dispatch_base_us",
+                f.dispatch_base_us,
+                shipped.dispatch_base_us,
+                0.1,
+            ),
+            (
+                "combine_base_us",
+                f.combine_base_us,
+                shipped.combine_base_us,
+                0.1,
+            ),
+            (
+                "per_doubling_us",
+                f.per_doubling_us,
+                shipped.per_doubling_us,
+                0.01,
+            ),
+            (
+                "low_latency_bw_eff",
+                f.low_latency_bw_eff,
+                shipped.low_latency_bw_eff,
+                0.01,
+            ),
+            (
+                "normal_bw_eff_at_ep8",
+                f.normal_bw_eff_at_ep8,
+                shipped.normal_bw_eff_at_ep8,
+                0.001,
+            ),
+            (
+                "normal_bw_eff_per_doubling",
+                f.normal_bw_eff_per_doubling,
+                shipped.normal_bw_eff_per_doubling,
+                0.001,
+            ),
+        ];
+        for (name, fitted, ship, tol) in pairs {
+            assert!(
+                (fitted - ship).abs() <= tol,
+                "{}: {name} fitted {fitted} vs shipped {ship}",
+                f.cost_model
+            );
+        }
+    }
+}
+
+#[test]
+fn microbenchmarks_stay_within_their_documented_bounds() {
+    let m = builtin().unwrap();
+    let r = residuals(&m, &[]).unwrap();
+    let points: usize = m.low_latency.iter().map(|b| b.points.len()).sum::<usize>()
+        + m.normal.iter().map(|b| b.points.len()).sum::<usize>();
+    assert_eq!(r.len(), points);
+    for x in &r {
+        assert!(
+            x.error.abs() <= x.bound,
+            "{} {}: {:.1} vs {:.1} ({:+.1}%, bound {:.0}%)",
+            x.id,
+            x.metric,
+            x.predicted,
+            x.published,
+            x.error * 100.0,
+            x.bound * 100.0
+        );
+    }
+}
