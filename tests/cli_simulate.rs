@@ -630,7 +630,12 @@ fn a_warm_up_is_left_out_of_latencies_tokens_and_rates() {
     assert_eq!(all["requests_arrived"], late["requests_arrived"]);
     let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
     let count = |v: &serde_json::Value| v["latency"]["ttft_ms"]["count"].as_u64().unwrap();
-    assert!(count(&late) < count(&all), "{} vs {}", count(&late), count(&all));
+    assert!(
+        count(&late) < count(&all),
+        "{} vs {}",
+        count(&late),
+        count(&all)
+    );
     assert!(f(&late, "output_tokens") < f(&all, "output_tokens"));
     // Rates are over the measured time only.
     let measured = f(&late, "simulated_s") - 4.0;
@@ -646,7 +651,10 @@ fn a_warm_up_is_left_out_of_latencies_tokens_and_rates() {
     ]));
     assert!(text.contains("the first 4.0 s are left out"), "{text}");
     // A warm-up must be >= 0 and shorter than the run.
-    for (bad, says) in [("-1", "must be a number of seconds >= 0"), ("12", "shorter than duration_s")] {
+    for (bad, says) in [
+        ("-1", "must be a number of seconds >= 0"),
+        ("12", "shorter than duration_s"),
+    ] {
         let o = dstwin(&[
             "simulate",
             &data("tiny-pd.toml"),
@@ -656,6 +664,10 @@ fn a_warm_up_is_left_out_of_latencies_tokens_and_rates() {
             &format!("warmup_s={bad}"),
         ]);
         assert_eq!(o.status.code(), Some(2));
-        assert!(err(&o).contains("warmup_s") && err(&o).contains(says), "{}", err(&o));
+        assert!(
+            err(&o).contains("warmup_s") && err(&o).contains(says),
+            "{}",
+            err(&o)
+        );
     }
 }

@@ -8,11 +8,14 @@
 //! - [`fit`]: the coordinate-search fit of the global parameters (in-situ efficiency, overlap
 //!   efficiencies) that minimizes the squared relative errors over all targets of one hardware,
 //!   and the per-request routing concentration fitted to the EPLB gap.
+//! - [`anchors`]: the end-to-end anchors as shipped scenarios (`sim/scenarios/anchors/`), the
+//!   figures each is compared on and their regression bounds (`data/anchor-scenarios.toml`).
 //! - [`measured`]: a team's `vllm bench serve` results against a simulation of the same run.
 //!
 //! Not built yet: mapping profiler kernels (msprof `kernel_details.csv`, Kineto traces) onto the
 //! op graph's op names to fit per-class efficiencies.
 
+pub mod anchors;
 pub mod fit;
 pub mod measured;
 pub mod micro;

@@ -1,6 +1,10 @@
-//! A team's own measurements against the twin: the JSON `vllm bench serve --save-result`
-//! writes (also what `dstwin bench-serve --save-result` writes), compared metric by metric with
-//! a simulation of the same deployment and workload.
+//! A team's own measurements against the twin, compared metric by metric with a simulation of
+//! the same deployment and workload. Two formats:
+//! - the JSON `vllm bench serve --save-result` writes (also what `dstwin bench-serve
+//!   --save-result` writes): its throughput and mean / median / p99 latency fields;
+//! - `dstwin-measured/1`, for figures taken any other way: `{"format": "dstwin-measured/1",
+//!   "source": "...", "metrics": {"output_tok_s": 1234.0, "tpot_ms.p50": 48.1}}`, metric names
+//!   being the simulation report's (`OWN_METRICS`).
 
 use dstwin_sim::run::SimReport;
 use serde::Serialize;
@@ -39,11 +43,95 @@ fn predictions(r: &SimReport) -> Vec<(&'static str, f64)> {
     ]
 }
 
-/// Compares a measurement (vLLM bench serve JSON) with a simulation report.
+/// The format tag of our own measurement format.
+pub const OWN_FORMAT: &str = "dstwin-measured/1";
+
+/// The metrics `dstwin-measured/1` accepts: the report's rates and its latency percentiles.
+pub fn own_metrics(r: &SimReport) -> Vec<(String, f64)> {
+    let l = &r.latency;
+    let mut out: Vec<(String, f64)> = vec![
+        ("request_throughput".into(), r.request_throughput),
+        ("input_tok_s".into(), r.input_tok_s),
+        ("output_tok_s".into(), r.output_tok_s),
+        ("input_tok_s_per_card".into(), r.input_tok_s_per_card),
+        ("output_tok_s_per_card".into(), r.output_tok_s_per_card),
+        ("goodput".into(), r.goodput),
+    ];
+    for (name, p) in [
+        ("ttft_ms", &l.ttft_ms),
+        ("tpot_ms", &l.tpot_ms),
+        ("itl_ms", &l.itl_ms),
+        ("e2e_ms", &l.e2e_ms),
+    ] {
+        for (q, v) in [
+            ("mean", p.mean),
+            ("p50", p.p50),
+            ("p90", p.p90),
+            ("p99", p.p99),
+        ] {
+            out.push((format!("{name}.{q}"), v));
+        }
+    }
+    out
+}
+
+fn compare_own(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    r: &SimReport,
+) -> Result<Vec<Comparison>, String> {
+    let metrics = obj
+        .get("metrics")
+        .and_then(|m| m.as_object())
+        .ok_or(format!(
+            "{OWN_FORMAT}: `metrics` must be an object of metric: value"
+        ))?;
+    let known = own_metrics(r);
+    let names = || {
+        known
+            .iter()
+            .map(|k| k.0.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = Vec::new();
+    for (k, v) in metrics {
+        let p = known
+            .iter()
+            .find(|x| x.0 == *k)
+            .ok_or_else(|| format!("metrics.{k}: unknown metric (known: {})", names()))?
+            .1;
+        let m = v
+            .as_f64()
+            .filter(|m| m.is_finite() && *m > 0.0)
+            .ok_or_else(|| format!("metrics.{k} = {v}: must be a positive number"))?;
+        out.push(Comparison {
+            metric: k.clone(),
+            measured: m,
+            predicted: p,
+            error: p / m - 1.0,
+        });
+    }
+    if out.is_empty() {
+        return Err(format!("metrics is empty (known: {})", names()));
+    }
+    Ok(out)
+}
+
+/// Compares a measurement (vLLM bench serve JSON, or `dstwin-measured/1`) with a simulation
+/// report.
 pub fn compare(measured: &serde_json::Value, r: &SimReport) -> Result<Vec<Comparison>, String> {
     let obj = measured
         .as_object()
         .ok_or("the measurement is not a JSON object")?;
+    match obj.get("format") {
+        Some(f) if f.as_str() == Some(OWN_FORMAT) => return compare_own(obj, r),
+        Some(f) => {
+            return Err(format!(
+                "format = {f}: unknown (expected \"{OWN_FORMAT}\", or no `format` field for the JSON of `vllm bench serve --save-result`)"
+            ))
+        }
+        None => {}
+    }
     let out: Vec<Comparison> = predictions(r)
         .into_iter()
         .filter_map(|(k, p)| {

@@ -9,8 +9,6 @@ use thiserror::Error;
 
 /// The CloudMatrix384 targets shipped with the crate.
 pub const CLOUDMATRIX384: &str = include_str!("../data/cloudmatrix384.toml");
-/// End-to-end anchors kept out of every fit.
-pub const HELD_OUT: &str = include_str!("../data/held-out.toml");
 
 /// What a target compares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -87,4 +87,3 @@ fn shipped_concentration_is_the_fit_and_reproduces_the_eplb_gap() {
     let none = eplb_gap_ratio(&gap, &targets, &cost, 0.0).unwrap();
     assert!(none > 0.99, "{none}");
 }
-
