@@ -323,33 +323,31 @@ fn bounded_lstsq(rows: &[(Vec<f64>, f64)], lo: &[f64], hi: &[f64]) -> Option<Vec
 /// Fits every cost model the microbenchmarks cover.
 pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
     let cat = Catalog::builtin();
-    let mut names: Vec<String> = Vec::new();
-    let mut models: Vec<CostModel> = Vec::new();
-    for system in m
-        .low_latency
-        .iter()
-        .map(|b| &b.system)
-        .chain(m.normal.iter().map(|b| &b.system))
-    {
-        let cm = cost_model_of(cat, system)?;
-        if !names.contains(&cm.params.name) {
-            names.push(cm.params.name.clone());
-            models.push(cm);
+    let models =
+        |systems: &mut dyn Iterator<Item = &String>| -> Result<Vec<CostModel>, MicroError> {
+            systems.map(|s| cost_model_of(cat, s)).collect()
+        };
+    let ll_models = models(&mut m.low_latency.iter().map(|b| &b.system))?;
+    let normal_models = models(&mut m.normal.iter().map(|b| &b.system))?;
+    // Each cost model once, in the order the file names it.
+    let mut bases: Vec<&CostModel> = Vec::new();
+    for cm in ll_models.iter().chain(&normal_models) {
+        if !bases.iter().any(|b| b.params.name == cm.params.name) {
+            bases.push(cm);
         }
     }
     let mut fits = Vec::new();
-    for base in &models {
+    for base in bases {
         let name = &base.params.name;
         let a = &base.params.alltoall;
         // Low latency: columns dispatch base, combine base, per doubling, 1 / efficiency.
         let mut rows = Vec::new();
-        for b in m.low_latency.iter() {
-            let cm = cost_model_of(cat, &b.system)?;
+        for (b, cm) in m.low_latency.iter().zip(&ll_models) {
             if cm.params.name != *name {
                 continue;
             }
             for p in &b.points {
-                let (lat, bw) = ll_level(&cm, p.ep);
+                let (lat, bw) = ll_level(cm, p.ep);
                 let g = p.ep as f64;
                 let remote = ll_bytes(b, p.kind) * (g - 1.0) / g;
                 // Relative least squares: each row scaled by the published time.
@@ -380,8 +378,7 @@ pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
         };
         // Normal: efficiency = at_ep8 + per_doubling * log2(EP / 8).
         let mut rows = Vec::new();
-        for b in m.normal.iter() {
-            let cm = cost_model_of(cat, &b.system)?;
+        for (b, cm) in m.normal.iter().zip(&normal_models) {
             if cm.params.name != *name {
                 continue;
             }
@@ -446,10 +443,7 @@ pub fn residuals(m: &Microbenchmarks, fits: &[A2aFit]) -> Result<Vec<MicroResidu
     for b in &m.normal {
         let cm = model(&b.system)?;
         for p in &b.points {
-            let a = &cm.params.alltoall;
-            let eff = (a.normal_bw_eff_at_ep8
-                + a.normal_bw_eff_per_doubling * (p.ep as f64 / 8.0).log2())
-            .clamp(a.normal_bw_eff_min, 1.0);
+            let eff = cm.params.alltoall.normal_bw_eff(p.ep);
             let predicted = cm.level(p.ep).bw_gb_s_per_die * eff;
             out.push(MicroResidual {
                 id: b.id.clone(),

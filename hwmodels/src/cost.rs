@@ -115,6 +115,14 @@ pub struct AllToAllParams {
     pub source: String,
 }
 
+impl AllToAllParams {
+    /// Normal mode: the achieved fraction of the level's bandwidth in a group of `group` dies.
+    pub fn normal_bw_eff(&self, group: u32) -> f64 {
+        (self.normal_bw_eff_at_ep8 + self.normal_bw_eff_per_doubling * (group as f64 / 8.0).log2())
+            .clamp(self.normal_bw_eff_min, 1.0)
+    }
+}
+
 /// Ring collectives (all-reduce, all-gather, reduce-scatter) and point-to-point transfers.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -388,9 +396,7 @@ impl CostModel {
                 };
                 let eff = match c.mode {
                     A2aMode::LowLatency => a.low_latency_bw_eff,
-                    A2aMode::Normal => (a.normal_bw_eff_at_ep8
-                        + a.normal_bw_eff_per_doubling * (gf / 8.0).log2())
-                    .clamp(a.normal_bw_eff_min, 1.0),
+                    A2aMode::Normal => a.normal_bw_eff(g),
                 };
                 let remote = c.bytes * (gf - 1.0) / gf;
                 lat + (base + a.per_doubling_us * gf.log2()) * 1e-6 + remote / (bw * eff)
