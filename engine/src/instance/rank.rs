@@ -609,15 +609,17 @@ impl RankScheduler {
         let cap = cfg.attn_cap;
         let mut budget = cfg.max_num_batched_tokens as u64;
         // Steady requests take 1 + k tokens each. If the budget could bind, the running order
-        // decides who gets it: schedule request by request.
+        // decides who gets it: schedule request by request. Async scheduling's phantoms (last
+        // step's finished requests) take their tokens before any running request.
         let steady_demand = self.steady.len() as u64 * (1 + k as u64);
         if steady_demand > 0 {
+            let phantom_demand = self.phantoms.len() as u64 * (1 + k as u64);
             let others: u64 = self
                 .running
                 .iter()
                 .map(|&x| Self::demand(&cfg, self.seq(x)).0)
                 .sum();
-            if steady_demand + others > budget {
+            if steady_demand + phantom_demand + others > budget {
                 self.stats.budget_fallbacks += 1;
                 self.exact_until = p + COOLDOWN;
                 while let Some(&slot) = self.steady.last() {
