@@ -23,9 +23,10 @@
 //!
 //! Order is kept: every running request has an admission order; the running list holds the
 //! non-steady ones in that order, and preemption takes the newest of both sets. When the token
-//! budget could bind (steady demand plus the others' demand exceeds it), every steady request is
-//! brought back and the step is scheduled request by request; the rank then stays exact for
-//! [`COOLDOWN`] steps so that a budget-bound rank does not rescan its requests every step.
+//! budget could bind (steady demand plus the others' demand, async phantoms included, exceeds
+//! it), every steady request is brought back and the step is scheduled request by request; the
+//! rank then stays exact for [`COOLDOWN`] steps so that a budget-bound rank does not rescan its
+//! requests every step.
 
 use super::kv::{chain, BlockPool};
 use super::{InstEvent, InstanceConfig, NewRequest, StepSummary};
