@@ -13,7 +13,8 @@ use dstwin_calibration::target::{parse_targets, CLOUDMATRIX384};
 #[command(
     after_help = "Step 1 fits each cost model's all-to-all parameters (dispatch/combine base, per-doubling latency, \
 bandwidth efficiencies of the low-latency and normal modes) to the built-in dispatch/combine microbenchmarks \
-(calibration/data/microbenchmarks.toml). Step 2 fits in_situ_efficiency and the two overlap efficiencies (low-latency and normal all-to-all) of a hardware's cost model by least squares over the \
+(calibration/data/microbenchmarks.toml), and the MTP acceptance (one probability per draft position, the \
+default of a scenario's mtp.acceptance) to the measured acceptance figures in the same file. Step 2 fits in_situ_efficiency and the two overlap efficiencies (low-latency and normal all-to-all) of a hardware's cost model by least squares over the \
 relative errors of every target (a deployment and a published figure), then prints the fitted values, \
 the residuals of the fit and of the parameters shipped in hwmodels/data/costs. Paste the printed lines \
 into the cost file to adopt a new fit.\n\nExamples:\n  dstwin calibrate\n      the built-in CloudMatrix384 targets\n  dstwin calibrate --targets my-cluster-targets.toml --json"
@@ -76,6 +77,10 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     let a2a = micro::fit(&bench).map_err(|e| Failure::Runtime(e.into()))?;
     let a2a_fit = micro::residuals(&bench, &a2a).map_err(|e| Failure::Runtime(e.into()))?;
     let a2a_shipped = micro::residuals(&bench, &[]).map_err(|e| Failure::Runtime(e.into()))?;
+    let shipped_acceptance = dstwin_engine::mtp::CALIBRATED_ACCEPTANCE;
+    let acceptance = micro::fit_mtp(&bench);
+    let mtp_fit = micro::mtp_residuals(&bench, acceptance.unwrap_or(shipped_acceptance));
+    let mtp_shipped = micro::mtp_residuals(&bench, shipped_acceptance);
     let targets = parse_targets(&file, &text).map_err(|e| Failure::Input(e.into()))?;
     if targets.is_empty() {
         return Err(Failure::Input(anyhow!("{file}: no [[target]] tables")));
@@ -105,6 +110,12 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
                 "residuals_of_fit": a2a_fit,
                 "residuals_of_shipped": a2a_shipped,
             },
+            "mtp_acceptance": {
+                "fit": acceptance,
+                "shipped": shipped_acceptance,
+                "residuals_of_fit": mtp_fit,
+                "residuals_of_shipped": mtp_shipped,
+            },
             "cost_model": base.params.name,
             "fit": f,
             "shipped": { "globals": shipped, "residuals": shipped_r },
@@ -117,6 +128,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
         return Ok(());
     }
     print_alltoall(&a2a, &a2a_fit, &a2a_shipped);
+    print_mtp(acceptance, &mtp_fit, &mtp_shipped);
     println!(
         "cost model {} ({} targets, {} parameter sets evaluated)",
         base.params.name,
@@ -145,6 +157,33 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// Step 1b: the MTP acceptance fit, each point's error under the fit and under the shipped
+/// acceptance, and the line for engine/src/mtp.rs.
+fn print_mtp(fit: Option<f64>, of_fit: &[micro::MicroResidual], shipped: &[micro::MicroResidual]) {
+    println!("MTP acceptance (calibration/data/microbenchmarks.toml, [[mtp]])");
+    println!(
+        "  {:<24} {:<34} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "benchmark", "point", "published", "fit", "error", "shipped", "error"
+    );
+    for (f, s) in of_fit.iter().zip(shipped) {
+        println!(
+            "  {:<24} {:<34} {:>9.3} {:>8.3} {:>+7.1}% {:>8.3} {:>+7.1}%",
+            f.id,
+            f.metric,
+            f.published,
+            f.predicted,
+            f.error * 100.0,
+            s.predicted,
+            s.error * 100.0
+        );
+    }
+    if let Some(a) = fit {
+        println!();
+        println!("# for engine/src/mtp.rs\nCALIBRATED_ACCEPTANCE = {a:.3}");
+    }
+    println!();
 }
 
 /// Step 1: the all-to-all fit per cost model, each point's error under the fit and under the

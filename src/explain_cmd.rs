@@ -11,10 +11,11 @@ use std::path::Path;
 
 /// Defaults reproduce the CloudMatrix384 decode deployment of the CloudMatrix-Infer paper:
 /// DeepSeek-R1 w8a8, one decode instance of 320 dies (160 NPUs), EP320 with 32 redundant experts
-/// and 32 shared-expert dies, 48 sequences per die (96 per NPU) at KV 4K, MTP 1 at 70%.
+/// and 32 shared-expert dies, 48 sequences per die (96 per NPU) at KV 4K, MTP 1 at the calibrated
+/// acceptance (0.717).
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin explain\n      CloudMatrix384 decode, EP320, 96 seqs per NPU at KV 4K, MTP 1 @70%\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --mtp 0\n      CloudMatrix384 prefill instance of 16 NPUs, 16K tokens per NPU in 4K prompts\n  dstwin explain --hardware atlas-800i-a2 --dies 32 --redundant-experts 0 --shared-expert-dies 0 --seqs 24 --kv 2048 --json\n      Atlas 800I A2, 4 nodes, as JSON for scripts\n\nSizes count dies, as vllm-ascend's flags do (a 910C card = 2 dies).\nExit codes: 0 ok, 2 invalid input or impossible layout (the message names the field and numbers)."
+    after_help = "Examples:\n  dstwin explain\n      CloudMatrix384 decode, EP320, 96 seqs per NPU at KV 4K, MTP 1 at the calibrated 71.7%\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --mtp 0\n      CloudMatrix384 prefill instance of 16 NPUs, 16K tokens per NPU in 4K prompts\n  dstwin explain --hardware atlas-800i-a2 --dies 32 --redundant-experts 0 --shared-expert-dies 0 --seqs 24 --kv 2048 --json\n      Atlas 800I A2, 4 nodes, as JSON for scripts\n\nSizes count dies, as vllm-ascend's flags do (a 910C card = 2 dies).\nExit codes: 0 ok, 2 invalid input or impossible layout (the message names the field and numbers)."
 )]
 pub struct ExplainArgs {
     /// Built-in model name (see `dstwin catalog`) or path to a HuggingFace config.json.
@@ -68,8 +69,9 @@ pub struct ExplainArgs {
     /// MTP draft tokens per step (0 = off).
     #[arg(long, default_value_t = 1)]
     mtp: u32,
-    /// Acceptance probability of each draft given the previous was accepted, comma-separated.
-    #[arg(long, default_value = "0.7", value_delimiter = ',')]
+    /// Acceptance probability of each draft given the previous was accepted, comma-separated
+    /// (default: the calibrated acceptance, 0.717 at every position; see docs/validation.md).
+    #[arg(long, value_delimiter = ',')]
     mtp_accept: Vec<f64>,
     /// Tokens on the hottest routed die over the mean (1.0 = perfect expert balance).
     #[arg(long, default_value_t = 1.0, conflicts_with = "skew")]
@@ -143,7 +145,11 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
         },
         mtp: Mtp {
             tokens: a.mtp,
-            acceptance: a.mtp_accept.clone(),
+            acceptance: if a.mtp_accept.is_empty() {
+                vec![dstwin_engine::mtp::CALIBRATED_ACCEPTANCE]
+            } else {
+                a.mtp_accept.clone()
+            },
         },
         moe_imbalance: a.imbalance,
         expert_skew: match a.skew {

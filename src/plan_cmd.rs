@@ -36,8 +36,9 @@ pub struct PlanArgs {
     /// SLOs: ttft=2s,tpot=50ms (units ms or s).
     #[arg(long, default_value = "tpot=50ms")]
     slo: String,
-    /// MTP acceptance per draft position.
-    #[arg(long, value_delimiter = ',', default_value = "0.7")]
+    /// MTP acceptance of each draft given the previous was accepted, comma-separated (default:
+    /// the calibrated acceptance, 0.717 at every position; see docs/validation.md).
+    #[arg(long, value_delimiter = ',')]
     mtp_accept: Vec<f64>,
     /// Layouts to show in full, with launch arguments.
     #[arg(long, default_value_t = 3)]

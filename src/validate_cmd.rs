@@ -80,6 +80,10 @@ fn rows_builtin(runs: &[Evaluated]) -> Result<Vec<Row>, Failure> {
     let mut rows: Vec<Row> = micro::residuals(&bench, &[])
         .map_err(|e| Failure::Runtime(e.into()))?
         .into_iter()
+        .chain(micro::mtp_residuals(
+            &bench,
+            dstwin_engine::mtp::CALIBRATED_ACCEPTANCE,
+        ))
         .map(|r| Row {
             id: r.id,
             metric: r.metric,
@@ -230,7 +234,7 @@ fn print_table(rows: &[Row], runs: &[Evaluated], mape: f64) {
     let sections = [
         (
             "micro",
-            "Microbenchmarks: the all-to-all points the dispatch/combine parameters were fitted to (`dstwin calibrate`)",
+            "Microbenchmarks: the all-to-all and MTP acceptance points the parameters were fitted to (`dstwin calibrate`)",
         ),
         (
             "fit",

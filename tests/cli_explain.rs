@@ -194,6 +194,16 @@ fn calibrate_prints_the_fit_and_its_errors() {
             .unwrap()
             > 0.0
     );
+    // The MTP acceptance fit: a probability, each fitted point within its bound.
+    let mtp = &v["mtp_acceptance"];
+    let a = mtp["fit"].as_f64().unwrap();
+    assert!(a > 0.0 && a < 1.0, "{a}");
+    let points = mtp["residuals_of_fit"].as_array().unwrap();
+    assert!(points.len() >= 3);
+    for p in points {
+        let (e, b) = (p["error"].as_f64().unwrap(), p["bound"].as_f64().unwrap());
+        assert!(e.abs() <= b, "{p}");
+    }
     let o = dstwin(&["calibrate", "--step", "0"]);
     assert_eq!(o.status.code(), Some(2));
 }

@@ -4,7 +4,8 @@
 //! - [`target`]: calibration targets (a deployment as `explain` inputs + a published metric),
 //!   read from `data/*.toml`; evaluation of one target under a parameter set.
 //! - [`micro`]: the all-to-all parameters of each cost model fitted to the dispatch/combine
-//!   microbenchmarks (`data/microbenchmarks.toml`), and their residuals.
+//!   microbenchmarks (`data/microbenchmarks.toml`), the MTP acceptance fitted to the measured
+//!   acceptance figures in the same file, and their residuals.
 //! - [`fit`]: the coordinate-search fit of the global parameters (in-situ efficiency, overlap
 //!   efficiencies) that minimizes the squared relative errors over all targets of one hardware,
 //!   and the per-request routing concentration fitted to the EPLB gap.

@@ -7,8 +7,13 @@
 //! per-doubling term held at >= 0 and the efficiency at <= 1. Normal mode fits
 //! `efficiency = at_ep8 + per_doubling * log2(EP / 8)` to the achieved bandwidth over the
 //! level's bandwidth, also over relative errors.
+//!
+//! MTP acceptance: one probability p for every draft position (the twin's chain with a single
+//! value), fitted by golden-section search over the relative errors of the blocks marked
+//! `fit = true`; the mean tokens per step with n drafts is 1 + p + ... + p^n.
 
 use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, CostModel};
+use dstwin_sim::explain::Mtp;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -87,6 +92,38 @@ pub struct NormalBlock {
     pub points: Vec<BandwidthPoint>,
 }
 
+/// Most draft tokens an MTP point may have.
+const MAX_DRAFTS: u32 = 16;
+
+/// What an MTP point measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MtpMetric {
+    /// Accepted drafts per draft (meaningful with one draft: the first draft's acceptance).
+    AcceptRate,
+    /// Mean tokens a sequence emits per step: accepted drafts + 1.
+    AcceptLen,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MtpPoint {
+    pub drafts: u32,
+    pub metric: MtpMetric,
+    pub value: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MtpBlock {
+    pub id: String,
+    pub source: String,
+    /// Whether the acceptance fit uses this block (otherwise it is only reported).
+    pub fit: bool,
+    pub bound: f64,
+    pub points: Vec<MtpPoint>,
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Microbenchmarks {
@@ -94,6 +131,8 @@ pub struct Microbenchmarks {
     pub low_latency: Vec<LowLatencyBlock>,
     #[serde(default)]
     pub normal: Vec<NormalBlock>,
+    #[serde(default)]
+    pub mtp: Vec<MtpBlock>,
 }
 
 /// Parses a microbenchmark file; every point must be positive and every block's system known.
@@ -139,6 +178,36 @@ pub fn parse(file: &str, text: &str) -> Result<Microbenchmarks, MicroError> {
             b.bound,
             &mut b.points.iter().map(|p| (p.ep, p.gb_s)),
         )?;
+    }
+    for b in &m.mtp {
+        let bad = |message: String| MicroError::Block {
+            id: b.id.clone(),
+            message,
+        };
+        if !(b.bound.is_finite() && b.bound > 0.0) {
+            return Err(bad(format!(
+                "bound = {}: must be a positive fraction",
+                b.bound
+            )));
+        }
+        for p in &b.points {
+            if !(1..=MAX_DRAFTS).contains(&p.drafts) {
+                return Err(bad(format!(
+                    "drafts = {}: must be 1..={}",
+                    p.drafts, MAX_DRAFTS
+                )));
+            }
+            let ok = match p.metric {
+                MtpMetric::AcceptRate => (0.0..=1.0).contains(&p.value),
+                MtpMetric::AcceptLen => (1.0..=1.0 + p.drafts as f64).contains(&p.value),
+            };
+            if !ok {
+                return Err(bad(format!(
+                    "value = {} with {} drafts: out of range for {:?}",
+                    p.value, p.drafts, p.metric
+                )));
+            }
+        }
     }
     Ok(m)
 }
@@ -458,6 +527,92 @@ pub fn residuals(m: &Microbenchmarks, fits: &[A2aFit]) -> Result<Vec<MicroResidu
     Ok(out)
 }
 
+/// What the twin predicts for an MTP point when every draft is accepted with probability `p`
+/// given the previous one was.
+fn mtp_predicted(p: &MtpPoint, acceptance: f64) -> f64 {
+    let tokens = Mtp {
+        tokens: p.drafts,
+        acceptance: vec![acceptance],
+    }
+    .expected_tokens();
+    match p.metric {
+        MtpMetric::AcceptLen => tokens,
+        MtpMetric::AcceptRate => (tokens - 1.0) / p.drafts as f64,
+    }
+}
+
+/// The acceptance fitted to the MTP blocks marked `fit = true`: the p in [0, 1] minimising the
+/// sum of squared relative errors (golden-section search; the loss is smooth and, over these
+/// polynomials, unimodal on [0, 1]). None when no block is fitted.
+pub fn fit_mtp(m: &Microbenchmarks) -> Option<f64> {
+    let points: Vec<&MtpPoint> = m
+        .mtp
+        .iter()
+        .filter(|b| b.fit)
+        .flat_map(|b| &b.points)
+        .collect();
+    if points.is_empty() {
+        return None;
+    }
+    let loss = |a: f64| -> f64 {
+        points
+            .iter()
+            .map(|p| (mtp_predicted(p, a) / p.value - 1.0).powi(2))
+            .sum()
+    };
+    let g = (5f64.sqrt() - 1.0) / 2.0;
+    let (mut lo, mut hi) = (0.0f64, 1.0f64);
+    let mut c = hi - g * (hi - lo);
+    let mut d = lo + g * (hi - lo);
+    let (mut fc, mut fd) = (loss(c), loss(d));
+    while hi - lo > 1e-7 {
+        if fc < fd {
+            hi = d;
+            d = c;
+            fd = fc;
+            c = hi - g * (hi - lo);
+            fc = loss(c);
+        } else {
+            lo = c;
+            c = d;
+            fc = fd;
+            d = lo + g * (hi - lo);
+            fd = loss(d);
+        }
+    }
+    Some((lo + hi) / 2.0)
+}
+
+/// Every MTP point against acceptance `acceptance` (the shipped
+/// [`dstwin_engine::mtp::CALIBRATED_ACCEPTANCE`] or a fit).
+pub fn mtp_residuals(m: &Microbenchmarks, acceptance: f64) -> Vec<MicroResidual> {
+    m.mtp
+        .iter()
+        .flat_map(|b| {
+            b.points.iter().map(move |p| {
+                let predicted = mtp_predicted(p, acceptance);
+                let metric = match p.metric {
+                    MtpMetric::AcceptLen => "accept_len",
+                    MtpMetric::AcceptRate => "accept_rate",
+                };
+                MicroResidual {
+                    id: b.id.clone(),
+                    metric: format!(
+                        "{metric} {} draft{}{}",
+                        p.drafts,
+                        if p.drafts == 1 { "" } else { "s" },
+                        if b.fit { "" } else { " (not fitted)" }
+                    ),
+                    published: p.value,
+                    predicted,
+                    error: predicted / p.value - 1.0,
+                    bound: b.bound,
+                }
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,6 +652,52 @@ mod tests {
     }
 
     #[test]
+    fn mtp_fit_recovers_the_acceptance_that_made_the_points() {
+        let point = |drafts, metric| {
+            let mut p = MtpPoint {
+                drafts,
+                metric,
+                value: 1.0,
+            };
+            p.value = mtp_predicted(&p, 0.63);
+            p
+        };
+        let block = |fit, points| MtpBlock {
+            id: "x".into(),
+            source: "synthetic".into(),
+            fit,
+            bound: 0.1,
+            points,
+        };
+        let mut m = Microbenchmarks {
+            low_latency: vec![],
+            normal: vec![],
+            mtp: vec![
+                block(
+                    true,
+                    vec![
+                        point(1, MtpMetric::AcceptLen),
+                        point(3, MtpMetric::AcceptLen),
+                    ],
+                ),
+                block(true, vec![point(2, MtpMetric::AcceptRate)]),
+            ],
+        };
+        let a = fit_mtp(&m).unwrap();
+        assert!((a - 0.63).abs() < 1e-5, "{a}");
+        assert!(mtp_residuals(&m, a).iter().all(|r| r.error.abs() < 1e-4));
+        // An unfitted block is reported but does not pull the fit.
+        m.mtp
+            .push(block(false, vec![point(1, MtpMetric::AcceptRate)]));
+        m.mtp[2].points[0].value = 0.95;
+        assert!((fit_mtp(&m).unwrap() - 0.63).abs() < 1e-5);
+        assert_eq!(mtp_residuals(&m, a).len(), 4);
+        // Nothing to fit.
+        m.mtp.iter_mut().for_each(|b| b.fit = false);
+        assert!(fit_mtp(&m).is_none());
+    }
+
+    #[test]
     fn bad_files_name_the_block_and_value() {
         let bad = MICROBENCHMARKS.replacen("us = 116", "us = -116", 1);
         let e = parse("x.toml", &bad).unwrap_err().to_string();
@@ -504,6 +705,15 @@ mod tests {
         let bad = MICROBENCHMARKS.replacen("system = \"cloudmatrix384\"", "system = \"cm999\"", 1);
         let e = parse("x.toml", &bad).unwrap_err().to_string();
         assert!(e.contains("cm999"), "{e}");
+        let bad = MICROBENCHMARKS.replacen("value = 2.59", "value = 4.59", 1);
+        let e = parse("x.toml", &bad).unwrap_err().to_string();
+        assert!(e.contains("sglang-a3-mtp") && e.contains("4.59"), "{e}");
+        let bad = MICROBENCHMARKS.replacen("drafts = 4", "drafts = 0", 1);
+        let e = parse("x.toml", &bad).unwrap_err().to_string();
+        assert!(
+            e.contains("sglang-a3-mtp") && e.contains("drafts = 0"),
+            "{e}"
+        );
         let bad = MICROBENCHMARKS.replacen("tokens = 128", "tokens = 128\nwarmup = 3", 1);
         let e = parse("x.toml", &bad).unwrap_err().to_string();
         assert!(e.contains("warmup"), "{e}");

@@ -1,7 +1,7 @@
 //! The shipped all-to-all parameters are the microbenchmark fit, and every microbenchmark point
 //! stays within its documented bound.
 
-use dstwin_calibration::micro::{builtin, fit, residuals};
+use dstwin_calibration::micro::{builtin, fit, fit_mtp, mtp_residuals, residuals};
 use dstwin_hwmodels::Catalog;
 
 #[test]
@@ -71,6 +71,31 @@ fn microbenchmarks_stay_within_their_documented_bounds() {
         assert!(
             x.error.abs() <= x.bound,
             "{} {}: {:.1} vs {:.1} ({:+.1}%, bound {:.0}%)",
+            x.id,
+            x.metric,
+            x.predicted,
+            x.published,
+            x.error * 100.0,
+            x.bound * 100.0
+        );
+    }
+}
+
+#[test]
+fn shipped_mtp_acceptance_is_the_fit_and_every_point_stays_within_its_bound() {
+    let m = builtin().unwrap();
+    let fitted = fit_mtp(&m).expect("the shipped file has fitted MTP blocks");
+    let shipped = dstwin_engine::mtp::CALIBRATED_ACCEPTANCE;
+    assert!(
+        (fitted - shipped).abs() <= 0.0005,
+        "fitted {fitted} vs shipped {shipped}"
+    );
+    let r = mtp_residuals(&m, shipped);
+    assert_eq!(r.len(), m.mtp.iter().map(|b| b.points.len()).sum::<usize>());
+    for x in &r {
+        assert!(
+            x.error.abs() <= x.bound,
+            "{} {}: {:.3} vs {:.3} ({:+.1}%, bound {:.0}%)",
             x.id,
             x.metric,
             x.predicted,

@@ -11,6 +11,13 @@
 
 use crate::device::ReqId;
 
+/// Acceptance of each MTP draft given the previous one was accepted, the same at every position:
+/// the default of a scenario's `mtp.acceptance`. Fitted by `dstwin calibrate` (relative least
+/// squares) to the Ascend measurements of DeepSeek-R1 W8A8 in the calibration crate's
+/// microbenchmarks: 1.7 tokens per step with one draft (CloudMatrix-Infer) and a mean accept
+/// length of 2.59 / 2.88 with three / four drafts (SGLang on A3). Errors: +1.0%, +0.4%, -0.6%.
+pub const CALIBRATED_ACCEPTANCE: f64 = 0.717;
+
 /// Most draft positions with their own probability (later drafts repeat the last one).
 pub const MAX_POSITIONS: usize = 8;
 

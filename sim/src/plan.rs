@@ -102,13 +102,14 @@ impl Candidate {
     /// The scenario text of this candidate under `load`.
     pub fn scenario(&self, p: &PlanInput, dies_per_node: u32, load: Load) -> String {
         let t = self.mtp;
+        // No acceptance given: the scenario's default, the calibrated acceptance.
         let acc = if p.acceptance.is_empty() {
-            "[0.7]".to_string()
+            String::new()
         } else {
-            format!("{:?}", p.acceptance)
+            format!("acceptance = {:?}\n", p.acceptance)
         };
         let mtp = if t > 0 {
-            format!("[mtp]\ntokens = {t}\nacceptance = {acc}\n")
+            format!("[mtp]\ntokens = {t}\n{acc}")
         } else {
             String::new()
         };

@@ -80,6 +80,7 @@ pub struct MtpSpec {
     #[serde(default)]
     pub tokens: u32,
     /// Acceptance probability of draft i given draft i-1 was accepted; the last value repeats.
+    /// Empty: the calibrated acceptance ([`dstwin_engine::mtp::CALIBRATED_ACCEPTANCE`]).
     #[serde(default)]
     pub acceptance: Vec<f64>,
 }
@@ -590,21 +591,12 @@ fn validate(
             format!("must be shorter than duration_s ({d})"),
         ));
     }
-    if raw.mtp.tokens > 0 {
-        if model.mtp_layers == 0 {
-            return Err(field(
-                "mtp.tokens",
-                raw.mtp.tokens,
-                "the model has no MTP module",
-            ));
-        }
-        if raw.mtp.acceptance.is_empty() {
-            return Err(field(
-                "mtp.acceptance",
-                "[]",
-                "give one probability per draft (the last repeats), e.g. [0.7]",
-            ));
-        }
+    if raw.mtp.tokens > 0 && model.mtp_layers == 0 {
+        return Err(field(
+            "mtp.tokens",
+            raw.mtp.tokens,
+            "the model has no MTP module",
+        ));
     }
     for (i, p) in raw.mtp.acceptance.iter().enumerate() {
         if !(0.0..=1.0).contains(p) {
@@ -800,7 +792,12 @@ fn validate(
         cost,
         mtp: Mtp {
             tokens: raw.mtp.tokens,
-            acceptance: raw.mtp.acceptance,
+            // No acceptance given: the calibrated one (the same at every draft position).
+            acceptance: if raw.mtp.tokens > 0 && raw.mtp.acceptance.is_empty() {
+                vec![dstwin_engine::mtp::CALIBRATED_ACCEPTANCE]
+            } else {
+                raw.mtp.acceptance
+            },
         },
         proxy: raw.proxy,
         instances,
@@ -818,4 +815,29 @@ fn validate(
         hash: fnv1a(&canonical),
         canonical,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtp_without_acceptance_takes_the_calibrated_one() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let text = std::fs::read_to_string(dir.join("a3-2p1d.toml")).unwrap();
+        let given = load_str("a3-2p1d.toml", &text, &dir, &[]).unwrap();
+        assert_eq!(given.mtp.acceptance, vec![0.85, 0.6, 0.45]);
+        let line = "acceptance = [0.85, 0.6, 0.45]\n";
+        assert!(text.contains(line));
+        let omitted = text.replace(line, "");
+        let s = load_str("a3-2p1d.toml", &omitted, &dir, &[]).unwrap();
+        assert_eq!(s.mtp.tokens, 3);
+        assert_eq!(
+            s.mtp.acceptance,
+            vec![dstwin_engine::mtp::CALIBRATED_ACCEPTANCE]
+        );
+        // MTP off: no acceptance is made up.
+        let off = load_str("a3-2p1d.toml", &omitted, &dir, &["mtp.tokens=0".into()]).unwrap();
+        assert!(off.mtp.acceptance.is_empty());
+    }
 }
