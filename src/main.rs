@@ -42,7 +42,8 @@ enum Command {
     /// Place experts (with redundant replicas) from an expert heat map: balancedness before and
     /// after, and the placement as JSON.
     Eplb(eplb_cmd::EplbArgs),
-    /// Fit the cost model's global parameters to published figures and print every error.
+    /// Fit the cost models to published figures (all-to-all, MTP acceptance, global parameters,
+    /// routing concentration) and print every error.
     Calibrate(calibrate_cmd::CalibrateArgs),
     /// Serve an OpenAI-compatible API on the shared scheduler with the twin as the device: an
     /// emulated deployment whose every step takes the time the twin predicts.

@@ -6,7 +6,7 @@
 //! `k = 1 / efficiency`, fitted by least squares over relative errors with the bases and the
 //! per-doubling term held at >= 0 and the efficiency at <= 1. Normal mode fits
 //! `efficiency = at_ep8 + per_doubling * log2(EP / 8)` to the achieved bandwidth over the
-//! level's bandwidth, also over relative errors.
+//! level's bandwidth, also over relative errors, dispatch and combine each their own line.
 //!
 //! MTP acceptance: one probability p for every draft position (the twin's chain with a single
 //! value), fitted by golden-section search over the relative errors of the blocks marked
@@ -225,8 +225,12 @@ pub struct A2aFit {
     pub combine_base_us: f64,
     pub per_doubling_us: f64,
     pub low_latency_bw_eff: f64,
+    /// Normal mode, dispatch.
     pub normal_bw_eff_at_ep8: f64,
     pub normal_bw_eff_per_doubling: f64,
+    /// Normal mode, combine (the dispatch pair where the points cannot fit their own).
+    pub normal_combine_bw_eff_at_ep8: f64,
+    pub normal_combine_bw_eff_per_doubling: f64,
 }
 
 impl A2aFit {
@@ -240,19 +244,23 @@ impl A2aFit {
         a.low_latency_bw_eff = self.low_latency_bw_eff;
         a.normal_bw_eff_at_ep8 = self.normal_bw_eff_at_ep8;
         a.normal_bw_eff_per_doubling = self.normal_bw_eff_per_doubling;
+        a.normal_combine_bw_eff_at_ep8 = Some(self.normal_combine_bw_eff_at_ep8);
+        a.normal_combine_bw_eff_per_doubling = Some(self.normal_combine_bw_eff_per_doubling);
         CostModel::new(cm.system.clone(), p)
     }
 
     /// The lines to paste into the cost model's data file.
     pub fn toml(&self) -> String {
         format!(
-            "dispatch_base_us = {:.1}\ncombine_base_us = {:.1}\nper_doubling_us = {:.2}\nlow_latency_bw_eff = {:.2}\nnormal_bw_eff_at_ep8 = {:.3}\nnormal_bw_eff_per_doubling = {:.3}",
+            "dispatch_base_us = {:.1}\ncombine_base_us = {:.1}\nper_doubling_us = {:.2}\nlow_latency_bw_eff = {:.2}\nnormal_bw_eff_at_ep8 = {:.3}\nnormal_bw_eff_per_doubling = {:.3}\nnormal_combine_bw_eff_at_ep8 = {:.3}\nnormal_combine_bw_eff_per_doubling = {:.3}",
             self.dispatch_base_us,
             self.combine_base_us,
             self.per_doubling_us,
             self.low_latency_bw_eff,
             self.normal_bw_eff_at_ep8,
-            self.normal_bw_eff_per_doubling
+            self.normal_bw_eff_per_doubling,
+            self.normal_combine_bw_eff_at_ep8,
+            self.normal_combine_bw_eff_per_doubling
         )
     }
 }
@@ -445,8 +453,11 @@ pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
                 a.low_latency_bw_eff,
             )
         };
-        // Normal: efficiency = at_ep8 + per_doubling * log2(EP / 8).
-        let mut rows = Vec::new();
+        // Normal: efficiency = at_ep8 + per_doubling * log2(EP / 8), dispatch and combine each
+        // their own line (different kernels: on A3 dispatch loses 61% of its bandwidth from EP8
+        // to EP128, combine 35%). A kind whose points span fewer than two EP sizes takes the
+        // line fitted to both.
+        let mut rows = [Vec::new(), Vec::new()];
         for (b, cm) in m.normal.iter().zip(&normal_models) {
             if cm.params.name != *name {
                 continue;
@@ -455,23 +466,35 @@ pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
                 let bw = cm.level(p.ep).bw_gb_s_per_die;
                 // Relative least squares, as above.
                 let w = bw / p.gb_s;
-                rows.push((vec![w, w * (p.ep as f64 / 8.0).log2()], 1.0));
+                let k = usize::from(p.kind == Kind::Combine);
+                rows[k].push((vec![w, w * (p.ep as f64 / 8.0).log2()], 1.0, p.ep));
             }
         }
-        let normal = if rows.len() >= 2 {
+        let line = |rows: &[&(Vec<f64>, f64, u32)]| -> Result<Option<(f64, f64)>, MicroError> {
+            let mut eps: Vec<u32> = rows.iter().map(|r| r.2).collect();
+            eps.sort_unstable();
+            eps.dedup();
+            if eps.len() < 2 {
+                return Ok(None);
+            }
+            let rows: Vec<(Vec<f64>, f64)> = rows.iter().map(|r| (r.0.clone(), r.1)).collect();
             let x = lstsq(&rows, &[None, None]).ok_or_else(|| MicroError::TooFew(name.clone()))?;
-            (x[0], x[1])
-        } else {
-            (a.normal_bw_eff_at_ep8, a.normal_bw_eff_per_doubling)
+            Ok(Some((x[0], x[1])))
         };
+        let both = line(&rows.iter().flatten().collect::<Vec<_>>())?
+            .unwrap_or((a.normal_bw_eff_at_ep8, a.normal_bw_eff_per_doubling));
+        let dispatch = line(&rows[0].iter().collect::<Vec<_>>())?.unwrap_or(both);
+        let combine = line(&rows[1].iter().collect::<Vec<_>>())?.unwrap_or(both);
         fits.push(A2aFit {
             cost_model: name.clone(),
             dispatch_base_us: ll.0,
             combine_base_us: ll.1,
             per_doubling_us: ll.2,
             low_latency_bw_eff: ll.3,
-            normal_bw_eff_at_ep8: normal.0,
-            normal_bw_eff_per_doubling: normal.1,
+            normal_bw_eff_at_ep8: dispatch.0,
+            normal_bw_eff_per_doubling: dispatch.1,
+            normal_combine_bw_eff_at_ep8: combine.0,
+            normal_combine_bw_eff_per_doubling: combine.1,
         });
     }
     Ok(fits)
@@ -512,7 +535,7 @@ pub fn residuals(m: &Microbenchmarks, fits: &[A2aFit]) -> Result<Vec<MicroResidu
     for b in &m.normal {
         let cm = model(&b.system)?;
         for p in &b.points {
-            let eff = cm.params.alltoall.normal_bw_eff(p.ep);
+            let eff = cm.params.alltoall.normal_bw_eff(p.kind.comm(), p.ep);
             let predicted = cm.level(p.ep).bw_gb_s_per_die * eff;
             out.push(MicroResidual {
                 id: b.id.clone(),

@@ -49,6 +49,20 @@ fn shipped_alltoall_parameters_are_the_microbenchmark_fit() {
                 shipped.normal_bw_eff_per_doubling,
                 0.001,
             ),
+            (
+                "normal_combine_bw_eff_at_ep8",
+                f.normal_combine_bw_eff_at_ep8,
+                shipped.normal_combine_bw_eff_at_ep8.unwrap_or(f64::NAN),
+                0.001,
+            ),
+            (
+                "normal_combine_bw_eff_per_doubling",
+                f.normal_combine_bw_eff_per_doubling,
+                shipped
+                    .normal_combine_bw_eff_per_doubling
+                    .unwrap_or(f64::NAN),
+                0.001,
+            ),
         ];
         for (name, fitted, ship, tol) in pairs {
             assert!(
@@ -58,6 +72,22 @@ fn shipped_alltoall_parameters_are_the_microbenchmark_fit() {
             );
         }
     }
+}
+
+#[test]
+fn the_atlas_a2_borrows_the_910c_alltoall_parameters() {
+    // No A2 all-to-all microbenchmark exists in the anchors (docs/validation.md).
+    let cat = Catalog::builtin();
+    let (c, b) = (
+        &cat.cost_params("ascend-910c").unwrap().alltoall,
+        &cat.cost_params("ascend-910b").unwrap().alltoall,
+    );
+    let strip = |a: &dstwin_hwmodels::AllToAllParams| {
+        let mut a = a.clone();
+        a.source.clear();
+        a
+    };
+    assert_eq!(strip(c), strip(b));
 }
 
 #[test]

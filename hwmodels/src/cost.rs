@@ -106,20 +106,36 @@ pub struct AllToAllParams {
     /// Low-latency kernels that always use the outermost (RDMA) level, even inside a node (DeepEP).
     #[serde(default)]
     pub low_latency_uses_outer_level: bool,
-    /// Normal mode: achieved fraction of the level's bandwidth at EP8.
+    /// Normal mode, dispatch (and combine unless the combine pair below is given): achieved
+    /// fraction of the level's bandwidth at EP8.
     pub normal_bw_eff_at_ep8: f64,
     /// Normal mode: change of that fraction per doubling of EP beyond 8 (negative: it falls).
     pub normal_bw_eff_per_doubling: f64,
+    /// Normal-mode combine's own fraction at EP8, where its kernel scales differently from
+    /// dispatch's (given together with `normal_combine_bw_eff_per_doubling`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normal_combine_bw_eff_at_ep8: Option<f64>,
+    /// Normal-mode combine's change per doubling of EP beyond 8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normal_combine_bw_eff_per_doubling: Option<f64>,
     /// Normal mode: the fraction never falls below this.
     pub normal_bw_eff_min: f64,
     pub source: String,
 }
 
 impl AllToAllParams {
-    /// Normal mode: the achieved fraction of the level's bandwidth in a group of `group` dies.
-    pub fn normal_bw_eff(&self, group: u32) -> f64 {
-        (self.normal_bw_eff_at_ep8 + self.normal_bw_eff_per_doubling * (group as f64 / 8.0).log2())
-            .clamp(self.normal_bw_eff_min, 1.0)
+    /// Normal mode: the achieved fraction of the level's bandwidth of a dispatch or combine
+    /// (`kind`; other kinds take dispatch's) in a group of `group` dies.
+    pub fn normal_bw_eff(&self, kind: CommKind, group: u32) -> f64 {
+        let (at_ep8, per_doubling) = match (
+            kind,
+            self.normal_combine_bw_eff_at_ep8,
+            self.normal_combine_bw_eff_per_doubling,
+        ) {
+            (CommKind::Combine, Some(a), Some(d)) => (a, d),
+            _ => (self.normal_bw_eff_at_ep8, self.normal_bw_eff_per_doubling),
+        };
+        (at_ep8 + per_doubling * (group as f64 / 8.0).log2()).clamp(self.normal_bw_eff_min, 1.0)
     }
 }
 
@@ -234,6 +250,39 @@ impl CostParams {
                 a.normal_bw_eff_per_doubling,
                 "must be a number",
             ));
+        }
+        match (
+            a.normal_combine_bw_eff_at_ep8,
+            a.normal_combine_bw_eff_per_doubling,
+        ) {
+            (None, None) => {}
+            (Some(at), Some(d)) => {
+                check_frac(file, "alltoall.normal_combine_bw_eff_at_ep8".into(), at)?;
+                if !d.is_finite() {
+                    return Err(invalid(
+                        file,
+                        "alltoall.normal_combine_bw_eff_per_doubling",
+                        d,
+                        "must be a number",
+                    ));
+                }
+            }
+            (Some(at), None) => {
+                return Err(invalid(
+                    file,
+                    "alltoall.normal_combine_bw_eff_at_ep8",
+                    at,
+                    "give normal_combine_bw_eff_per_doubling with it",
+                ));
+            }
+            (None, Some(d)) => {
+                return Err(invalid(
+                    file,
+                    "alltoall.normal_combine_bw_eff_per_doubling",
+                    d,
+                    "give normal_combine_bw_eff_at_ep8 with it",
+                ));
+            }
         }
         check_nonneg(file, "collective.base_us", self.collective.base_us)?;
         check_frac(file, "collective.bw_eff".into(), self.collective.bw_eff)?;
@@ -396,7 +445,7 @@ impl CostModel {
                 };
                 let eff = match c.mode {
                     A2aMode::LowLatency => a.low_latency_bw_eff,
-                    A2aMode::Normal => a.normal_bw_eff(g),
+                    A2aMode::Normal => a.normal_bw_eff(c.kind, g),
                 };
                 let remote = c.bytes * (gf - 1.0) / gf;
                 lat + (base + a.per_doubling_us * gf.log2()) * 1e-6 + remote / (bw * eff)

@@ -19,7 +19,9 @@ pub mod system;
 
 pub use catalog::Catalog;
 pub use chip::Chip;
-pub use cost::{A2aMode, Bound, Comm, CommKind, Cost, CostModel, CostParams, OpClass, Work};
+pub use cost::{
+    A2aMode, AllToAllParams, Bound, Comm, CommKind, Cost, CostModel, CostParams, OpClass, Work,
+};
 pub use dtype::DType;
 pub use error::HwError;
 pub use system::{FabricLevel, Scope, System};

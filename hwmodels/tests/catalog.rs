@@ -123,6 +123,71 @@ fn bad_user_files_name_the_field_and_value() {
     assert!(err.contains("ascend-999"), "{err}");
 }
 
+/// The built-in 910C cost file.
+const COST_910C: &str = include_str!("../data/costs/ascend-910c.toml");
+
+/// Loads `cost` as a user's cost file beside a system file naming it.
+fn user_cost_model(tag: &str, cost: &str) -> Result<dstwin_hwmodels::CostModel, String> {
+    let dir = std::env::temp_dir().join(format!("dstwin-cost-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("cost.toml"), cost).unwrap();
+    let system = USER_FILE.replace("cost_model = \"ascend-910c\"", "cost_model = \"cost.toml\"");
+    let cat = Catalog::builtin();
+    let out = cat
+        .system_from_str("my-a3.toml", &system, Some(&dir))
+        .and_then(|s| cat.cost_model(&s, Some(&dir)))
+        .map_err(|e| e.to_string());
+    std::fs::remove_dir_all(&dir).unwrap();
+    out
+}
+
+#[test]
+fn normal_mode_combine_has_its_own_efficiency_when_given() {
+    let normal = |cm: &dstwin_hwmodels::CostModel, kind| {
+        cm.comm(&Comm {
+            kind,
+            bytes: 1e8,
+            group: 128,
+            mode: A2aMode::Normal,
+        })
+        .time_s
+    };
+    // Shipped: on A3 dispatch's bandwidth falls faster with EP than combine's.
+    let cm = cost_model();
+    let a = &cm.params.alltoall;
+    assert!(a.normal_bw_eff(CommKind::Combine, 128) > a.normal_bw_eff(CommKind::Dispatch, 128));
+    assert!(normal(&cm, CommKind::Combine) < normal(&cm, CommKind::Dispatch));
+    // A user's file without the combine pair: combine takes dispatch's line.
+    let without: String = COST_910C
+        .lines()
+        .filter(|l| !l.starts_with("normal_combine_"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let cm = user_cost_model("plain", &without).unwrap();
+    let a = &cm.params.alltoall;
+    assert_eq!(
+        a.normal_bw_eff(CommKind::Combine, 128),
+        a.normal_bw_eff(CommKind::Dispatch, 128)
+    );
+    // Half a pair is an error naming the field that is there.
+    let half: String = COST_910C
+        .lines()
+        .filter(|l| !l.starts_with("normal_combine_bw_eff_per_doubling"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let err = user_cost_model("half", &half).unwrap_err();
+    assert!(
+        err.contains("normal_combine_bw_eff_at_ep8") && err.contains("per_doubling"),
+        "{err}"
+    );
+    let bad = COST_910C.replace(
+        "normal_combine_bw_eff_at_ep8 = 0.598",
+        "normal_combine_bw_eff_at_ep8 = 1.5",
+    );
+    let err = user_cost_model("bad", &bad).unwrap_err();
+    assert!(err.contains("normal_combine_bw_eff_at_ep8 = 1.5"), "{err}");
+}
+
 #[test]
 fn int8_runs_at_twice_bf16_and_fp8_falls_back_on_ascend() {
     let c = Catalog::builtin().chip("ascend-910c").unwrap();
