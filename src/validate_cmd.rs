@@ -17,10 +17,11 @@ use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin validate\n      every built-in anchor: the calibration fit's residuals, then each end-to-end anchor\n      simulated from its shipped scenario (sim/scenarios/anchors/): published vs predicted,\n      error, documented bound, and the mean absolute error\n  dstwin validate --max-error 15     (exit 1 if any anchor is off by more than 15%)\n  dstwin validate --measured bench.json --scenario my-cluster.toml\n      your cluster's `vllm bench serve --save-result` (or `dstwin bench-serve --save-result`)\n      against the twin's simulation of the same deployment and workload"
+    after_help = "Examples:\n  dstwin validate\n      every built-in anchor: the all-to-all and MTP acceptance microbenchmarks, the calibration\n      fit's residuals, then each end-to-end anchor simulated from its shipped scenario\n      (sim/scenarios/anchors/): published vs predicted, error, documented bound, and the mean\n      absolute error\n  dstwin validate --max-error 15     (exit 1 if any anchor is off by more than 15%)\n  dstwin validate --measured bench.json --scenario my-cluster.toml\n      your cluster's `vllm bench serve --save-result` (or `dstwin bench-serve --save-result`,\n      or a `dstwin-measured/1` file: docs/validation.md) against the twin's simulation of the\n      same deployment and workload"
 )]
 pub struct ValidateArgs {
-    /// Measurements to compare with (vllm bench serve --save-result JSON); needs --scenario.
+    /// Measurements to compare with: the JSON of `vllm bench serve --save-result`, or a
+    /// `dstwin-measured/1` file (docs/validation.md); needs --scenario.
     #[arg(long, requires = "scenario")]
     measured: Option<PathBuf>,
     /// The scenario describing the measured deployment and workload.
