@@ -159,17 +159,23 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Step 1b: the MTP acceptance fit, each point's error under the fit and under the shipped
-/// acceptance, and the line for engine/src/mtp.rs.
-fn print_mtp(fit: Option<f64>, of_fit: &[micro::MicroResidual], shipped: &[micro::MicroResidual]) {
-    println!("MTP acceptance (calibration/data/microbenchmarks.toml, [[mtp]])");
+/// Microbenchmark points under a fit and under the shipped values, side by side: columns of
+/// `widths` (benchmark, point, published, fitted and shipped values) and values at `prec`
+/// decimals.
+fn print_residual_pairs(
+    widths: [usize; 4],
+    prec: usize,
+    of_fit: &[micro::MicroResidual],
+    shipped: &[micro::MicroResidual],
+) {
+    let [wb, wp, wu, wv] = widths;
     println!(
-        "  {:<24} {:<34} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "  {:<wb$} {:<wp$} {:>wu$} {:>wv$} {:>8} {:>wv$} {:>8}",
         "benchmark", "point", "published", "fit", "error", "shipped", "error"
     );
     for (f, s) in of_fit.iter().zip(shipped) {
         println!(
-            "  {:<24} {:<34} {:>9.3} {:>8.3} {:>+7.1}% {:>8.3} {:>+7.1}%",
+            "  {:<wb$} {:<wp$} {:>wu$.prec$} {:>wv$.prec$} {:>+7.1}% {:>wv$.prec$} {:>+7.1}%",
             f.id,
             f.metric,
             f.published,
@@ -179,6 +185,13 @@ fn print_mtp(fit: Option<f64>, of_fit: &[micro::MicroResidual], shipped: &[micro
             s.error * 100.0
         );
     }
+}
+
+/// Step 1b: the MTP acceptance fit, each point's error under the fit and under the shipped
+/// acceptance, and the line for engine/src/mtp.rs.
+fn print_mtp(fit: Option<f64>, of_fit: &[micro::MicroResidual], shipped: &[micro::MicroResidual]) {
+    println!("MTP acceptance (calibration/data/microbenchmarks.toml, [[mtp]])");
+    print_residual_pairs([24, 34, 9, 8], 3, of_fit, shipped);
     if let Some(a) = fit {
         println!();
         println!("# for engine/src/mtp.rs\nCALIBRATED_ACCEPTANCE = {a:.3}");
@@ -194,22 +207,7 @@ fn print_alltoall(
     shipped: &[micro::MicroResidual],
 ) {
     println!("all-to-all microbenchmarks (calibration/data/microbenchmarks.toml)");
-    println!(
-        "  {:<20} {:<22} {:>10} {:>10} {:>8} {:>10} {:>8}",
-        "benchmark", "point", "published", "fit", "error", "shipped", "error"
-    );
-    for (f, s) in of_fit.iter().zip(shipped) {
-        println!(
-            "  {:<20} {:<22} {:>10.1} {:>10.1} {:>+7.1}% {:>10.1} {:>+7.1}%",
-            f.id,
-            f.metric,
-            f.published,
-            f.predicted,
-            f.error * 100.0,
-            s.predicted,
-            s.error * 100.0
-        );
-    }
+    print_residual_pairs([20, 22, 10, 10], 1, of_fit, shipped);
     for f in fits {
         println!();
         println!("# for hwmodels/data/costs/{}.toml [alltoall]", f.cost_model);

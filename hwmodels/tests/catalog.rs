@@ -158,23 +158,21 @@ fn normal_mode_combine_has_its_own_efficiency_when_given() {
     assert!(a.normal_bw_eff(CommKind::Combine, 128) > a.normal_bw_eff(CommKind::Dispatch, 128));
     assert!(normal(&cm, CommKind::Combine) < normal(&cm, CommKind::Dispatch));
     // A user's file without the combine pair: combine takes dispatch's line.
-    let without: String = COST_910C
-        .lines()
-        .filter(|l| !l.starts_with("normal_combine_"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let cm = user_cost_model("plain", &without).unwrap();
+    let without_lines = |prefix: &str| {
+        COST_910C
+            .lines()
+            .filter(|l| !l.starts_with(prefix))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let cm = user_cost_model("plain", &without_lines("normal_combine_")).unwrap();
     let a = &cm.params.alltoall;
     assert_eq!(
         a.normal_bw_eff(CommKind::Combine, 128),
         a.normal_bw_eff(CommKind::Dispatch, 128)
     );
     // Half a pair is an error naming the field that is there.
-    let half: String = COST_910C
-        .lines()
-        .filter(|l| !l.starts_with("normal_combine_bw_eff_per_doubling"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let half = without_lines("normal_combine_bw_eff_per_doubling");
     let err = user_cost_model("half", &half).unwrap_err();
     assert!(
         err.contains("normal_combine_bw_eff_at_ep8") && err.contains("per_doubling"),
