@@ -145,11 +145,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
         },
         mtp: Mtp {
             tokens: a.mtp,
-            acceptance: if a.mtp_accept.is_empty() {
-                vec![dstwin_engine::mtp::CALIBRATED_ACCEPTANCE]
-            } else {
-                a.mtp_accept.clone()
-            },
+            acceptance: dstwin_engine::mtp::or_calibrated(a.mtp_accept.clone()),
         },
         moe_imbalance: a.imbalance,
         expert_skew: match a.skew {

@@ -18,6 +18,15 @@ use crate::device::ReqId;
 /// length of 2.59 / 2.88 with three / four drafts (SGLang on A3). Errors: +1.0%, +0.4%, -0.6%.
 pub const CALIBRATED_ACCEPTANCE: f64 = 0.717;
 
+/// `given` per-draft acceptances, or the calibrated one when none are given.
+pub fn or_calibrated(given: Vec<f64>) -> Vec<f64> {
+    if given.is_empty() {
+        vec![CALIBRATED_ACCEPTANCE]
+    } else {
+        given
+    }
+}
+
 /// Most draft positions with their own probability (later drafts repeat the last one).
 pub const MAX_POSITIONS: usize = 8;
 

@@ -793,8 +793,8 @@ fn validate(
         mtp: Mtp {
             tokens: raw.mtp.tokens,
             // No acceptance given: the calibrated one (the same at every draft position).
-            acceptance: if raw.mtp.tokens > 0 && raw.mtp.acceptance.is_empty() {
-                vec![dstwin_engine::mtp::CALIBRATED_ACCEPTANCE]
+            acceptance: if raw.mtp.tokens > 0 {
+                dstwin_engine::mtp::or_calibrated(raw.mtp.acceptance)
             } else {
                 raw.mtp.acceptance
             },
