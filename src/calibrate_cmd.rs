@@ -77,7 +77,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     let a2a = micro::fit(&bench).map_err(|e| Failure::Runtime(e.into()))?;
     let a2a_fit = micro::residuals(&bench, &a2a).map_err(|e| Failure::Runtime(e.into()))?;
     let a2a_shipped = micro::residuals(&bench, &[]).map_err(|e| Failure::Runtime(e.into()))?;
-    let shipped_acceptance = dstwin_engine::mtp::CALIBRATED_ACCEPTANCE;
+    let shipped_acceptance = dstwin_core::mtp::CALIBRATED_ACCEPTANCE;
     let acceptance = micro::fit_mtp(&bench);
     let mtp_fit = micro::mtp_residuals(&bench, acceptance.unwrap_or(shipped_acceptance));
     let mtp_shipped = micro::mtp_residuals(&bench, shipped_acceptance);
@@ -151,9 +151,9 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             c.id, c.concentration, c.predicted_ratio, c.published_ratio
         );
         println!(
-            "# for sim/src/expert_load.rs: DEFAULT_CONCENTRATION = {:.1} (shipped {:.1})",
+            "# for sim/twin/src/expert_load.rs: DEFAULT_CONCENTRATION = {:.1} (shipped {:.1})",
             c.concentration,
-            dstwin_sim::expert_load::DEFAULT_CONCENTRATION
+            dstwin_twin::expert_load::DEFAULT_CONCENTRATION
         );
     }
     Ok(())
@@ -188,13 +188,13 @@ fn print_residual_pairs(
 }
 
 /// Step 1b: the MTP acceptance fit, each point's error under the fit and under the shipped
-/// acceptance, and the line for engine/src/mtp.rs.
+/// acceptance, and the line for engine/core/src/mtp.rs.
 fn print_mtp(fit: Option<f64>, of_fit: &[micro::MicroResidual], shipped: &[micro::MicroResidual]) {
     println!("MTP acceptance (calibration/data/microbenchmarks.toml, [[mtp]])");
     print_residual_pairs([24, 34, 9, 8], 3, of_fit, shipped);
     if let Some(a) = fit {
         println!();
-        println!("# for engine/src/mtp.rs\nCALIBRATED_ACCEPTANCE = {a:.3}");
+        println!("# for engine/core/src/mtp.rs\nCALIBRATED_ACCEPTANCE = {a:.3}");
     }
     println!();
 }

@@ -3,8 +3,8 @@
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
-use dstwin_engine::eplb::heatmap::HeatMap;
-use dstwin_engine::eplb::{place, EpLayout, Placement, Policy};
+use dstwin_core::eplb::heatmap::HeatMap;
+use dstwin_core::eplb::{place, EpLayout, Placement, Policy};
 use serde::Serialize;
 
 #[derive(Args, Debug)]

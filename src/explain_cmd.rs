@@ -3,10 +3,10 @@
 use crate::Failure;
 use anyhow::anyhow;
 use clap::Args;
-use dstwin_engine::layout::{Layout, Role};
-use dstwin_engine::model::{self, Quant};
+use dstwin_core::layout::{Layout, Role};
+use dstwin_core::model::{self, Quant};
 use dstwin_hwmodels::{Catalog, DType};
-use dstwin_sim::explain::{explain, BatchSpec, ExplainInput, Mtp};
+use dstwin_twin::explain::{explain, BatchSpec, ExplainInput, Mtp};
 use std::path::Path;
 
 /// Defaults reproduce the CloudMatrix384 decode deployment of the CloudMatrix-Infer paper:
@@ -86,7 +86,7 @@ pub struct ExplainArgs {
     /// With --skew: Dirichlet concentration of each request's routing around the mean; the
     /// fewer requests a step holds, the further its load strays from what EPLB placed for
     /// (0: no per-batch fluctuation). Default: the value fitted by `dstwin calibrate`.
-    #[arg(long, default_value_t = dstwin_sim::expert_load::DEFAULT_CONCENTRATION, requires = "skew")]
+    #[arg(long, default_value_t = dstwin_twin::expert_load::DEFAULT_CONCENTRATION, requires = "skew")]
     concentration: f64,
     /// Per-rank token budget the workspace is sized for (default: the batch's tokens).
     #[arg(long)]
@@ -145,7 +145,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
         },
         mtp: Mtp {
             tokens: a.mtp,
-            acceptance: dstwin_engine::mtp::or_calibrated(a.mtp_accept.clone()),
+            acceptance: dstwin_core::mtp::or_calibrated(a.mtp_accept.clone()),
         },
         moe_imbalance: a.imbalance,
         expert_skew: match a.skew {

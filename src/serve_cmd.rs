@@ -5,7 +5,7 @@ use crate::Failure;
 use anyhow::{anyhow, Context};
 use axum::serve::ListenerExt;
 use clap::{Args, ValueEnum};
-use dstwin_engine::serve::api;
+use dstwin_runtime::api;
 use dstwin_sim::serve::TwinServe;
 use std::io::Write;
 use std::path::PathBuf;

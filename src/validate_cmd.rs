@@ -83,7 +83,7 @@ fn rows_builtin(runs: &[Evaluated]) -> Result<Vec<Row>, Failure> {
         .into_iter()
         .chain(micro::mtp_residuals(
             &bench,
-            dstwin_engine::mtp::CALIBRATED_ACCEPTANCE,
+            dstwin_core::mtp::CALIBRATED_ACCEPTANCE,
         ))
         .map(|r| Row {
             id: r.id,
@@ -121,7 +121,7 @@ fn rows_builtin(runs: &[Evaluated]) -> Result<Vec<Row>, Failure> {
         &gap,
         &targets,
         &shipped.apply(&base),
-        dstwin_sim::expert_load::DEFAULT_CONCENTRATION,
+        dstwin_twin::expert_load::DEFAULT_CONCENTRATION,
     )
     .map_err(|e| Failure::Runtime(e.into()))?;
     let published = gap.default_eplb / gap.perfect_eplb;

@@ -3,7 +3,7 @@
 //! steps with the same batches and durations, and the runtime's wall time must follow the
 //! predicted time times the time scale.
 
-use dstwin_engine::serve::{Out, Submit};
+use dstwin_runtime::{Out, Submit};
 use dstwin_sim::run::{run, RunOptions};
 use dstwin_sim::scenario::load_path;
 use dstwin_sim::serve::{start, TwinServe};

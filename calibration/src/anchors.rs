@@ -1,7 +1,7 @@
 //! The end-to-end anchors as shipped scenarios: which scenario reproduces which published run,
 //! the figures it is compared on, and their documented regression bounds.
 
-use dstwin_engine::layout::Role;
+use dstwin_core::layout::Role;
 use dstwin_sim::run::{run as simulate, RunOptions, SimReport};
 use dstwin_sim::scenario::{load_str, Scenario};
 use serde::{Deserialize, Serialize};

@@ -196,10 +196,10 @@ pub fn eplb_gap_ratio(
             })?;
     let perfect = base.input(cost.clone())?;
     let mut skewed = perfect.clone();
-    skewed.expert_skew = Some((gap.skew, dstwin_engine::eplb::Policy::Greedy));
+    skewed.expert_skew = Some((gap.skew, dstwin_core::eplb::Policy::Greedy));
     skewed.expert_concentration = concentration;
-    let read = |i: &dstwin_sim::explain::ExplainInput| -> Result<f64, CalibrationError> {
-        let e = dstwin_sim::explain::explain(i).map_err(|e| CalibrationError::Target {
+    let read = |i: &dstwin_twin::explain::ExplainInput| -> Result<f64, CalibrationError> {
+        let e = dstwin_twin::explain::explain(i).map_err(|e| CalibrationError::Target {
             id: gap.id.clone(),
             message: e.to_string(),
         })?;

@@ -13,7 +13,7 @@
 //! `fit = true`; the mean tokens per step with n drafts is 1 + p + ... + p^n.
 
 use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, CostModel};
-use dstwin_sim::explain::Mtp;
+use dstwin_twin::explain::Mtp;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -607,7 +607,7 @@ pub fn fit_mtp(m: &Microbenchmarks) -> Option<f64> {
 }
 
 /// Every MTP point against acceptance `acceptance` (the shipped
-/// [`dstwin_engine::mtp::CALIBRATED_ACCEPTANCE`] or a fit).
+/// [`dstwin_core::mtp::CALIBRATED_ACCEPTANCE`] or a fit).
 pub fn mtp_residuals(m: &Microbenchmarks, acceptance: f64) -> Vec<MicroResidual> {
     m.mtp
         .iter()

@@ -1,9 +1,9 @@
 //! Calibration targets and their evaluation.
 
-use dstwin_engine::layout::{Layout, Role};
-use dstwin_engine::model::{builtin, Quant};
+use dstwin_core::layout::{Layout, Role};
+use dstwin_core::model::{builtin, Quant};
 use dstwin_hwmodels::{Catalog, CostModel, DType};
-use dstwin_sim::explain::{explain, BatchSpec, Explain, ExplainInput, Mtp};
+use dstwin_twin::explain::{explain, BatchSpec, Explain, ExplainInput, Mtp};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 

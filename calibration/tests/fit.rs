@@ -69,7 +69,7 @@ fn shipped_concentration_is_the_fit_and_reproduces_the_eplb_gap() {
         .cost_model(cat.system("cloudmatrix384").unwrap(), None)
         .unwrap();
     let f = fit_concentration(&gap, &targets, &cost).unwrap();
-    let shipped = dstwin_sim::expert_load::DEFAULT_CONCENTRATION;
+    let shipped = dstwin_twin::expert_load::DEFAULT_CONCENTRATION;
     assert!(
         (f.concentration - shipped).abs() / f.concentration < 0.02,
         "fit {:.2} vs shipped {shipped}",

@@ -6,7 +6,7 @@
 //! step that emits, however many MTP tokens it carries); e2e = finish - arrival; queueing = first
 //! scheduled - arrival.
 
-use dstwin_engine::time::SimDuration;
+use dstwin_core::time::SimDuration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 

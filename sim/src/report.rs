@@ -1,6 +1,6 @@
 //! Human-readable rendering of reports.
 
-use crate::explain::Explain;
+use dstwin_twin::explain::Explain;
 use std::fmt::Write;
 
 fn gb(b: f64) -> String {
@@ -107,9 +107,9 @@ pub fn render_explain(e: &Explain) -> String {
     );
     for o in &e.step.ops {
         let dies = match o.dies {
-            dstwin_engine::opgraph::DieSet::All => "all",
-            dstwin_engine::opgraph::DieSet::RoutedExperts => "routed experts",
-            dstwin_engine::opgraph::DieSet::SharedExperts => "shared experts",
+            dstwin_core::opgraph::DieSet::All => "all",
+            dstwin_core::opgraph::DieSet::RoutedExperts => "routed experts",
+            dstwin_core::opgraph::DieSet::SharedExperts => "shared experts",
         };
         let _ = writeln!(
             s,

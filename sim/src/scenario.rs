@@ -1,17 +1,17 @@
 //! Scenario files (TOML): everything a simulation run needs, parsed strictly, then validated once
 //! into a [`Scenario`] that the rest of the simulator takes.
 
-use crate::expert_load::ExpertLoadSpec;
-use crate::explain::Mtp;
-use dstwin_engine::eplb::Policy as EplbPolicy;
-use dstwin_engine::layout::{Layout, LayoutError, Plan, Role};
-use dstwin_engine::memory::{memory_map, MemoryError, MemoryInputs, MemoryMap};
-use dstwin_engine::model::{self, ModelConfig, Quant};
-use dstwin_engine::pd::Policy;
-use dstwin_engine::time::SimDuration;
+use dstwin_core::eplb::Policy as EplbPolicy;
+use dstwin_core::layout::{Layout, LayoutError, Plan, Role};
+use dstwin_core::memory::{memory_map, MemoryError, MemoryInputs, MemoryMap};
+use dstwin_core::model::{self, ModelConfig, Quant};
+use dstwin_core::pd::Policy;
+use dstwin_core::time::SimDuration;
 use dstwin_hwmodels::{Catalog, CostModel, DType, HwError, System};
 use dstwin_traces::spec::{WorkloadPlan, WorkloadSpec};
 use dstwin_traces::TraceError;
+use dstwin_twin::expert_load::ExpertLoadSpec;
+use dstwin_twin::explain::Mtp;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -80,7 +80,7 @@ pub struct MtpSpec {
     #[serde(default)]
     pub tokens: u32,
     /// Acceptance probability of draft i given draft i-1 was accepted; the last value repeats.
-    /// Empty: the calibrated acceptance ([`dstwin_engine::mtp::CALIBRATED_ACCEPTANCE`]).
+    /// Empty: the calibrated acceptance ([`dstwin_core::mtp::CALIBRATED_ACCEPTANCE`]).
     #[serde(default)]
     pub acceptance: Vec<f64>,
 }
@@ -794,7 +794,7 @@ fn validate(
             tokens: raw.mtp.tokens,
             // No acceptance given: the calibrated one (the same at every draft position).
             acceptance: if raw.mtp.tokens > 0 {
-                dstwin_engine::mtp::or_calibrated(raw.mtp.acceptance)
+                dstwin_core::mtp::or_calibrated(raw.mtp.acceptance)
             } else {
                 raw.mtp.acceptance
             },
@@ -834,7 +834,7 @@ mod tests {
         assert_eq!(s.mtp.tokens, 3);
         assert_eq!(
             s.mtp.acceptance,
-            vec![dstwin_engine::mtp::CALIBRATED_ACCEPTANCE]
+            vec![dstwin_core::mtp::CALIBRATED_ACCEPTANCE]
         );
         // MTP off: no acceptance is made up.
         let off = load_str("a3-2p1d.toml", &omitted, &dir, &["mtp.tokens=0".into()]).unwrap();

@@ -3,7 +3,7 @@
 
 use crate::run::{build_instances, kv_bytes_per_token, RunError};
 use crate::scenario::Scenario;
-use dstwin_engine::serve::{Runtime, RuntimeConfig, ServeInstance};
+use dstwin_runtime::{Runtime, RuntimeConfig, ServeInstance};
 
 /// How to run the twin in wall-clock time.
 #[derive(Clone, Debug)]

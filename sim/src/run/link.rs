@@ -2,8 +2,8 @@
 //! sharing). Completion checks carry a generation; a check made stale by a later arrival or
 //! departure is ignored.
 
-use dstwin_engine::device::ReqId;
-use dstwin_engine::time::{SimDuration, SimTime};
+use dstwin_core::device::ReqId;
+use dstwin_core::time::{SimDuration, SimTime};
 
 #[derive(Clone, Debug)]
 pub(crate) struct Link {

@@ -1,6 +1,6 @@
 //! The virtual-time event loop: a whole deployment serving a workload.
 //!
-//! Instances (from `dstwin_engine::instance`, the same code the wall-clock runtime drives) step
+//! Instances (from `dstwin_core::instance`, the same code the wall-clock runtime drives) step
 //! on `SimDevice`s; a PD proxy routes requests; KV moves from prefill to decode over links that
 //! share their bandwidth among concurrent transfers (processor sharing). Events at equal times run
 //! in insertion order: the queue is keyed by (time, sequence number).
@@ -10,21 +10,21 @@ mod report;
 
 pub use report::{InstanceReport, RequestRow, RunResult, SimReport, Span};
 
-use crate::device::{Experts, HostOverhead, PricerSpec, SimDevice, StepPricer};
-use crate::expert_load::{ExpertLoad, ExpertLoadSpec};
 use crate::metrics::Latencies;
 use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
-use dstwin_engine::device::{Capacity, ClassTimes, Device, ReqId, StepOutcome, CLASS_SLOTS};
-use dstwin_engine::eplb::cycle::{CycleConfig, Rebalancer};
-use dstwin_engine::eplb::{place, EpLayout, Placement};
-use dstwin_engine::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
-use dstwin_engine::layout::Role;
-use dstwin_engine::model::kv_bytes;
-use dstwin_engine::mtp::Acceptance;
-use dstwin_engine::pd::Proxy;
-use dstwin_engine::time::{SimDuration, SimTime};
+use dstwin_core::device::{Capacity, ClassTimes, Device, ReqId, StepOutcome, CLASS_SLOTS};
+use dstwin_core::eplb::cycle::{CycleConfig, Rebalancer};
+use dstwin_core::eplb::{place, EpLayout, Placement};
+use dstwin_core::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
+use dstwin_core::layout::Role;
+use dstwin_core::model::kv_bytes;
+use dstwin_core::mtp::Acceptance;
+use dstwin_core::pd::Proxy;
+use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_hwmodels::{A2aMode, Comm, CommKind};
 use dstwin_traces::{LengthSampler, WorkloadSource};
+use dstwin_twin::device::{Experts, HostOverhead, PricerSpec, SimDevice, StepPricer};
+use dstwin_twin::expert_load::{ExpertLoad, ExpertLoadSpec};
 use link::Link;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -35,9 +35,9 @@ pub enum RunError {
     #[error(transparent)]
     Workload(#[from] dstwin_traces::TraceError),
     #[error(transparent)]
-    Device(#[from] dstwin_engine::device::DeviceError),
+    Device(#[from] dstwin_core::device::DeviceError),
     #[error(transparent)]
-    ExpertLoad(#[from] crate::expert_load::ExpertLoadError),
+    ExpertLoad(#[from] dstwin_twin::expert_load::ExpertLoadError),
     #[error("instance '{instance}': placement file {file}: {message}")]
     Placement {
         instance: String,
@@ -48,7 +48,7 @@ pub enum RunError {
     Eplb {
         instance: String,
         #[source]
-        source: dstwin_engine::eplb::EplbError,
+        source: dstwin_core::eplb::EplbError,
     },
     #[error("deadlock at t={time}: {unfinished} requests unfinished and nothing left to happen ({hint})")]
     Deadlock {

@@ -2,9 +2,9 @@
 
 use super::Sim;
 use crate::metrics::LatencyReport;
-use dstwin_engine::device::{ReqId, CLASS_NAMES};
-use dstwin_engine::layout::Role;
-use dstwin_engine::time::{SimDuration, SimTime};
+use dstwin_core::device::{ReqId, CLASS_NAMES};
+use dstwin_core::layout::Role;
+use dstwin_core::time::{SimDuration, SimTime};
 use serde::Serialize;
 use std::collections::BTreeMap;
 

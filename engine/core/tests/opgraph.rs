@@ -1,9 +1,9 @@
 //! The op graph's work adds up: about 2 FLOPs per active parameter per token, plus attention.
 
-use dstwin_engine::batch::{AttnCap, BatchShape};
-use dstwin_engine::layout::{Layout, Role};
-use dstwin_engine::model::{self, builtin, ModelConfig, Quant};
-use dstwin_engine::opgraph::{step_ops, total_flops, MoeLoad, StepSpec};
+use dstwin_core::batch::{AttnCap, BatchShape};
+use dstwin_core::layout::{Layout, Role};
+use dstwin_core::model::{self, builtin, ModelConfig, Quant};
+use dstwin_core::opgraph::{step_ops, total_flops, MoeLoad, StepSpec};
 use dstwin_hwmodels::{Catalog, DType};
 
 fn flops_per_token(m: &ModelConfig, shape: &BatchShape, mtp: u32) -> f64 {

@@ -1,4 +1,4 @@
-//! The wall-clock runtime (feature `runtime`): the same instances, schedulers and PD proxy as
+//! dstwin-runtime, the wall-clock runtime: the same instances, schedulers and PD proxy as
 //! the simulator, driven by tokio tasks in real time behind an OpenAI-compatible HTTP API.
 //!
 //! - [`Runtime`]: one task per instance looping schedule -> `Device::execute` -> wait for the
@@ -18,11 +18,11 @@ pub mod api;
 pub mod metrics;
 pub mod text;
 
-use crate::device::{Device, KvTransfer, ReqId, StepOutcome};
-use crate::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
-use crate::layout::Role;
-use crate::pd::{Policy, Proxy};
-use crate::time::{SimDuration, SimTime};
+use dstwin_core::device::{Device, KvTransfer, ReqId, StepOutcome};
+use dstwin_core::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
+use dstwin_core::layout::Role;
+use dstwin_core::pd::{Policy, Proxy};
+use dstwin_core::time::{SimDuration, SimTime};
 use metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -554,7 +554,7 @@ impl InstanceTask {
                 bytes,
                 span_dies: shared.cfg.span_dies,
             })
-            .unwrap_or(crate::device::TransferOutcome {
+            .unwrap_or(dstwin_core::device::TransferOutcome {
                 latency: SimDuration::ZERO,
                 bytes_per_s: f64::INFINITY,
             });

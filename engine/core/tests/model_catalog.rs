@@ -1,6 +1,6 @@
 //! The model catalog: parameter counts and KV sizes match the published figures.
 
-use dstwin_engine::model::{self, builtin, kv_bytes, ModelConfig, BUILTIN_MODELS};
+use dstwin_core::model::{self, builtin, kv_bytes, ModelConfig, BUILTIN_MODELS};
 use dstwin_hwmodels::DType;
 
 fn within(actual: f64, expected: f64, pct: f64) -> bool {

@@ -1,11 +1,11 @@
 //! Pricing steps: more tokens are never cheaper; the critical path adds up.
 
-use dstwin_engine::batch::BatchShape;
-use dstwin_engine::layout::{Layout, Role};
-use dstwin_engine::model::{builtin, Quant};
-use dstwin_engine::opgraph::{step_ops, MoeLoad, StepSpec};
+use dstwin_core::batch::BatchShape;
+use dstwin_core::layout::{Layout, Role};
+use dstwin_core::model::{builtin, Quant};
+use dstwin_core::opgraph::{step_ops, MoeLoad, StepSpec};
 use dstwin_hwmodels::{Catalog, DType};
-use dstwin_sim::pricing::{price, two_microbatch_time};
+use dstwin_twin::pricing::{price, two_microbatch_time};
 use proptest::prelude::*;
 
 fn step_time(decode_seqs: u32, ctx: u64, prefill: u64, dies: u32) -> f64 {

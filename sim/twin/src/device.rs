@@ -4,18 +4,18 @@
 
 use crate::expert_load::{effective_requests, fluctuation, imbalance, ExpertLoad};
 use crate::pricing::{price, two_microbatch_time, StepCost};
-use dstwin_engine::batch::BatchShape;
-use dstwin_engine::device::{
+use dstwin_core::batch::BatchShape;
+use dstwin_core::device::{
     Capacity, ClassTimes, Device, DeviceError, KvTransfer, StepOutcome, StepPlan, TransferOutcome,
     CLASS_NAMES, CLASS_SLOTS, HOST, OTHER_COMM,
 };
-use dstwin_engine::eplb::cycle::{CycleEffect, Rebalancer};
-use dstwin_engine::eplb::Placement;
-use dstwin_engine::layout::Plan;
-use dstwin_engine::model::{ModelConfig, Quant};
-use dstwin_engine::mtp::Acceptance;
-use dstwin_engine::opgraph::{step_ops, MoeLoad, StepSpec};
-use dstwin_engine::time::SimDuration;
+use dstwin_core::eplb::cycle::{CycleEffect, Rebalancer};
+use dstwin_core::eplb::Placement;
+use dstwin_core::layout::Plan;
+use dstwin_core::model::{ModelConfig, Quant};
+use dstwin_core::mtp::Acceptance;
+use dstwin_core::opgraph::{step_ops, MoeLoad, StepSpec};
+use dstwin_core::time::SimDuration;
 use dstwin_hwmodels::{CostModel, DType};
 use rustc_hash::FxHashMap;
 

@@ -1,8 +1,8 @@
 //! Layout validation and the memory map: impossible layouts are errors that name the numbers.
 
-use dstwin_engine::layout::{Layout, LayoutError, Role};
-use dstwin_engine::memory::{memory_map, MemoryError, MemoryInputs};
-use dstwin_engine::model::{builtin, Quant};
+use dstwin_core::layout::{Layout, LayoutError, Role};
+use dstwin_core::memory::{memory_map, MemoryError, MemoryInputs};
+use dstwin_core::model::{builtin, Quant};
 use dstwin_hwmodels::{Catalog, DType};
 
 fn cm384() -> &'static dstwin_hwmodels::System {

@@ -2,12 +2,12 @@
 
 use crate::expert_load::{effective_requests, fluctuation, ExpertLoad, ExpertLoadSpec};
 use crate::pricing::{price, two_microbatch_time, StepCost};
-use dstwin_engine::batch::BatchShape;
-use dstwin_engine::eplb::{balancedness, place, EpLayout, Policy as EplbPolicy};
-use dstwin_engine::layout::{Layout, LayoutError, Plan, Role};
-use dstwin_engine::memory::{memory_map, MemoryError, MemoryInputs, MemoryMap};
-use dstwin_engine::model::{ModelConfig, Quant};
-use dstwin_engine::opgraph::{step_ops, MoeLoad, StepSpec};
+use dstwin_core::batch::BatchShape;
+use dstwin_core::eplb::{balancedness, place, EpLayout, Policy as EplbPolicy};
+use dstwin_core::layout::{Layout, LayoutError, Plan, Role};
+use dstwin_core::memory::{memory_map, MemoryError, MemoryInputs, MemoryMap};
+use dstwin_core::model::{ModelConfig, Quant};
+use dstwin_core::opgraph::{step_ops, MoeLoad, StepSpec};
 use dstwin_hwmodels::{CostModel, DType};
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -2,11 +2,11 @@
 //! running, blocks conserved, tokens conserved) are checked inside every schedule/update in
 //! debug builds, which is how these tests run.
 
-use dstwin_engine::batch::AttnCap;
-use dstwin_engine::device::{StepOutcome, StepPlan};
-use dstwin_engine::instance::{InstEvent, Instance, InstanceConfig, NewRequest, StepSummary};
-use dstwin_engine::layout::Role;
-use dstwin_engine::time::SimTime;
+use dstwin_core::batch::AttnCap;
+use dstwin_core::device::{StepOutcome, StepPlan};
+use dstwin_core::instance::{InstEvent, Instance, InstanceConfig, NewRequest, StepSummary};
+use dstwin_core::layout::Role;
+use dstwin_core::time::SimTime;
 use proptest::prelude::*;
 
 fn cfg(role: Role, blocks: u64) -> InstanceConfig {
@@ -389,7 +389,7 @@ proptest! {
 }
 
 type Trace = Vec<(
-    Vec<dstwin_engine::batch::BatchShape>,
+    Vec<dstwin_core::batch::BatchShape>,
     Vec<InstEvent>,
     StepSummary,
 )>;
@@ -408,8 +408,8 @@ fn drive_with_acceptance(
     send_back: bool,
     async_scheduling: bool,
     aggregate: bool,
-) -> (Trace, dstwin_engine::instance::InstanceStats) {
-    let acc = dstwin_engine::mtp::Acceptance::new(&[0.7, 0.4], 11);
+) -> (Trace, dstwin_core::instance::InstanceStats) {
+    let acc = dstwin_core::mtp::Acceptance::new(&[0.7, 0.4], 11);
     let mut c = cfg(if send_back { Role::Decode } else { Role::Mixed }, blocks);
     c.block_size = block_size;
     c.num_spec_tokens = spec;

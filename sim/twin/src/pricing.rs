@@ -1,7 +1,7 @@
 //! Prices an op list with the cost model: per-op time and bound, the step's critical path, and the
 //! effect of two-micro-batch overlap.
 
-use dstwin_engine::opgraph::{DieSet, LayerKind, Op, OpKind};
+use dstwin_core::opgraph::{DieSet, LayerKind, Op, OpKind};
 use dstwin_hwmodels::{A2aMode, Bound, CostModel, CostParams};
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 //! EPLB placements: every expert placed, slots respected, never worse than the identity
 //! placement, deterministic.
 
-use dstwin_engine::eplb::{balancedness, place, EpLayout, EplbError, Policy};
+use dstwin_core::eplb::{balancedness, place, EpLayout, EplbError, Policy};
 use proptest::prelude::*;
 
 fn layout(slots: u32, dies: u32) -> EpLayout {

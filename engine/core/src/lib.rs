@@ -1,4 +1,6 @@
-//! dstwin-engine: the production code shared by the twin and the engine.
+//! dstwin-core: the IO-free production code shared by the twin and real engines. No clocks,
+//! no sockets, no threads: every state machine takes `now` as an argument (a test enforces that
+//! this crate depends on no IO crate).
 //!
 //! Module map:
 //! - [`time`]: `SimTime` / `SimDuration`, integer nanoseconds.
@@ -12,7 +14,6 @@
 //! - [`mtp`]: MTP draft acceptance as a function of request and output position.
 //! - [`pd`]: the PD proxy's routing policies.
 //! - [`opgraph`]: the per-step op graph, the one description of a step's work.
-//! - [`serve`] (feature `runtime`): the wall-clock runtime and the OpenAI-compatible API.
 
 pub mod batch;
 pub mod device;
@@ -24,6 +25,4 @@ pub mod model;
 pub mod mtp;
 pub mod opgraph;
 pub mod pd;
-#[cfg(feature = "runtime")]
-pub mod serve;
 pub mod time;

@@ -2,9 +2,9 @@
 //! 288 slots over 32 dies (EP32 with 32 redundant experts), from a skewed seeded load, with every
 //! policy; prints milliseconds per full placement and the mean balancedness.
 //!
-//! cargo run --release -p dstwin-engine --no-default-features --example eplb_bench
+//! cargo run --release -p dstwin-core --example eplb_bench
 
-use dstwin_engine::eplb::{place, EpLayout, Policy};
+use dstwin_core::eplb::{place, EpLayout, Policy};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::time::Instant;

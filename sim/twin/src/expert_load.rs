@@ -15,8 +15,8 @@
 //! ratio of the example load in DeepSeek's EPLB README (an assumption until recorded heat maps of
 //! DeepSeek on Ascend are available; replay one with `kind = "replay"`).
 
-use dstwin_engine::eplb::heatmap::HeatMap;
-use dstwin_engine::eplb::{balancedness, Placement};
+use dstwin_core::eplb::heatmap::HeatMap;
+use dstwin_core::eplb::{balancedness, Placement};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
@@ -173,7 +173,7 @@ pub enum ExpertLoadError {
     HeatMap {
         file: String,
         #[source]
-        source: dstwin_engine::eplb::heatmap::HeatMapError,
+        source: dstwin_core::eplb::heatmap::HeatMapError,
     },
     #[error("{file}: heat map has {got_layers} layers x {got_experts} experts, the model has {layers} MoE layers x {experts} experts")]
     Shape {
@@ -389,7 +389,7 @@ pub fn fluctuation(dies: u32, n_eff: f64, concentration: f64) -> f64 {
 /// The effective number of requests of a step from per-rank aggregates: within a rank, tokens
 /// of one kind (prefill or decode) are taken as spread evenly over its requests.
 pub fn effective_requests<'a>(
-    shapes: impl Iterator<Item = &'a dstwin_engine::batch::BatchShape>,
+    shapes: impl Iterator<Item = &'a dstwin_core::batch::BatchShape>,
 ) -> f64 {
     let (mut t, mut t2) = (0.0, 0.0);
     for s in shapes {
@@ -429,7 +429,7 @@ pub fn imbalance(placement: &Placement, shares: &[Vec<f64>]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dstwin_engine::eplb::{place, EpLayout, Policy};
+    use dstwin_core::eplb::{place, EpLayout, Policy};
 
     #[test]
     fn the_default_skew_matches_the_eplb_example_ratio() {
@@ -492,7 +492,7 @@ mod tests {
 
     #[test]
     fn effective_requests_weigh_by_tokens() {
-        use dstwin_engine::batch::{AttnCap, BatchShape};
+        use dstwin_core::batch::{AttnCap, BatchShape};
         let a = BatchShape::uniform_prefill(2, 4096, AttnCap(None));
         assert!((effective_requests([a, a].iter()) - 4.0).abs() < 1e-9);
         let mut mixed = BatchShape::uniform_decode(100, 1, 1000, AttnCap(None));

@@ -9,8 +9,8 @@
 //! (chat). Errors are OpenAI-style JSON with 400 (bad request), 404 (unknown model), 429
 //! (admission queue full) or 503 (shutting down).
 
-use super::text;
-use super::{AdmitError, Out, Runtime, Stream, Submit};
+use crate::text;
+use crate::{AdmitError, Out, Runtime, Stream, Submit};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, StatusCode};

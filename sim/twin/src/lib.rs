@@ -1,0 +1,14 @@
+//! dstwin-twin: the twin device. It implements `dstwin_core::device::Device` by pricing each
+//! step plan with the op graph and the hardware cost model instead of running it.
+//!
+//! Module map:
+//! - [`device`]: `SimDevice` (memoized step pricing, lockstep, MTP acceptance draws, host time,
+//!   expert imbalance and the price of moving experts).
+//! - [`pricing`]: prices an op list with the cost model; critical path; two-micro-batch overlap.
+//! - [`expert_load`]: skewed, drifting (or replayed) expert load and the imbalance it causes.
+//! - [`explain`]: one step of one instance, priced and broken down (`dstwin explain`).
+
+pub mod device;
+pub mod expert_load;
+pub mod explain;
+pub mod pricing;
