@@ -324,6 +324,77 @@ pub fn write_requests_csv<W: std::io::Write>(rows: &[RequestRow], w: W) -> Resul
 
 /// A chrome-trace (Perfetto) JSON document of steps and KV transfers.
 pub fn chrome_trace(spans: &[Span]) -> serde_json::Value {
+    chrome_trace_events(spans)
+}
+
+/// Checks a Trace Event Format document as Perfetto and chrome://tracing read it: every event
+/// has a name and a known phase; complete events (`X`) have a process, a track, a start and a
+/// non-negative duration; and on each track complete events either nest or do not overlap
+/// (a viewer draws overlapping ones on top of each other). Times are in microseconds; overlaps
+/// under a nanosecond are rounding.
+pub fn check_trace(v: &serde_json::Value) -> Result<(), String> {
+    let events = v["traceEvents"].as_array().ok_or("no traceEvents array")?;
+    /// Start, end and name of a complete event.
+    type Extent = (f64, f64, String);
+    let mut tracks: std::collections::BTreeMap<(i64, i64), Vec<Extent>> =
+        std::collections::BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        let name = e["name"].as_str().ok_or(format!("event {i}: no name"))?;
+        match e["ph"].as_str() {
+            Some("X") => {
+                let pid = e["pid"]
+                    .as_i64()
+                    .ok_or(format!("event {i} ({name}): no pid"))?;
+                let tid = e["tid"]
+                    .as_i64()
+                    .ok_or(format!("event {i} ({name}): no tid"))?;
+                let ts = e["ts"]
+                    .as_f64()
+                    .ok_or(format!("event {i} ({name}): no ts"))?;
+                let dur = e["dur"]
+                    .as_f64()
+                    .ok_or(format!("event {i} ({name}): no dur"))?;
+                if !(ts.is_finite() && dur.is_finite() && dur >= 0.0) {
+                    return Err(format!("event {i} ({name}): ts {ts}, dur {dur}"));
+                }
+                tracks
+                    .entry((pid, tid))
+                    .or_default()
+                    .push((ts, ts + dur, name.to_string()));
+            }
+            Some("M") => {
+                if e["args"]["name"].as_str().is_none() {
+                    return Err(format!("metadata event {i} ({name}): no args.name"));
+                }
+            }
+            Some("B" | "E" | "i" | "I" | "C") => {}
+            other => return Err(format!("event {i} ({name}): unknown phase {other:?}")),
+        }
+    }
+    const ROUNDING_US: f64 = 1e-3;
+    for ((pid, tid), mut spans) in tracks {
+        // Longer first at equal starts, so that a parent precedes the events it contains.
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        let mut open: Vec<Extent> = Vec::new();
+        for sp in spans {
+            while open.last().is_some_and(|o| o.1 <= sp.0 + ROUNDING_US) {
+                open.pop();
+            }
+            if let Some(o) = open.last() {
+                if sp.1 > o.1 + ROUNDING_US {
+                    return Err(format!(
+                        "track {pid}/{tid}: '{}' [{:.3}, {:.3}] overlaps '{}' [{:.3}, {:.3}] without nesting",
+                        sp.2, sp.0, sp.1, o.2, o.0, o.1
+                    ));
+                }
+            }
+            open.push(sp);
+        }
+    }
+    Ok(())
+}
+
+fn chrome_trace_events(spans: &[Span]) -> serde_json::Value {
     let mut events = Vec::with_capacity(spans.len() + 16);
     let mut lanes = std::collections::BTreeMap::new();
     for sp in spans {
@@ -343,4 +414,29 @@ pub fn chrome_trace(spans: &[Span]) -> serde_json::Value {
     }
     events.push(serde_json::json!({ "name": "process_name", "ph": "M", "pid": 1, "args": { "name": "dstwin simulation" } }));
     serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+}
+
+#[cfg(test)]
+mod trace_tests {
+    use super::*;
+    use dstwin_core::time::{SimDuration, SimTime};
+
+    fn span(lane: u32, start: u64, dur: u64) -> Span {
+        Span {
+            name: format!("s{start}"),
+            lane,
+            lane_name: format!("lane {lane}"),
+            start: SimTime(start),
+            dur: SimDuration(dur),
+            tokens: 0,
+        }
+    }
+
+    #[test]
+    fn back_to_back_and_nested_spans_pass_overlaps_fail() {
+        let ok = chrome_trace(&[span(0, 0, 1000), span(0, 1000, 500), span(1, 0, 5000)]);
+        assert_eq!(check_trace(&ok), Ok(()));
+        let bad = chrome_trace(&[span(0, 0, 1000), span(0, 500, 1000)]);
+        assert!(check_trace(&bad).unwrap_err().contains("overlaps"));
+    }
 }

@@ -1,7 +1,7 @@
 //! A scenario's deployment on twin devices in the engine's wall-clock runtime: what
 //! `dstwin serve --device twin` runs (feature `serve`).
 
-use crate::run::{build_instances, kv_bytes_per_token, RunError};
+use crate::run::{build_fabric, build_instances, deployment_config, RunError};
 use crate::scenario::Scenario;
 use dstwin_runtime::{Runtime, RuntimeConfig, ServeInstance};
 
@@ -21,11 +21,12 @@ pub struct TwinServe {
 /// Starts the scenario's instances, each on its twin device, on the current tokio runtime. The
 /// scenario's workload is not used: clients bring the requests.
 pub fn start(s: &Scenario, t: TwinServe) -> Result<Runtime, RunError> {
-    let instances = build_instances(s)?
+    let built = build_instances(s)?;
+    let fabric = build_fabric(s, &built);
+    let instances = built
         .into_iter()
         .map(|b| ServeInstance {
-            name: b.name,
-            config: b.config,
+            spec: b.spec(false, true),
             device: Box::new(b.device),
         })
         .collect();
@@ -34,12 +35,10 @@ pub fn start(s: &Scenario, t: TwinServe) -> Result<Runtime, RunError> {
             model: t.model,
             time_scale: t.time_scale,
             max_pending: t.max_pending,
-            prefill_policy: s.proxy.prefill_policy,
-            decode_policy: s.proxy.decode_policy,
-            kv_bytes_per_token: kv_bytes_per_token(s),
-            span_dies: s.dies(),
+            deployment: deployment_config(s),
             record_steps: t.record_steps,
         },
         instances,
+        Box::new(fabric),
     ))
 }

@@ -1,13 +1,22 @@
 //! The `Device` trait: "run one forward step of one instance", implemented by the twin's
-//! `SimDevice` (virtual time, priced by the cost model) and by real engines.
+//! `SimDevice` (virtual time, priced by the cost model) and by real engines; and the
+//! [`Fabric`] trait that moves KV blocks between instances.
 //!
 //! The scheduler, placement and routing code never knows which device it drives: it builds a
 //! [`StepPlan`] and applies the [`StepOutcome`].
+//!
+//! A plan always carries each rank's aggregate [`BatchShape`] (what the twin prices). A device
+//! that executes requests ([`Device::wants_requests`]) also gets, per rank, what vLLM's scheduler
+//! output carries: each scheduled request with its token ids on first sight, the chunk of tokens
+//! to compute, its block table, whether it samples and the drafts to verify, and the requests
+//! whose state it may drop. It answers with sampled token ids and finish reasons. Nothing
+//! twin-only is asked of a real device: acceptance models and op-class times are optional.
 
 use crate::batch::BatchShape;
 use crate::mtp::Acceptance;
-use crate::time::SimDuration;
+use crate::time::{SimDuration, SimTime};
 use serde::Serialize;
+use std::sync::Arc;
 use thiserror::Error;
 
 /// A request's identity across the whole deployment.
@@ -36,12 +45,43 @@ pub struct DecodeSeq {
     pub step: u32,
 }
 
+/// One request scheduled in a step, as a device that executes requests needs it (vLLM's
+/// `NewRequestData` / `CachedRequestData` in one).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScheduledReq {
+    pub req: ReqId,
+    /// The request's tokens (prompt, plus what it produced before a send-back or preemption),
+    /// given the first time a rank schedules it after it arrived or was preempted; `None`
+    /// afterwards and when the workload has no token ids (synthetic lengths).
+    #[serde(skip)]
+    pub token_ids: Option<Arc<[u32]>>,
+    /// Tokens whose KV is already in the request's blocks (prefix hits, earlier chunks, pulled
+    /// KV).
+    pub computed: u32,
+    /// Tokens to compute this step from position `computed` (a prompt chunk, or 1 + drafts).
+    pub new_tokens: u32,
+    /// The request's block table (block ids of this rank's KV pool, in token order).
+    pub blocks: Vec<u32>,
+    /// The step ends with a sample for this request (the prompt is complete).
+    pub samples: bool,
+    /// Draft tokens to verify (MTP): the last `drafts` of the `new_tokens`.
+    pub drafts: u32,
+}
+
 /// One DP rank's part of a step.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RankPlan {
     pub shape: BatchShape,
     /// Sequences that sample this step and may accept drafts, in the scheduler's order.
     pub decode: Vec<DecodeSeq>,
+    /// Every scheduled request, in the scheduler's order (only for devices that
+    /// [`Device::wants_requests`]; empty otherwise). Entries that sample are `decode`'s, in the
+    /// same order.
+    pub reqs: Vec<ScheduledReq>,
+    /// Requests whose state the device may drop before this step: finished, aborted, sent back,
+    /// handed over or preempted (their blocks are free; a preempted one comes back with its
+    /// token ids).
+    pub freed: Vec<ReqId>,
 }
 
 /// A step of every DP rank of one instance (they run in lockstep).
@@ -80,6 +120,26 @@ pub const OTHER_COMM: usize = 9;
 /// The slot of host (CPU) time not hidden behind the device step.
 pub const HOST: usize = 10;
 
+/// Why a request stopped producing tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// It produced `max_tokens`.
+    #[default]
+    Length,
+    /// The model produced an end-of-sequence token (or the device matched a stop condition).
+    Stop,
+}
+
+/// What a sampling sequence produced in a step on a device that returns tokens.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Sampled {
+    /// The tokens kept: the accepted drafts and the token sampled after them (1 + accepted).
+    pub token_ids: Vec<u32>,
+    /// Set when the request must stop here (EOS); tokens after it are not kept.
+    pub finish: Option<FinishReason>,
+}
+
 /// What a step did.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct StepOutcome {
@@ -87,17 +147,31 @@ pub struct StepOutcome {
     pub duration: SimDuration,
     /// Per rank, per entry of `RankPlan::decode`: drafts accepted (0..=drafts).
     pub accepted: Vec<Vec<u32>>,
+    /// Per rank, per entry of `RankPlan::decode`: token ids and finish reasons. Empty for
+    /// devices that only count tokens (the twin); then `accepted` alone drives the scheduler.
+    pub sampled: Vec<Vec<Sampled>>,
     /// Time by op class on the critical path (zeros when the device cannot tell).
     pub class_times: ClassTimes,
 }
 
-/// A KV-cache hand-off from a prefill instance to a decode instance.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+/// One end of a KV transfer: an instance, its DP rank and the blocks there.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KvEnd {
+    pub instance: u32,
+    pub rank: u32,
+    pub blocks: Vec<u32>,
+}
+
+/// A KV-cache hand-off from a prefill instance to a decode instance: named blocks on both
+/// sides. The fabric reports its completion ([`Fabric::poll`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct KvTransfer {
     pub req: ReqId,
+    /// Tokens whose KV moves (the prompt, plus tokens produced before a send-back).
+    pub tokens: u32,
     pub bytes: f64,
-    /// Dies spanned by source and destination together (sets the fabric level).
-    pub span_dies: u32,
+    pub from: KvEnd,
+    pub to: KvEnd,
 }
 
 /// What a transfer costs when it has the link to itself.
@@ -107,6 +181,42 @@ pub struct TransferOutcome {
     pub latency: SimDuration,
     /// Bytes per second the link sustains.
     pub bytes_per_s: f64,
+}
+
+/// Moves KV blocks between instances. The twin's fabric prices transfers on links shared by
+/// concurrent transfers; a real one copies the blocks. Time is an argument: the simulator
+/// passes virtual time, the wall-clock runtime the elapsed time in device seconds.
+pub trait Fabric {
+    /// Starts a transfer at `now`.
+    fn start(&mut self, now: SimTime, x: &KvTransfer) -> Result<(), DeviceError>;
+    /// The earliest time something may complete (`None`: nothing in flight).
+    fn next_event(&self) -> Option<SimTime>;
+    /// Appends the requests whose transfers have completed by `now`, in completion order.
+    fn poll(&mut self, now: SimTime, done: &mut Vec<ReqId>);
+}
+
+/// A fabric whose transfers complete the instant they start: for devices in one address space
+/// whose instances read each other's blocks directly, and for tests.
+#[derive(Clone, Debug, Default)]
+pub struct InstantFabric {
+    pending: Vec<ReqId>,
+    at: SimTime,
+}
+
+impl Fabric for InstantFabric {
+    fn start(&mut self, now: SimTime, x: &KvTransfer) -> Result<(), DeviceError> {
+        self.pending.push(x.req);
+        self.at = now;
+        Ok(())
+    }
+
+    fn next_event(&self) -> Option<SimTime> {
+        (!self.pending.is_empty()).then_some(self.at)
+    }
+
+    fn poll(&mut self, _now: SimTime, done: &mut Vec<ReqId>) {
+        done.append(&mut self.pending);
+    }
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -127,8 +237,16 @@ pub trait Device {
     /// from step to step). DP ranks of an EP group step in lockstep: the step ends when the
     /// slowest rank and the all-to-all finish.
     fn execute(&mut self, plan: &StepPlan, out: &mut StepOutcome) -> Result<(), DeviceError>;
-    /// Price a KV transfer leaving this instance.
-    fn send_kv(&mut self, xfer: &KvTransfer) -> Result<TransferOutcome, DeviceError>;
+    /// The device predicts its steps' durations instead of measuring them (the twin): a
+    /// wall-clock driver then waits for the predicted end, and orders completions by it.
+    fn predicts_time(&self) -> bool {
+        false
+    }
+    /// The device executes requests: plans carry [`ScheduledReq`]s and outcomes must carry
+    /// [`Sampled`] tokens. The twin prices shapes and says no (default).
+    fn wants_requests(&self) -> bool {
+        false
+    }
     /// The device's MTP acceptance when it is known ahead as a function of (request, sampling
     /// step), as in the twin. A scheduler given it advances steadily decoding requests in
     /// aggregate instead of touching each every step. Real devices return `None` (default).

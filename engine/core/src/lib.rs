@@ -5,7 +5,9 @@
 //! Module map:
 //! - [`time`]: `SimTime` / `SimDuration`, integer nanoseconds.
 //! - [`batch`]: `BatchShape`, the aggregate shape of one DP rank's step.
-//! - [`device`]: the `Device` trait, step plans and outcomes.
+//! - [`device`]: the `Device` and `Fabric` traits, step plans and outcomes, KV transfers.
+//! - [`deploy`]: the deployment core: instances, PD proxy, KV hand-off and send-back as one
+//!   sans-IO state machine that both drivers (simulator, wall-clock runtime) loop around.
 //! - [`model`]: model catalog: architectures, quantization, parameter counts, KV bytes.
 //! - [`layout`]: parallel layouts (role, DP x TP, EP, redundant and shared-expert slots).
 //! - [`memory`]: the memory map of a die and its KV capacity.
@@ -16,6 +18,7 @@
 //! - [`opgraph`]: the per-step op graph, the one description of a step's work.
 
 pub mod batch;
+pub mod deploy;
 pub mod device;
 pub mod eplb;
 pub mod instance;

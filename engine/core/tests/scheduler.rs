@@ -3,7 +3,7 @@
 //! debug builds, which is how these tests run.
 
 use dstwin_core::batch::AttnCap;
-use dstwin_core::device::{StepOutcome, StepPlan};
+use dstwin_core::device::{FinishReason, StepOutcome, StepPlan};
 use dstwin_core::instance::{InstEvent, Instance, InstanceConfig, NewRequest, StepSummary};
 use dstwin_core::layout::Role;
 use dstwin_core::time::SimTime;
@@ -36,6 +36,7 @@ fn req(id: u64, prompt: u32, output: u32) -> NewRequest<'static> {
         hash_ids: &[],
         hash_block_tokens: 0,
         remote_kv: false,
+        token_ids: None,
     }
 }
 
@@ -151,6 +152,7 @@ fn shared_hash_ids_give_prefix_hits_on_full_blocks_only() {
         hash_ids: &hashes,
         hash_block_tokens: 512,
         remote_kv: false,
+        token_ids: None,
     };
     inst.add_request(r(1), SimTime::ZERO);
     step(&mut inst, true);
@@ -182,7 +184,10 @@ fn mtp_emits_one_plus_accepted_and_rejected_drafts_roll_back() {
     while !finished {
         let (_, ev, sum) = step(&mut inst, true);
         total += sum.tokens;
-        finished = ev.contains(&InstEvent::Finished { req: 1 });
+        finished = ev.contains(&InstEvent::Finished {
+            req: 1,
+            reason: FinishReason::Length,
+        });
     }
     assert_eq!(total, 20);
     assert!(!inst.has_work());
@@ -328,6 +333,7 @@ fn drive(
                     hash_ids: &hashes,
                     hash_block_tokens: 512,
                     remote_kv: false,
+                    token_ids: None,
                 },
                 SimTime::ZERO,
             );
@@ -358,7 +364,7 @@ fn drive(
         let (ev, sum) = apply(&mut inst, accepted);
         tokens += sum.tokens;
         for e in &ev {
-            if let InstEvent::Finished { req } = e {
+            if let InstEvent::Finished { req, .. } = e {
                 finished[*req as usize] += 1;
             }
         }

@@ -17,6 +17,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use dstwin_core::device::FinishReason;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -356,6 +357,7 @@ async fn run(rt: Runtime, job: Job) -> Response {
         match rt.submit(Submit {
             prompt_tokens: job.prompt_tokens,
             max_tokens: max_tokens as u32,
+            token_ids: None,
         }) {
             Ok(s) => streams.push(s),
             Err(e) => {
@@ -469,10 +471,8 @@ fn merge(streams: Vec<Stream>) -> tokio::sync::mpsc::UnboundedReceiver<(u32, Out
                 tokio::select! {
                     o = s.next() => match o {
                         Some(o) => {
-                            if tx.send((i as u32, o)).is_err() {
-                                return;
-                            }
-                            if o == Out::Finished {
+                            let last = matches!(o, Out::Finished(_));
+                            if tx.send((i as u32, o)).is_err() || last {
                                 return;
                             }
                         }
@@ -505,13 +505,13 @@ async fn whole_response(meta: Meta, mut choices: Vec<Choice>, mut rx: Outputs) -
             continue;
         }
         match o {
-            Out::Tokens(n) => {
+            Out::Tokens { n, .. } => {
                 c.push(n, &meta.stop);
                 if c.finish.is_some() {
                     open -= 1;
                 }
             }
-            Out::Finished => {
+            Out::Finished(_) => {
                 c.finish = Some("length");
                 open -= 1;
             }
@@ -617,17 +617,20 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
                 break;
             };
             // Tokens of one choice that are already here go out in one frame.
-            if let Out::Tokens(mut n) = o {
+            if let Out::Tokens { mut n, mut ids } = o {
                 while let Some((j, p)) = rx.try_recv() {
                     match p {
-                        Out::Tokens(m) if j == i => n += m,
-                        _ => {
+                        Out::Tokens { n: m, ids: more } if j == i => {
+                            n += m;
+                            ids.extend(more);
+                        }
+                        p => {
                             st.held = Some((j, p));
                             break;
                         }
                     }
                 }
-                o = Out::Tokens(n);
+                o = Out::Tokens { n, ids };
             }
             let stop = st.meta.stop.clone();
             let c = &mut st.choices[i as usize];
@@ -635,12 +638,15 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
                 continue;
             }
             let (text, finish) = match o {
-                Out::Tokens(n) => {
+                Out::Tokens { n, .. } => {
                     let t = c.push(n, &stop);
                     (t, c.finish)
                 }
-                Out::Finished => {
-                    c.finish = Some("length");
+                Out::Finished(reason) => {
+                    c.finish = Some(match reason {
+                        FinishReason::Stop => "stop",
+                        FinishReason::Length => "length",
+                    });
                     let rest = c.take(c.text.len());
                     (rest, c.finish)
                 }

@@ -1,6 +1,6 @@
 //! What a run reports: the deterministic report (`--json`), per-request rows and timeline spans.
 
-use super::Sim;
+use super::driver::Sim;
 use crate::metrics::LatencyReport;
 use dstwin_core::device::{ReqId, CLASS_NAMES};
 use dstwin_core::layout::Role;
@@ -112,6 +112,8 @@ pub struct RunResult {
     pub report: SimReport,
     pub requests: Vec<RequestRow>,
     pub timeline: Vec<Span>,
+    /// Every step's plan and duration (with `RunOptions::record_steps`).
+    pub steps: Vec<dstwin_core::deploy::StepRecord>,
     /// Share of request-steps advanced in aggregate (a speed diagnostic, not in the report:
     /// the report is the same either way).
     pub steady_share: f64,
@@ -132,7 +134,7 @@ impl Sim<'_, '_> {
             .iter()
             .enumerate()
             .map(|(k, i)| {
-                let st = i.inst.stats();
+                let st = self.core.instance(k).stats();
                 prefix_q += st.prefix_queries;
                 prefix_h += st.prefix_hits;
                 preempt += st.preemptions;
@@ -226,14 +228,15 @@ impl Sim<'_, '_> {
             },
             events: self.processed,
         };
-        let (steady, exact) = self.insts.iter().fold((0, 0), |(a, b), i| {
-            let st = i.inst.stats();
+        let (steady, exact) = (0..self.insts.len()).fold((0, 0), |(a, b), k| {
+            let st = self.core.instance(k).stats();
             (a + st.steady_steps, b + st.exact_steps)
         });
         RunResult {
             report,
             requests: self.rows,
             timeline: self.spans,
+            steps: self.steps,
             steady_share: steady as f64 / (steady + exact).max(1) as f64,
         }
     }

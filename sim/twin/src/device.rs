@@ -6,8 +6,8 @@ use crate::expert_load::{effective_requests, fluctuation, imbalance, ExpertLoad}
 use crate::pricing::{price, two_microbatch_time, StepCost};
 use dstwin_core::batch::BatchShape;
 use dstwin_core::device::{
-    Capacity, ClassTimes, Device, DeviceError, KvTransfer, StepOutcome, StepPlan, TransferOutcome,
-    CLASS_NAMES, CLASS_SLOTS, HOST, OTHER_COMM,
+    Capacity, ClassTimes, Device, DeviceError, StepOutcome, StepPlan, TransferOutcome, CLASS_NAMES,
+    CLASS_SLOTS, HOST, OTHER_COMM,
 };
 use dstwin_core::eplb::cycle::{CycleEffect, Rebalancer};
 use dstwin_core::eplb::Placement;
@@ -361,13 +361,14 @@ impl SimDevice {
 
     /// What a KV transfer into this instance costs when it has a link to itself: the level
     /// spanning the deployment, per destination die.
-    pub fn ingress(&mut self) -> TransferOutcome {
-        self.send_kv(&KvTransfer {
-            req: 0,
-            bytes: 0.0,
-            span_dies: self.span_dies,
-        })
-        .expect("pricing a transfer cannot fail")
+    pub fn ingress(&self) -> TransferOutcome {
+        let cost = &self.pricer.spec().cost;
+        let level = cost.level(self.span_dies);
+        let p = &cost.params.collective;
+        TransferOutcome {
+            latency: SimDuration::from_micros_f64(level.latency_us + p.base_us),
+            bytes_per_s: level.bw_gb_s_per_die * 1e9 * p.bw_eff,
+        }
     }
 
     /// Sets the host time per step and whether async scheduling hides it.
@@ -483,14 +484,8 @@ impl Device for SimDevice {
         Some(self.mtp)
     }
 
-    fn send_kv(&mut self, xfer: &KvTransfer) -> Result<TransferOutcome, DeviceError> {
-        let cost = &self.pricer.spec().cost;
-        let level = cost.level(xfer.span_dies);
-        let p = &cost.params.collective;
-        Ok(TransferOutcome {
-            latency: SimDuration::from_micros_f64(level.latency_us + p.base_us),
-            bytes_per_s: level.bw_gb_s_per_die * 1e9 * p.bw_eff,
-        })
+    fn predicts_time(&self) -> bool {
+        true
     }
 }
 

@@ -4,6 +4,7 @@
 //! Module map:
 //! - [`device`]: `SimDevice` (memoized step pricing, lockstep, MTP acceptance draws, host time,
 //!   expert imbalance and the price of moving experts).
+//! - [`fabric`]: `TwinFabric`, KV links shared by concurrent transfers (processor sharing).
 //! - [`pricing`]: prices an op list with the cost model; critical path; two-micro-batch overlap.
 //! - [`expert_load`]: skewed, drifting (or replayed) expert load and the imbalance it causes.
 //! - [`explain`]: one step of one instance, priced and broken down (`dstwin explain`).
@@ -11,4 +12,5 @@
 pub mod device;
 pub mod expert_load;
 pub mod explain;
+pub mod fabric;
 pub mod pricing;

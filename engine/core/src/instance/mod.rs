@@ -12,7 +12,7 @@ pub mod kv;
 pub mod rank;
 
 use crate::batch::AttnCap;
-use crate::device::{ReqId, StepOutcome, StepPlan};
+use crate::device::{FinishReason, ReqId, StepOutcome, StepPlan};
 use crate::layout::Role;
 use crate::mtp::Acceptance;
 use crate::time::SimTime;
@@ -57,6 +57,9 @@ pub struct NewRequest<'a> {
     pub hash_block_tokens: u32,
     /// The prompt's KV comes from a prefill instance (PD decode side).
     pub remote_kv: bool,
+    /// The prompt's token ids, when the workload has them (a device that executes requests
+    /// needs them).
+    pub token_ids: Option<&'a [u32]>,
 }
 
 /// What happened to a request during a step (steps where nothing notable happens to a request
@@ -67,8 +70,9 @@ pub enum InstEvent {
     First { req: ReqId },
     /// It sampled again after sitting out steps; its previous sample was at `since_step`.
     Gap { req: ReqId, since_step: u64 },
-    /// It produced all its tokens and left (decode and mixed instances).
-    Finished { req: ReqId },
+    /// It produced all its tokens, or the device stopped it, and left (decode and mixed
+    /// instances).
+    Finished { req: ReqId, reason: FinishReason },
     /// KV ran out: the request lost its blocks and waits to recompute.
     Preempted { req: ReqId },
     /// KV ran out on a decode instance with send-back: the request left after `emitted` tokens;
@@ -118,6 +122,8 @@ pub struct Instance {
     pending: Vec<InstEvent>,
     /// Tokens each request sampled in the last step (when reporting emissions).
     emissions: Vec<(ReqId, u32)>,
+    /// Their token ids, in the same order, when the device returns tokens.
+    emitted_ids: Vec<u32>,
 }
 
 impl Instance {
@@ -135,6 +141,7 @@ impl Instance {
             pulls: Vec::new(),
             pending: Vec::new(),
             emissions: Vec::new(),
+            emitted_ids: Vec::new(),
         }
     }
 
@@ -154,9 +161,24 @@ impl Instance {
         }
     }
 
+    /// Plans carry every scheduled request ([`crate::device::ScheduledReq`]) for a device that
+    /// executes requests; implies reporting emissions. Call before adding requests.
+    pub fn set_detail(&mut self, on: bool) {
+        for r in &mut self.ranks {
+            r.detail = on;
+            r.report_emissions |= on;
+        }
+    }
+
     /// (request, tokens) for every request that sampled in the last applied step.
     pub fn emissions(&self) -> &[(ReqId, u32)] {
         &self.emissions
+    }
+
+    /// The token ids of [`Instance::emissions`], concatenated in the same order (empty when the
+    /// device returns no tokens).
+    pub fn emitted_ids(&self) -> &[u32] {
+        &self.emitted_ids
     }
 
     /// Drops a request wherever it is (its client went away) and frees its KV. Call between
@@ -169,6 +191,17 @@ impl Instance {
         let found = rank.abort(slot, req);
         self.loads[r as usize] = rank.load() as u32;
         found
+    }
+
+    /// The instance holds request `req` (waiting, pulling, running or holding KV to send).
+    pub fn holds(&self, req: ReqId) -> bool {
+        self.owner.contains_key(&req)
+    }
+
+    /// The DP rank holding `req` and its block table there.
+    pub fn blocks_of(&self, req: ReqId) -> Option<(u32, &[u32])> {
+        let &(r, slot) = self.owner.get(&req)?;
+        self.ranks[r as usize].blocks_of(slot, req).map(|b| (r, b))
     }
 
     pub fn config(&self) -> &InstanceConfig {
@@ -237,18 +270,21 @@ impl Instance {
     ) -> StepSummary {
         events.append(&mut self.pending);
         self.emissions.clear();
+        self.emitted_ids.clear();
         let mut sum = StepSummary::default();
         for (i, r) in self.ranks.iter_mut().enumerate() {
             r.update(
                 outcome.accepted.get(i).map_or(&[][..], Vec::as_slice),
+                outcome.sampled.get(i).map_or(&[][..], Vec::as_slice),
                 &mut sum,
                 events,
                 &mut self.emissions,
+                &mut self.emitted_ids,
             );
             self.loads[i] = r.load() as u32;
         }
         for e in events.iter() {
-            if let InstEvent::SentBack { req, .. } | InstEvent::Finished { req } = *e {
+            if let InstEvent::SentBack { req, .. } | InstEvent::Finished { req, .. } = *e {
                 self.owner.remove(&req);
             }
         }

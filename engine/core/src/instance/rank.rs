@@ -31,7 +31,7 @@
 use super::kv::{chain, BlockPool};
 use super::{InstEvent, InstanceConfig, NewRequest, StepSummary};
 use crate::batch::BatchShape;
-use crate::device::{DecodeSeq, RankPlan, ReqId};
+use crate::device::{DecodeSeq, FinishReason, RankPlan, ReqId, Sampled, ScheduledReq};
 use crate::layout::Role;
 use crate::mtp::Acceptance;
 use std::cmp::Reverse;
@@ -79,6 +79,10 @@ struct Seq {
     steady_idx: u32,
     /// `LIN` or `SAT` while steady.
     regime: u8,
+    /// Token ids (prompt, then every kept output token) when the workload has them.
+    tokens: Vec<u32>,
+    /// The device has been given the token ids since the request was (re)admitted.
+    shown: bool,
 }
 
 /// Ring cells: steps a steady window can span (at most `RING - 2`).
@@ -177,6 +181,12 @@ pub struct RankScheduler {
     phantoms: Vec<u32>,
     /// Report every request's tokens per step (serving streams them); off in the simulator.
     pub report_emissions: bool,
+    /// Requests a device stopped in the step being applied (EOS).
+    stopped: Vec<ReqId>,
+    /// Fill the plan's per-request entries (a device that executes requests).
+    pub detail: bool,
+    /// Requests whose device state may be dropped, handed to the device with the next plan.
+    freed: Vec<ReqId>,
 }
 
 fn blocks_for(tokens: u64, bs: u32) -> u64 {
@@ -214,6 +224,9 @@ impl RankScheduler {
             planned_steady: 0,
             phantoms: Vec::new(),
             report_emissions: false,
+            stopped: Vec::new(),
+            detail: false,
+            freed: Vec::new(),
         }
     }
 
@@ -308,6 +321,8 @@ impl RankScheduler {
             base_output: 0,
             steady_idx: 0,
             regime: 0,
+            tokens: r.token_ids.map(<[u32]>::to_vec).unwrap_or_default(),
+            shown: false,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -342,6 +357,11 @@ impl RankScheduler {
         s.blocks.clear();
         s.computed = 0;
         s.hashed = 0;
+        s.shown = false;
+        let id = s.id;
+        if self.detail {
+            self.freed.push(id);
+        }
         self.stats.preemptions += 1;
         if self.cfg.send_back && self.cfg.role != Role::Prefill {
             let s = self.remove(slot);
@@ -357,6 +377,29 @@ impl RankScheduler {
             self.waiting.push_front(slot);
             events.push(InstEvent::Preempted { req: id });
         }
+    }
+
+    /// The plan entry of a scheduled request, for a device that executes requests.
+    fn detail_entry(
+        slab: &mut [Option<Seq>],
+        plan: &mut RankPlan,
+        slot: u32,
+        new: u32,
+        samples: bool,
+        drafts: u32,
+    ) {
+        let s = Self::seq_mut(slab, slot);
+        let token_ids = (!s.shown && !s.tokens.is_empty()).then(|| s.tokens.as_slice().into());
+        s.shown = true;
+        plan.reqs.push(ScheduledReq {
+            req: s.id,
+            token_ids,
+            computed: s.computed,
+            new_tokens: new,
+            blocks: s.blocks.clone(),
+            samples,
+            drafts,
+        });
     }
 
     /// Tokens a running request would compute this step before the budget, and whether it is
@@ -601,6 +644,9 @@ impl RankScheduler {
     ) {
         plan.shape = BatchShape::default();
         plan.decode.clear();
+        plan.reqs.clear();
+        plan.freed.clear();
+        plan.freed.append(&mut self.freed);
         self.entries.clear();
         let p = self.step;
         self.advance(p);
@@ -693,6 +739,9 @@ impl RankScheduler {
                 drafts,
                 samples,
             });
+            if self.detail {
+                Self::detail_entry(&mut self.slab, plan, slot, new as u32, samples, drafts);
+            }
             budget -= new;
             i += 1;
         }
@@ -785,6 +834,9 @@ impl RankScheduler {
                 drafts: 0,
                 samples,
             });
+            if self.detail {
+                Self::detail_entry(&mut self.slab, plan, slot, new as u32, samples, 0);
+            }
             self.waiting.pop_front();
             self.running.push(slot);
             budget -= new;
@@ -816,12 +868,18 @@ impl RankScheduler {
 
     /// Applies a step's outcome: `accepted[j]` drafts for the j-th sampling entry. Adds the
     /// tokens emitted to `sum` and reports first tokens, gaps and finishes in `events`.
+    ///
+    /// A device that returns tokens gives `sampled` (one per sampling entry, like `accepted`):
+    /// its token ids are kept and streamed (`emitted_ids`, in emission order), and a finish
+    /// reason ends the request early.
     pub fn update(
         &mut self,
         accepted: &[u32],
+        sampled: &[Sampled],
         sum: &mut StepSummary,
         events: &mut Vec<InstEvent>,
         emissions: &mut Vec<(ReqId, u32)>,
+        emitted_ids: &mut Vec<u32>,
     ) {
         let p = self.step;
         self.step += 1;
@@ -856,11 +914,23 @@ impl RankScheduler {
             if !e.samples {
                 continue;
             }
-            let acc = accepted.get(j).copied().unwrap_or(0).min(e.drafts);
+            let got = sampled.get(j);
+            let acc = match got {
+                Some(g) => (g.token_ids.len().max(1) as u32 - 1).min(e.drafts),
+                None => accepted.get(j).copied().unwrap_or(0).min(e.drafts),
+            };
             j += 1;
             // Rejected drafts roll back.
             s.computed -= e.drafts - acc;
-            let emitted = (1 + acc).min(s.max_output - s.output);
+            let mut emitted = (1 + acc).min(s.max_output - s.output);
+            let mut stop = false;
+            if let Some(g) = got {
+                emitted = emitted.min(g.token_ids.len() as u32);
+                stop = g.finish == Some(FinishReason::Stop);
+                let kept = &g.token_ids[..emitted as usize];
+                s.tokens.extend_from_slice(kept);
+                emitted_ids.extend_from_slice(kept);
+            }
             if s.output == 0 {
                 events.push(InstEvent::First { req: s.id });
             } else if s.last_step + 1 == step {
@@ -878,6 +948,10 @@ impl RankScheduler {
                 emissions.push((s.id, emitted));
             }
             sum.tokens += emitted as u64;
+            if stop {
+                s.max_output = s.output;
+                self.stopped.push(s.id);
+            }
             if s.output >= s.max_output {
                 self.finished.push(e.slot);
             }
@@ -894,12 +968,21 @@ impl RankScheduler {
                     if self.cfg.async_scheduling {
                         self.phantoms.push(s.computed);
                     }
-                    events.push(InstEvent::Finished { req: s.id });
+                    if self.detail {
+                        self.freed.push(s.id);
+                    }
+                    let reason = if self.stopped.contains(&s.id) {
+                        FinishReason::Stop
+                    } else {
+                        FinishReason::Length
+                    };
+                    events.push(InstEvent::Finished { req: s.id, reason });
                 }
             }
         }
         finished.clear();
         self.finished = finished;
+        self.stopped.clear();
         // Requests that are now simply decoding go steady until their next event.
         if self.acceptance.is_some() && step >= self.exact_until {
             let mut any = false;
@@ -917,6 +1000,15 @@ impl RankScheduler {
         }
         #[cfg(debug_assertions)]
         self.check();
+    }
+
+    /// The block table of request `id` in `slot`.
+    pub fn blocks_of(&self, slot: u32, id: ReqId) -> Option<&[u32]> {
+        self.slab
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .filter(|s| s.id == id)
+            .map(|s| s.blocks.as_slice())
     }
 
     /// The rank's step counter (steps applied so far).
@@ -973,6 +1065,9 @@ impl RankScheduler {
         }
         let s = self.remove(slot);
         self.pool.release(&s.blocks);
+        if self.detail {
+            self.freed.push(s.id);
+        }
         #[cfg(debug_assertions)]
         self.check();
         true
@@ -989,6 +1084,9 @@ impl RankScheduler {
             if held {
                 let s = self.remove(slot);
                 self.pool.release(&s.blocks);
+                if self.detail {
+                    self.freed.push(s.id);
+                }
             }
         }
     }

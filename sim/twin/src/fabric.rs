@@ -1,9 +1,103 @@
-//! A KV-transfer link whose bandwidth is shared equally by the transfers on it (processor
-//! sharing). Completion checks carry a generation; a check made stale by a later arrival or
-//! departure is ignored.
+//! The twin's KV fabric: one ingress link per decode DP rank, whose bandwidth is shared equally
+//! by the transfers on it (processor sharing), plus the link's fixed latency after the last
+//! byte. The same model runs in virtual time (the simulator) and in wall-clock time
+//! (`serve --device twin`): it is a [`Fabric`] that takes time as an argument.
+//!
+//! Completion checks carry a generation; a check made stale by a later arrival or departure is
+//! ignored.
 
-use dstwin_core::device::ReqId;
+use dstwin_core::device::{DeviceError, Fabric, KvTransfer, ReqId, TransferOutcome};
 use dstwin_core::time::{SimDuration, SimTime};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// Per-destination ingress links, shared by concurrent transfers.
+#[derive(Clone, Debug, Default)]
+pub struct TwinFabric {
+    links: Vec<Link>,
+    /// Per instance: index of its rank 0's link (`u32::MAX`: no ingress, a prefill instance).
+    base: Vec<u32>,
+    /// Link checks and deliveries, keyed by (time, sequence number).
+    queue: BinaryHeap<Reverse<(SimTime, u64, FabricEvent)>>,
+    seq: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum FabricEvent {
+    Check { link: u32, gen: u64 },
+    Deliver(ReqId),
+}
+
+impl TwinFabric {
+    /// Adds an instance; `ingress` is `Some((per-rank link, DP ranks))` for instances that
+    /// receive KV (decode and mixed), `None` for prefill instances.
+    pub fn add_instance(&mut self, ingress: Option<(TransferOutcome, u32)>) {
+        match ingress {
+            Some((x, ranks)) => {
+                self.base.push(self.links.len() as u32);
+                for _ in 0..ranks {
+                    self.links.push(Link::new(x.bytes_per_s, x.latency));
+                }
+            }
+            None => self.base.push(u32::MAX),
+        }
+    }
+
+    fn push(&mut self, t: SimTime, e: FabricEvent) {
+        self.seq += 1;
+        self.queue.push(Reverse((t, self.seq, e)));
+    }
+}
+
+impl Fabric for TwinFabric {
+    fn start(&mut self, now: SimTime, x: &KvTransfer) -> Result<(), DeviceError> {
+        let base = self
+            .base
+            .get(x.to.instance as usize)
+            .copied()
+            .filter(|&b| b != u32::MAX)
+            .ok_or_else(|| {
+                DeviceError::Failed(format!(
+                    "instance {} receives no KV transfers",
+                    x.to.instance
+                ))
+            })?;
+        let l = base + x.to.rank;
+        if let Some((t, gen)) = self.links[l as usize].add(now, x.req, x.bytes) {
+            self.push(t, FabricEvent::Check { link: l, gen });
+        }
+        Ok(())
+    }
+
+    fn next_event(&self) -> Option<SimTime> {
+        self.queue.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    fn poll(&mut self, now: SimTime, done: &mut Vec<ReqId>) {
+        let mut finished = Vec::new();
+        while let Some(&Reverse((t, _, e))) = self.queue.peek() {
+            if t > now {
+                break;
+            }
+            self.queue.pop();
+            match e {
+                FabricEvent::Check { link, gen } => {
+                    finished.clear();
+                    let l = &mut self.links[link as usize];
+                    let next = l.complete(t, gen, &mut finished);
+                    let latency = l.latency();
+                    for &id in &finished {
+                        self.push(t + latency, FabricEvent::Deliver(id));
+                    }
+                    if let Some((t, gen)) = next {
+                        self.push(t, FabricEvent::Check { link, gen });
+                    }
+                }
+                FabricEvent::Deliver(id) => done.push(id),
+            }
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 pub(crate) struct Link {

@@ -1,0 +1,482 @@
+//! The wall-clock driver: a control task that loops around the deployment core, and a thread
+//! per instance device. It owns what is the runtime's alone — the clock, client streams,
+//! metrics, the devices' threads — and no PD logic.
+//!
+//! Device time: `now` given to the core is elapsed wall time divided by the time scale. Step
+//! ends and fabric deliveries wait in a timer queue keyed by (device time, sequence number), as
+//! in the simulator's event queue; the control task processes a timer when the wall clock
+//! reaches it (at once with scale 0), and only once every step handed to a predicting device
+//! has come back, so completions are applied in device-time order. Client inputs (submissions,
+//! aborts) are applied as they come, all that are waiting before the next planning.
+
+use crate::{Cmd, Out, Shared};
+use dstwin_core::deploy::{Arrival, Deployment, Effect, Note, StepRecord};
+use dstwin_core::device::{DeviceError, Fabric, ReqId, StepOutcome, StepPlan};
+use dstwin_core::time::SimTime;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// A step a device finished (or failed).
+struct Done {
+    inst: usize,
+    result: Result<StepOutcome, DeviceError>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    StepDone(usize),
+    Fabric,
+}
+
+/// A client's request in flight.
+struct ReqStream {
+    tx: mpsc::UnboundedSender<Out>,
+    arrival: Instant,
+    first: Option<Instant>,
+    last: Instant,
+    emitted: u32,
+}
+
+struct Control {
+    shared: Weak<Shared>,
+    core: Deployment,
+    fabric: Box<dyn Fabric + Send>,
+    workers: Vec<std::sync::mpsc::Sender<StepPlan>>,
+    predicts: Vec<bool>,
+    done_rx: mpsc::UnboundedReceiver<Done>,
+    cmd_rx: mpsc::UnboundedReceiver<Cmd>,
+    streams: HashMap<ReqId, ReqStream>,
+    timers: BinaryHeap<Reverse<(SimTime, u64, Timer)>>,
+    seq: u64,
+    outcomes: Vec<Option<StepOutcome>>,
+    step_start: Vec<SimTime>,
+    /// The queue sequence number each running step took when it was dispatched, so that steps
+    /// ending at the same instant complete in dispatch order, as in the simulator.
+    step_seq: Vec<u64>,
+    /// The step log index of each instance's running step (when recording).
+    step_log: Vec<usize>,
+    /// Steps handed to predicting devices and not back yet.
+    outstanding: usize,
+    fabric_armed: Option<SimTime>,
+    now: SimTime,
+    t0: Instant,
+    scale: f64,
+    effects: Vec<Effect>,
+    notes: Vec<Note>,
+    done: Vec<ReqId>,
+    failed: bool,
+}
+
+/// Starts the device threads and the control task.
+pub(crate) fn spawn(
+    shared: Weak<Shared>,
+    instances: Vec<crate::ServeInstance>,
+    fabric: Box<dyn Fabric + Send>,
+    cmd_rx: mpsc::UnboundedReceiver<Cmd>,
+) {
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let mut workers = Vec::new();
+    let mut predicts = Vec::new();
+    let mut specs = Vec::new();
+    for (i, si) in instances.into_iter().enumerate() {
+        predicts.push(si.device.predicts_time());
+        let (tx, rx) = std::sync::mpsc::channel::<StepPlan>();
+        let done = done_tx.clone();
+        let mut device = si.device;
+        std::thread::Builder::new()
+            .name(format!("device-{}", si.spec.name))
+            .spawn(move || {
+                while let Ok(plan) = rx.recv() {
+                    let mut out = StepOutcome::default();
+                    let result = device.execute(&plan, &mut out).map(|_| out);
+                    if done.send(Done { inst: i, result }).is_err() {
+                        return;
+                    }
+                }
+            })
+            .expect("spawning a device thread");
+        workers.push(tx);
+        specs.push(si.spec);
+    }
+    let (deployment, scale) = {
+        let s = shared.upgrade().expect("the runtime is being started");
+        (s.cfg.deployment, s.cfg.time_scale)
+    };
+    let n = specs.len();
+    let control = Control {
+        shared,
+        core: Deployment::new(deployment, specs),
+        fabric,
+        workers,
+        predicts,
+        done_rx,
+        cmd_rx,
+        streams: HashMap::new(),
+        timers: BinaryHeap::new(),
+        seq: 0,
+        outcomes: vec![None; n],
+        step_start: vec![SimTime::ZERO; n],
+        step_seq: vec![0; n],
+        step_log: vec![0; n],
+        outstanding: 0,
+        fabric_armed: None,
+        now: SimTime::ZERO,
+        t0: Instant::now(),
+        scale,
+        effects: Vec::new(),
+        notes: Vec::new(),
+        done: Vec::new(),
+        failed: false,
+    };
+    tokio::spawn(control.run());
+}
+
+impl Control {
+    /// Device time now, by the wall clock (never behind the last event applied).
+    fn wall_now(&self) -> SimTime {
+        if self.scale > 0.0 {
+            let t = SimTime((self.t0.elapsed().as_nanos() as f64 / self.scale) as u64);
+            t.max(self.now)
+        } else {
+            self.now
+        }
+    }
+
+    fn wall_at(&self, t: SimTime) -> Instant {
+        self.t0 + Duration::from_nanos((t.0 as f64 * self.scale) as u64)
+    }
+
+    fn push(&mut self, t: SimTime, timer: Timer) {
+        self.seq += 1;
+        self.timers.push(Reverse((t, self.seq, timer)));
+    }
+
+    async fn run(mut self) {
+        loop {
+            // Inputs that are already here, all applied before planning.
+            let mut inputs = false;
+            while let Ok(cmd) = self.cmd_rx.try_recv() {
+                if !inputs {
+                    self.now = self.wall_now();
+                    inputs = true;
+                }
+                self.apply_cmd(cmd);
+            }
+            if inputs {
+                self.plan();
+            }
+            while let Ok(d) = self.done_rx.try_recv() {
+                self.apply_done(d);
+            }
+            if self.failed {
+                return;
+            }
+            if self.outstanding > 0 {
+                // A predicting device answers in microseconds: wait for it so that completions
+                // are applied in device-time order.
+                match self.done_rx.recv().await {
+                    Some(d) => self.apply_done(d),
+                    None => return,
+                }
+                continue;
+            }
+            let next = self.timers.peek().map(|Reverse((t, _, _))| *t);
+            match next {
+                Some(t) if self.scale <= 0.0 || self.wall_now() >= t => self.fire(t),
+                Some(t) => {
+                    let at = tokio::time::Instant::from_std(self.wall_at(t));
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {}
+                        cmd = self.cmd_rx.recv() => match cmd {
+                            Some(cmd) => {
+                                self.now = self.wall_now();
+                                self.apply_cmd(cmd);
+                                self.plan();
+                            }
+                            None => {
+                                if self.streams.is_empty() {
+                                    return;
+                                }
+                            }
+                        },
+                        d = self.done_rx.recv() => match d {
+                            Some(d) => self.apply_done(d),
+                            None => return,
+                        },
+                    }
+                }
+                None => {
+                    tokio::select! {
+                        cmd = self.cmd_rx.recv() => match cmd {
+                            Some(cmd) => {
+                                self.now = self.wall_now();
+                                self.apply_cmd(cmd);
+                                self.plan();
+                            }
+                            // Every handle is gone and nothing is left to do.
+                            None => return,
+                        },
+                        d = self.done_rx.recv() => match d {
+                            Some(d) => self.apply_done(d),
+                            None => return,
+                        },
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies every timer due at `t`, then plans.
+    fn fire(&mut self, t: SimTime) {
+        self.now = self.now.max(t);
+        while let Some(&Reverse((tt, _, timer))) = self.timers.peek() {
+            if tt != t {
+                break;
+            }
+            self.timers.pop();
+            match timer {
+                Timer::StepDone(i) => {
+                    let outcome = self.outcomes[i].take().expect("a finished step's outcome");
+                    self.core.step_done(self.now, i as u32, &outcome);
+                    self.publish(i);
+                }
+                Timer::Fabric => {
+                    self.fabric_armed = None;
+                    let mut done = std::mem::take(&mut self.done);
+                    done.clear();
+                    self.fabric.poll(self.now, &mut done);
+                    for &id in &done {
+                        self.core.transfer_done(self.now, id);
+                    }
+                    self.done = done;
+                }
+            }
+        }
+        self.pump();
+        self.plan();
+    }
+
+    fn plan(&mut self) {
+        self.core.plan_steps(self.now);
+        self.pump();
+    }
+
+    fn apply_cmd(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Submit { id, req, tx } => {
+                let now = Instant::now();
+                let res = self.core.arrive(
+                    self.now,
+                    Arrival {
+                        id,
+                        prompt_tokens: req.prompt_tokens,
+                        max_tokens: req.max_tokens,
+                        hash_ids: &[],
+                        hash_block_tokens: 0,
+                        token_ids: req.token_ids.as_deref(),
+                    },
+                );
+                match res {
+                    Ok(()) => {
+                        self.streams.insert(
+                            id,
+                            ReqStream {
+                                tx,
+                                arrival: now,
+                                first: None,
+                                last: now,
+                                emitted: 0,
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        // The runtime checked the length before admitting; a refusal here ends
+                        // the stream without output.
+                        tracing::warn!("request {id} refused: {e}");
+                        if let Some(s) = self.shared.upgrade() {
+                            s.pending.fetch_sub(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                // A refusal is a note too; nothing else to do with it.
+                self.pump();
+            }
+            Cmd::Abort(id) => {
+                if self.streams.remove(&id).is_some() {
+                    let route = self.core.route_of(id);
+                    self.core.abort(self.now, id);
+                    // Its KV is free now: the gauges say so without waiting for a step.
+                    if let Some((p, d)) = route {
+                        for i in p.into_iter().chain([d]) {
+                            self.publish(i as usize);
+                        }
+                    }
+                    if let Some(s) = self.shared.upgrade() {
+                        s.pending.fetch_sub(1, Ordering::Relaxed);
+                        s.metrics.aborted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.pump();
+                }
+            }
+        }
+    }
+
+    fn apply_done(&mut self, d: Done) {
+        let i = d.inst;
+        let outcome = match d.result {
+            Ok(o) => o,
+            Err(e) => {
+                let name = self.core.name(i).to_string();
+                tracing::error!(instance = %name, "device failed: {e}");
+                self.failed = true;
+                return;
+            }
+        };
+        let end = if self.predicts[i] {
+            self.outstanding -= 1;
+            self.step_start[i] + outcome.duration
+        } else {
+            // A measured step is over when the device returns.
+            (self.step_start[i] + outcome.duration).max(self.wall_now())
+        };
+        if let Some(s) = self.shared.upgrade() {
+            if s.cfg.record_steps {
+                s.steps.lock().expect("step log")[self.step_log[i]].duration = outcome.duration;
+            }
+        }
+        self.outcomes[i] = Some(outcome);
+        self.timers
+            .push(Reverse((end, self.step_seq[i], Timer::StepDone(i))));
+    }
+
+    /// Carries out the core's effects and turns its notes into client output and metrics.
+    fn pump(&mut self) {
+        self.core.take_effects(&mut self.effects);
+        let mut effects = std::mem::take(&mut self.effects);
+        let shared = self.shared.upgrade();
+        for e in effects.drain(..) {
+            match e {
+                Effect::Execute { inst } => {
+                    let i = inst as usize;
+                    let plan = self.core.plan(i).clone();
+                    if let Some(s) = &shared {
+                        if s.cfg.record_steps {
+                            let mut log = s.steps.lock().expect("step log");
+                            self.step_log[i] = log.len();
+                            log.push(StepRecord {
+                                instance: i,
+                                plan: plan.clone(),
+                                duration: Default::default(),
+                            });
+                        }
+                    }
+                    self.step_start[i] = self.now;
+                    self.seq += 1;
+                    self.step_seq[i] = self.seq;
+                    if self.predicts[i] {
+                        self.outstanding += 1;
+                    }
+                    if self.workers[i].send(plan).is_err() {
+                        tracing::error!("device thread of instance {i} is gone");
+                        self.failed = true;
+                    }
+                }
+                Effect::Transfer(x) => {
+                    if let Err(e) = self.fabric.start(self.now, &x) {
+                        tracing::error!("KV transfer of request {} failed: {e}", x.req);
+                        self.failed = true;
+                    }
+                }
+            }
+        }
+        self.effects = effects;
+        if let Some(t) = self.fabric.next_event() {
+            if self.fabric_armed.is_none_or(|a| t < a) {
+                self.fabric_armed = Some(t);
+                self.push(t, Timer::Fabric);
+            }
+        }
+        self.core.take_notes(&mut self.notes);
+        let mut notes = std::mem::take(&mut self.notes);
+        if let Some(s) = &shared {
+            for n in notes.drain(..) {
+                self.note(s, n);
+            }
+        }
+        notes.clear();
+        self.notes = notes;
+    }
+
+    fn note(&mut self, s: &Arc<Shared>, n: Note) {
+        let m = &s.metrics;
+        let now = Instant::now();
+        match n {
+            Note::Tokens { req, n, ids } => {
+                let Some(r) = self.streams.get_mut(&req) else {
+                    return;
+                };
+                r.emitted += n;
+                if r.first.is_none() {
+                    r.first = Some(now);
+                    m.ttft.observe((now - r.arrival).as_secs_f64());
+                } else {
+                    m.itl.observe((now - r.last).as_secs_f64());
+                }
+                r.last = now;
+                m.generation_tokens.fetch_add(n as u64, Ordering::Relaxed);
+                let _ = r.tx.send(Out::Tokens { n, ids });
+            }
+            Note::Finished { req, reason, .. } => {
+                let Some(r) = self.streams.remove(&req) else {
+                    return;
+                };
+                s.pending.fetch_sub(1, Ordering::Relaxed);
+                m.e2e.observe((now - r.arrival).as_secs_f64());
+                if let Some(f) = r.first {
+                    if r.emitted > 1 {
+                        m.tpot
+                            .observe((now - f).as_secs_f64() / (r.emitted - 1) as f64);
+                    }
+                }
+                m.finished.fetch_add(1, Ordering::Relaxed);
+                let _ = r.tx.send(Out::Finished(reason));
+            }
+            Note::Rejected { req, .. } => {
+                // Dropping the sender ends the stream.
+                self.streams.remove(&req);
+            }
+            Note::Preempted { .. } | Note::SentBack { .. } => {
+                m.preemptions.fetch_add(1, Ordering::Relaxed);
+            }
+            Note::Started { .. }
+            | Note::PrefillDone { .. }
+            | Note::First { .. }
+            | Note::Gap { .. }
+            | Note::KvSent { .. }
+            | Note::KvArrived { .. }
+            | Note::Step { .. }
+            | Note::Aborted { .. } => {}
+        }
+    }
+
+    /// Publishes an instance's gauges to `/metrics`.
+    fn publish(&self, i: usize) {
+        let Some(s) = self.shared.upgrade() else {
+            return;
+        };
+        let inst = self.core.instance(i);
+        let st = inst.stats();
+        s.metrics.set_instance(
+            i,
+            st.running,
+            st.waiting,
+            inst.kv_usage(),
+            st.prefix_queries,
+            st.prefix_hits,
+        );
+    }
+}

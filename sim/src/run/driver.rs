@@ -1,0 +1,588 @@
+//! The virtual-time driver: a discrete-event loop around the deployment core. It owns what is
+//! the simulator's alone — the clock, the event queue, the workload, the twin devices and
+//! fabric, and the statistics — and nothing else: routing, the PD hand-off and send-back are the
+//! core's ([`dstwin_core::deploy`]).
+
+use super::build::{build_fabric, build_instances, deployment_config};
+use super::report::{RequestRow, Span};
+use super::{Progress, RunError, RunOptions, RunResult};
+use crate::metrics::Latencies;
+use crate::scenario::Scenario;
+use dstwin_core::deploy::{Arrival, Deployment, Effect, Note, StepRecord};
+use dstwin_core::device::{ClassTimes, Device, Fabric, ReqId, StepOutcome, CLASS_SLOTS};
+use dstwin_core::layout::Role;
+use dstwin_core::time::{SimDuration, SimTime};
+use dstwin_traces::{LengthSampler, WorkloadSource};
+use dstwin_twin::device::SimDevice;
+use dstwin_twin::fabric::TwinFabric;
+use rustc_hash::FxHashMap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Arrival(u64),
+    StepDone(u32),
+    Fabric,
+    Stop,
+}
+
+/// What the simulator keeps of a request in flight (statistics only).
+#[derive(Clone, Copy, Debug, Default)]
+struct Req {
+    arrival: SimTime,
+    prompt: u32,
+    output: u32,
+    started: Option<SimTime>,
+    /// The prefill instance that computed its prompt (last, after a send-back).
+    prefill: Option<u32>,
+    first_token: Option<SimTime>,
+    last_token: SimTime,
+    preemptions: u32,
+    xfer_start: SimTime,
+}
+
+/// An instance's device and its statistics.
+pub(super) struct InstRun {
+    pub(super) setup: usize,
+    pub(super) name: String,
+    pub(super) role: Role,
+    pub(super) device: SimDevice,
+    outcome: StepOutcome,
+    step_start: SimTime,
+    step_tokens: u64,
+    pub(super) steps: u64,
+    pub(super) busy_ns: u64,
+    pub(super) tokens: u64,
+    pub(super) class: ClassTimes,
+    pub(super) kv_weighted: f64,
+    pub(super) kv_max: f64,
+    /// End time of every step, for inter-token gaps.
+    step_ends: Vec<SimTime>,
+    /// Sum over steps of the MoE imbalance the step ran with.
+    pub(super) imbalance_sum: f64,
+}
+
+pub(super) struct Sim<'s, 'o> {
+    pub(super) s: &'s Scenario,
+    opts: RunOptions<'o>,
+    pub(super) now: SimTime,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(SimTime, u64, Ev)>>,
+    pub(super) core: Deployment,
+    pub(super) insts: Vec<InstRun>,
+    fabric: TwinFabric,
+    /// The time of the queued fabric event, if one is queued.
+    fabric_armed: Option<SimTime>,
+    reqs: FxHashMap<ReqId, Req>,
+    hash_block_tokens: u32,
+    open: Option<dstwin_traces::workload::Workload>,
+    closed: Option<(u64, LengthSampler)>,
+    /// Requests admitted so far (ids are 0..admitted).
+    admitted: u64,
+    total: u64,
+    pub(super) finished: u64,
+    pub(super) rejected: u64,
+    pub(super) lat: Latencies,
+    pub(super) input_tokens: u64,
+    pub(super) output_tokens: u64,
+    /// Statistics leave out what happened before this (the scenario's warm-up).
+    pub(super) warmup: SimTime,
+    /// Requests that arrived after the warm-up and finished.
+    pub(super) measured_finished: u64,
+    pub(super) good: u64,
+    pub(super) sent_back: u64,
+    pub(super) kv_transfers: u64,
+    pub(super) kv_bytes: f64,
+    pub(super) rows: Vec<RequestRow>,
+    pub(super) spans: Vec<Span>,
+    pub(super) steps: Vec<StepRecord>,
+    /// End of the last KV span on each timeline track (transfers overlap; tracks must not).
+    kv_tracks: Vec<SimTime>,
+    pub(super) processed: u64,
+    effects: Vec<Effect>,
+    notes: Vec<Note>,
+    done: Vec<ReqId>,
+    /// The previous step's end of the instance whose step is being applied.
+    prev_end: SimTime,
+}
+
+impl<'s, 'o> Sim<'s, 'o> {
+    pub(super) fn new(s: &'s Scenario, opts: RunOptions<'o>) -> Result<Self, RunError> {
+        let built = build_instances(s)?;
+        let fabric = build_fabric(s, &built);
+        let specs = built
+            .iter()
+            .map(|b| b.spec(opts.step_by_step, false))
+            .collect();
+        let core = Deployment::new(deployment_config(s), specs);
+        let insts = built
+            .into_iter()
+            .map(|b| InstRun {
+                setup: b.setup,
+                name: b.name,
+                role: s.instances[b.setup].plan.role,
+                device: b.device,
+                outcome: StepOutcome::default(),
+                step_start: SimTime::ZERO,
+                step_tokens: 0,
+                steps: 0,
+                busy_ns: 0,
+                tokens: 0,
+                class: [0.0; CLASS_SLOTS],
+                kv_weighted: 0.0,
+                kv_max: 0.0,
+                step_ends: Vec::new(),
+                imbalance_sum: 0.0,
+            })
+            .collect();
+        let (open, closed, total) = match s.workload.build(s.seed, &s.base_dir)? {
+            WorkloadSource::Open(w) => {
+                let n = w.len() as u64;
+                (Some(w), None, n)
+            }
+            WorkloadSource::ClosedLoop {
+                concurrency,
+                num_requests,
+                sampler,
+            } => (
+                None,
+                Some((concurrency.get() as u64, *sampler)),
+                num_requests.get(),
+            ),
+        };
+        let hash_block_tokens = open
+            .as_ref()
+            .and_then(|w| w.hash_block_tokens())
+            .unwrap_or(0);
+        Ok(Sim {
+            s,
+            opts,
+            now: SimTime::ZERO,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            core,
+            insts,
+            fabric,
+            fabric_armed: None,
+            reqs: FxHashMap::default(),
+            hash_block_tokens,
+            open,
+            closed,
+            admitted: 0,
+            total,
+            finished: 0,
+            rejected: 0,
+            lat: Latencies::default(),
+            input_tokens: 0,
+            output_tokens: 0,
+            warmup: SimTime::ZERO + s.warmup,
+            measured_finished: 0,
+            good: 0,
+            sent_back: 0,
+            kv_transfers: 0,
+            kv_bytes: 0.0,
+            rows: Vec::new(),
+            spans: Vec::new(),
+            steps: Vec::new(),
+            kv_tracks: Vec::new(),
+            processed: 0,
+            effects: Vec::new(),
+            notes: Vec::new(),
+            done: Vec::new(),
+            prev_end: SimTime::ZERO,
+        })
+    }
+
+    fn push(&mut self, t: SimTime, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse((t, self.seq, ev)));
+    }
+
+    /// Admits request `id` into the deployment.
+    fn admit(&mut self, id: ReqId, prompt: u32, output: u32, hashes: &[u64]) {
+        self.admitted += 1;
+        self.reqs.insert(
+            id,
+            Req {
+                arrival: self.now,
+                prompt,
+                output,
+                ..Req::default()
+            },
+        );
+        // A refusal comes back as a note.
+        let _ = self.core.arrive(
+            self.now,
+            Arrival {
+                id,
+                prompt_tokens: prompt,
+                max_tokens: output,
+                hash_ids: hashes,
+                hash_block_tokens: self.hash_block_tokens,
+                token_ids: None,
+            },
+        );
+    }
+
+    /// Carries out the core's effects and records its notes; a closed loop refills what left.
+    fn pump(&mut self) -> Result<(), RunError> {
+        loop {
+            self.core.take_effects(&mut self.effects);
+            let mut effects = std::mem::take(&mut self.effects);
+            for e in effects.drain(..) {
+                match e {
+                    Effect::Execute { inst } => self.execute(inst as usize)?,
+                    Effect::Transfer(x) => self.fabric.start(self.now, &x)?,
+                }
+            }
+            self.effects = effects;
+            self.core.take_notes(&mut self.notes);
+            let mut notes = std::mem::take(&mut self.notes);
+            let mut refill = 0;
+            for n in notes.drain(..) {
+                refill += self.note(n);
+            }
+            self.notes = notes;
+            if refill == 0 {
+                break;
+            }
+            for _ in 0..refill {
+                self.next_closed_loop();
+            }
+        }
+        if let Some(t) = self.fabric.next_event() {
+            if self.fabric_armed.is_none_or(|a| t < a) {
+                self.fabric_armed = Some(t);
+                self.push(t, Ev::Fabric);
+            }
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self, i: usize) -> Result<(), RunError> {
+        let now = self.now;
+        let inst = &mut self.insts[i];
+        let plan = self.core.plan(i);
+        inst.device.execute(plan, &mut inst.outcome)?;
+        if self.opts.record_steps {
+            self.steps.push(StepRecord {
+                instance: i,
+                plan: plan.clone(),
+                duration: inst.outcome.duration,
+            });
+        }
+        inst.step_start = now;
+        inst.step_tokens = plan.tokens();
+        let end = now + inst.outcome.duration;
+        self.push(end, Ev::StepDone(i as u32));
+        Ok(())
+    }
+
+    /// Records a note; returns how many closed-loop requests left the deployment.
+    fn note(&mut self, n: Note) -> u64 {
+        let now = self.now;
+        let measured = now >= self.warmup;
+        match n {
+            Note::Rejected { req, .. } => {
+                self.reqs.remove(&req);
+                self.rejected += 1;
+                return 1;
+            }
+            Note::Started { req, .. } => {
+                if let Some(r) = self.reqs.get_mut(&req) {
+                    if r.started.is_none() {
+                        r.started = Some(now);
+                        if r.arrival >= self.warmup {
+                            self.lat.queue.record(now - r.arrival);
+                        }
+                    }
+                }
+            }
+            Note::PrefillDone { req, inst } => {
+                if let Some(r) = self.reqs.get_mut(&req) {
+                    r.prefill = Some(inst);
+                    if r.first_token.is_none() && measured {
+                        self.input_tokens += r.prompt as u64;
+                    }
+                }
+            }
+            Note::First { req, resumed, .. } => {
+                let mixed = !self.core.has_prefill();
+                let Some(r) = self.reqs.get_mut(&req) else {
+                    return 0;
+                };
+                if resumed {
+                    // Resumed after being sent back: the wait counts as one inter-token gap.
+                    if measured {
+                        self.lat.itl.record(now - r.last_token);
+                    }
+                } else {
+                    r.first_token = Some(now);
+                    r.last_token = now;
+                    if r.arrival >= self.warmup {
+                        self.lat.ttft.record(now - r.arrival);
+                    }
+                    if mixed && measured {
+                        // Mixed instances: the prompt is computed when the first token comes.
+                        self.input_tokens += r.prompt as u64;
+                    }
+                }
+            }
+            Note::Gap {
+                inst, since_step, ..
+            } => {
+                // Steps are counted from 1; step k ended at step_ends[k - 1].
+                let since = self.insts[inst as usize].step_ends[since_step as usize - 1];
+                if measured {
+                    self.lat.itl.record(now - since);
+                }
+            }
+            Note::Tokens { .. } | Note::Aborted { .. } => {}
+            Note::Finished { req, inst, .. } => {
+                self.finished_request(req, inst);
+                return 1;
+            }
+            Note::Preempted { req, .. } => {
+                if let Some(r) = self.reqs.get_mut(&req) {
+                    r.preemptions += 1;
+                }
+            }
+            Note::SentBack { req, .. } => {
+                self.sent_back += 1;
+                if let Some(r) = self.reqs.get_mut(&req) {
+                    r.preemptions += 1;
+                    r.last_token = now;
+                }
+            }
+            Note::KvSent { req, bytes, .. } => {
+                if let Some(r) = self.reqs.get_mut(&req) {
+                    r.xfer_start = now;
+                }
+                self.kv_transfers += 1;
+                self.kv_bytes += bytes;
+            }
+            Note::KvArrived { req, .. } => {
+                let Some(r) = self.reqs.get(&req).copied() else {
+                    return 0;
+                };
+                if r.arrival >= self.warmup {
+                    self.lat.kv_transfer.record(now - r.xfer_start);
+                }
+                if self.opts.timeline {
+                    self.kv_span(req, &r);
+                }
+            }
+            Note::Step { inst, summary } => {
+                if self.insts[inst as usize].role != Role::Prefill && measured {
+                    self.output_tokens += summary.tokens;
+                    // Requests that sampled in the previous step too: one ITL sample each.
+                    self.lat
+                        .itl
+                        .record_n(now - self.prev_end, summary.continuing);
+                }
+            }
+        }
+        0
+    }
+
+    /// A KV transfer's timeline span, on the first track free since it started.
+    fn kv_span(&mut self, req: ReqId, r: &Req) {
+        let track = match self.kv_tracks.iter().position(|&end| end <= r.xfer_start) {
+            Some(k) => k,
+            None => {
+                self.kv_tracks.push(SimTime::ZERO);
+                self.kv_tracks.len() - 1
+            }
+        };
+        self.kv_tracks[track] = self.now;
+        self.spans.push(Span {
+            name: format!("kv req {req}"),
+            lane: (self.insts.len() + track) as u32,
+            lane_name: format!("kv transfers {track}"),
+            start: r.xfer_start,
+            dur: self.now - r.xfer_start,
+            tokens: r.prompt as u64,
+        });
+    }
+
+    fn on_step_done(&mut self, i: usize) {
+        let now = self.now;
+        let inst = &mut self.insts[i];
+        let dur = now - inst.step_start;
+        if inst.step_start >= self.warmup {
+            inst.steps += 1;
+            inst.busy_ns += dur.0;
+            inst.tokens += inst.step_tokens;
+            inst.imbalance_sum += inst.device.step_imbalance();
+            for (a, b) in inst.class.iter_mut().zip(inst.outcome.class_times.iter()) {
+                *a += b;
+            }
+            let usage = self.core.instance(i).kv_usage();
+            inst.kv_weighted += usage * dur.as_secs_f64();
+            inst.kv_max = inst.kv_max.max(usage);
+        }
+        if self.opts.timeline {
+            self.spans.push(Span {
+                name: format!("step {} tok", inst.step_tokens),
+                lane: i as u32,
+                lane_name: inst.name.clone(),
+                start: inst.step_start,
+                dur,
+                tokens: inst.step_tokens,
+            });
+        }
+        self.prev_end = inst.step_ends.last().copied().unwrap_or(SimTime::ZERO);
+        inst.step_ends.push(now);
+        self.core.step_done(now, i as u32, &inst.outcome);
+    }
+
+    fn finished_request(&mut self, id: ReqId, inst: u32) {
+        let now = self.now;
+        let slo = self.s.slo;
+        let Some(r) = self.reqs.remove(&id) else {
+            return;
+        };
+        self.finished += 1;
+        let first = r.first_token.unwrap_or(now);
+        let ttft = first - r.arrival;
+        let e2e = now - r.arrival;
+        let tpot = if r.output > 1 {
+            SimDuration((now - first).0 / (r.output as u64 - 1))
+        } else {
+            SimDuration::ZERO
+        };
+        let met = slo.ttft.is_none_or(|x| ttft <= x)
+            && slo.tpot.is_none_or(|x| tpot <= x)
+            && slo.e2e.is_none_or(|x| e2e <= x);
+        if r.arrival >= self.warmup {
+            self.measured_finished += 1;
+            if r.output > 1 {
+                self.lat.tpot.record(tpot);
+            }
+            self.lat.e2e.record(e2e);
+            if met {
+                self.good += 1;
+            }
+        }
+        if self.opts.per_request {
+            self.rows.push(RequestRow {
+                id,
+                arrival_s: r.arrival.as_secs_f64(),
+                input_tokens: r.prompt,
+                output_tokens: r.output,
+                ttft_ms: ttft.as_millis_f64(),
+                tpot_ms: tpot.as_millis_f64(),
+                e2e_ms: e2e.as_millis_f64(),
+                queue_ms: r.started.map_or(0.0, |s| (s - r.arrival).as_millis_f64()),
+                preemptions: r.preemptions,
+                prefill_instance: r
+                    .prefill
+                    .map_or(String::new(), |p| self.insts[p as usize].name.clone()),
+                decode_instance: self.insts[inst as usize].name.clone(),
+                met_slo: met,
+            });
+        }
+    }
+
+    fn next_closed_loop(&mut self) {
+        if let Some((_, sampler)) = &mut self.closed {
+            let id = self.admitted;
+            if id < self.total {
+                let l = sampler.next_lengths();
+                self.admit(id, l.input_tokens, l.output_tokens, &[]);
+            }
+        }
+    }
+
+    fn on_arrival(&mut self, k: u64) {
+        let w = self
+            .open
+            .take()
+            .expect("an open workload schedules arrivals");
+        let req = w.requests()[k as usize];
+        self.admit(k, req.input_tokens, req.output_tokens, w.hash_ids(&req));
+        if let Some(next) = w.requests().get(k as usize + 1) {
+            self.push(
+                SimTime(next.arrival_ns.saturating_sub(w.first_arrival_ns())),
+                Ev::Arrival(k + 1),
+            );
+        }
+        self.open = Some(w);
+    }
+
+    fn on_fabric(&mut self) {
+        self.fabric_armed = None;
+        let mut done = std::mem::take(&mut self.done);
+        done.clear();
+        self.fabric.poll(self.now, &mut done);
+        for &id in &done {
+            self.core.transfer_done(self.now, id);
+        }
+        self.done = done;
+    }
+
+    pub(super) fn run(mut self) -> Result<RunResult, RunError> {
+        if self.open.is_some() {
+            self.push(SimTime::ZERO, Ev::Arrival(0));
+        } else if let Some((concurrency, _)) = &self.closed {
+            for _ in 0..(*concurrency).min(self.total) {
+                self.next_closed_loop();
+            }
+        }
+        if let Some(d) = self.s.duration {
+            self.push(SimTime::ZERO + d, Ev::Stop);
+        }
+        self.pump()?;
+        // A closed loop admits its first requests before any event.
+        if self
+            .queue
+            .peek()
+            .is_none_or(|Reverse((t, _, _))| *t > self.now)
+        {
+            self.core.plan_steps(self.now);
+            self.pump()?;
+        }
+        while let Some(Reverse((t, _, ev))) = self.queue.pop() {
+            debug_assert!(t >= self.now, "time never runs backwards");
+            self.now = t;
+            self.processed += 1;
+            match ev {
+                Ev::Arrival(k) => self.on_arrival(k),
+                Ev::StepDone(i) => self.on_step_done(i as usize),
+                Ev::Fabric => self.on_fabric(),
+                Ev::Stop => break,
+            }
+            self.pump()?;
+            if self
+                .queue
+                .peek()
+                .is_none_or(|Reverse((next, _, _))| *next > self.now)
+            {
+                self.core.plan_steps(self.now);
+                self.pump()?;
+            }
+            if self.processed.is_multiple_of(4096) {
+                if let Some(p) = self.opts.progress.as_mut() {
+                    p(&Progress {
+                        now: self.now,
+                        finished: self.finished,
+                        total: self.total,
+                    });
+                }
+            }
+            if self.finished + self.rejected == self.total {
+                break;
+            }
+        }
+        let arrived = self.admitted;
+        if self.finished + self.rejected < arrived && self.s.duration.is_none() {
+            return Err(RunError::Deadlock {
+                time: self.now,
+                unfinished: arrived - self.finished - self.rejected,
+                hint: self.core.describe(),
+            });
+        }
+        Ok(self.finish(arrived))
+    }
+}
