@@ -71,6 +71,8 @@ pub struct ScheduledReq {
 /// One DP rank's part of a step.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RankPlan {
+    /// The DP rank (0..`StepPlan::dp_ranks`).
+    pub rank: u32,
     pub shape: BatchShape,
     /// Sequences that sample this step and may accept drafts, in the scheduler's order.
     pub decode: Vec<DecodeSeq>,
@@ -87,6 +89,10 @@ pub struct RankPlan {
 /// A step of every DP rank of one instance (they run in lockstep).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct StepPlan {
+    /// DP ranks of the instance.
+    pub dp_ranks: u32,
+    /// The ranks with work, in rank order. The others are idle: in an EP group each runs a
+    /// dummy batch so that the all-to-all stays in lockstep.
     pub ranks: Vec<RankPlan>,
 }
 
@@ -94,6 +100,11 @@ impl StepPlan {
     /// Tokens the whole instance computes.
     pub fn tokens(&self) -> u64 {
         self.ranks.iter().map(|r| r.shape.tokens()).sum()
+    }
+
+    /// Ranks without work this step.
+    pub fn idle_ranks(&self) -> u32 {
+        self.dp_ranks - self.ranks.len() as u32
     }
 }
 
@@ -145,9 +156,9 @@ pub struct Sampled {
 pub struct StepOutcome {
     /// Predicted (twin) or measured (real device) duration.
     pub duration: SimDuration,
-    /// Per rank, per entry of `RankPlan::decode`: drafts accepted (0..=drafts).
+    /// Per entry of `StepPlan::ranks`, per entry of its `decode`: drafts accepted (0..=drafts).
     pub accepted: Vec<Vec<u32>>,
-    /// Per rank, per entry of `RankPlan::decode`: token ids and finish reasons. Empty for
+    /// Per entry of `StepPlan::ranks`, per entry of its `decode`: token ids and finish reasons. Empty for
     /// devices that only count tokens (the twin); then `accepted` alone drives the scheduler.
     pub sampled: Vec<Vec<Sampled>>,
     /// Time by op class on the critical path (zeros when the device cannot tell).

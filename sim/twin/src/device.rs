@@ -388,24 +388,20 @@ impl Device for SimDevice {
     }
 
     fn execute(&mut self, plan: &StepPlan, out: &mut StepOutcome) -> Result<(), DeviceError> {
-        if plan.ranks.len() != self.capacity.dp_ranks as usize {
+        if plan.dp_ranks != self.capacity.dp_ranks
+            || plan.ranks.iter().any(|r| r.rank >= plan.dp_ranks)
+        {
             return Err(DeviceError::Ranks {
-                got: plan.ranks.len(),
+                got: plan.dp_ranks as usize,
                 expected: self.capacity.dp_ranks,
             });
         }
+        // Idle ranks run a one-token dummy batch: priced once, whatever their number.
+        let empty = plan.ranks.iter().filter(|r| r.shape.is_empty()).count() as u64;
+        let idle = plan.idle_ranks() as u64 + empty;
         // Every token of every rank enters the MoE layers once (TP dies split a rank's tokens).
-        let group: u64 = plan
-            .ranks
-            .iter()
-            .map(|r| {
-                if r.shape.is_empty() {
-                    self.dummy.tokens()
-                } else {
-                    r.shape.tokens()
-                }
-            })
-            .sum();
+        let group: u64 =
+            plan.ranks.iter().map(|r| r.shape.tokens()).sum::<u64>() + idle * self.dummy.tokens();
         // The batch's own routing strays from the mean the placement was made for.
         let step_imbalance = match &self.experts {
             Some(e) if e.concentration > 0.0 => {
@@ -419,19 +415,19 @@ impl Device for SimDevice {
             time_s: 0.0,
             class_times: [0.0; CLASS_SLOTS],
         };
+        if idle > 0 {
+            slowest = self.pricer.rank_cost(&self.dummy, group, step_imbalance);
+        }
         let mut last: Option<BatchShape> = None;
-        for (i, r) in plan.ranks.iter().enumerate() {
-            let shape = if r.shape.is_empty() {
-                self.dummy
-            } else {
-                r.shape
-            };
+        for r in plan.ranks.iter().filter(|r| !r.shape.is_empty()) {
             // Consecutive ranks with equal shapes cost the same.
-            if last == Some(shape) {
+            if last == Some(r.shape) {
                 continue;
             }
-            last = Some(shape);
-            let c = self.pricer.rank_cost_of(i, &shape, group, step_imbalance);
+            last = Some(r.shape);
+            let c = self
+                .pricer
+                .rank_cost_of(r.rank as usize, &r.shape, group, step_imbalance);
             if c.time_s > slowest.time_s {
                 slowest = c;
             }
@@ -465,7 +461,7 @@ impl Device for SimDevice {
             plan.ranks
                 .iter()
                 .map(|r| h.step_s + h.per_seq_s * r.shape.seqs() as f64)
-                .fold(0.0, f64::max)
+                .fold(if idle > 0 { h.step_s } else { 0.0 }, f64::max)
         } else {
             0.0
         };

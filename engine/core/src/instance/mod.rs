@@ -5,8 +5,10 @@
 //! - [`rank`]: the scheduler of one DP rank (vLLM v1 semantics).
 //!
 //! New requests go to the DP rank with the fewest unfinished requests (lowest index on ties).
-//! A step plans every rank (idle ranks plan nothing; the device runs them a dummy batch), and the
-//! outcome is applied rank by rank.
+//! A step plans the ranks that have work, in rank order; the others are idle (the device runs
+//! them a dummy batch to keep the all-to-all in lockstep) and cost the scheduler nothing: an
+//! idle rank's step counter catches up when it gets work again. The outcome is applied rank by
+//! rank.
 
 pub mod kv;
 pub mod rank;
@@ -116,6 +118,12 @@ pub struct Instance {
     /// Where each request lives: (rank, slot).
     owner: rustc_hash::FxHashMap<ReqId, (u32, u32)>,
     plan: StepPlan,
+    /// Ranks with work (or device state to free), in rank order: the ranks a step plans.
+    active: Vec<u32>,
+    /// Steps applied so far.
+    steps: u64,
+    /// KV blocks in use over all ranks, kept as ranks change.
+    used_blocks: u64,
     started: Vec<ReqId>,
     pulls: Vec<ReqId>,
     /// Preemptions decided while scheduling, reported with the step's outcome.
@@ -133,8 +141,12 @@ impl Instance {
             ranks: (0..cfg.dp_ranks).map(|_| RankScheduler::new(cfg)).collect(),
             loads: vec![0; cfg.dp_ranks as usize],
             plan: StepPlan {
-                ranks: vec![Default::default(); cfg.dp_ranks as usize],
+                dp_ranks: cfg.dp_ranks,
+                ranks: Vec::new(),
             },
+            active: Vec::new(),
+            steps: 0,
+            used_blocks: 0,
             cfg,
             owner: rustc_hash::FxHashMap::default(),
             started: Vec::new(),
@@ -187,9 +199,8 @@ impl Instance {
         let Some((r, slot)) = self.owner.remove(&req) else {
             return false;
         };
-        let rank = &mut self.ranks[r as usize];
-        let found = rank.abort(slot, req);
-        self.loads[r as usize] = rank.load() as u32;
+        let found = self.on_rank(r, |rank| rank.abort(slot, req));
+        self.loads[r as usize] = self.ranks[r as usize].load() as u32;
         found
     }
 
@@ -220,27 +231,61 @@ impl Instance {
         let slot = self.ranks[rank as usize].add(r);
         self.loads[rank as usize] += 1;
         self.owner.insert(r.id, (rank, slot));
+        self.activate(rank);
         rank
     }
 
+    /// Runs `f` on rank `r`, keeping the block count and the active set up to date.
+    fn on_rank<T>(&mut self, r: u32, f: impl FnOnce(&mut RankScheduler) -> T) -> T {
+        let rank = &mut self.ranks[r as usize];
+        let before = rank.used_blocks();
+        let out = f(rank);
+        let after = rank.used_blocks();
+        self.used_blocks = self.used_blocks + after - before;
+        if self.ranks[r as usize].has_work() || self.ranks[r as usize].has_freed() {
+            self.activate(r);
+        }
+        out
+    }
+
+    fn activate(&mut self, r: u32) {
+        if let Err(at) = self.active.binary_search(&r) {
+            self.active.insert(at, r);
+        }
+    }
+
     pub fn has_work(&self) -> bool {
-        self.ranks.iter().any(RankScheduler::has_work)
+        self.active
+            .iter()
+            .any(|&r| self.ranks[r as usize].has_work())
     }
 
     /// Plans one lockstep step of every rank; read it with [`Instance::plan`].
     pub fn schedule(&mut self, _now: SimTime) {
         self.started.clear();
         self.pulls.clear();
-        let mut events = Vec::new();
-        for ((r, plan), load) in self
-            .ranks
-            .iter_mut()
-            .zip(self.plan.ranks.iter_mut())
-            .zip(self.loads.iter_mut())
-        {
-            r.schedule(plan, &mut self.started, &mut self.pulls, &mut events);
+        let mut events = std::mem::take(&mut self.pending);
+        events.clear();
+        // Ranks that went idle in the last step leave the active set.
+        let ranks = &self.ranks;
+        self.active
+            .retain(|&r| ranks[r as usize].has_work() || ranks[r as usize].has_freed());
+        let n = self.active.len();
+        if self.plan.ranks.len() > n {
+            self.plan.ranks.truncate(n);
+        } else {
+            self.plan.ranks.resize_with(n, Default::default);
+        }
+        for (k, &r) in self.active.iter().enumerate() {
+            let rank = &mut self.ranks[r as usize];
+            rank.catch_up(self.steps);
+            let before = rank.used_blocks();
+            let plan = &mut self.plan.ranks[k];
+            plan.rank = r;
+            rank.schedule(plan, &mut self.started, &mut self.pulls, &mut events);
+            self.used_blocks = self.used_blocks + rank.used_blocks() - before;
             // Send-back preemption removes requests while scheduling.
-            *load = r.load() as u32;
+            self.loads[r as usize] = rank.load() as u32;
         }
         self.pending = events;
     }
@@ -272,17 +317,21 @@ impl Instance {
         self.emissions.clear();
         self.emitted_ids.clear();
         let mut sum = StepSummary::default();
-        for (i, r) in self.ranks.iter_mut().enumerate() {
+        for (k, p) in self.plan.ranks.iter().enumerate() {
+            let r = &mut self.ranks[p.rank as usize];
+            let before = r.used_blocks();
             r.update(
-                outcome.accepted.get(i).map_or(&[][..], Vec::as_slice),
-                outcome.sampled.get(i).map_or(&[][..], Vec::as_slice),
+                outcome.accepted.get(k).map_or(&[][..], Vec::as_slice),
+                outcome.sampled.get(k).map_or(&[][..], Vec::as_slice),
                 &mut sum,
                 events,
                 &mut self.emissions,
                 &mut self.emitted_ids,
             );
-            self.loads[i] = r.load() as u32;
+            self.used_blocks = self.used_blocks + r.used_blocks() - before;
+            self.loads[p.rank as usize] = r.load() as u32;
         }
+        self.steps += 1;
         for e in events.iter() {
             if let InstEvent::SentBack { req, .. } | InstEvent::Finished { req, .. } = *e {
                 self.owner.remove(&req);
@@ -293,25 +342,32 @@ impl Instance {
 
     /// Steps applied so far (every rank steps in lockstep).
     pub fn steps(&self) -> u64 {
-        self.ranks[0].steps()
+        self.steps
     }
 
     pub fn kv_arrived(&mut self, req: ReqId, _now: SimTime) {
         if let Some(&(r, slot)) = self.owner.get(&req) {
-            self.ranks[r as usize].kv_arrived(slot, req);
+            let steps = self.steps;
+            self.on_rank(r, |rank| {
+                // It computes from the next step on: bring the rank's counter to it first.
+                if !rank.has_work() {
+                    rank.catch_up(steps);
+                }
+                rank.kv_arrived(slot, req)
+            });
         }
     }
 
     /// Frees a finished prefill request's KV after its transfer.
     pub fn release_kv(&mut self, req: ReqId) {
         if let Some((r, slot)) = self.owner.remove(&req) {
-            self.ranks[r as usize].release(slot, req);
+            self.on_rank(r, |rank| rank.release(slot, req));
         }
     }
 
     /// Mean KV use over ranks, 0..1.
     pub fn kv_usage(&self) -> f64 {
-        self.ranks.iter().map(RankScheduler::kv_usage).sum::<f64>() / self.ranks.len() as f64
+        self.used_blocks as f64 / (self.cfg.num_kv_blocks * self.cfg.dp_ranks as u64) as f64
     }
 
     pub fn num_waiting(&self) -> usize {

@@ -1011,6 +1011,42 @@ impl RankScheduler {
             .map(|s| s.blocks.as_slice())
     }
 
+    /// Blocks held by requests (the KV in use).
+    pub fn used_blocks(&self) -> u64 {
+        self.pool.used()
+    }
+
+    /// Requests whose device state may be dropped wait for the next plan.
+    pub fn has_freed(&self) -> bool {
+        !self.freed.is_empty()
+    }
+
+    /// Brings an idle rank's step counter to the instance's: the instance plans and applies
+    /// only ranks with work, and an idle rank steps nothing (its part of a lockstep step is
+    /// the device's dummy batch). Call before scheduling a rank that sat steps out.
+    pub fn catch_up(&mut self, steps: u64) {
+        if self.step >= steps {
+            return;
+        }
+        // A rank that was idle when the last step was planned may have been handed requests
+        // since (arrivals, pulled KV); they sat that step out, as they would have in it.
+        debug_assert!(
+            self.steady.is_empty() && self.phantoms.is_empty(),
+            "only a rank without steady or finishing requests sits steps out"
+        );
+        // Fold what the last step left in the sums, then move the ring: with no steady request
+        // every cell is empty.
+        self.advance(self.step);
+        debug_assert!(
+            self.tokens.iter().all(|&c| c == 0),
+            "an idle rank's ring is empty"
+        );
+        self.step = steps;
+        if !self.tokens.is_empty() {
+            self.advanced = steps;
+        }
+    }
+
     /// The rank's step counter (steps applied so far).
     pub fn steps(&self) -> u64 {
         self.step
