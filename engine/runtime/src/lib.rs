@@ -17,6 +17,7 @@
 pub mod api;
 pub mod metrics;
 pub mod parsers;
+pub mod prompt;
 pub mod text;
 
 use dstwin_core::device::{Device, KvTransfer, ReqId, StepOutcome};
