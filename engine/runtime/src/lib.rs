@@ -5,6 +5,8 @@
 //!   step -> apply; the PD proxy in front; KV hand-offs from prefill to decode instances.
 //! - [`api`]: the axum router (`/v1/completions`, `/v1/chat/completions`, `/v1/models`,
 //!   `/health`, `/metrics`).
+//! - [`prompt`]: prompt token counts (HF tokenizer or estimate) and the DeepSeek chat template.
+//! - [`parsers`]: DeepSeek reasoning and tool-call parsers (vLLM's names), streaming and whole.
 //! - [`metrics`]: vLLM-named Prometheus metrics.
 //! - [`text`]: deterministic placeholder text for emulated devices.
 //!
@@ -25,7 +27,7 @@ use dstwin_core::instance::{InstEvent, Instance, InstanceConfig, NewRequest};
 use dstwin_core::layout::Role;
 use dstwin_core::pd::{Policy, Proxy};
 use dstwin_core::time::{SimDuration, SimTime};
-use metrics::Metrics;
+use metrics::{FinishReason, Metrics, RequestTimes};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -110,8 +112,24 @@ struct ReqState {
     prefill: Option<usize>,
     serve: Option<usize>,
     arrival: Instant,
+    /// First scheduled (queue time ends).
+    scheduled: Option<Instant>,
     first: Option<Instant>,
     last: Instant,
+}
+
+impl ReqState {
+    fn times(&self, end: Instant) -> RequestTimes {
+        RequestTimes {
+            arrival: self.arrival,
+            scheduled: self.scheduled,
+            first_token: self.first,
+            last_token: self.first.map(|_| self.last),
+            end,
+            prompt_tokens: self.prompt,
+            generated: self.emitted,
+        }
+    }
 }
 
 struct InstHandle {
@@ -224,7 +242,7 @@ impl Runtime {
             serve_ids.len(),
         );
         let shared = Arc::new(Shared {
-            metrics: Metrics::new(&cfg.model),
+            metrics: Metrics::new(&cfg.model, handles.len()),
             cfg,
             proxy: Mutex::new(proxy),
             insts: handles,
@@ -318,13 +336,11 @@ impl Runtime {
                 prefill: None,
                 serve: None,
                 arrival: now,
+                scheduled: None,
                 first: None,
                 last: now,
             },
         );
-        s.metrics
-            .prompt_tokens
-            .fetch_add(r.prompt_tokens as u64, Ordering::Relaxed);
         if s.prefill_ids.is_empty() {
             let k = s
                 .proxy
@@ -360,6 +376,13 @@ impl Runtime {
     fn send_to(&self, i: usize, id: ReqId, remote_kv: bool) {
         let s = &self.shared;
         if let Some(r) = s.reqs.lock().expect("requests").get_mut(&id) {
+            if r.prefill.is_none() && r.serve.is_none() {
+                // Its prompt counts once, on the first instance it reaches.
+                s.metrics
+                    .engine(i)
+                    .prompt_tokens
+                    .fetch_add(r.prompt as u64, Ordering::Relaxed);
+            }
             if s.insts[i].role == Role::Prefill {
                 r.prefill = Some(i);
             } else {
@@ -370,14 +393,26 @@ impl Runtime {
         let _ = s.insts[i].tx.send(Cmd::Add { id, remote_kv });
     }
 
+    /// Ends a request because a stop string appeared in its text: frees its KV like an abort,
+    /// but counts as `finished_reason="stop"` with its timings.
+    pub fn stop(&self, id: ReqId) {
+        self.end(id, FinishReason::Stop);
+    }
+
     /// Drops a request wherever it is and frees its KV.
     fn abort(&self, id: ReqId) {
+        self.end(id, FinishReason::Abort);
+    }
+
+    fn end(&self, id: ReqId, reason: FinishReason) {
         let s = &self.shared;
         let Some(r) = s.reqs.lock().expect("requests").remove(&id) else {
             return;
         };
         s.pending.fetch_sub(1, Ordering::Relaxed);
-        s.metrics.aborted.fetch_add(1, Ordering::Relaxed);
+        let engine = r.serve.or(r.prefill).unwrap_or(0);
+        s.metrics
+            .request_finished(engine, &r.times(Instant::now()), reason);
         for i in [r.prefill, r.serve].into_iter().flatten() {
             let _ = s.insts[i].tx.send(Cmd::Abort(id));
         }
@@ -487,6 +522,15 @@ impl InstanceTask {
             }
             let now = self.now();
             self.inst.schedule(now);
+            if !self.inst.started().is_empty() {
+                let at = Instant::now();
+                let mut reqs = shared.reqs.lock().expect("requests");
+                for id in self.inst.started() {
+                    if let Some(r) = reqs.get_mut(id) {
+                        r.scheduled.get_or_insert(at);
+                    }
+                }
+            }
             for id in self.inst.kv_pulls().to_vec() {
                 self.start_transfer(&shared, id);
             }
@@ -509,6 +553,9 @@ impl InstanceTask {
                 tracing::error!(instance = %shared.insts[self.index].name, "device failed: {e}");
                 return;
             }
+            shared
+                .metrics
+                .spec_decode(self.index, self.inst.plan(), &outcome);
             if shared.cfg.record_steps {
                 shared.steps.lock().expect("step log").push(StepRecord {
                     instance: self.index,
@@ -592,7 +639,7 @@ impl InstanceTask {
     /// Streams the step's tokens and moves requests on (PD hand-off, finish, send-back).
     fn after_step(&mut self, shared: &Arc<Shared>, events: &[InstEvent]) {
         let role = self.inst.config().role;
-        let m = &shared.metrics;
+        let m = shared.metrics.engine(self.index);
         let now = Instant::now();
         let rt = Runtime {
             shared: shared.clone(),
@@ -666,14 +713,11 @@ impl InstanceTask {
                     };
                     shared.pending.fetch_sub(1, Ordering::Relaxed);
                     self.decode_done(shared, r.prompt);
-                    m.e2e.observe((now - r.arrival).as_secs_f64());
-                    if let Some(f) = r.first {
-                        if r.emitted > 1 {
-                            m.tpot
-                                .observe((now - f).as_secs_f64() / (r.emitted - 1) as f64);
-                        }
-                    }
-                    m.finished.fetch_add(1, Ordering::Relaxed);
+                    shared.metrics.request_finished(
+                        self.index,
+                        &r.times(now),
+                        FinishReason::Length,
+                    );
                     let _ = r.tx.send(Out::Finished);
                 }
                 InstEvent::Preempted { .. } => {
