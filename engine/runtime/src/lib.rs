@@ -5,8 +5,10 @@
 //!   step -> apply; the PD proxy in front; KV hand-offs from prefill to decode instances.
 //! - [`api`]: the axum router (`/v1/completions`, `/v1/chat/completions`, `/v1/models`,
 //!   `/health`, `/metrics`).
+//! - [`request`]: request bodies parsed and validated once (what is honoured, what refused).
 //! - [`prompt`]: prompt token counts (HF tokenizer or estimate) and the DeepSeek chat template.
 //! - [`parsers`]: DeepSeek reasoning and tool-call parsers (vLLM's names), streaming and whole.
+//! - `output`: one choice's output: stop strings and the parsers.
 //! - [`metrics`]: vLLM-named Prometheus metrics.
 //! - [`text`]: deterministic placeholder text for emulated devices.
 //!
@@ -18,8 +20,10 @@
 
 pub mod api;
 pub mod metrics;
+mod output;
 pub mod parsers;
 pub mod prompt;
+pub mod request;
 pub mod text;
 
 use dstwin_core::device::{Device, KvTransfer, ReqId, StepOutcome};
