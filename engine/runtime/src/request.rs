@@ -695,6 +695,10 @@ mod tests {
             2
         );
         assert_eq!(param(comp(json!({"model": "m", "prompt": [-1]}))), "prompt");
+        // As vLLM, `model` may be left out; a wrong one is a 404.
+        assert!(comp(json!({"prompt": "hi"})).is_ok());
+        let e = comp(json!({"model": "gpt-4", "prompt": "hi"})).unwrap_err();
+        assert_eq!(e.status, StatusCode::NOT_FOUND);
         let e = chat_with(
             json!({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}),
             false,
