@@ -711,6 +711,10 @@ fn openai_python_client() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("ok"));
 }
 
+fn p_label(engine: u32) -> String {
+    format!("model_name=\"deepseek-r1\",engine=\"{engine}\"")
+}
+
 /// The value of the one series `line_start` names exactly (labels included).
 fn series(m: &str, line_start: &str) -> f64 {
     m.lines()
@@ -823,6 +827,10 @@ fn metrics_follow_current_vllm() {
         "{drafts} {draft_tokens}"
     );
     assert!(accepted > 0.0 && accepted <= draft_tokens, "{accepted}");
+    // Every step of both engines is in vllm:iteration_tokens_total.
+    for e in [p_label(0), p_label(1)] {
+        assert!(series(&m, &format!("vllm:iteration_tokens_total_count{{{e}}}")) > 0.0);
+    }
     // Prompt tokens are counted once, on the prefill engine.
     let p = "model_name=\"deepseek-r1\",engine=\"0\"";
     assert_eq!(series(&m, &format!("vllm:prompt_tokens_total{{{p}}}")), 2.0);

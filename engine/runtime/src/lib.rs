@@ -557,9 +557,7 @@ impl InstanceTask {
                 tracing::error!(instance = %shared.insts[self.index].name, "device failed: {e}");
                 return;
             }
-            shared
-                .metrics
-                .spec_decode(self.index, self.inst.plan(), &outcome);
+            shared.metrics.step(self.index, self.inst.plan(), &outcome);
             if shared.cfg.record_steps {
                 shared.steps.lock().expect("step log").push(StepRecord {
                     instance: self.index,

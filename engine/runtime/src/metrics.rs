@@ -6,8 +6,9 @@
 //! Per request, at its end ([`Metrics::request_finished`]): e2e, queue (arrival to first
 //! scheduled), prefill (scheduled to first token), decode (first to last token), inference
 //! (scheduled to last token), time per output token, prompt and generation token counts, and
-//! the finish reason (`length`, `stop`, `abort`). Per step: tokens, TTFT, ITL and the MTP
-//! speculative-decoding counters ([`Metrics::spec_decode`]).
+//! the finish reason (`length`, `stop`, `abort`). Per step ([`Metrics::step`]): the tokens it
+//! computed (`vllm:iteration_tokens_total`) and the MTP speculative-decoding counters; TTFT,
+//! ITL and token counters as tokens reach clients.
 
 use dstwin_core::device::{StepOutcome, StepPlan};
 use std::fmt::Write;
@@ -27,6 +28,10 @@ const ITL_BUCKETS: &[f64] = &[
 const REQUEST_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
+];
+/// Tokens per engine step (vLLM's `vllm:iteration_tokens_total` buckets).
+const ITERATION_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
 ];
 /// vLLM's 1-2-5 series for token counts (it stops at max_model_len; this at a million).
 const TOKEN_BUCKETS: &[f64] = &[
@@ -133,6 +138,7 @@ pub struct EngineMetrics {
     inference: Histogram,
     request_prompt_tokens: Histogram,
     request_generation_tokens: Histogram,
+    iteration_tokens: Histogram,
     gauges: Mutex<Gauges>,
 }
 
@@ -159,6 +165,7 @@ impl EngineMetrics {
             inference: Histogram::new(REQUEST_BUCKETS),
             request_prompt_tokens: Histogram::new(TOKEN_BUCKETS),
             request_generation_tokens: Histogram::new(TOKEN_BUCKETS),
+            iteration_tokens: Histogram::new(ITERATION_BUCKETS),
             gauges: Mutex::new(Gauges::default()),
         }
     }
@@ -238,9 +245,11 @@ impl Metrics {
         }
     }
 
-    /// MTP on engine `i`: every sequence of the step that verified drafts, and what it accepted.
-    pub fn spec_decode(&self, i: usize, plan: &StepPlan, outcome: &StepOutcome) {
+    /// A step of engine `i` ran: the tokens it computed, and for MTP every sequence that
+    /// verified drafts and what it accepted.
+    pub fn step(&self, i: usize, plan: &StepPlan, outcome: &StepOutcome) {
         let e = self.engine(i);
+        e.iteration_tokens.observe(plan.tokens() as f64);
         let (mut seqs, mut drafts, mut accepted) = (0, 0, 0);
         let mut per_pos = e.spec_accepted_per_pos.lock().expect("per position");
         for (r, rank) in plan.ranks.iter().enumerate() {
@@ -400,7 +409,7 @@ impl Metrics {
             }
         }
         type HistFn = fn(&EngineMetrics) -> &Histogram;
-        let hists: [(&str, &str, HistFn); 11] = [
+        let hists: [(&str, &str, HistFn); 12] = [
             (
                 "vllm:time_to_first_token_seconds",
                 "Histogram of time to first token in seconds.",
@@ -455,6 +464,11 @@ impl Metrics {
                 "vllm:request_generation_tokens",
                 "Number of generation tokens processed.",
                 |e| &e.request_generation_tokens,
+            ),
+            (
+                "vllm:iteration_tokens_total",
+                "Histogram of number of tokens per engine_step.",
+                |e| &e.iteration_tokens,
             ),
         ];
         for (name, help, f) in hists {
@@ -569,10 +583,11 @@ mod tests {
             accepted: vec![vec![2, 1, 0]],
             ..Default::default()
         };
-        m.spec_decode(0, &plan, &outcome);
+        m.step(0, &plan, &outcome);
         let t = m.render();
         let l = "model_name=\"m\",engine=\"0\"";
         assert!(t.contains(&format!("vllm:spec_decode_num_drafts_total{{{l}}} 2")));
+        assert!(t.contains(&format!("vllm:iteration_tokens_total_count{{{l}}} 1")));
         assert!(t.contains(&format!("vllm:spec_decode_num_draft_tokens_total{{{l}}} 4")));
         assert!(t.contains(&format!(
             "vllm:spec_decode_num_accepted_tokens_total{{{l}}} 3"
