@@ -14,6 +14,7 @@ use hyper_util::rt::TokioExecutor;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Exp};
 use serde::Serialize;
+use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,9 +42,18 @@ pub struct BenchArgs {
     /// Output tokens per request.
     #[arg(long, default_value_t = 128)]
     output_len: u32,
-    /// Poisson arrivals at this many requests per second (default: all at once).
+    /// Arrivals at this many requests per second (default: all at once): Poisson, or gamma
+    /// with --burstiness.
     #[arg(long)]
     request_rate: Option<f64>,
+    /// Burstiness of arrivals, as in `vllm bench serve`: the shape of the gamma distribution of
+    /// inter-arrival times (1 = Poisson; smaller is burstier).
+    #[arg(long, default_value_t = 1.0)]
+    burstiness: f64,
+    /// Service-level objectives for goodput, as in `vllm bench serve`: KEY:MS with KEY ttft,
+    /// tpot or e2el (repeatable); requests meeting all of them count toward request_goodput.
+    #[arg(long, value_name = "KEY:MS")]
+    goodput: Vec<String>,
     /// At most this many requests in flight.
     #[arg(long)]
     max_concurrency: Option<usize>,
@@ -75,48 +85,146 @@ struct Sample {
     error: Option<String>,
     input: u32,
     output: u32,
+    /// When it was sent, from the start of the run (s).
+    sent: f64,
     ttft: f64,
     e2e: f64,
     itl: Vec<f64>,
+    text: String,
+    /// When each text chunk arrived, from the start of the run (s).
+    chunk_at: Vec<f64>,
 }
 
-/// The result, with `vllm bench serve --save-result` field names.
+/// The result, with the fields and names `vllm bench serve --save-result --save-detailed`
+/// writes (per-request lists included; `date` is UTC).
 #[derive(Serialize, Debug)]
 pub struct BenchResult {
+    pub date: String,
+    pub endpoint_type: &'static str,
+    pub backend: &'static str,
+    pub label: Option<String>,
+    pub model_id: String,
+    pub tokenizer_id: String,
+    pub num_prompts: u64,
+    /// A number, or "inf" when all requests start at once.
+    pub request_rate: Value,
+    pub burstiness: f64,
+    pub max_concurrency: Option<usize>,
+    pub ignore_eos: bool,
     pub duration: f64,
     pub completed: u64,
     pub failed: u64,
     pub total_input_tokens: u64,
     pub total_output_tokens: u64,
     pub request_throughput: f64,
+    /// Requests per second that met every --goodput objective (null without objectives).
+    pub request_goodput: Option<f64>,
     pub output_throughput: f64,
     pub total_token_throughput: f64,
-    pub max_concurrency: Option<usize>,
-    pub request_rate: Option<f64>,
+    /// The most output tokens received in one wall-clock second of the run.
+    pub max_output_tokens_per_s: f64,
+    /// The most requests in flight at once.
+    pub max_concurrent_requests: u64,
     pub mean_ttft_ms: f64,
     pub median_ttft_ms: f64,
+    pub std_ttft_ms: f64,
     pub p99_ttft_ms: f64,
     pub mean_tpot_ms: f64,
     pub median_tpot_ms: f64,
+    pub std_tpot_ms: f64,
     pub p99_tpot_ms: f64,
     pub mean_itl_ms: f64,
     pub median_itl_ms: f64,
+    pub std_itl_ms: f64,
     pub p99_itl_ms: f64,
     pub mean_e2el_ms: f64,
     pub median_e2el_ms: f64,
+    pub std_e2el_ms: f64,
     pub p99_e2el_ms: f64,
+    pub input_lens: Vec<u32>,
+    pub output_lens: Vec<u32>,
+    /// Seconds, per request (0 for failed ones).
+    pub ttfts: Vec<f64>,
+    /// Seconds, per request.
+    pub itls: Vec<Vec<f64>>,
+    pub generated_texts: Vec<String>,
+    /// Per request: "" when it succeeded.
     pub errors: Vec<String>,
 }
 
-/// mean, median, p99 of `v` in milliseconds (zeros when empty).
-fn stats_ms(mut v: Vec<f64>) -> (f64, f64, f64) {
+/// mean, median, standard deviation, p99 of `v` in milliseconds (zeros when empty).
+fn stats_ms(mut v: Vec<f64>) -> [f64; 4] {
     if v.is_empty() {
-        return (0.0, 0.0, 0.0);
+        return [0.0; 4];
     }
     v.sort_by(f64::total_cmp);
-    let mean = v.iter().sum::<f64>() / v.len() as f64;
-    let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
-    (mean * 1e3, q(0.5) * 1e3, q(0.99) * 1e3)
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let std = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
+    // Linear interpolation between closest ranks, as numpy.percentile.
+    let q = |p: f64| {
+        let r = (v.len() - 1) as f64 * p;
+        let (lo, hi) = (r.floor() as usize, r.ceil() as usize);
+        v[lo] + (v[hi] - v[lo]) * (r - lo as f64)
+    };
+    [mean * 1e3, q(0.5) * 1e3, std * 1e3, q(0.99) * 1e3]
+}
+
+/// Goodput objectives (seconds) parsed from KEY:MS.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Slo {
+    ttft: Option<f64>,
+    tpot: Option<f64>,
+    e2el: Option<f64>,
+}
+
+fn slos(v: &[String]) -> Result<Option<Slo>, Failure> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let mut s = Slo::default();
+    for item in v {
+        let bad = || {
+            Failure::Input(anyhow!("--goodput {item:?}: expected KEY:MS with KEY ttft, tpot or e2el and MS a positive number"))
+        };
+        let (k, ms) = item.split_once(':').ok_or_else(bad)?;
+        let ms: f64 = ms.trim().parse().map_err(|_| bad())?;
+        if !(ms.is_finite() && ms > 0.0) {
+            return Err(bad());
+        }
+        let slot = match k.trim() {
+            "ttft" => &mut s.ttft,
+            "tpot" => &mut s.tpot,
+            "e2el" => &mut s.e2el,
+            _ => return Err(bad()),
+        };
+        *slot = Some(ms / 1e3);
+    }
+    Ok(Some(s))
+}
+
+/// A date like vLLM's `%Y%m%d-%H%M%S` (UTC).
+fn date_utc() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
@@ -174,11 +282,27 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
         Some(r) => Some(Exp::new(r).map_err(|e| Failure::Input(anyhow!("--request-rate: {e}")))?),
         None => None,
     };
+    if !(a.burstiness.is_finite() && a.burstiness > 0.0) {
+        return Err(Failure::Input(anyhow!(
+            "--burstiness must be a positive number, got {}",
+            a.burstiness
+        )));
+    }
+    // Gamma inter-arrivals with mean 1/rate; shape 1 is the exponential (Poisson arrivals).
+    let gamma = match a.request_rate {
+        Some(r) if a.burstiness != 1.0 => Some(
+            rand_distr::Gamma::new(a.burstiness, 1.0 / (r * a.burstiness))
+                .map_err(|e| Failure::Input(anyhow!("--burstiness: {e}")))?,
+        ),
+        _ => None,
+    };
     let mut t = 0.0;
     let v = (0..a.num_prompts)
         .map(|_| {
             let at = Duration::from_secs_f64(t);
-            if let Some(e) = &exp {
+            if let Some(g) = &gamma {
+                t += g.sample(&mut rng);
+            } else if let Some(e) = &exp {
                 t += e.sample(&mut rng);
             }
             Job {
@@ -206,9 +330,10 @@ async fn get_json(client: &HttpClient, url: &str) -> anyhow::Result<serde_json::
     Ok(serde_json::from_slice(&body)?)
 }
 
-async fn one(client: HttpClient, url: String, model: String, job: Job) -> Sample {
+async fn one(client: HttpClient, url: String, model: String, job: Job, t0: Instant) -> Sample {
     let mut s = Sample {
         input: job.input,
+        sent: t0.elapsed().as_secs_f64(),
         ..Sample::default()
     };
     let body = serde_json::json!({
@@ -288,7 +413,14 @@ async fn one(client: HttpClient, url: String, model: String, job: Job) -> Sample
                     .is_some_and(|p| payload.as_bytes().get(p + k.len()) != Some(&b'"'))
             });
             if has_text {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(payload) {
+                    let c = &v["choices"][0];
+                    if let Some(t) = c["text"].as_str().or(c["delta"]["content"].as_str()) {
+                        s.text.push_str(t);
+                    }
+                }
                 let now = Instant::now();
+                s.chunk_at.push((now - t0).as_secs_f64());
                 match last {
                     None => s.ttft = (now - start).as_secs_f64(),
                     Some(l) => s.itl.push((now - l).as_secs_f64()),
@@ -310,6 +442,7 @@ async fn one(client: HttpClient, url: String, model: String, job: Job) -> Sample
 
 pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let (jobs, concurrency) = jobs(&a)?;
+    let slo = slos(&a.goodput)?;
     if concurrency == Some(0) {
         return Err(Failure::Input(anyhow!(
             "--max-concurrency must be at least 1"
@@ -318,7 +451,15 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let tokio = tokio::runtime::Runtime::new()
         .context("starting the async runtime")
         .map_err(Failure::Runtime)?;
-    let result = tokio.block_on(bench(&a, jobs, concurrency))?;
+    let (samples, duration, model) = tokio.block_on(bench(&a, jobs, concurrency))?;
+    let mut result = summarize(samples, duration, slo);
+    result.model_id = model.clone();
+    result.tokenizer_id = model;
+    result.max_concurrency = concurrency;
+    result.request_rate = a
+        .request_rate
+        .map_or_else(|| Value::from("inf"), Value::from);
+    result.burstiness = a.burstiness;
     let json = serde_json::to_string_pretty(&result).map_err(|e| Failure::Runtime(e.into()))?;
     if let Some(p) = &a.save_result {
         std::fs::write(p, &json)
@@ -330,14 +471,27 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     } else {
         print!("{}", render(&result));
     }
+    if result.completed == 0 {
+        let first = result
+            .errors
+            .iter()
+            .find(|e| !e.is_empty())
+            .map_or("no error reported", String::as_str);
+        return Err(Failure::Runtime(anyhow!(
+            "every request failed ({} of {}); the first error: {first}",
+            result.failed,
+            result.num_prompts
+        )));
+    }
     Ok(())
 }
 
+/// Sends the jobs; returns every request's sample, the run's duration and the model asked for.
 async fn bench(
     a: &BenchArgs,
     jobs: Vec<Job>,
     concurrency: Option<usize>,
-) -> Result<BenchResult, Failure> {
+) -> Result<(Vec<Sample>, f64, String), Failure> {
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_nodelay(true);
     let client: HttpClient = Client::builder(TokioExecutor::new())
@@ -379,7 +533,7 @@ async fn bench(
             .map_err(|e| Failure::Runtime(e.into()))?;
         let (client, url, model, bar) = (client.clone(), url.clone(), model.clone(), bar.clone());
         tasks.push(tokio::spawn(async move {
-            let s = one(client, url, model, job).await;
+            let s = one(client, url, model, job, start).await;
             drop(permit);
             bar.inc(1);
             s
@@ -391,56 +545,103 @@ async fn bench(
     }
     let duration = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    Ok(summarize(samples, duration, concurrency, a.request_rate))
+    Ok((samples, duration, model))
 }
 
-fn summarize(
-    samples: Vec<Sample>,
-    duration: f64,
-    max_concurrency: Option<usize>,
-    request_rate: Option<f64>,
-) -> BenchResult {
+/// The report over all samples (run metadata is filled in by the caller).
+fn summarize(samples: Vec<Sample>, duration: f64, slo: Option<Slo>) -> BenchResult {
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
-    let mut errors: Vec<String> = samples.iter().filter_map(|s| s.error.clone()).collect();
-    errors.sort();
-    errors.dedup();
-    errors.truncate(10);
     let total_in: u64 = ok.iter().map(|s| s.input as u64).sum();
     let total_out: u64 = ok.iter().map(|s| s.output as u64).sum();
+    let tpot_of = |s: &Sample| (s.output > 1).then(|| (s.e2e - s.ttft) / (s.output - 1) as f64);
     let ttft = stats_ms(ok.iter().map(|s| s.ttft).collect());
-    let tpot = stats_ms(
-        ok.iter()
-            .filter(|s| s.output > 1)
-            .map(|s| (s.e2e - s.ttft) / (s.output - 1) as f64)
-            .collect(),
-    );
+    let tpot = stats_ms(ok.iter().filter_map(|s| tpot_of(s)).collect());
     let itl = stats_ms(ok.iter().flat_map(|s| s.itl.iter().copied()).collect());
     let e2e = stats_ms(ok.iter().map(|s| s.e2e).collect());
     let d = duration.max(1e-9);
+    let good = slo.map(|o| {
+        let meets = |s: &Sample| {
+            o.ttft.is_none_or(|x| s.ttft <= x)
+                && o.tpot.is_none_or(|x| tpot_of(s).is_none_or(|t| t <= x))
+                && o.e2el.is_none_or(|x| s.e2e <= x)
+        };
+        ok.iter().filter(|s| meets(s)).count() as f64 / d
+    });
+    // Output tokens per wall-clock second: each request's tokens spread over its chunks.
+    let mut per_s: Vec<f64> = vec![0.0; duration.ceil().max(1.0) as usize + 1];
+    for s in &ok {
+        let each = s.output as f64 / s.chunk_at.len().max(1) as f64;
+        for &t in &s.chunk_at {
+            let i = (t.max(0.0) as usize).min(per_s.len() - 1);
+            per_s[i] += each;
+        }
+    }
+    // Requests in flight: +1 at send, -1 at the end, swept in time order.
+    let mut edges: Vec<(f64, i64)> = samples
+        .iter()
+        .flat_map(|s| [(s.sent, 1), (s.sent + s.e2e.max(0.0), -1)])
+        .collect();
+    edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut live = 0i64;
+    let mut most = 0i64;
+    for (_, e) in edges {
+        live += e;
+        most = most.max(live);
+    }
     BenchResult {
+        date: date_utc(),
+        endpoint_type: "openai",
+        backend: "openai",
+        label: None,
+        model_id: String::new(),
+        tokenizer_id: String::new(),
+        num_prompts: samples.len() as u64,
+        request_rate: Value::from("inf"),
+        burstiness: 1.0,
+        max_concurrency: None,
+        ignore_eos: true,
         duration,
         completed: ok.len() as u64,
         failed: (samples.len() - ok.len()) as u64,
         total_input_tokens: total_in,
         total_output_tokens: total_out,
         request_throughput: ok.len() as f64 / d,
+        request_goodput: good,
         output_throughput: total_out as f64 / d,
         total_token_throughput: (total_in + total_out) as f64 / d,
-        max_concurrency,
-        request_rate,
-        mean_ttft_ms: ttft.0,
-        median_ttft_ms: ttft.1,
-        p99_ttft_ms: ttft.2,
-        mean_tpot_ms: tpot.0,
-        median_tpot_ms: tpot.1,
-        p99_tpot_ms: tpot.2,
-        mean_itl_ms: itl.0,
-        median_itl_ms: itl.1,
-        p99_itl_ms: itl.2,
-        mean_e2el_ms: e2e.0,
-        median_e2el_ms: e2e.1,
-        p99_e2el_ms: e2e.2,
-        errors,
+        max_output_tokens_per_s: per_s.iter().copied().fold(0.0, f64::max),
+        max_concurrent_requests: most as u64,
+        mean_ttft_ms: ttft[0],
+        median_ttft_ms: ttft[1],
+        std_ttft_ms: ttft[2],
+        p99_ttft_ms: ttft[3],
+        mean_tpot_ms: tpot[0],
+        median_tpot_ms: tpot[1],
+        std_tpot_ms: tpot[2],
+        p99_tpot_ms: tpot[3],
+        mean_itl_ms: itl[0],
+        median_itl_ms: itl[1],
+        std_itl_ms: itl[2],
+        p99_itl_ms: itl[3],
+        mean_e2el_ms: e2e[0],
+        median_e2el_ms: e2e[1],
+        std_e2el_ms: e2e[2],
+        p99_e2el_ms: e2e[3],
+        input_lens: samples.iter().map(|s| s.input).collect(),
+        output_lens: samples
+            .iter()
+            .map(|s| if s.ok { s.output } else { 0 })
+            .collect(),
+        ttfts: samples
+            .iter()
+            .map(|s| if s.ok { s.ttft } else { 0.0 })
+            .collect(),
+        itls: samples.iter().map(|s| s.itl.clone()).collect(),
+        generated_texts: samples.iter().map(|s| s.text.clone()).collect(),
+        errors: samples
+            .iter()
+            .map(|s| s.error.clone().unwrap_or_default())
+            .collect(),
     }
 }
 
@@ -477,7 +678,13 @@ fn render(r: &BenchResult) -> String {
         line(&format!("Median {name} (ms):"), format!("{:.2}", m.1));
         line(&format!("P99 {name} (ms):"), format!("{:.2}", m.2));
     }
-    for e in &r.errors {
+    if let Some(g) = r.request_goodput {
+        line("Request goodput (req/s):", format!("{g:.2}"));
+    }
+    let mut errors: Vec<&String> = r.errors.iter().filter(|e| !e.is_empty()).collect();
+    errors.sort();
+    errors.dedup();
+    for e in errors.iter().take(10) {
         s.push_str(&format!("error: {e}\n"));
     }
     s

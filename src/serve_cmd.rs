@@ -5,7 +5,9 @@ use crate::Failure;
 use anyhow::{anyhow, Context};
 use axum::serve::ListenerExt;
 use clap::{Args, ValueEnum};
-use dstwin_runtime::api;
+use dstwin_runtime::api::{self, ApiConfig};
+use dstwin_runtime::parsers::{ReasoningKind, ToolKind};
+use dstwin_runtime::prompt::Counter;
 use dstwin_sim::serve::TwinServe;
 use std::io::Write;
 use std::path::PathBuf;
@@ -19,7 +21,7 @@ pub enum DeviceKind {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin serve\n      the built-in A3 2P1D deployment in real time on 127.0.0.1:8000\n  dstwin serve sim/scenarios/cm384-pd.toml --time-scale 0.1 --port 8080\n  curl localhost:8000/v1/completions -d '{\"model\":\"deepseek-v3.1\",\"prompt\":\"hi\",\"max_tokens\":8}'\n\nEndpoints: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,\nGET /health, GET /metrics (vLLM metric names). The deployment (instances, scheduler knobs,\nMTP, expert load) comes from the scenario; its [workload] is ignored. Ctrl-C stops accepting\nrequests and lets in-flight ones finish."
+    after_help = "Examples:\n  dstwin serve\n      the built-in A3 2P1D deployment in real time on 127.0.0.1:8000\n  dstwin serve sim/scenarios/cm384-pd.toml --time-scale 0.1 --port 8080\n  curl localhost:8000/v1/completions -d '{\"model\":\"deepseek-v3.1\",\"prompt\":\"hi\",\"max_tokens\":8}'\n\nEndpoints: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,\nGET /health, GET /metrics (vLLM metric names). The deployment (instances, scheduler knobs,\nMTP, expert load) comes from the scenario; its [workload] is ignored. Ctrl-C or SIGTERM: new\nrequests get 503 while the ones in flight finish, then the process exits."
 )]
 pub struct ServeArgs {
     /// Scenario file (TOML) describing the deployment; without it, the built-in default.
@@ -45,6 +47,24 @@ pub struct ServeArgs {
     /// Requests in flight before new ones are answered 429.
     #[arg(long, default_value_t = 4096)]
     max_pending: usize,
+    /// HF tokenizer file (tokenizer.json) for exact prompt token counts (default: about four
+    /// characters per token) and the vocabulary token-id prompts are checked against.
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
+    /// Parse tool calls out of chat output in this DeepSeek format: deepseek_v3, deepseek_v31,
+    /// deepseek_v32, deepseek_v4 (as vLLM's --tool-call-parser).
+    #[arg(long, value_name = "NAME")]
+    tool_call_parser: Option<String>,
+    /// Let requests with `tools` use tool_choice "auto" (needs --tool-call-parser, as in vLLM).
+    #[arg(long)]
+    enable_auto_tool_choice: bool,
+    /// Split reasoning out of chat output: deepseek_r1, deepseek_v3 (as vLLM's
+    /// --reasoning-parser).
+    #[arg(long, value_name = "NAME")]
+    reasoning_parser: Option<String>,
+    /// Request bodies larger than this get 413.
+    #[arg(long, default_value_t = 32 << 20, value_name = "BYTES")]
+    max_body_bytes: usize,
 }
 
 pub fn run(a: ServeArgs) -> Result<(), Failure> {
@@ -57,7 +77,36 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if a.max_pending == 0 {
         return Err(Failure::Input(anyhow!("--max-pending must be at least 1")));
     }
+    if a.enable_auto_tool_choice && a.tool_call_parser.is_none() {
+        return Err(Failure::Input(anyhow!(
+            "--enable-auto-tool-choice needs --tool-call-parser"
+        )));
+    }
+    let tool_parser = a
+        .tool_call_parser
+        .as_deref()
+        .map(ToolKind::from_name)
+        .transpose()
+        .map_err(|e| Failure::Input(e.into()))?;
+    let reasoning_parser = a
+        .reasoning_parser
+        .as_deref()
+        .map(ReasoningKind::from_name)
+        .transpose()
+        .map_err(|e| Failure::Input(e.into()))?;
+    let counter = match &a.tokenizer {
+        Some(p) => Counter::from_file(p).map_err(|e| Failure::Input(e.into()))?,
+        None => Counter::Estimate,
+    };
     let s = crate::simulate_cmd::load_scenario(a.scenario.as_deref(), &a.sets)?;
+    let api_cfg = ApiConfig {
+        vocab_size: counter.vocab_size().unwrap_or(s.model.vocab),
+        counter,
+        tool_parser,
+        auto_tool_choice: a.enable_auto_tool_choice,
+        reasoning_parser,
+        max_body_bytes: a.max_body_bytes,
+    };
     let DeviceKind::Twin = a.device;
     let model = a
         .served_model_name
@@ -99,11 +148,16 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
-        axum::serve(listener, api::router(rt))
+        axum::serve(listener, api::router(rt, api_cfg))
             .with_graceful_shutdown(async move {
                 shutdown_signal().await;
-                eprintln!("shutting down: no new requests, finishing the ones in flight");
+                eprintln!("shutting down: new requests get 503, finishing the ones in flight");
+                // Keep accepting connections (to answer 503) until the last request is over;
+                // then stop listening and let the open connections finish.
                 closing.close();
+                while closing.pending() > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
             })
             .await
             .context("serving")

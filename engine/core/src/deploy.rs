@@ -99,7 +99,12 @@ pub enum Note {
     },
     /// Tokens it sampled in a step (instances that report emissions); `ids` when the device
     /// returns token ids.
-    Tokens { req: ReqId, n: u32, ids: Vec<u32> },
+    Tokens {
+        req: ReqId,
+        inst: u32,
+        n: u32,
+        ids: Vec<u32>,
+    },
     /// It produced its last token.
     Finished {
         req: ReqId,
@@ -613,7 +618,12 @@ impl Deployment {
                     }
                 }
                 if role != Role::Prefill {
-                    self.notes.push(Note::Tokens { req, n, ids: got });
+                    self.notes.push(Note::Tokens {
+                        req,
+                        inst: i,
+                        n,
+                        ids: got,
+                    });
                 }
             }
         }

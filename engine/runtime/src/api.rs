@@ -2,38 +2,93 @@
 //! `POST /v1/chat/completions` (streaming as server-sent events or not), `GET /v1/models`,
 //! `GET /health`, `GET /metrics`.
 //!
-//! Prompts: a text prompt counts about four characters per token ([`text::estimate_tokens`]);
-//! a prompt given as token ids counts exactly. Output is deterministic placeholder text
-//! ([`text`]); `seed` picks it. `stop` strings end a choice early (its KV is freed), `n` runs
-//! independent choices, `max_tokens` defaults to 16 (completions) or to what fits
-//! (chat). Errors are OpenAI-style JSON with 400 (bad request), 404 (unknown model), 429
-//! (admission queue full) or 503 (shutting down).
+//! Bodies are validated once ([`crate::request`]): every field is honoured or refused with a
+//! 400 that names it. Prompts are counted by the configured tokenizer, or about four characters
+//! per token without one ([`crate::prompt`]); token-id prompts count exactly. Output is
+//! deterministic placeholder text ([`crate::text`]); `seed` picks it. `stop` strings end a
+//! choice early (its KV is freed; it counts as `finished_reason="stop"`), `n` runs independent
+//! choices. Chat output goes through the configured reasoning and tool-call parsers
+//! ([`crate::parsers`]). Every error, including an unknown path, a wrong method and a body over
+//! the size limit (413), is OpenAI-style JSON.
 
-use crate::text;
+use crate::output::{Choice, OutputParser, Piece};
+use crate::parsers::{ReasoningKind, ReasoningParser, ToolCallDelta, ToolKind, ToolParser};
+use crate::prompt::Counter;
+use crate::request::{self, ApiError, Job, Limits};
 use crate::{AdmitError, Out, Runtime, Stream, Submit};
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use dstwin_core::device::FinishReason;
-use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Most choices one request may ask for.
-pub const MAX_N: u32 = 16;
+pub use crate::request::MAX_N;
+
+/// The DeepSeek V3/R1 vocabulary size, for token-id checks without a tokenizer.
+pub const DEEPSEEK_VOCAB: u64 = 129_280;
+
+/// How the API reads requests and shapes answers.
+pub struct ApiConfig {
+    /// Counts prompt tokens.
+    pub counter: Counter,
+    /// Token ids at or above this are refused.
+    pub vocab_size: u64,
+    /// `--tool-call-parser`.
+    pub tool_parser: Option<ToolKind>,
+    /// `--enable-auto-tool-choice` (needs a tool-call parser, as in vLLM).
+    pub auto_tool_choice: bool,
+    /// `--reasoning-parser`.
+    pub reasoning_parser: Option<ReasoningKind>,
+    /// Larger request bodies get 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ApiConfig {
+    /// No tokenizer (estimates), DeepSeek's vocabulary, no parsers, 32 MiB bodies.
+    fn default() -> Self {
+        ApiConfig {
+            counter: Counter::Estimate,
+            vocab_size: DEEPSEEK_VOCAB,
+            tool_parser: None,
+            auto_tool_choice: false,
+            reasoning_parser: None,
+            max_body_bytes: 32 << 20,
+        }
+    }
+}
+
+struct App {
+    rt: Runtime,
+    cfg: ApiConfig,
+}
+
+type AppState = Arc<App>;
 
 /// The router.
-pub fn router(rt: Runtime) -> Router {
+pub fn router(rt: Runtime, cfg: ApiConfig) -> Router {
+    let limit = cfg.max_body_bytes;
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
-        .with_state(rt)
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint", None) })
+        .method_not_allowed_fallback(|| async {
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this endpoint does not take that method",
+                None,
+            )
+        })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(Arc::new(App { rt, cfg }))
 }
 
 /// An OpenAI-style error response.
@@ -42,6 +97,9 @@ pub fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>
         StatusCode::NOT_FOUND => "NotFoundError",
         StatusCode::TOO_MANY_REQUESTS => "RateLimitError",
         StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+        StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
+        StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
+        s if s.is_server_error() => "InternalServerError",
         _ => "BadRequestError",
     };
     let body = json!({"error": {
@@ -53,18 +111,42 @@ pub fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>
     (status, axum::Json(body)).into_response()
 }
 
-async fn metrics(State(rt): State<Runtime>) -> Response {
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error(self.status, self.message, self.param.as_deref())
+    }
+}
+
+/// A body that could not be read (too large, not UTF-8, cut off) as a JSON error.
+fn rejection(e: BytesRejection, limit: usize) -> Response {
+    let status = e.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        return error(
+            status,
+            format!("the request body is larger than the limit of {limit} bytes"),
+            None,
+        );
+    }
+    error(
+        status,
+        format!("cannot read the request body: {}", e.body_text()),
+        None,
+    )
+}
+
+async fn metrics(State(app): State<AppState>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        rt.metrics().render(),
+        app.rt.metrics().render(),
     )
         .into_response()
 }
 
-async fn models(State(rt): State<Runtime>) -> Response {
+async fn models(State(app): State<AppState>) -> Response {
+    let rt = &app.rt;
     axum::Json(json!({
         "object": "list",
         "data": [{
@@ -85,258 +167,46 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Prompt {
-    Text(String),
-    Texts(Vec<String>),
-    Ids(Vec<u64>),
-    IdLists(Vec<Vec<u64>>),
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Deserialize, Default)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-#[derive(Deserialize)]
-struct CompletionRequest {
-    model: String,
-    prompt: Prompt,
-    max_tokens: Option<i64>,
-    #[serde(default)]
-    stream: bool,
-    stream_options: Option<StreamOptions>,
-    stop: Option<Stop>,
-    seed: Option<u64>,
-    n: Option<i64>,
-}
-
-#[derive(Deserialize)]
-struct Message {
-    #[allow(dead_code)]
-    role: String,
-    #[serde(default)]
-    content: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct ChatRequest {
-    model: String,
-    messages: Vec<Message>,
-    max_tokens: Option<i64>,
-    max_completion_tokens: Option<i64>,
-    #[serde(default)]
-    stream: bool,
-    stream_options: Option<StreamOptions>,
-    stop: Option<Stop>,
-    seed: Option<u64>,
-    n: Option<i64>,
-}
-
-/// What both endpoints need once the request body is understood.
-struct Job {
-    chat: bool,
-    prompt_tokens: u32,
-    max_tokens: Option<i64>,
-    stream: bool,
-    include_usage: bool,
-    stop: Vec<String>,
-    seed: Option<u64>,
-    n: i64,
-}
-
-// Handlers answer errors with a finished response; its size does not matter here.
-#[allow(clippy::result_large_err)]
-fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Response> {
-    serde_json::from_slice(body).map_err(|e| {
-        error(
-            StatusCode::BAD_REQUEST,
-            format!("invalid request body: {e}"),
-            None,
-        )
-    })
-}
-
-#[allow(clippy::result_large_err)]
-fn check_model(rt: &Runtime, model: &str) -> Result<(), Response> {
-    if model != rt.model() {
-        return Err(error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "The model `{model}` does not exist; this server serves `{}`.",
-                rt.model()
-            ),
-            Some("model"),
-        ));
-    }
-    Ok(())
-}
-
-fn stops(s: Option<Stop>) -> Vec<String> {
-    match s {
-        None => Vec::new(),
-        Some(Stop::One(x)) => vec![x],
-        Some(Stop::Many(v)) => v,
-    }
-    .into_iter()
-    .filter(|x| !x.is_empty())
-    .collect()
-}
-
-async fn completions(State(rt): State<Runtime>, body: Bytes) -> Response {
-    let req: CompletionRequest = match parse(&body) {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    if let Err(e) = check_model(&rt, &req.model) {
-        return e;
-    }
-    let prompt_tokens = match &req.prompt {
-        Prompt::Text(t) => text::estimate_tokens(t),
-        Prompt::Ids(ids) if !ids.is_empty() => ids.len() as u32,
-        Prompt::Texts(v) if v.len() == 1 => text::estimate_tokens(&v[0]),
-        Prompt::IdLists(v) if v.len() == 1 && !v[0].is_empty() => v[0].len() as u32,
-        _ => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "prompt must be one non-empty string or one non-empty list of token ids",
-                Some("prompt"),
-            )
+impl App {
+    fn limits(&self) -> Limits<'_> {
+        Limits {
+            model: self.rt.model(),
+            vocab_size: self.cfg.vocab_size,
+            counter: &self.cfg.counter,
+            auto_tools: self.cfg.auto_tool_choice && self.cfg.tool_parser.is_some(),
         }
+    }
+}
+
+async fn completions(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return rejection(e, app.cfg.max_body_bytes),
     };
-    run(
-        rt,
-        Job {
-            chat: false,
-            prompt_tokens,
-            max_tokens: Some(req.max_tokens.unwrap_or(16)),
-            stream: req.stream,
-            include_usage: req.stream_options.unwrap_or_default().include_usage,
-            stop: stops(req.stop),
-            seed: req.seed,
-            n: req.n.unwrap_or(1),
-        },
-    )
-    .await
+    let job = request::body_object(&body).and_then(|o| request::completion(&o, &app.limits()));
+    match job {
+        Ok(job) => run(app, job).await,
+        Err(e) => e.into_response(),
+    }
 }
 
-async fn chat(State(rt): State<Runtime>, body: Bytes) -> Response {
-    let req: ChatRequest = match parse(&body) {
-        Ok(r) => r,
-        Err(e) => return e,
+async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return rejection(e, app.cfg.max_body_bytes),
     };
-    if let Err(e) = check_model(&rt, &req.model) {
-        return e;
-    }
-    if req.messages.is_empty() {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "messages must not be empty",
-            Some("messages"),
-        );
-    }
-    // The chat template adds a few tokens per message around its content.
-    let mut prompt_tokens = 0;
-    for m in &req.messages {
-        let content = match &m.content {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join(" "),
-            _ => String::new(),
-        };
-        prompt_tokens += text::estimate_tokens(&content) + 4;
-    }
-    run(
-        rt,
-        Job {
-            chat: true,
-            prompt_tokens,
-            max_tokens: req.max_completion_tokens.or(req.max_tokens),
-            stream: req.stream,
-            include_usage: req.stream_options.unwrap_or_default().include_usage,
-            stop: stops(req.stop),
-            seed: req.seed,
-            n: req.n.unwrap_or(1),
-        },
-    )
-    .await
-}
-
-/// One choice's output as it is produced: text so far, what was sent, and stop handling.
-struct Choice {
-    index: u32,
-    seed: u64,
-    tokens: u32,
-    text: String,
-    sent: usize,
-    finish: Option<&'static str>,
-}
-
-impl Choice {
-    /// Appends `n` tokens; returns the text that may be sent now (held back while it could
-    /// still turn into a stop string).
-    fn push(&mut self, n: u32, stops: &[String]) -> String {
-        text::push_tokens(&mut self.text, self.seed, self.tokens, n);
-        self.tokens += n;
-        let from = self
-            .sent
-            .saturating_sub(stops.iter().map(String::len).max().unwrap_or(0));
-        if let Some(p) = stops
-            .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|p| p + from))
-            .min()
-        {
-            self.text.truncate(p);
-            self.finish = Some("stop");
-            return self.take(p);
-        }
-        let hold = stops
-            .iter()
-            .map(|s| s.len().saturating_sub(1))
-            .max()
-            .unwrap_or(0);
-        let upto = self.text.len().saturating_sub(hold).max(self.sent);
-        self.take(upto)
-    }
-
-    fn take(&mut self, upto: usize) -> String {
-        let s = self.text[self.sent..upto].to_string();
-        self.sent = upto;
-        s
+    let job = request::body_object(&body).and_then(|o| request::chat(&o, &app.limits()));
+    match job {
+        Ok(job) => run(app, job).await,
+        Err(e) => e.into_response(),
     }
 }
 
-async fn run(rt: Runtime, job: Job) -> Response {
-    if job.n < 1 || job.n > MAX_N as i64 {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("n must be between 1 and {MAX_N}, got {}", job.n),
-            Some("n"),
-        );
-    }
+async fn run(app: AppState, job: Job) -> Response {
+    let rt = app.rt.clone();
     let room = rt.max_model_len().saturating_sub(job.prompt_tokens as u64);
     let max_tokens = match job.max_tokens {
-        None if room > 0 => room,
-        None => 0,
-        Some(m) if m < 1 => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("max_tokens must be at least 1, got {m}"),
-                Some("max_tokens"),
-            )
-        }
+        None => room.max(1),
         Some(m) => m as u64,
     };
     if job.prompt_tokens as u64 + max_tokens > rt.max_model_len() {
@@ -357,7 +227,7 @@ async fn run(rt: Runtime, job: Job) -> Response {
         match rt.submit(Submit {
             prompt_tokens: job.prompt_tokens,
             max_tokens: max_tokens as u32,
-            token_ids: None,
+            token_ids: Some(job.token_ids.clone()),
         }) {
             Ok(s) => streams.push(s),
             Err(e) => {
@@ -376,19 +246,34 @@ async fn run(rt: Runtime, job: Job) -> Response {
         if job.chat { "chatcmpl" } else { "cmpl" },
         streams[0].id
     );
+    let cfg = &app.cfg;
     let choices: Vec<Choice> = streams
         .iter()
         .enumerate()
         .map(|(i, s)| Choice {
             index: i as u32,
+            id: s.id,
             seed: job.seed.map_or(s.id, |x| x.wrapping_add(i as u64)),
             tokens: 0,
             text: String::new(),
             sent: 0,
             finish: None,
+            parser: (job.chat && (cfg.reasoning_parser.is_some() || job.tools)).then(|| {
+                OutputParser {
+                    reasoning: cfg
+                        .reasoning_parser
+                        .map(|k| ReasoningParser::new(k, job.thinking)),
+                    tools: cfg
+                        .tool_parser
+                        .filter(|_| job.tools)
+                        .map(|k| ToolParser::new(k, &format!("chatcmpl-tool-{}", s.id))),
+                    saw_call: false,
+                }
+            }),
         })
         .collect();
     let merged = Outputs::new(streams);
+    let created = unix_now();
     let prefix = format!(
         "{{\"id\":{},\"object\":\"{}\",\"created\":{},\"model\":{},\"choices\":[",
         serde_json::to_string(&id).expect("a string serializes"),
@@ -397,18 +282,20 @@ async fn run(rt: Runtime, job: Job) -> Response {
         } else {
             "text_completion"
         },
-        unix_now(),
+        created,
         serde_json::to_string(rt.model()).expect("a string serializes"),
     );
     let meta = Meta {
         prefix,
         id,
         model: rt.model().to_string(),
-        created: unix_now(),
+        created,
         chat: job.chat,
         prompt_tokens: job.prompt_tokens,
         include_usage: job.include_usage,
+        continuous_usage: job.continuous_usage,
         stop: job.stop,
+        rt,
     };
     if job.stream {
         stream_response(meta, choices, merged)
@@ -426,7 +313,9 @@ struct Meta {
     chat: bool,
     prompt_tokens: u32,
     include_usage: bool,
+    continuous_usage: bool,
     stop: Vec<String>,
+    rt: Runtime,
 }
 
 /// The outputs of a request's choices: one stream read directly, or several merged.
@@ -486,12 +375,31 @@ fn merge(streams: Vec<Stream>) -> tokio::sync::mpsc::UnboundedReceiver<(u32, Out
     rx
 }
 
+/// The OpenAI finish reason of a request the runtime finished: `stop` when the model ended it
+/// (EOS), `length` when it produced `max_tokens`.
+fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
 fn usage(prompt: u32, completion: u32) -> Value {
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     })
+}
+
+fn tool_calls_json(calls: &[crate::parsers::ToolCall]) -> Value {
+    calls
+        .iter()
+        .map(|c| {
+            json!({"id": c.id, "type": "function",
+                   "function": {"name": c.name, "arguments": c.arguments}})
+        })
+        .collect()
 }
 
 async fn whole_response(meta: Meta, mut choices: Vec<Choice>, mut rx: Outputs) -> Response {
@@ -508,28 +416,56 @@ async fn whole_response(meta: Meta, mut choices: Vec<Choice>, mut rx: Outputs) -
             Out::Tokens { n, .. } => {
                 c.push(n, &meta.stop);
                 if c.finish.is_some() {
+                    meta.rt.stop(c.id);
                     open -= 1;
                 }
             }
-            Out::Finished(_) => {
-                c.finish = Some("length");
+            Out::Finished(reason) => {
+                c.finish = Some(finish_reason(reason));
                 open -= 1;
             }
         }
     }
-    // Choices that stopped early: dropping the receiver ends their streams, freeing their KV.
+    // Choices that stopped early are over in the runtime; dropping the receiver ends the rest.
     drop(rx);
     let completion: u32 = choices.iter().map(|c| c.tokens).sum();
     let out: Vec<Value> = choices
-        .iter()
+        .iter_mut()
         .map(|c| {
-            if meta.chat {
-                json!({"index": c.index, "message": {"role": "assistant", "content": c.text},
-                       "logprobs": null, "finish_reason": c.finish.unwrap_or("length")})
-            } else {
-                json!({"index": c.index, "text": c.text, "logprobs": null,
-                       "finish_reason": c.finish.unwrap_or("length")})
+            let finish = c.finish.unwrap_or("length");
+            if !meta.chat {
+                return json!({"index": c.index, "text": c.text, "logprobs": null,
+                              "finish_reason": finish});
             }
+            let Some(mut p) = c.parser.take() else {
+                return json!({"index": c.index,
+                              "message": {"role": "assistant", "content": c.text},
+                              "logprobs": null, "finish_reason": finish});
+            };
+            let piece = p.push(&c.text, true);
+            let calls = p
+                .tools
+                .as_ref()
+                .map(ToolParser::complete_calls)
+                .unwrap_or_default();
+            let finish = if calls.is_empty() {
+                finish
+            } else {
+                "tool_calls"
+            };
+            // As vLLM: no content (null) when the answer was all reasoning or all tool calls.
+            let only_parsed = !calls.is_empty() || !piece.reasoning.is_empty();
+            let content = (!piece.content.is_empty() || !only_parsed).then_some(piece.content);
+            let mut message = json!({"role": "assistant", "content": content});
+            if p.reasoning.is_some() {
+                message["reasoning_content"] = (!piece.reasoning.is_empty())
+                    .then_some(piece.reasoning)
+                    .into();
+            }
+            if !calls.is_empty() {
+                message["tool_calls"] = tool_calls_json(&calls);
+            }
+            json!({"index": c.index, "message": message, "logprobs": null, "finish_reason": finish})
         })
         .collect();
     axum::Json(json!({
@@ -543,21 +479,57 @@ async fn whole_response(meta: Meta, mut choices: Vec<Choice>, mut rx: Outputs) -
     .into_response()
 }
 
-fn sse(v: &Value) -> Bytes {
-    Bytes::from(format!("data: {v}\n\n"))
+/// What one streamed chunk carries for one choice.
+#[derive(Default)]
+struct Delta<'a> {
+    role: bool,
+    content: Option<&'a str>,
+    reasoning: Option<&'a str>,
+    calls: &'a [ToolCallDelta],
+}
+
+fn esc(t: &str) -> String {
+    serde_json::to_string(t).expect("a string serializes")
 }
 
 /// One streamed chunk as an SSE frame, formatted directly (the hot path of streaming).
-fn chunk(meta: &Meta, index: u32, text: Option<&str>, finish: Option<&str>, role: bool) -> Bytes {
-    let esc = |t: &str| serde_json::to_string(t).expect("a string serializes");
+fn chunk(
+    meta: &Meta,
+    index: u32,
+    d: &Delta,
+    finish: Option<&str>,
+    usage_so_far: Option<u32>,
+) -> Bytes {
     let finish = finish.map_or("null".to_string(), |f| format!("\"{f}\""));
     let choice = if meta.chat {
         let mut delta = Vec::new();
-        if role {
+        if d.role {
             delta.push("\"role\":\"assistant\"".to_string());
         }
-        if let Some(t) = text {
+        if let Some(t) = d.content {
             delta.push(format!("\"content\":{}", esc(t)));
+        }
+        if let Some(t) = d.reasoning {
+            delta.push(format!("\"reasoning_content\":{}", esc(t)));
+        }
+        if !d.calls.is_empty() {
+            let calls: Vec<Value> = d
+                .calls
+                .iter()
+                .map(|c| {
+                    let mut f = json!({"arguments": c.arguments});
+                    if let Some(n) = &c.name {
+                        f["name"] = json!(n);
+                    }
+                    let mut v = json!({"index": c.index, "function": f});
+                    if let Some(id) = &c.id {
+                        v["id"] = json!(id);
+                        v["type"] = json!("function");
+                    }
+                    v
+                })
+                .collect();
+            delta.push(format!("\"tool_calls\":{}", Value::Array(calls)));
         }
         format!(
             "{{\"index\":{index},\"delta\":{{{}}},\"logprobs\":null,\"finish_reason\":{finish}}}",
@@ -566,10 +538,13 @@ fn chunk(meta: &Meta, index: u32, text: Option<&str>, finish: Option<&str>, role
     } else {
         format!(
             "{{\"index\":{index},\"text\":{},\"logprobs\":null,\"finish_reason\":{finish}}}",
-            esc(text.unwrap_or(""))
+            esc(d.content.unwrap_or(""))
         )
     };
-    Bytes::from(format!("data: {}{choice}]}}\n\n", meta.prefix))
+    let usage = usage_so_far.map_or(String::new(), |c| {
+        format!(",\"usage\":{}", usage(meta.prompt_tokens, c))
+    });
+    Bytes::from(format!("data: {}{choice}]{usage}}}\n\n", meta.prefix))
 }
 
 fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
@@ -582,6 +557,14 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
         open: usize,
         started: bool,
         done: bool,
+    }
+    impl St {
+        /// Completion tokens so far, when every chunk carries usage.
+        fn usage(&self) -> Option<u32> {
+            self.meta
+                .continuous_usage
+                .then(|| self.choices.iter().map(|c| c.tokens).sum())
+        }
     }
     let open = choices.len();
     let st = St {
@@ -601,8 +584,14 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
         if !st.started && st.meta.chat {
             // Chat streams open with the assistant role.
             st.started = true;
+            let u = st.usage();
             for c in &st.choices {
-                buf.extend_from_slice(&chunk(&st.meta, c.index, Some(""), None, true));
+                let d = Delta {
+                    role: true,
+                    content: Some(""),
+                    ..Delta::default()
+                };
+                buf.extend_from_slice(&chunk(&st.meta, c.index, &d, None, u));
             }
             return Some((Ok::<Bytes, std::convert::Infallible>(Bytes::from(buf)), st));
         }
@@ -624,7 +613,7 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
                             n += m;
                             ids.extend(more);
                         }
-                        p => {
+                        _ => {
                             st.held = Some((j, p));
                             break;
                         }
@@ -632,36 +621,45 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
                 }
                 o = Out::Tokens { n, ids };
             }
-            let stop = st.meta.stop.clone();
+            let stop = std::mem::take(&mut st.meta.stop);
             let c = &mut st.choices[i as usize];
             if c.finish.is_some() {
+                st.meta.stop = stop;
                 continue;
             }
-            let (text, finish) = match o {
-                Out::Tokens { n, .. } => {
-                    let t = c.push(n, &stop);
-                    (t, c.finish)
-                }
+            let raw = match o {
+                Out::Tokens { n, .. } => c.push(n, &stop),
                 Out::Finished(reason) => {
-                    c.finish = Some(match reason {
-                        FinishReason::Stop => "stop",
-                        FinishReason::Length => "length",
-                    });
-                    let rest = c.take(c.text.len());
-                    (rest, c.finish)
+                    c.finish = Some(finish_reason(reason));
+                    c.take(c.text.len())
                 }
             };
-            if finish.is_some() {
+            st.meta.stop = stop;
+            if c.finish == Some("stop") {
+                st.meta.rt.stop(c.id);
+            }
+            let ended = c.finish.is_some();
+            let piece = match c.parser.as_mut() {
+                Some(p) => p.push(&raw, ended),
+                None => Piece {
+                    content: raw,
+                    ..Piece::default()
+                },
+            };
+            let finish = c.reported_finish();
+            let index = c.index;
+            if ended {
                 st.open -= 1;
             }
-            if !text.is_empty() || finish.is_some() {
-                let frame = chunk(
-                    &st.meta,
-                    c.index,
-                    (!text.is_empty() || !st.meta.chat).then_some(text.as_str()),
-                    finish,
-                    false,
-                );
+            if !piece.is_empty() || ended {
+                let chat = st.meta.chat;
+                let d = Delta {
+                    role: false,
+                    content: (!piece.content.is_empty() || !chat).then_some(piece.content.as_str()),
+                    reasoning: (!piece.reasoning.is_empty()).then_some(piece.reasoning.as_str()),
+                    calls: &piece.calls,
+                };
+                let frame = chunk(&st.meta, index, &d, finish, st.usage());
                 return Some((Ok(frame), st));
             }
         }
@@ -678,7 +676,7 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
                 "choices": [],
                 "usage": usage(st.meta.prompt_tokens, completion),
             });
-            buf.extend_from_slice(&sse(&v));
+            buf.extend_from_slice(format!("data: {v}\n\n").as_bytes());
         }
         buf.extend_from_slice(b"data: [DONE]\n\n");
         Some((Ok(Bytes::from(buf)), st))

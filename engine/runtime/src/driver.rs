@@ -9,9 +9,10 @@
 //! has come back, so completions are applied in device-time order. Client inputs (submissions,
 //! aborts) are applied as they come, all that are waiting before the next planning.
 
+use crate::metrics::{FinishReason as Ended, RequestTimes};
 use crate::{Cmd, Out, Shared};
 use dstwin_core::deploy::{Arrival, Deployment, Effect, Note, StepRecord};
-use dstwin_core::device::{DeviceError, Fabric, ReqId, StepOutcome, StepPlan};
+use dstwin_core::device::{DeviceError, Fabric, FinishReason, ReqId, StepOutcome, StepPlan};
 use dstwin_core::time::SimTime;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -35,10 +36,29 @@ enum Timer {
 /// A client's request in flight.
 struct ReqStream {
     tx: mpsc::UnboundedSender<Out>,
+    prompt: u32,
     arrival: Instant,
+    /// First scheduled (its queueing ends).
+    scheduled: Option<Instant>,
     first: Option<Instant>,
     last: Instant,
     emitted: u32,
+    /// The instance it decodes on (the metrics' engine).
+    engine: usize,
+}
+
+impl ReqStream {
+    fn times(&self, end: Instant) -> RequestTimes {
+        RequestTimes {
+            arrival: self.arrival,
+            scheduled: self.scheduled,
+            first_token: self.first,
+            last_token: self.first.map(|_| self.last),
+            end,
+            prompt_tokens: self.prompt,
+            generated: self.emitted,
+        }
+    }
 }
 
 struct Control {
@@ -241,6 +261,9 @@ impl Control {
             match timer {
                 Timer::StepDone(i) => {
                     let outcome = self.outcomes[i].take().expect("a finished step's outcome");
+                    if let Some(s) = self.shared.upgrade() {
+                        s.metrics.step(i, self.core.plan(i), &outcome);
+                    }
                     self.core.step_done(self.now, i as u32, &outcome);
                     self.publish(i);
                 }
@@ -282,14 +305,28 @@ impl Control {
                 );
                 match res {
                     Ok(()) => {
+                        let (first, engine) = match self.core.route_of(id) {
+                            Some((p, d)) => (p.unwrap_or(d) as usize, d as usize),
+                            None => (0, 0),
+                        };
+                        if let Some(s) = self.shared.upgrade() {
+                            // Its prompt counts once, on the first instance it reaches.
+                            s.metrics
+                                .engine(first)
+                                .prompt_tokens
+                                .fetch_add(req.prompt_tokens as u64, Ordering::Relaxed);
+                        }
                         self.streams.insert(
                             id,
                             ReqStream {
                                 tx,
+                                prompt: req.prompt_tokens,
                                 arrival: now,
+                                scheduled: None,
                                 first: None,
                                 last: now,
                                 emitted: 0,
+                                engine,
                             },
                         );
                     }
@@ -305,8 +342,8 @@ impl Control {
                 // A refusal is a note too; nothing else to do with it.
                 self.pump();
             }
-            Cmd::Abort(id) => {
-                if self.streams.remove(&id).is_some() {
+            Cmd::End(id, reason) => {
+                if let Some(r) = self.streams.remove(&id) {
                     let route = self.core.route_of(id);
                     self.core.abort(self.now, id);
                     // Its KV is free now: the gauges say so without waiting for a step.
@@ -317,7 +354,9 @@ impl Control {
                     }
                     if let Some(s) = self.shared.upgrade() {
                         s.pending.fetch_sub(1, Ordering::Relaxed);
-                        s.metrics.aborted.fetch_add(1, Ordering::Relaxed);
+                        let engine = route.map_or(r.engine, |(_, d)| d as usize);
+                        s.metrics
+                            .request_finished(engine, &r.times(Instant::now()), reason);
                     }
                     self.pump();
                 }
@@ -412,13 +451,19 @@ impl Control {
     }
 
     fn note(&mut self, s: &Arc<Shared>, n: Note) {
-        let m = &s.metrics;
         let now = Instant::now();
         match n {
-            Note::Tokens { req, n, ids } => {
+            Note::Started { req, .. } => {
+                if let Some(r) = self.streams.get_mut(&req) {
+                    r.scheduled.get_or_insert(now);
+                }
+            }
+            Note::Tokens { req, inst, n, ids } => {
                 let Some(r) = self.streams.get_mut(&req) else {
                     return;
                 };
+                let m = s.metrics.engine(inst as usize);
+                r.engine = inst as usize;
                 r.emitted += n;
                 if r.first.is_none() {
                     r.first = Some(now);
@@ -430,30 +475,30 @@ impl Control {
                 m.generation_tokens.fetch_add(n as u64, Ordering::Relaxed);
                 let _ = r.tx.send(Out::Tokens { n, ids });
             }
-            Note::Finished { req, reason, .. } => {
+            Note::Finished { req, inst, reason } => {
                 let Some(r) = self.streams.remove(&req) else {
                     return;
                 };
                 s.pending.fetch_sub(1, Ordering::Relaxed);
-                m.e2e.observe((now - r.arrival).as_secs_f64());
-                if let Some(f) = r.first {
-                    if r.emitted > 1 {
-                        m.tpot
-                            .observe((now - f).as_secs_f64() / (r.emitted - 1) as f64);
-                    }
-                }
-                m.finished.fetch_add(1, Ordering::Relaxed);
+                let ended = match reason {
+                    FinishReason::Length => Ended::Length,
+                    FinishReason::Stop => Ended::Stop,
+                };
+                s.metrics
+                    .request_finished(inst as usize, &r.times(now), ended);
                 let _ = r.tx.send(Out::Finished(reason));
             }
             Note::Rejected { req, .. } => {
                 // Dropping the sender ends the stream.
                 self.streams.remove(&req);
             }
-            Note::Preempted { .. } | Note::SentBack { .. } => {
-                m.preemptions.fetch_add(1, Ordering::Relaxed);
+            Note::Preempted { inst, .. } | Note::SentBack { inst, .. } => {
+                s.metrics
+                    .engine(inst as usize)
+                    .preemptions
+                    .fetch_add(1, Ordering::Relaxed);
             }
-            Note::Started { .. }
-            | Note::PrefillDone { .. }
+            Note::PrefillDone { .. }
             | Note::First { .. }
             | Note::Gap { .. }
             | Note::KvSent { .. }

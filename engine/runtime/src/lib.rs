@@ -6,6 +6,10 @@
 //!   deployment core (`driver`); each instance's device runs its steps on a thread of its own.
 //! - [`api`]: the axum router (`/v1/completions`, `/v1/chat/completions`, `/v1/models`,
 //!   `/health`, `/metrics`).
+//! - [`request`]: request bodies parsed and validated once (what is honoured, what refused).
+//! - [`prompt`]: prompt token ids (HF tokenizer, or estimated) and the DeepSeek chat template.
+//! - [`parsers`]: DeepSeek reasoning and tool-call parsers (vLLM's names), streaming and whole.
+//! - `output`: one choice's output: stop strings and the parsers.
 //! - [`metrics`]: vLLM-named Prometheus metrics.
 //! - [`text`]: deterministic placeholder text for devices that return no token ids.
 //!
@@ -19,6 +23,10 @@
 pub mod api;
 mod driver;
 pub mod metrics;
+mod output;
+pub mod parsers;
+pub mod prompt;
+pub mod request;
 pub mod text;
 
 pub use dstwin_core::deploy::StepRecord;
@@ -87,7 +95,8 @@ enum Cmd {
         req: Submit,
         tx: mpsc::UnboundedSender<Out>,
     },
-    Abort(ReqId),
+    /// The client went away (`Stop`: a stop string ended it).
+    End(ReqId, metrics::FinishReason),
 }
 
 struct Shared {
@@ -143,7 +152,7 @@ impl Stream {
         o
     }
 
-    /// Stops the request now (a stop string was produced): frees its KV, no more output.
+    /// Drops the request now (the client went away): frees its KV, no more output.
     pub fn cancel(&mut self) {
         if !self.done {
             self.done = true;
@@ -173,8 +182,9 @@ impl Runtime {
             .map(|i| i.spec.config.max_model_len)
             .min()
             .unwrap_or(0);
+        let n = instances.len();
         let shared = Arc::new(Shared {
-            metrics: Metrics::new(&cfg.model),
+            metrics: Metrics::new(&cfg.model, n),
             cfg,
             names,
             max_model_len,
@@ -237,9 +247,6 @@ impl Runtime {
         }
         let id = s.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        s.metrics
-            .prompt_tokens
-            .fetch_add(r.prompt_tokens as u64, Ordering::Relaxed);
         if s.cmds.send(Cmd::Submit { id, req: r, tx }).is_err() {
             // The control task is gone: the runtime is shutting down.
             s.pending.fetch_sub(1, Ordering::Relaxed);
@@ -253,9 +260,21 @@ impl Runtime {
         })
     }
 
+    /// Ends a request because a stop string appeared in its text: frees its KV like an abort,
+    /// but counts as `finished_reason="stop"` with its timings.
+    pub fn stop(&self, id: ReqId) {
+        let _ = self
+            .shared
+            .cmds
+            .send(Cmd::End(id, metrics::FinishReason::Stop));
+    }
+
     /// Drops a request wherever it is and frees its KV.
     fn abort(&self, id: ReqId) {
-        let _ = self.shared.cmds.send(Cmd::Abort(id));
+        let _ = self
+            .shared
+            .cmds
+            .send(Cmd::End(id, metrics::FinishReason::Abort));
     }
 
     /// The instances' names, in index order (the `engine` label of `/metrics`).

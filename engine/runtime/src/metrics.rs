@@ -1,10 +1,20 @@
 //! Prometheus metrics under vLLM's names (REFERENCE.md, `vllm/v1/metrics/loggers.py`), so
-//! dashboards built for vLLM work against `dstwin serve`. Labels: `model_name`, and `engine`
-//! (the instance index) on per-instance gauges and counters.
+//! dashboards built for vLLM work against `dstwin serve`. Every series carries `model_name` and
+//! `engine` (the instance index), and every engine's series exist from start-up (zeros), as
+//! vLLM registers them.
+//!
+//! Per request, at its end ([`Metrics::request_finished`]): e2e, queue (arrival to first
+//! scheduled), prefill (scheduled to first token), decode (first to last token), inference
+//! (scheduled to last token), time per output token, prompt and generation token counts, and
+//! the finish reason (`length`, `stop`, `abort`). Per step ([`Metrics::step`]): the tokens it
+//! computed (`vllm:iteration_tokens_total`) and the MTP speculative-decoding counters; TTFT,
+//! ITL and token counters as tokens reach clients.
 
+use dstwin_core::device::{StepOutcome, StepPlan};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
 /// vLLM's bucket bounds (seconds).
 const TTFT_BUCKETS: &[f64] = &[
@@ -15,9 +25,18 @@ const ITL_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 ];
-const E2E_BUCKETS: &[f64] = &[
+const REQUEST_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
+];
+/// Tokens per engine step (vLLM's `vllm:iteration_tokens_total` buckets).
+const ITERATION_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+/// vLLM's 1-2-5 series for token counts (it stops at max_model_len; this at a million).
+const TOKEN_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
+    50000.0, 100000.0, 200000.0, 500000.0, 1000000.0,
 ];
 
 /// A cumulative histogram with fixed bounds.
@@ -49,9 +68,8 @@ impl Histogram {
         self.inner.lock().expect("histogram").2
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
         let g = self.inner.lock().expect("histogram");
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut cum = 0;
         for (b, n) in self.bounds.iter().zip(&g.0) {
             cum += n;
@@ -64,7 +82,7 @@ impl Histogram {
 }
 
 #[derive(Clone, Copy, Debug, Default)]
-struct InstanceGauges {
+struct Gauges {
     running: u64,
     waiting: u64,
     kv_usage: f64,
@@ -72,37 +90,106 @@ struct InstanceGauges {
     prefix_hits: u64,
 }
 
+/// Why a request ended (`finished_reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// All `max_tokens` were produced.
+    Length,
+    /// A stop string appeared in its text.
+    Stop,
+    /// The client went away.
+    Abort,
+}
+
+/// When a request reached each stage (what [`Metrics::request_finished`] needs).
+#[derive(Clone, Copy, Debug)]
+pub struct RequestTimes {
+    pub arrival: Instant,
+    /// First scheduled (its prefill's first chunk).
+    pub scheduled: Option<Instant>,
+    pub first_token: Option<Instant>,
+    pub last_token: Option<Instant>,
+    pub end: Instant,
+    pub prompt_tokens: u32,
+    pub generated: u32,
+}
+
+/// One engine's (instance's) series.
+#[derive(Debug)]
+pub struct EngineMetrics {
+    pub prompt_tokens: AtomicU64,
+    pub generation_tokens: AtomicU64,
+    pub preemptions: AtomicU64,
+    finished_length: AtomicU64,
+    finished_stop: AtomicU64,
+    aborted: AtomicU64,
+    spec_drafts: AtomicU64,
+    spec_draft_tokens: AtomicU64,
+    spec_accepted: AtomicU64,
+    /// Accepted drafts by position (0 = the first draft).
+    spec_accepted_per_pos: Mutex<Vec<u64>>,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    request_tpot: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+    prefill: Histogram,
+    decode: Histogram,
+    inference: Histogram,
+    request_prompt_tokens: Histogram,
+    request_generation_tokens: Histogram,
+    iteration_tokens: Histogram,
+    gauges: Mutex<Gauges>,
+}
+
+impl EngineMetrics {
+    fn new() -> Self {
+        EngineMetrics {
+            prompt_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            preemptions: AtomicU64::new(0),
+            finished_length: AtomicU64::new(0),
+            finished_stop: AtomicU64::new(0),
+            aborted: AtomicU64::new(0),
+            spec_drafts: AtomicU64::new(0),
+            spec_draft_tokens: AtomicU64::new(0),
+            spec_accepted: AtomicU64::new(0),
+            spec_accepted_per_pos: Mutex::new(Vec::new()),
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            request_tpot: Histogram::new(ITL_BUCKETS),
+            e2e: Histogram::new(REQUEST_BUCKETS),
+            queue: Histogram::new(REQUEST_BUCKETS),
+            prefill: Histogram::new(REQUEST_BUCKETS),
+            decode: Histogram::new(REQUEST_BUCKETS),
+            inference: Histogram::new(REQUEST_BUCKETS),
+            request_prompt_tokens: Histogram::new(TOKEN_BUCKETS),
+            request_generation_tokens: Histogram::new(TOKEN_BUCKETS),
+            iteration_tokens: Histogram::new(ITERATION_BUCKETS),
+            gauges: Mutex::new(Gauges::default()),
+        }
+    }
+}
+
 /// Everything `/metrics` reports.
 #[derive(Debug)]
 pub struct Metrics {
     model: String,
-    pub prompt_tokens: AtomicU64,
-    pub generation_tokens: AtomicU64,
-    pub preemptions: AtomicU64,
-    pub finished: AtomicU64,
-    pub aborted: AtomicU64,
-    pub ttft: Histogram,
-    pub itl: Histogram,
-    pub tpot: Histogram,
-    pub e2e: Histogram,
-    instances: Mutex<Vec<InstanceGauges>>,
+    engines: Vec<EngineMetrics>,
 }
 
 impl Metrics {
-    pub fn new(model: &str) -> Self {
+    /// Series for `engines` engines (instances), all present from the start.
+    pub fn new(model: &str, engines: usize) -> Self {
         Metrics {
             model: model.replace(['"', '\\', '\n'], "_"),
-            prompt_tokens: AtomicU64::new(0),
-            generation_tokens: AtomicU64::new(0),
-            preemptions: AtomicU64::new(0),
-            finished: AtomicU64::new(0),
-            aborted: AtomicU64::new(0),
-            ttft: Histogram::new(TTFT_BUCKETS),
-            itl: Histogram::new(ITL_BUCKETS),
-            tpot: Histogram::new(ITL_BUCKETS),
-            e2e: Histogram::new(E2E_BUCKETS),
-            instances: Mutex::new(Vec::new()),
+            engines: (0..engines.max(1)).map(|_| EngineMetrics::new()).collect(),
         }
+    }
+
+    /// Engine `i`'s series (the last engine's for an index past the end).
+    pub fn engine(&self, i: usize) -> &EngineMetrics {
+        &self.engines[i.min(self.engines.len() - 1)]
     }
 
     /// Publishes an instance's state after a step.
@@ -115,11 +202,7 @@ impl Metrics {
         prefix_queries: u64,
         prefix_hits: u64,
     ) {
-        let mut g = self.instances.lock().expect("gauges");
-        if g.len() <= index {
-            g.resize(index + 1, InstanceGauges::default());
-        }
-        g[index] = InstanceGauges {
+        *self.engine(index).gauges.lock().expect("gauges") = Gauges {
             running,
             waiting,
             kv_usage,
@@ -128,115 +211,272 @@ impl Metrics {
         };
     }
 
+    /// A request ended on engine `i`: its reason, and (unless aborted) its timings.
+    pub fn request_finished(&self, i: usize, t: &RequestTimes, reason: FinishReason) {
+        let e = self.engine(i);
+        let counter = match reason {
+            FinishReason::Length => &e.finished_length,
+            FinishReason::Stop => &e.finished_stop,
+            FinishReason::Abort => &e.aborted,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if reason == FinishReason::Abort {
+            return;
+        }
+        let secs = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
+        e.e2e.observe(secs(t.arrival, t.end));
+        e.request_prompt_tokens.observe(t.prompt_tokens as f64);
+        e.request_generation_tokens.observe(t.generated as f64);
+        if let Some(s) = t.scheduled {
+            e.queue.observe(secs(t.arrival, s));
+            if let Some(f) = t.first_token {
+                e.prefill.observe(secs(s, f));
+            }
+            if let Some(l) = t.last_token {
+                e.inference.observe(secs(s, l));
+            }
+        }
+        if let (Some(f), Some(l)) = (t.first_token, t.last_token) {
+            e.decode.observe(secs(f, l));
+            if t.generated > 1 {
+                e.request_tpot
+                    .observe(secs(f, l) / (t.generated - 1) as f64);
+            }
+        }
+    }
+
+    /// A step of engine `i` ran: the tokens it computed, and for MTP every sequence that
+    /// verified drafts and what it accepted.
+    pub fn step(&self, i: usize, plan: &StepPlan, outcome: &StepOutcome) {
+        let e = self.engine(i);
+        e.iteration_tokens.observe(plan.tokens() as f64);
+        let (mut seqs, mut drafts, mut accepted) = (0, 0, 0);
+        let mut per_pos = e.spec_accepted_per_pos.lock().expect("per position");
+        for (r, rank) in plan.ranks.iter().enumerate() {
+            for (j, s) in rank.decode.iter().enumerate() {
+                if s.drafts == 0 {
+                    continue;
+                }
+                let a = outcome
+                    .accepted
+                    .get(r)
+                    .and_then(|v| v.get(j))
+                    .copied()
+                    .unwrap_or(0)
+                    .min(s.drafts);
+                seqs += 1;
+                drafts += s.drafts as u64;
+                accepted += a as u64;
+                if per_pos.len() < s.drafts as usize {
+                    per_pos.resize(s.drafts as usize, 0);
+                }
+                for p in per_pos.iter_mut().take(a as usize) {
+                    *p += 1;
+                }
+            }
+        }
+        e.spec_drafts.fetch_add(seqs, Ordering::Relaxed);
+        e.spec_draft_tokens.fetch_add(drafts, Ordering::Relaxed);
+        e.spec_accepted.fetch_add(accepted, Ordering::Relaxed);
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let m = &self.model;
-        let base = format!("model_name=\"{m}\"");
-        let inst = self.instances.lock().expect("gauges").clone();
-        let gauge = |out: &mut String,
-                     name: &str,
-                     help: &str,
-                     ty: &str,
-                     f: &dyn Fn(&InstanceGauges) -> String| {
+        let base = format!("model_name=\"{}\"", self.model);
+        let labels: Vec<String> = (0..self.engines.len())
+            .map(|i| format!("{base},engine=\"{i}\""))
+            .collect();
+        let gauges: Vec<Gauges> = self
+            .engines
+            .iter()
+            .map(|e| *e.gauges.lock().expect("gauges"))
+            .collect();
+        let head = |out: &mut String, name: &str, help: &str, ty: &str| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {ty}");
-            for (i, g) in inst.iter().enumerate() {
-                let _ = writeln!(out, "{name}{{{base},engine=\"{i}\"}} {}", f(g));
-            }
         };
-        gauge(
-            &mut out,
-            "vllm:num_requests_running",
-            "Requests in model execution batches.",
-            "gauge",
-            &|g| g.running.to_string(),
-        );
-        gauge(
-            &mut out,
-            "vllm:num_requests_waiting",
-            "Requests waiting to be processed.",
-            "gauge",
-            &|g| g.waiting.to_string(),
-        );
-        gauge(
-            &mut out,
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            "gauge",
-            &|g| g.kv_usage.to_string(),
-        );
-        gauge(
-            &mut out,
-            "vllm:prefix_cache_queries_total",
-            "Prefix cache queries, in tokens.",
-            "counter",
-            &|g| g.prefix_queries.to_string(),
-        );
-        gauge(
-            &mut out,
-            "vllm:prefix_cache_hits_total",
-            "Prefix cache hits, in tokens.",
-            "counter",
-            &|g| g.prefix_hits.to_string(),
-        );
-        for (name, help, v) in [
+        type GaugeFn = fn(&Gauges) -> String;
+        let per_gauge: [(&str, &str, &str, GaugeFn); 5] = [
+            (
+                "vllm:num_requests_running",
+                "Requests in model execution batches.",
+                "gauge",
+                |g| g.running.to_string(),
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Requests waiting to be processed.",
+                "gauge",
+                |g| g.waiting.to_string(),
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                "gauge",
+                |g| g.kv_usage.to_string(),
+            ),
+            (
+                "vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in tokens.",
+                "counter",
+                |g| g.prefix_queries.to_string(),
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in tokens.",
+                "counter",
+                |g| g.prefix_hits.to_string(),
+            ),
+        ];
+        for (name, help, ty, f) in per_gauge {
+            head(&mut out, name, help, ty);
+            for (l, g) in labels.iter().zip(&gauges) {
+                let _ = writeln!(out, "{name}{{{l}}} {}", f(g));
+            }
+        }
+        type CounterFn = fn(&EngineMetrics) -> &AtomicU64;
+        let counters: [(&str, &str, CounterFn); 6] = [
             (
                 "vllm:prompt_tokens_total",
                 "Prefill tokens processed.",
-                &self.prompt_tokens,
+                |e| &e.prompt_tokens,
             ),
             (
                 "vllm:generation_tokens_total",
                 "Generation tokens processed.",
-                &self.generation_tokens,
+                |e| &e.generation_tokens,
             ),
             (
                 "vllm:num_preemptions_total",
                 "Cumulative number of preemptions.",
-                &self.preemptions,
+                |e| &e.preemptions,
             ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            let _ = writeln!(out, "{name}{{{base}}} {}", v.load(Ordering::Relaxed));
+            (
+                "vllm:spec_decode_num_drafts_total",
+                "Number of spec decoding drafts.",
+                |e| &e.spec_drafts,
+            ),
+            (
+                "vllm:spec_decode_num_draft_tokens_total",
+                "Number of draft tokens.",
+                |e| &e.spec_draft_tokens,
+            ),
+            (
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "Number of accepted tokens.",
+                |e| &e.spec_accepted,
+            ),
+        ];
+        for (name, help, f) in counters {
+            head(&mut out, name, help, "counter");
+            for (l, e) in labels.iter().zip(&self.engines) {
+                let _ = writeln!(out, "{name}{{{l}}} {}", f(e).load(Ordering::Relaxed));
+            }
         }
-        let _ = writeln!(
-            out,
-            "# HELP vllm:request_success_total Count of finished requests by reason.\n# TYPE vllm:request_success_total counter"
-        );
-        let _ = writeln!(
-            out,
-            "vllm:request_success_total{{{base},finished_reason=\"length\"}} {}",
-            self.finished.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "vllm:request_success_total{{{base},finished_reason=\"abort\"}} {}",
-            self.aborted.load(Ordering::Relaxed)
-        );
-        self.ttft.render(
+        let name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+        head(
             &mut out,
-            "vllm:time_to_first_token_seconds",
-            "Time to first token.",
-            &base,
+            name,
+            "Accepted tokens per draft position.",
+            "counter",
         );
-        self.itl.render(
+        for (l, e) in labels.iter().zip(&self.engines) {
+            for (p, n) in e
+                .spec_accepted_per_pos
+                .lock()
+                .expect("per position")
+                .iter()
+                .enumerate()
+            {
+                let _ = writeln!(out, "{name}{{{l},position=\"{p}\"}} {n}");
+            }
+        }
+        let name = "vllm:request_success_total";
+        head(
             &mut out,
-            "vllm:inter_token_latency_seconds",
-            "Inter-token latency.",
-            &base,
+            name,
+            "Count of successfully processed requests.",
+            "counter",
         );
-        self.tpot.render(
-            &mut out,
-            "vllm:time_per_output_token_seconds",
-            "Time per output token (per request, after the first).",
-            &base,
-        );
-        self.e2e.render(
-            &mut out,
-            "vllm:e2e_request_latency_seconds",
-            "End-to-end request latency.",
-            &base,
-        );
+        for (l, e) in labels.iter().zip(&self.engines) {
+            for (reason, c) in [
+                ("length", &e.finished_length),
+                ("stop", &e.finished_stop),
+                ("abort", &e.aborted),
+            ] {
+                let n = c.load(Ordering::Relaxed);
+                let _ = writeln!(out, "{name}{{{l},finished_reason=\"{reason}\"}} {n}");
+            }
+        }
+        type HistFn = fn(&EngineMetrics) -> &Histogram;
+        let hists: [(&str, &str, HistFn); 12] = [
+            (
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                |e| &e.ttft,
+            ),
+            (
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                |e| &e.itl,
+            ),
+            (
+                "vllm:time_per_output_token_seconds",
+                "Deprecated name of vllm:inter_token_latency_seconds.",
+                |e| &e.itl,
+            ),
+            (
+                "vllm:request_time_per_output_token_seconds",
+                "Histogram of time_per_output_token_seconds per request.",
+                |e| &e.request_tpot,
+            ),
+            (
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                |e| &e.e2e,
+            ),
+            (
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+                |e| &e.queue,
+            ),
+            (
+                "vllm:request_prefill_time_seconds",
+                "Histogram of time spent in PREFILL phase for request.",
+                |e| &e.prefill,
+            ),
+            (
+                "vllm:request_decode_time_seconds",
+                "Histogram of time spent in DECODE phase for request.",
+                |e| &e.decode,
+            ),
+            (
+                "vllm:request_inference_time_seconds",
+                "Histogram of time spent in RUNNING phase for request.",
+                |e| &e.inference,
+            ),
+            (
+                "vllm:request_prompt_tokens",
+                "Number of prefill tokens processed.",
+                |e| &e.request_prompt_tokens,
+            ),
+            (
+                "vllm:request_generation_tokens",
+                "Number of generation tokens processed.",
+                |e| &e.request_generation_tokens,
+            ),
+            (
+                "vllm:iteration_tokens_total",
+                "Histogram of number of tokens per engine_step.",
+                |e| &e.iteration_tokens,
+            ),
+        ];
+        for (name, help, f) in hists {
+            head(&mut out, name, help, "histogram");
+            for (l, e) in labels.iter().zip(&self.engines) {
+                f(e).render(&mut out, name, l);
+            }
+        }
         out
     }
 }
@@ -244,27 +484,136 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dstwin_core::device::{DecodeSeq, RankPlan};
+    use std::time::Duration;
+
+    fn line<'a>(t: &'a str, prefix: &str) -> &'a str {
+        t.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{t}"))
+    }
 
     #[test]
-    fn exposition_has_vllm_names_and_cumulative_buckets() {
-        let m = Metrics::new("deepseek-r1");
-        m.ttft.observe(0.003);
-        m.ttft.observe(0.3);
-        m.set_instance(0, 3, 1, 0.25, 100, 40);
-        m.generation_tokens.fetch_add(7, Ordering::Relaxed);
+    fn every_engine_has_every_series_from_the_start() {
+        let t = Metrics::new("deepseek-r1", 2).render();
+        for name in [
+            "vllm:num_requests_running{",
+            "vllm:kv_cache_usage_perc{",
+            "vllm:generation_tokens_total{",
+            "vllm:spec_decode_num_drafts_total{",
+            "vllm:request_success_total{",
+            "vllm:request_queue_time_seconds_count{",
+            "vllm:request_time_per_output_token_seconds_count{",
+        ] {
+            for e in ["0", "1"] {
+                let l = line(
+                    &t,
+                    &format!("{name}model_name=\"deepseek-r1\",engine=\"{e}\""),
+                );
+                assert!(l.ends_with(" 0"), "{l}");
+            }
+        }
+    }
+
+    #[test]
+    fn request_timings_and_reasons() {
+        let m = Metrics::new("m", 1);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let times = RequestTimes {
+            arrival: t0,
+            scheduled: Some(at(400)),
+            first_token: Some(at(1000)),
+            last_token: Some(at(3000)),
+            end: at(3000),
+            prompt_tokens: 30,
+            generated: 11,
+        };
+        m.request_finished(0, &times, FinishReason::Stop);
+        m.request_finished(0, &times, FinishReason::Abort);
         let t = m.render();
-        assert!(t.contains("vllm:num_requests_running{model_name=\"deepseek-r1\",engine=\"0\"} 3"));
-        assert!(
-            t.contains("vllm:kv_cache_usage_perc{model_name=\"deepseek-r1\",engine=\"0\"} 0.25")
-        );
-        assert!(t.contains("vllm:generation_tokens_total{model_name=\"deepseek-r1\"} 7"));
-        assert!(t.contains(
-            "vllm:time_to_first_token_seconds_bucket{model_name=\"deepseek-r1\",le=\"0.005\"} 1"
-        ));
-        assert!(t.contains(
-            "vllm:time_to_first_token_seconds_bucket{model_name=\"deepseek-r1\",le=\"0.5\"} 2"
-        ));
-        assert!(t.contains("vllm:time_to_first_token_seconds_count{model_name=\"deepseek-r1\"} 2"));
-        assert!(t.contains("vllm:prefix_cache_hits_total"));
+        let l = "model_name=\"m\",engine=\"0\"";
+        assert!(t.contains(&format!(
+            "vllm:request_success_total{{{l},finished_reason=\"stop\"}} 1"
+        )));
+        assert!(t.contains(&format!(
+            "vllm:request_success_total{{{l},finished_reason=\"abort\"}} 1"
+        )));
+        // Queue 0.4 s, prefill 0.6 s, decode 2 s, inference 2.6 s, 0.2 s per output token.
+        assert!(t.contains(&format!(
+            "vllm:request_queue_time_seconds_bucket{{{l},le=\"0.5\"}} 1"
+        )));
+        assert!(t.contains(&format!(
+            "vllm:request_queue_time_seconds_bucket{{{l},le=\"0.3\"}} 0"
+        )));
+        assert!(t.contains(&format!(
+            "vllm:request_prefill_time_seconds_bucket{{{l},le=\"0.8\"}} 1"
+        )));
+        assert!(t.contains(&format!(
+            "vllm:request_decode_time_seconds_bucket{{{l},le=\"2\"}} 1"
+        )));
+        assert!(t.contains(&format!(
+            "vllm:request_inference_time_seconds_bucket{{{l},le=\"2.5\"}} 0"
+        )));
+        assert!(t.contains(&format!(
+            "vllm:request_time_per_output_token_seconds_bucket{{{l},le=\"0.2\"}} 1"
+        )));
+        assert!(t.contains(&format!(
+            "vllm:request_time_per_output_token_seconds_bucket{{{l},le=\"0.15\"}} 0"
+        )));
+        assert!(t.contains(&format!("vllm:e2e_request_latency_seconds_count{{{l}}} 1")));
+        assert!(t.contains(&format!("vllm:request_generation_tokens_sum{{{l}}} 11")));
+    }
+
+    #[test]
+    fn spec_decode_counts_drafts_and_acceptances() {
+        let m = Metrics::new("m", 1);
+        let seq = |drafts| DecodeSeq {
+            req: 0,
+            drafts,
+            step: 0,
+        };
+        let plan = StepPlan {
+            dp_ranks: 1,
+            ranks: vec![RankPlan {
+                decode: vec![seq(2), seq(2), seq(0)],
+                ..Default::default()
+            }],
+        };
+        let outcome = StepOutcome {
+            accepted: vec![vec![2, 1, 0]],
+            ..Default::default()
+        };
+        m.step(0, &plan, &outcome);
+        let t = m.render();
+        let l = "model_name=\"m\",engine=\"0\"";
+        assert!(t.contains(&format!("vllm:spec_decode_num_drafts_total{{{l}}} 2")));
+        assert!(t.contains(&format!("vllm:iteration_tokens_total_count{{{l}}} 1")));
+        assert!(t.contains(&format!("vllm:spec_decode_num_draft_tokens_total{{{l}}} 4")));
+        assert!(t.contains(&format!(
+            "vllm:spec_decode_num_accepted_tokens_total{{{l}}} 3"
+        )));
+        assert!(t.contains(&format!(
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{{{l},position=\"0\"}} 2"
+        )));
+        assert!(t.contains(&format!(
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{{{l},position=\"1\"}} 1"
+        )));
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let m = Metrics::new("deepseek-r1", 1);
+        m.engine(0).ttft.observe(0.003);
+        m.engine(0).ttft.observe(0.3);
+        let t = m.render();
+        let l = "model_name=\"deepseek-r1\",engine=\"0\"";
+        assert!(t.contains(&format!(
+            "vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.005\"}} 1"
+        )));
+        assert!(t.contains(&format!(
+            "vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.5\"}} 2"
+        )));
+        assert!(t.contains(&format!("vllm:time_to_first_token_seconds_count{{{l}}} 2")));
     }
 }

@@ -63,9 +63,55 @@ pub fn estimate_tokens(text: &str) -> u32 {
     (text.chars().count().div_ceil(4)).max(1) as u32
 }
 
+/// Ids below this are left to template markers in estimated prompts.
+const MARKER_IDS: u32 = 1024;
+/// Estimated ids stay inside a DeepSeek-sized vocabulary.
+const ESTIMATE_VOCAB: u32 = 128_000;
+
+/// Token ids for `text` without a tokenizer: one per [`estimate_tokens`] token, each a hash of
+/// its four characters, so equal text gives equal ids (prefix caching sees shared prefixes).
+pub fn estimate_ids(text: &str) -> Vec<u32> {
+    let chars: Vec<char> = text.chars().collect();
+    let n = estimate_tokens(text) as usize;
+    (0..n)
+        .map(|k| {
+            let piece = chars
+                .get(k * 4..(k * 4 + 4).min(chars.len()))
+                .unwrap_or(&[]);
+            let h = piece.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &c| {
+                (h ^ c as u64).wrapping_mul(0x100_0000_01b3)
+            });
+            MARKER_IDS + (h % (ESTIMATE_VOCAB - MARKER_IDS) as u64) as u32
+        })
+        .collect()
+}
+
+/// The id an estimated prompt gives a template marker.
+pub fn marker_id(marker: &str) -> u32 {
+    let h = marker.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    (h % MARKER_IDS as u64) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn estimated_ids_follow_the_text() {
+        let a = estimate_ids("the same long prefix, then one ending");
+        let b = estimate_ids("the same long prefix, then another ending");
+        assert_eq!(
+            a.len(),
+            estimate_tokens("the same long prefix, then one ending") as usize
+        );
+        // Equal four-character pieces give equal ids: the shared prefix is shared.
+        assert_eq!(a[..6], b[..6]);
+        assert_ne!(a, b);
+        assert!(a.iter().all(|&t| (MARKER_IDS..ESTIMATE_VOCAB).contains(&t)));
+        assert!(marker_id("<｜User｜>") < MARKER_IDS);
+    }
 
     #[test]
     fn text_is_deterministic_per_seed() {

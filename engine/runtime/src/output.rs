@@ -1,0 +1,135 @@
+//! One choice of a request as its output is produced: the placeholder text so far, what was
+//! sent, stop strings (text that could still become one is held back), and the chat parsers
+//! (reasoning first, then tool calls in what is not reasoning).
+
+use crate::parsers::{ReasoningParser, ToolCallDelta, ToolParser};
+use crate::text;
+use dstwin_core::device::ReqId;
+
+/// What a piece of a chat choice's output became after the parsers.
+#[derive(Default)]
+pub(crate) struct Piece {
+    pub reasoning: String,
+    pub content: String,
+    pub calls: Vec<ToolCallDelta>,
+}
+
+impl Piece {
+    pub fn is_empty(&self) -> bool {
+        self.reasoning.is_empty() && self.content.is_empty() && self.calls.is_empty()
+    }
+}
+
+/// A chat choice's parsers: reasoning first, then tool calls in what is not reasoning.
+pub(crate) struct OutputParser {
+    pub reasoning: Option<ReasoningParser>,
+    pub tools: Option<ToolParser>,
+    pub saw_call: bool,
+}
+
+impl OutputParser {
+    fn tools_piece(&mut self, reasoning: String, content: String, finish: bool) -> Piece {
+        let Some(t) = self.tools.as_mut() else {
+            return Piece {
+                reasoning,
+                content,
+                calls: Vec::new(),
+            };
+        };
+        let mut o = t.push(&content);
+        if finish {
+            let f = t.finish();
+            o.content.push_str(&f.content);
+            o.calls.extend(f.calls);
+        }
+        self.saw_call |= !o.calls.is_empty();
+        Piece {
+            reasoning,
+            content: o.content,
+            calls: o.calls,
+        }
+    }
+
+    /// Reads raw output; `finish`: it is the last, release everything held back.
+    pub fn push(&mut self, raw: &str, finish: bool) -> Piece {
+        let (mut r, c) = match self.reasoning.as_mut() {
+            Some(p) => p.push(raw),
+            None => (String::new(), raw.to_string()),
+        };
+        if finish {
+            if let Some(p) = self.reasoning.as_mut() {
+                r.push_str(&p.finish());
+            }
+        }
+        self.tools_piece(r, c, finish)
+    }
+}
+
+/// One choice's output as it is produced: text so far, what was sent, and stop handling.
+pub(crate) struct Choice {
+    pub index: u32,
+    /// Its request in the runtime.
+    pub id: ReqId,
+    pub seed: u64,
+    pub tokens: u32,
+    pub text: String,
+    pub sent: usize,
+    pub finish: Option<&'static str>,
+    pub parser: Option<OutputParser>,
+}
+
+impl Choice {
+    /// Appends `n` tokens; returns the text that may be sent now (held back while it could
+    /// still turn into a stop string).
+    pub fn push(&mut self, n: u32, stops: &[String]) -> String {
+        text::push_tokens(&mut self.text, self.seed, self.tokens, n);
+        self.tokens += n;
+        let from = self
+            .sent
+            .saturating_sub(stops.iter().map(String::len).max().unwrap_or(0));
+        let from = (0..=from)
+            .rev()
+            .find(|&i| self.text.is_char_boundary(i))
+            .unwrap_or(0);
+        if let Some(p) = stops
+            .iter()
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|p| p + from))
+            .min()
+        {
+            self.text.truncate(p);
+            self.finish = Some("stop");
+            return self.take(p.max(self.sent));
+        }
+        let hold = stops
+            .iter()
+            .map(|s| s.len().saturating_sub(1))
+            .max()
+            .unwrap_or(0);
+        let mut upto = self.text.len().saturating_sub(hold).max(self.sent);
+        while !self.text.is_char_boundary(upto) {
+            upto -= 1;
+        }
+        self.take(upto.max(self.sent))
+    }
+
+    pub fn take(&mut self, upto: usize) -> String {
+        let upto = upto.min(self.text.len());
+        if upto <= self.sent {
+            return String::new();
+        }
+        let s = self.text[self.sent..upto].to_string();
+        self.sent = upto;
+        s
+    }
+
+    /// The finish reason as the client sees it: tool calls override the stop reason.
+    pub fn reported_finish(&self) -> Option<&'static str> {
+        self.finish.map(|f| {
+            if self.parser.as_ref().is_some_and(|p| p.saw_call) {
+                "tool_calls"
+            } else {
+                f
+            }
+        })
+    }
+}
