@@ -11,7 +11,7 @@
 # metrics-*.txt (the server's /metrics after each tool), so each tool's report can be checked
 # against the server's own counts.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 PORT=${PORT:-8011}
 CONCURRENCY=${CONCURRENCY:-8}
