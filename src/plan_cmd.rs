@@ -1,6 +1,7 @@
 //! `dstwin plan`: the best PD layouts for a model on N cards under SLOs, with the vllm-ascend
 //! launch arguments of each instance.
 
+use crate::output::{out, outln};
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
@@ -139,13 +140,13 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         write_outputs(dir, &outcomes)?;
     }
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&outcomes).map_err(|e| Failure::Runtime(e.into()))?
-        );
+        )?;
         return Ok(());
     }
-    print!("{}", render(&a, &p, &outcomes, dies_per_node));
+    out!("{}", render(&a, &p, &outcomes, dies_per_node))?;
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! `dstwin report`: Pareto fronts (CSV, SVG, PNG) and a markdown summary from sweep CSVs,
 //! optionally merging the shards of a study.
 
+use crate::output::outln;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
@@ -115,7 +116,7 @@ pub fn run(a: ReportArgs) -> Result<(), Failure> {
         );
     }
     for p in write_report(&dir, &axes, &rows)? {
-        println!("{}", p.display());
+        outln!("{}", p.display())?;
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `dstwin simulate`: runs a scenario and writes its reports.
 
+use crate::output::{out, outln};
 use crate::Failure;
 use anyhow::Context;
 use clap::Args;
@@ -100,14 +101,14 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
         write_file(p, &doc)?;
     }
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(r).map_err(|e| Failure::Runtime(e.into()))?
-        );
+        )?;
     } else if a.csv {
-        print!("{}", sim_csv(r));
+        out!("{}", sim_csv(r))?;
     } else {
-        print!("{}", render_sim(r));
+        out!("{}", render_sim(r))?;
     }
     if !a.quiet {
         eprintln!(

@@ -1,6 +1,7 @@
 //! `dstwin sweep`: a grid of what-if overrides over a base scenario, every point simulated in
 //! parallel, results appended as they finish (a re-run resumes), then the fronts and summary.
 
+use crate::output::outln;
 use crate::report_cmd::{read, write_report};
 use crate::Failure;
 use anyhow::{anyhow, Context};
@@ -10,7 +11,6 @@ use dstwin_sim::sweep::{
     csv_record, grid, instance_names, overrides, run_point, write_csv, Axis, Row, Shard,
 };
 use rayon::prelude::*;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -238,35 +238,34 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         "shard": a.shard,
         "rows": rows,
     });
+    let json_path = a.out.join("sweep.json");
     std::fs::write(
-        a.out.join("sweep.json"),
+        &json_path,
         serde_json::to_vec_pretty(&json).map_err(|e| Failure::Runtime(e.into()))?,
     )
-    .map_err(|e| Failure::Runtime(e.into()))?;
+    .with_context(|| format!("writing {}", json_path.display()))
+    .map_err(Failure::Runtime)?;
     write_report(&a.out, &paths, &rows)?;
     let invalid = rows.iter().filter(|r| !r.ok()).count();
     let ran = rows.len() - resumed;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(
-        out,
+    outln!(
         "{} points: {ran} simulated, {resumed} already done, {invalid} invalid; results in {}",
         rows.len(),
         a.out.display()
-    );
+    )?;
     if let Some(best) = rows.iter().filter(|r| r.ok()).max_by(|x, y| {
         x.goodput_per_card
             .total_cmp(&y.goodput_per_card)
             .then(y.index.cmp(&x.index))
     }) {
-        let _ = writeln!(
-            out,
+        outln!(
             "best goodput per card: {:.4} req/s ({:.1} output tok/s/card, TPOT p50 {:.1} ms, TTFT p50 {:.0} ms) at {}",
             best.goodput_per_card,
             best.output_tok_s_per_card,
             best.tpot_p50_ms,
             best.ttft_p50_ms,
             dstwin_sim::sweep::label(&paths, best)
-        );
+        )?;
     }
     if !a.quiet {
         eprintln!(
