@@ -60,9 +60,10 @@ fn table(title: &str, g: Globals, r: &[Residual]) -> Result<(), Failure> {
 }
 
 pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
-    if !(a.step > 0.0 && a.step <= 0.5) {
+    let (lo, hi) = dstwin_calibration::target::STEP_RANGE;
+    if !(lo..=hi).contains(&a.step) {
         return Err(Failure::Input(anyhow!(
-            "--step {}: must be in (0, 0.5]",
+            "--step {}: must be in [{lo}, {hi}] (the search refines at a tenth of the step; finer grids only take longer)",
             a.step
         )));
     }
