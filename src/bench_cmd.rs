@@ -7,6 +7,7 @@ use anyhow::{anyhow, Context};
 use axum::body::Bytes;
 use clap::Args;
 use dstwin_sim::scenario::load_path;
+use dstwin_traces::spec::{MAX_RATE_PER_S, MAX_REQUESTS};
 use dstwin_traces::WorkloadSource;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -32,20 +33,22 @@ pub struct BenchArgs {
     /// Take the requests from this scenario's [workload] (synthetic, trace or closed loop).
     #[arg(long, conflicts_with_all = ["input_len", "output_len", "request_rate"])]
     scenario: Option<PathBuf>,
-    /// Requests to send (with --input-len/--output-len).
-    #[arg(long, default_value_t = 100)]
+    /// Requests to send (with --input-len/--output-len); at most 100,000,000, as in a
+    /// scenario's workload (every request's timings are kept for the report).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=MAX_REQUESTS))]
     num_prompts: u64,
-    /// Prompt tokens per request.
-    #[arg(long, default_value_t = 1024)]
+    /// Prompt tokens per request: 1 to 2,097,152 (twice the longest DeepSeek context; the
+    /// prompt text is built in memory).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=MAX_TOKENS))]
     input_len: u32,
-    /// Output tokens per request.
-    #[arg(long, default_value_t = 128)]
+    /// Output tokens per request: 1 to 2,097,152.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=MAX_TOKENS))]
     output_len: u32,
     /// Poisson arrivals at this many requests per second (default: all at once).
     #[arg(long)]
     request_rate: Option<f64>,
-    /// At most this many requests in flight.
-    #[arg(long)]
+    /// At most this many requests in flight (1 to 1,000,000).
+    #[arg(long, value_parser = concurrency)]
     max_concurrency: Option<usize>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -119,6 +122,18 @@ fn stats_ms(mut v: Vec<f64>) -> (f64, f64, f64) {
     (mean * 1e3, q(0.5) * 1e3, q(0.99) * 1e3)
 }
 
+/// The longest prompt or output `--input-len`/`--output-len` take.
+const MAX_TOKENS: i64 = 2 * 1024 * 1024;
+
+/// `--max-concurrency`: 1 to the closed-loop bound of a scenario's workload.
+fn concurrency(s: &str) -> Result<usize, String> {
+    let max = dstwin_traces::spec::MAX_CONCURRENCY as usize;
+    match s.parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("must be a whole number from 1 to {max}")),
+    }
+}
+
 fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
     if let Some(p) = &a.scenario {
         let s = load_path(p, &[]).map_err(|e| Failure::Input(e.into()))?;
@@ -166,9 +181,9 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
     let exp = match a.request_rate {
-        Some(r) if !(r.is_finite() && r > 0.0) => {
+        Some(r) if !(r.is_finite() && r > 0.0 && r <= MAX_RATE_PER_S) => {
             return Err(Failure::Input(anyhow!(
-                "--request-rate must be a positive number, got {r}"
+                "--request-rate {r}: must be a positive number of requests per second, at most {MAX_RATE_PER_S:.0}"
             )))
         }
         Some(r) => Some(Exp::new(r).map_err(|e| Failure::Input(anyhow!("--request-rate: {e}")))?),

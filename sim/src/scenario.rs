@@ -591,6 +591,28 @@ fn validate(
             format!("must be shorter than duration_s ({d})"),
         ));
     }
+    if raw.warmup_s > 0.0 && raw.duration_s.is_none() {
+        return Err(field(
+            "warmup_s",
+            raw.warmup_s,
+            "needs duration_s: without it the run ends when the last request finishes, which \
+             may be before the warm-up does, leaving nothing to report",
+        ));
+    }
+    // vLLM runs DeepSeek's one MTP layer again for every further draft, and each draft is
+    // accepted only if all before it were, so acceptance falls geometrically: published
+    // deployments use 1 to 3 drafts. Past MAX_POSITIONS the acceptance model has no positions.
+    let max_drafts = dstwin_core::mtp::MAX_POSITIONS as u32;
+    if raw.mtp.tokens > max_drafts {
+        return Err(field(
+            "mtp.tokens",
+            raw.mtp.tokens,
+            format!(
+                "must be at most {max_drafts} draft tokens per step (acceptance falls \
+                 geometrically with each draft; deployments use 1 to 3)"
+            ),
+        ));
+    }
     if raw.mtp.tokens > 0 && model.mtp_layers == 0 {
         return Err(field(
             "mtp.tokens",
@@ -691,6 +713,16 @@ fn validate(
             }
         }
         if let Some(m) = s.max_model_len {
+            if m == 0 {
+                return Err(field(
+                    f("scheduler.max_model_len"),
+                    0,
+                    format!(
+                        "must be at least 1 token (the model's context is {})",
+                        model.max_context
+                    ),
+                ));
+            }
             if m as u64 > model.max_context {
                 return Err(field(
                     f("scheduler.max_model_len"),
