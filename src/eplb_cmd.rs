@@ -68,8 +68,22 @@ pub fn run(a: EplbArgs) -> Result<(), Failure> {
         .parse()
         .map_err(|e: String| Failure::Input(anyhow!("--policy: {e}")))?;
     let load = heat.total();
+    let max_redundant = (heat.experts as usize * (dstwin_core::eplb::MAX_SLOTS_PER_EXPERT - 1))
+        .min(u32::MAX as usize) as u32;
+    let slots = heat
+        .experts
+        .checked_add(a.redundant)
+        .filter(|_| a.redundant <= max_redundant)
+        .ok_or_else(|| {
+            Failure::Input(anyhow!(
+                "--redundant {}: at most {max_redundant} for {} experts ({} slots per expert)",
+                a.redundant,
+                heat.experts,
+                dstwin_core::eplb::MAX_SLOTS_PER_EXPERT
+            ))
+        })?;
     let layout = EpLayout {
-        slots: heat.experts + a.redundant,
+        slots,
         dies: a.dies,
         dies_per_node: a.dies_per_node,
         groups: a.groups,
