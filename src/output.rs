@@ -3,7 +3,9 @@
 //! that turns a closed pipe into a quiet success and any other write failure into an error.
 
 use crate::Failure;
+use anyhow::Context;
 use std::io::{self, Write};
+use std::path::Path;
 
 /// Writes `text` to standard output and flushes it, so that a failure surfaces here.
 pub fn write(text: &str) -> Result<(), Failure> {
@@ -41,3 +43,30 @@ macro_rules! outln {
 }
 
 pub(crate) use {out, outln};
+
+/// Fails now, before a long run, when the output file `path` cannot be written: opens it for
+/// writing (without truncating it) and removes it again if it did not exist.
+pub fn check_file(path: &Path, what: &str) -> Result<(), Failure> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("{what} {}: cannot write there", path.display()))
+        .map_err(Failure::Runtime)?;
+    if !existed {
+        // Best effort: an empty file left behind would be the only trace of the check.
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// Fails now, before a long run, when files cannot be written into the directory `dir`:
+/// creates it and a probe file inside it.
+pub fn check_dir(dir: &Path, what: &str) -> Result<(), Failure> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("{what} {}: cannot create the directory", dir.display()))
+        .map_err(Failure::Runtime)?;
+    check_file(&dir.join(".dstwin-write-check"), what)
+}

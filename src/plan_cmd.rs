@@ -99,7 +99,20 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
             "--input and --output must be at least 1"
         )));
     }
+    for (i, x) in a.mtp_accept.iter().enumerate() {
+        if !(0.0..=1.0).contains(x) {
+            return Err(Failure::Input(anyhow!(
+                "--mtp-accept: value {} ({x}) must be a probability in [0, 1] (draft {} accepted given draft {} was)",
+                i + 1,
+                i + 1,
+                i
+            )));
+        }
+    }
     let (n, dies_per_node) = nodes(&a.hardware, a.cards).map_err(|e| Failure::Input(anyhow!(e)))?;
+    if let Some(dir) = &a.out {
+        crate::output::check_dir(dir, "--out")?;
+    }
     let p = PlanInput {
         model: a.model.clone(),
         quant: a.quant.clone(),
@@ -136,6 +149,27 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         .collect();
     bar.finish_and_clear();
     rank(&mut outcomes);
+    // Every layout invalid: there is no plan, only the reasons.
+    if outcomes.iter().all(|o| !o.invalid.is_empty()) {
+        let mut why: BTreeMap<&str, (usize, &Outcome)> = BTreeMap::new();
+        for o in &outcomes {
+            why.entry(&o.invalid).or_insert((0, o)).0 += 1;
+        }
+        let mut why: Vec<_> = why.into_iter().collect();
+        why.sort_by(|x, y| y.1 .0.cmp(&x.1 .0));
+        let reasons: Vec<String> = why
+            .iter()
+            .take(5)
+            .map(|(r, (n, o))| format!("  {n} layouts, e.g. {}: {r}", o.candidate.label()))
+            .collect();
+        return Err(Failure::Input(anyhow!(
+            "no layout of {} on {} cards of {} is valid:\n{}",
+            a.model,
+            a.cards,
+            a.hardware,
+            reasons.join("\n")
+        )));
+    }
     if let Some(dir) = &a.out {
         write_outputs(dir, &outcomes)?;
     }

@@ -66,6 +66,13 @@ pub fn load_scenario(path: Option<&Path>, sets: &[String]) -> Result<Scenario, F
 
 pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
     let scenario = load_scenario(a.scenario.as_deref(), &a.sets)?;
+    // An output that cannot be written fails now, not after the run.
+    if let Some(p) = &a.requests_csv {
+        crate::output::check_file(p, "--requests-csv")?;
+    }
+    if let Some(p) = &a.timeline {
+        crate::output::check_file(p, "--timeline")?;
+    }
     let bar = crate::progress::bar(
         None,
         a.quiet,

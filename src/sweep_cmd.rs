@@ -124,9 +124,7 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         .filter(|p| shard.is_none_or(|s| s.contains(p)))
         .collect();
 
-    std::fs::create_dir_all(&a.out)
-        .with_context(|| format!("creating {}", a.out.display()))
-        .map_err(Failure::Runtime)?;
+    crate::output::check_dir(&a.out, "--out")?;
     let csv_path = a.out.join("sweep.csv");
     // Resume: keep the rows of this grid that are already there.
     let mut done: Vec<Row> = Vec::new();
@@ -134,10 +132,10 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         let (old_axes, rows) = read(&csv_path)?;
         if old_axes != paths {
             return Err(input(anyhow!(
-                "{} holds a sweep over {:?}, not {:?}: choose another --out",
+                "{} holds a sweep over {}, not {}: choose another --out",
                 csv_path.display(),
-                old_axes,
-                paths
+                old_axes.join(", "),
+                paths.join(", ")
             )));
         }
         done = rows
@@ -272,6 +270,16 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
             "wall {wall:.2} s: {:.1} points per second",
             ran as f64 / wall.max(1e-9)
         );
+    }
+    // A sweep in which no point could run produced nothing to compare.
+    if !rows.is_empty() && invalid == rows.len() {
+        let first = &rows[0];
+        return Err(Failure::Input(anyhow!(
+            "every one of the {} points is invalid, e.g. {}: {}",
+            rows.len(),
+            dstwin_sim::sweep::label(&paths, first),
+            first.reason
+        )));
     }
     Ok(())
 }

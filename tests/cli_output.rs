@@ -52,3 +52,42 @@ fn a_full_disk_is_an_error_not_a_panic() {
         );
     }
 }
+
+/// A path no one can write: /proc does not let anyone create files.
+const UNWRITABLE: &str = "/proc/dstwin-nope/x";
+
+#[cfg(target_os = "linux")]
+#[test]
+fn unwritable_outputs_fail_before_the_run() {
+    let sweep_scenario = format!("{}/tests/data/tiny-mixed.toml", env!("CARGO_MANIFEST_DIR"));
+    for args in [
+        vec!["simulate", "-q", "--requests-csv", UNWRITABLE],
+        vec!["simulate", "-q", "--timeline", UNWRITABLE],
+        vec!["plan", "-q", "--out", UNWRITABLE],
+        vec![
+            "sweep",
+            &sweep_scenario,
+            "--vary",
+            "seed=1,2",
+            "--out",
+            UNWRITABLE,
+            "-q",
+        ],
+    ] {
+        let started = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+            .args(&args)
+            .output()
+            .expect("run dstwin");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(UNWRITABLE), "{args:?}: {stderr}");
+        // Before the run: nothing was simulated (plan takes tens of seconds, simulate seconds).
+        assert!(out.stdout.is_empty(), "{args:?} ran");
+        assert!(
+            started.elapsed().as_secs() < 5,
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -326,6 +326,13 @@ pub fn nodes(hardware: &str, cards: u32) -> Result<(u32, u32), String> {
         ));
     }
     let nodes = cards / per_node;
+    if nodes > sys.max_nodes {
+        return Err(format!(
+            "--cards {cards}: {hardware} deployments span at most {} nodes ({} cards)",
+            sys.max_nodes,
+            u64::from(sys.max_nodes) * u64::from(per_node)
+        ));
+    }
     if nodes < 2 {
         return Err(format!(
             "--cards {cards}: PD disaggregation needs at least two nodes ({} cards)",
