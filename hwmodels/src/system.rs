@@ -46,11 +46,33 @@ pub struct FabricLevel {
 }
 
 /// The chip of a system: a catalog name or a full inline definition.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum ChipRef {
     Name(String),
     Inline(Chip),
+}
+
+// By hand rather than `#[serde(untagged)]`: an untagged enum that matches neither form says only
+// "data did not match any variant", hiding which field of an inline chip is wrong.
+impl<'de> Deserialize<'de> for ChipRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = ChipRef;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a chip name (see `dstwin catalog`) or an inline chip table")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ChipRef, E> {
+                Ok(ChipRef::Name(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ChipRef, A::Error> {
+                Chip::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(ChipRef::Inline)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// A system as written in a data file, before the chip reference is resolved.

@@ -554,7 +554,7 @@ pub fn csv_record(axes: &[String], r: &Row) -> Vec<String> {
 /// A sweep CSV that cannot be read back.
 #[derive(Debug, Error)]
 pub enum CsvError {
-    #[error("{0}")]
+    #[error(transparent)]
     Csv(#[from] csv::Error),
     #[error("line {line}: {reason}")]
     Row { line: u64, reason: String },

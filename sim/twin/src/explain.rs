@@ -231,8 +231,8 @@ fn layer_imbalance(
         dies_per_node: inp.cost.system.dies_per_node(),
         groups: m.router_groups as u32,
     };
-    let p = place(policy, load.shares(), &layout)
-        .map_err(|e| input("eplb", format!("{policy:?}"), e.to_string()))?;
+    let p =
+        place(policy, load.shares(), &layout).map_err(|e| input("eplb", policy, e.to_string()))?;
     Ok(p.layers
         .iter()
         .zip(load.shares())
