@@ -112,6 +112,10 @@ pub struct System {
     pub source: String,
 }
 
+/// The most dies a system may have: a thousand times the largest one built in (CloudMatrix384,
+/// 768 dies), and small enough that sums and products of die counts stay inside u32.
+pub const MAX_DIES: u64 = 1 << 20;
+
 impl System {
     pub(crate) fn from_file(raw: SystemFile, chip: Chip, file: &str) -> Result<System, HwError> {
         chip.validate(file)?;
@@ -130,6 +134,22 @@ impl System {
                     "must be between 1 and max_nodes",
                 ));
             }
+        }
+        // Die counts are u32 products of these; bound the largest one (the CloudMatrix384
+        // supernode has 768 dies) so that no product or sum of them can overflow.
+        let max_dies = u64::from(raw.packages_per_node)
+            * u64::from(chip.dies_per_package)
+            * u64::from(raw.max_nodes);
+        if max_dies > MAX_DIES {
+            return Err(invalid(
+                file,
+                "max_nodes",
+                raw.max_nodes,
+                &format!(
+                    "{} packages per node x {} dies per package x {} nodes = {max_dies} dies; at most {MAX_DIES}",
+                    raw.packages_per_node, chip.dies_per_package, raw.max_nodes
+                ),
+            ));
         }
         if !(raw.reserved_hbm_gb_per_die >= 0.0 && raw.reserved_hbm_gb_per_die < chip.hbm_gb) {
             return Err(invalid(

@@ -115,6 +115,16 @@ fn bad_user_files_name_the_field_and_value() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("fabric[1].scope"), "{err}");
+    // 8 packages x 2 dies x 4294967295 nodes overflowed every die count computed from it.
+    let huge = USER_FILE.replace("max_nodes = 4", "max_nodes = 4294967295");
+    let err = cat
+        .system_from_str("f.toml", &huge, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("max_nodes = 4294967295") && err.contains("at most 1048576"),
+        "{err}"
+    );
     let chip = USER_FILE.replace("chip = \"ascend-910c\"", "chip = \"ascend-999\"");
     let err = cat
         .system_from_str("f.toml", &chip, None)

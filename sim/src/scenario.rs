@@ -804,8 +804,12 @@ fn validate(
             max_model_len,
         });
     }
-    let dies: u32 = instances.iter().map(|i| i.count * i.plan.dies).sum();
-    if dies > system.max_dies() {
+    // In u64: count x dies of absurd values overflows u32 before the comparison says so.
+    let dies: u64 = instances
+        .iter()
+        .map(|i| u64::from(i.count) * u64::from(i.plan.dies))
+        .sum();
+    if dies > u64::from(system.max_dies()) {
         return Err(field(
             "instance",
             format!("{dies} dies in all"),
