@@ -1,5 +1,8 @@
 //! Behaviour of the simulator crate's inputs, one file per behaviour.
 
+mod fuzz_scenario;
+#[path = "../../../tests/common/mutate.rs"]
+mod mutate;
 mod scenario_bounds;
 
 use dstwin_sim::scenario::{load_str, Scenario, ScenarioError};
