@@ -130,3 +130,33 @@ fn messages_speak_the_users_words_not_rusts() {
     assert_eq!(e.matches("EOF while parsing").count(), 1, "{e}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn explain_batch_sizes_are_bounded_before_pricing() {
+    // Products of these sizes overflowed u64 in the op graph.
+    for (args, field) in [
+        (
+            &["explain", "--seqs", "4294967295"][..],
+            "batch.decode_seqs",
+        ),
+        (
+            &[
+                "explain",
+                "--role",
+                "prefill",
+                "--tokens",
+                "18446744073709551615",
+            ],
+            "batch.prefill_tokens",
+        ),
+        (&["explain", "--mtp", "100000"], "mtp.tokens"),
+    ] {
+        let e = refused(args);
+        assert!(e.contains(field) && e.contains("at most"), "{args:?}: {e}");
+    }
+    let e = refused(&["simulate", "-q", "--set", "decode.max_num_seqs=4294967295"]);
+    assert!(
+        e.contains("max_num_seqs") && e.contains("at most 65536"),
+        "{e}"
+    );
+}

@@ -697,6 +697,22 @@ fn validate(
                 return Err(field(f(k), 0, "must be at least 1"));
             }
         }
+        for (k, v, max) in [
+            (
+                "scheduler.max_num_seqs",
+                s.max_num_seqs,
+                dstwin_core::batch::MAX_SEQS_PER_STEP,
+            ),
+            (
+                "scheduler.max_num_batched_tokens",
+                s.max_num_batched_tokens,
+                dstwin_core::batch::MAX_TOKENS_PER_STEP,
+            ),
+        ] {
+            if u64::from(v) > max {
+                return Err(field(f(k), v, format!("must be at most {max} per DP rank")));
+            }
+        }
         for (k, v) in [
             ("scheduler.host_overhead_us", s.host_overhead_us),
             (
