@@ -83,7 +83,7 @@ fn check_value(v: &serde_json::Value) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(config(2000))]
+    #![proptest_config(config(5000))]
 
     #[test]
     fn mutated_vllm_bench_results_compare_or_fail_cleanly(e in edits(4)) {
@@ -102,7 +102,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(config(300))]
+    #![proptest_config(config(1000))]
 
     /// `calibrate --targets`: a mutated target file parses and prices, or fails with an error.
     #[test]

@@ -80,7 +80,7 @@ fn cost_params() -> CostParams {
 }
 
 proptest! {
-    #![proptest_config(config(2000))]
+    #![proptest_config(config(5000))]
 
     #[test]
     fn mutated_system_files_load_or_fail_cleanly(seed in 0usize..4, e in edits(4)) {

@@ -41,7 +41,7 @@ fn size(m: &ModelConfig) {
 }
 
 proptest! {
-    #![proptest_config(config(2000))]
+    #![proptest_config(config(5000))]
 
     #[test]
     fn mutated_config_json_loads_or_fails_cleanly(e in edits(4)) {

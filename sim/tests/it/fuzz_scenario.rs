@@ -52,7 +52,7 @@ const PATHS: &[&str] = &[
 ];
 
 proptest! {
-    #![proptest_config(config(1000))]
+    #![proptest_config(config(3000))]
 
     #[test]
     fn mutated_scenarios_load_or_fail_cleanly(seed in 0usize..4, e in edits(4)) {

@@ -19,7 +19,7 @@ fn transform(w: dstwin_traces::Workload) {
 }
 
 proptest! {
-    #![proptest_config(config(2000))]
+    #![proptest_config(config(5000))]
 
     #[test]
     fn mutated_mooncake_traces_read_or_fail_cleanly(seed in 0usize..2, e in edits(4)) {
