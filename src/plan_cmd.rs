@@ -99,6 +99,19 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
             "--input and --output must be at least 1"
         )));
     }
+    // An unknown model is reported below, with the list of known ones.
+    if let Some(m) = dstwin_core::model::builtin(&a.model) {
+        let len = u64::from(a.input) + u64::from(a.output);
+        if len > m.max_context {
+            return Err(Failure::Input(anyhow!(
+                "--input {} + --output {} = {len} tokens: at most the context of {} ({} tokens)",
+                a.input,
+                a.output,
+                a.model,
+                m.max_context
+            )));
+        }
+    }
     for (i, x) in a.mtp_accept.iter().enumerate() {
         if !(0.0..=1.0).contains(x) {
             return Err(Failure::Input(anyhow!(

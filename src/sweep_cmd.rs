@@ -40,9 +40,9 @@ pub struct SweepArgs {
     /// Run only the points whose index is K modulo N (K from 0), for batch clusters.
     #[arg(long, value_name = "K/N")]
     shard: Option<String>,
-    /// Worker threads (default: every core).
-    #[arg(long)]
-    jobs: Option<usize>,
+    /// Worker threads, 1 to 1024 (default: every core).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    jobs: Option<u16>,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -120,6 +120,7 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         .transpose()
         .map_err(input)?;
     let points: Vec<_> = grid(&axes)
+        .map_err(input)?
         .into_iter()
         .filter(|p| shard.is_none_or(|s| s.contains(p)))
         .collect();
@@ -171,7 +172,7 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         "{bar:40} {pos}/{len} points [{elapsed_precise}, eta {eta}] {msg}",
     );
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.jobs.unwrap_or(0))
+        .num_threads(a.jobs.map_or(0, usize::from))
         .build()
         .map_err(|e| Failure::Runtime(e.into()))?;
     let started = Instant::now();

@@ -54,6 +54,8 @@ fn calibrate_targets_need_positive_published_figures() {
 
 #[test]
 fn plan_sizes_and_acceptances_are_checked_first() {
+    let e = refused(&["plan", "--input", "4294967295"]);
+    assert!(e.contains("at most the context of deepseek-r1"), "{e}");
     let e = refused(&["plan", "--cards", "1000000000"]);
     assert!(e.contains("at most 64 nodes (512 cards)"), "{e}");
     for bad in ["2", "nan", "-0.1"] {
@@ -159,4 +161,49 @@ fn explain_batch_sizes_are_bounded_before_pricing() {
         e.contains("max_num_seqs") && e.contains("at most 65536"),
         "{e}"
     );
+}
+
+#[test]
+fn sweep_grids_and_ranges_are_bounded_before_they_are_built() {
+    let scenario = common::data("tiny-mixed.toml");
+    let out = tmp("sweep");
+    let out = out.to_str().unwrap();
+    // 10,000^3 points would be built in memory before the first one ran.
+    let e = refused(&[
+        "sweep",
+        &scenario,
+        "--out",
+        out,
+        "--vary",
+        "seed=1..9999",
+        "--vary",
+        "serve.max_num_seqs=1..9999",
+        "--vary",
+        "serve.block_size=1..9999",
+    ]);
+    assert!(
+        e.contains("at most 1000000") && e.contains("9999 x seed"),
+        "{e}"
+    );
+    // The span of this range overflowed i64.
+    let e = refused(&[
+        "sweep",
+        &scenario,
+        "--out",
+        out,
+        "--vary",
+        "seed=-9223372036854775808..9223372036854775807",
+    ]);
+    assert!(e.contains("more than 10,000 values"), "{e}");
+    let e = refused(&[
+        "sweep",
+        &scenario,
+        "--out",
+        out,
+        "--vary",
+        "seed=1,2",
+        "--jobs",
+        "100000000",
+    ]);
+    assert!(e.contains("--jobs") && e.contains("1..=1024"), "{e}");
 }
