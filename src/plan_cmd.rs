@@ -169,7 +169,7 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
             why.entry(&o.invalid).or_insert((0, o)).0 += 1;
         }
         let mut why: Vec<_> = why.into_iter().collect();
-        why.sort_by(|x, y| y.1 .0.cmp(&x.1 .0));
+        why.sort_by_key(|w| std::cmp::Reverse(w.1 .0));
         let reasons: Vec<String> = why
             .iter()
             .take(5)
