@@ -148,7 +148,7 @@ fn bad_names_and_values_exit_2() {
 fn a_hf_config_json_is_accepted_as_the_model() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/engine/tests/data/deepseek-v3-config.json"
+        "/engine/core/tests/data/deepseek-v3-config.json"
     );
     let o = dstwin(&["explain", "--model", path, "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
