@@ -272,8 +272,15 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
             ran as f64 / wall.max(1e-9)
         );
     }
-    // A sweep in which no point could run produced nothing to compare.
-    if !rows.is_empty() && invalid == rows.len() {
+    // A sweep in which no point could run produced nothing to compare. A shard is part of a
+    // study whose other shards may hold the valid points: it says so and succeeds.
+    if !rows.is_empty() && invalid == rows.len() && a.shard.is_some() {
+        eprintln!(
+            "note: every one of the {} points of shard {} is invalid",
+            rows.len(),
+            a.shard.as_deref().unwrap_or_default()
+        );
+    } else if !rows.is_empty() && invalid == rows.len() {
         let first = &rows[0];
         return Err(Failure::Input(anyhow!(
             "every one of the {} points is invalid, e.g. {}: {}",

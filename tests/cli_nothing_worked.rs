@@ -41,5 +41,24 @@ fn a_sweep_whose_every_point_is_invalid_fails() {
     // The rows with their reasons are still written, for the record.
     let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
     assert_eq!(csv.matches(",invalid,").count(), 2, "{csv}");
+    std::fs::remove_dir_all(&out).unwrap();
+    // A shard is part of a study whose other shards may hold valid points: a note, exit 0.
+    let o = dstwin(&[
+        "sweep",
+        &data("tiny-mixed.toml"),
+        "--vary",
+        "serve.tp=4,5",
+        "--shard",
+        "1/2",
+        "--out",
+        out.to_str().unwrap(),
+        "-q",
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("every one of the 1 points of shard 1/2 is invalid"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(out).unwrap();
 }
