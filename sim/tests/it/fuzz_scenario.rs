@@ -1,10 +1,12 @@
-//! Scenario files and `--set` overrides: whatever the text, loading returns the scenario or an
+//! Scenario files, `--set` overrides and sweep CSVs: whatever the text, loading returns the scenario or an
 //! error, never panics. A failing case prints its input; proptest keeps its seed in
 //! `proptest-regressions/`. Longer runs: docs/robustness.md.
 
 use crate::mutate::{apply, config, edits, INTERESTING};
 use crate::scenarios;
+use dstwin_sim::plot;
 use dstwin_sim::scenario::load_str;
+use dstwin_sim::sweep::{front_plot, fronts, read_csv, summary_markdown};
 use proptest::prelude::*;
 
 /// The shipped scenarios every mutation starts from (the anchors add decode-only and prefill-only
@@ -80,5 +82,19 @@ proptest! {
     #[test]
     fn arbitrary_text_fails_cleanly(text in "[ -~\n]{0,200}") {
         prop_assert!(load_str("x.toml", &text, &scenarios(), &[]).is_err());
+    }
+
+    /// `dstwin report` reads sweep CSVs back: a mutated one reads, or fails naming the line;
+    /// what reads makes fronts, their plots and a summary.
+    #[test]
+    fn mutated_sweep_csvs_read_or_fail_cleanly(e in edits(4)) {
+        let csv = include_str!("../data/sweep-tiny-mixed.csv");
+        if let Ok((axes, rows)) = read_csv(apply(csv, &e).as_bytes()) {
+            for f in fronts(&rows) {
+                let p = front_plot(&axes, &rows, &f);
+                let _ = (plot::svg(&p), plot::png(&p));
+            }
+            let _ = summary_markdown(&axes, &rows);
+        }
     }
 }
