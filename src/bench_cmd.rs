@@ -7,6 +7,7 @@ use anyhow::{anyhow, Context};
 use axum::body::Bytes;
 use clap::Args;
 use dstwin_sim::scenario::load_path;
+use dstwin_traces::spec::{MAX_RATE_PER_S, MAX_REQUESTS};
 use dstwin_traces::WorkloadSource;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -33,14 +34,16 @@ pub struct BenchArgs {
     /// Take the requests from this scenario's [workload] (synthetic, trace or closed loop).
     #[arg(long, conflicts_with_all = ["input_len", "output_len", "request_rate"])]
     scenario: Option<PathBuf>,
-    /// Requests to send (with --input-len/--output-len).
-    #[arg(long, default_value_t = 100)]
+    /// Requests to send (with --input-len/--output-len); at most 100,000,000, as in a
+    /// scenario's workload (every request's timings are kept for the report).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=MAX_REQUESTS))]
     num_prompts: u64,
-    /// Prompt tokens per request.
-    #[arg(long, default_value_t = 1024)]
+    /// Prompt tokens per request: 1 to 2,097,152 (twice the longest DeepSeek context; the
+    /// prompt text is built in memory).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=MAX_TOKENS))]
     input_len: u32,
-    /// Output tokens per request.
-    #[arg(long, default_value_t = 128)]
+    /// Output tokens per request: 1 to 2,097,152.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=MAX_TOKENS))]
     output_len: u32,
     /// Arrivals at this many requests per second (default: all at once): Poisson, or gamma
     /// with --burstiness.
@@ -54,8 +57,8 @@ pub struct BenchArgs {
     /// tpot or e2el (repeatable); requests meeting all of them count toward request_goodput.
     #[arg(long, value_name = "KEY:MS")]
     goodput: Vec<String>,
-    /// At most this many requests in flight.
-    #[arg(long)]
+    /// At most this many requests in flight (1 to 1,000,000).
+    #[arg(long, value_parser = concurrency)]
     max_concurrency: Option<usize>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -227,6 +230,18 @@ fn date_utc() -> String {
     )
 }
 
+/// The longest prompt or output `--input-len`/`--output-len` take.
+const MAX_TOKENS: i64 = 2 * 1024 * 1024;
+
+/// `--max-concurrency`: 1 to the closed-loop bound of a scenario's workload.
+fn concurrency(s: &str) -> Result<usize, String> {
+    let max = dstwin_traces::spec::MAX_CONCURRENCY as usize;
+    match s.parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("must be a whole number from 1 to {max}")),
+    }
+}
+
 fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
     if let Some(p) = &a.scenario {
         let s = load_path(p, &[]).map_err(|e| Failure::Input(e.into()))?;
@@ -274,9 +289,9 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
     let exp = match a.request_rate {
-        Some(r) if !(r.is_finite() && r > 0.0) => {
+        Some(r) if !(r.is_finite() && r > 0.0 && r <= MAX_RATE_PER_S) => {
             return Err(Failure::Input(anyhow!(
-                "--request-rate must be a positive number, got {r}"
+                "--request-rate {r}: must be a positive number of requests per second, at most {MAX_RATE_PER_S:.0}"
             )))
         }
         Some(r) => Some(Exp::new(r).map_err(|e| Failure::Input(anyhow!("--request-rate: {e}")))?),
@@ -443,6 +458,10 @@ async fn one(client: HttpClient, url: String, model: String, job: Job, t0: Insta
 pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let (jobs, concurrency) = jobs(&a)?;
     let slo = slos(&a.goodput)?;
+    if let Some(p) = &a.save_result {
+        // Found now, not after the benchmark.
+        crate::output::check_file(p, "--save-result")?;
+    }
     if concurrency == Some(0) {
         return Err(Failure::Input(anyhow!(
             "--max-concurrency must be at least 1"
@@ -467,9 +486,9 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
             .map_err(Failure::Runtime)?;
     }
     if a.json {
-        println!("{json}");
+        crate::output::outln!("{json}")?;
     } else {
-        print!("{}", render(&result));
+        crate::output::out!("{}", render(&result))?;
     }
     if result.completed == 0 {
         let first = result

@@ -1,5 +1,6 @@
 //! `dstwin calibrate`: fits the global cost-model parameters to published figures.
 
+use crate::output::outln;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
@@ -32,32 +33,37 @@ pub struct CalibrateArgs {
     json: bool,
 }
 
-fn table(title: &str, g: Globals, r: &[Residual]) {
+fn table(title: &str, g: Globals, r: &[Residual]) -> Result<(), Failure> {
     let params: Vec<String> = Globals::NAMES
         .iter()
         .zip(g.values())
         .map(|(n, v)| format!("{n} = {v:.3}"))
         .collect();
-    println!("{title}: {}", params.join(", "));
-    println!(
+    outln!("{title}: {}", params.join(", "))?;
+    outln!(
         "  {:<34} {:>12} {:>12} {:>8}",
-        "target", "published", "predicted", "error"
-    );
+        "target",
+        "published",
+        "predicted",
+        "error"
+    )?;
     for x in r {
-        println!(
+        outln!(
             "  {:<34} {:>12.3} {:>12.3} {:>+7.1}%",
             x.id,
             x.published,
             x.predicted,
             x.error * 100.0
-        );
+        )?;
     }
+    Ok(())
 }
 
 pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
-    if !(a.step > 0.0 && a.step <= 0.5) {
+    let (lo, hi) = dstwin_calibration::target::STEP_RANGE;
+    if !(lo..=hi).contains(&a.step) {
         return Err(Failure::Input(anyhow!(
-            "--step {}: must be in (0, 0.5]",
+            "--step {}: must be in [{lo}, {hi}] (the search refines at a tenth of the step; finer grids only take longer)",
             a.step
         )));
     }
@@ -121,40 +127,40 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             "shipped": { "globals": shipped, "residuals": shipped_r },
             "expert_load_concentration": conc,
         });
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(|e| Failure::Runtime(e.into()))?
-        );
+        )?;
         return Ok(());
     }
-    print_alltoall(&a2a, &a2a_fit, &a2a_shipped);
-    print_mtp(acceptance, &mtp_fit, &mtp_shipped);
-    println!(
+    print_alltoall(&a2a, &a2a_fit, &a2a_shipped)?;
+    print_mtp(acceptance, &mtp_fit, &mtp_shipped)?;
+    outln!(
         "cost model {} ({} targets, {} parameter sets evaluated)",
         base.params.name,
         targets.len(),
         f.evaluated
-    );
-    table("fit", f.globals, &f.residuals);
-    println!("  rms error {:.1}%", f.rms_error * 100.0);
-    println!();
-    table("shipped", shipped, &shipped_r);
-    println!();
-    println!("# for hwmodels/data/costs/{}.toml", base.params.name);
+    )?;
+    table("fit", f.globals, &f.residuals)?;
+    outln!("  rms error {:.1}%", f.rms_error * 100.0)?;
+    outln!()?;
+    table("shipped", shipped, &shipped_r)?;
+    outln!()?;
+    outln!("# for hwmodels/data/costs/{}.toml", base.params.name)?;
     for (n, v) in Globals::NAMES.iter().zip(f.globals.values()) {
-        println!("{n} = {v:.3}");
+        outln!("{n} = {v:.3}")?;
     }
     if let Some(c) = conc {
-        println!();
-        println!(
+        outln!()?;
+        outln!(
             "expert-load concentration fitted to {}: {:.2} (default/perfect EPLB throughput {:.3}, published {:.3})",
             c.id, c.concentration, c.predicted_ratio, c.published_ratio
-        );
-        println!(
+        )?;
+        outln!(
             "# for sim/twin/src/expert_load.rs: DEFAULT_CONCENTRATION = {:.1} (shipped {:.1})",
             c.concentration,
             dstwin_twin::expert_load::DEFAULT_CONCENTRATION
-        );
+        )?;
     }
     Ok(())
 }
@@ -167,14 +173,20 @@ fn print_residual_pairs(
     prec: usize,
     of_fit: &[micro::MicroResidual],
     shipped: &[micro::MicroResidual],
-) {
+) -> Result<(), Failure> {
     let [wb, wp, wu, wv] = widths;
-    println!(
+    outln!(
         "  {:<wb$} {:<wp$} {:>wu$} {:>wv$} {:>8} {:>wv$} {:>8}",
-        "benchmark", "point", "published", "fit", "error", "shipped", "error"
-    );
+        "benchmark",
+        "point",
+        "published",
+        "fit",
+        "error",
+        "shipped",
+        "error"
+    )?;
     for (f, s) in of_fit.iter().zip(shipped) {
-        println!(
+        outln!(
             "  {:<wb$} {:<wp$} {:>wu$.prec$} {:>wv$.prec$} {:>+7.1}% {:>wv$.prec$} {:>+7.1}%",
             f.id,
             f.metric,
@@ -183,20 +195,26 @@ fn print_residual_pairs(
             f.error * 100.0,
             s.predicted,
             s.error * 100.0
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// Step 1b: the MTP acceptance fit, each point's error under the fit and under the shipped
 /// acceptance, and the line for engine/core/src/mtp.rs.
-fn print_mtp(fit: Option<f64>, of_fit: &[micro::MicroResidual], shipped: &[micro::MicroResidual]) {
-    println!("MTP acceptance (calibration/data/microbenchmarks.toml, [[mtp]])");
-    print_residual_pairs([24, 34, 9, 8], 3, of_fit, shipped);
+fn print_mtp(
+    fit: Option<f64>,
+    of_fit: &[micro::MicroResidual],
+    shipped: &[micro::MicroResidual],
+) -> Result<(), Failure> {
+    outln!("MTP acceptance (calibration/data/microbenchmarks.toml, [[mtp]])")?;
+    print_residual_pairs([24, 34, 9, 8], 3, of_fit, shipped)?;
     if let Some(a) = fit {
-        println!();
-        println!("# for engine/core/src/mtp.rs\nCALIBRATED_ACCEPTANCE = {a:.3}");
+        outln!()?;
+        outln!("# for engine/core/src/mtp.rs\nCALIBRATED_ACCEPTANCE = {a:.3}")?;
     }
-    println!();
+    outln!()?;
+    Ok(())
 }
 
 /// Step 1: the all-to-all fit per cost model, each point's error under the fit and under the
@@ -205,13 +223,14 @@ fn print_alltoall(
     fits: &[micro::A2aFit],
     of_fit: &[micro::MicroResidual],
     shipped: &[micro::MicroResidual],
-) {
-    println!("all-to-all microbenchmarks (calibration/data/microbenchmarks.toml)");
-    print_residual_pairs([20, 22, 10, 10], 1, of_fit, shipped);
+) -> Result<(), Failure> {
+    outln!("all-to-all microbenchmarks (calibration/data/microbenchmarks.toml)")?;
+    print_residual_pairs([20, 22, 10, 10], 1, of_fit, shipped)?;
     for f in fits {
-        println!();
-        println!("# for hwmodels/data/costs/{}.toml [alltoall]", f.cost_model);
-        println!("{}", f.toml());
+        outln!()?;
+        outln!("# for hwmodels/data/costs/{}.toml [alltoall]", f.cost_model)?;
+        outln!("{}", f.toml())?;
     }
-    println!();
+    outln!()?;
+    Ok(())
 }

@@ -1,5 +1,6 @@
 //! `dstwin eplb`: expert placement from a heat map, a planning tool on its own.
 
+use crate::output::outln;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
@@ -67,8 +68,22 @@ pub fn run(a: EplbArgs) -> Result<(), Failure> {
         .parse()
         .map_err(|e: String| Failure::Input(anyhow!("--policy: {e}")))?;
     let load = heat.total();
+    let max_redundant = (heat.experts as usize * (dstwin_core::eplb::MAX_SLOTS_PER_EXPERT - 1))
+        .min(u32::MAX as usize) as u32;
+    let slots = heat
+        .experts
+        .checked_add(a.redundant)
+        .filter(|_| a.redundant <= max_redundant)
+        .ok_or_else(|| {
+            Failure::Input(anyhow!(
+                "--redundant {}: at most {max_redundant} for {} experts ({} slots per expert)",
+                a.redundant,
+                heat.experts,
+                dstwin_core::eplb::MAX_SLOTS_PER_EXPERT
+            ))
+        })?;
     let layout = EpLayout {
-        slots: heat.experts + a.redundant,
+        slots,
         dies: a.dies,
         dies_per_node: a.dies_per_node,
         groups: a.groups,
@@ -79,13 +94,13 @@ pub fn run(a: EplbArgs) -> Result<(), Failure> {
     if a.json {
         let v =
             serde_json::json!({ "layout": layout, "before": sb, "after": sa, "placement": after });
-        println!(
+        outln!(
             "{}",
             serde_json::to_string(&v).map_err(|e| Failure::Runtime(e.into()))?
-        );
+        )?;
         return Ok(());
     }
-    println!(
+    outln!(
         "{} layers x {} experts on {} slots over {} dies ({} per die), policy {}",
         load.len(),
         heat.experts,
@@ -93,20 +108,26 @@ pub fn run(a: EplbArgs) -> Result<(), Failure> {
         layout.dies,
         after.slots_per_die,
         a.policy
-    );
-    println!("{:<24} {:>14} {:>14}", "", "identity", a.policy);
-    println!(
+    )?;
+    outln!("{:<24} {:>14} {:>14}", "", "identity", a.policy)?;
+    outln!(
         "{:<24} {:>14.3} {:>14.3}",
-        "mean balancedness", sb.mean_balancedness, sa.mean_balancedness
-    );
-    println!(
+        "mean balancedness",
+        sb.mean_balancedness,
+        sa.mean_balancedness
+    )?;
+    outln!(
         "{:<24} {:>14.3} {:>14.3}",
-        "worst-layer balancedness", sb.min_balancedness, sa.min_balancedness
-    );
-    println!(
+        "worst-layer balancedness",
+        sb.min_balancedness,
+        sa.min_balancedness
+    )?;
+    outln!(
         "{:<24} {:>14.2} {:>14.2}",
-        "hottest die / mean", sb.max_imbalance, sa.max_imbalance
-    );
-    println!("(balancedness = mean die load / hottest die load; --json prints the placement)");
+        "hottest die / mean",
+        sb.max_imbalance,
+        sa.max_imbalance
+    )?;
+    outln!("(balancedness = mean die load / hottest die load; --json prints the placement)")?;
     Ok(())
 }

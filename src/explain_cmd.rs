@@ -1,5 +1,6 @@
 //! `dstwin explain` and `dstwin catalog`: argument parsing and output only.
 
+use crate::output::{out, outln};
 use crate::Failure;
 use anyhow::anyhow;
 use clap::Args;
@@ -165,9 +166,9 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
     let report = explain(&input).map_err(|e| Failure::Input(e.into()))?;
     if a.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| Failure::Runtime(e.into()))?;
-        println!("{text}");
+        outln!("{text}")?;
     } else {
-        print!("{}", dstwin_sim::report::render_explain(&report));
+        out!("{}", dstwin_sim::report::render_explain(&report))?;
     }
     Ok(())
 }
@@ -181,42 +182,48 @@ pub fn catalog(json: bool) -> Result<(), Failure> {
             "systems": cat.systems().collect::<Vec<_>>(),
             "chips": cat.chips().collect::<Vec<_>>(),
         });
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(|e| Failure::Runtime(e.into()))?
-        );
+        )?;
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<20} {:>10} {:>10} {:>16}",
-        "model", "total", "active", "KV/token (bf16)"
-    );
+        "model",
+        "total",
+        "active",
+        "KV/token (bf16)"
+    )?;
     for name in model::BUILTIN_MODELS {
         let m = model::builtin(name).expect("listed models are built in");
         let kv = model::kv_bytes(&m, DType::Bf16, 0);
-        println!(
+        outln!(
             "{:<20} {:>9.2}B {:>9.2}B {:>13.1} KB",
             name,
             model::count(&m).total() as f64 / 1e9,
             model::active(&m) as f64 / 1e9,
             kv.per_token / 1e3
-        );
+        )?;
     }
-    println!("quantizations: {}", model::QUANTS.join(", "));
-    println!();
-    println!(
+    outln!("quantizations: {}", model::QUANTS.join(", "))?;
+    outln!()?;
+    outln!(
         "{:<16} {:<14} {:>6} {:>10}  description",
-        "system", "chip", "dies", "dies/node"
-    );
+        "system",
+        "chip",
+        "dies",
+        "dies/node"
+    )?;
     for s in cat.systems() {
-        println!(
+        outln!(
             "{:<16} {:<14} {:>6} {:>10}  {}",
             s.name,
             s.chip.name,
             s.max_dies(),
             s.dies_per_node(),
             s.description
-        );
+        )?;
     }
     Ok(())
 }

@@ -4,6 +4,7 @@ mod bench_cmd;
 mod calibrate_cmd;
 mod eplb_cmd;
 mod explain_cmd;
+mod output;
 mod plan_cmd;
 mod progress;
 mod report_cmd;
@@ -66,6 +67,8 @@ enum Command {
 pub enum Failure {
     Input(anyhow::Error),
     Runtime(anyhow::Error),
+    /// The reader of standard output went away (`| head`): nothing is left to say (exit 0).
+    OutputClosed,
 }
 
 fn main() -> ExitCode {
@@ -84,7 +87,7 @@ fn main() -> ExitCode {
         Command::Catalog { json } => explain_cmd::catalog(json),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) | Err(Failure::OutputClosed) => ExitCode::SUCCESS,
         Err(Failure::Input(e)) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)

@@ -1,6 +1,7 @@
 //! `dstwin plan`: the best PD layouts for a model on N cards under SLOs, with the vllm-ascend
 //! launch arguments of each instance.
 
+use crate::output::{out, outln};
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
@@ -98,7 +99,33 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
             "--input and --output must be at least 1"
         )));
     }
+    // An unknown model is reported below, with the list of known ones.
+    if let Some(m) = dstwin_core::model::builtin(&a.model) {
+        let len = u64::from(a.input) + u64::from(a.output);
+        if len > m.max_context {
+            return Err(Failure::Input(anyhow!(
+                "--input {} + --output {} = {len} tokens: at most the context of {} ({} tokens)",
+                a.input,
+                a.output,
+                a.model,
+                m.max_context
+            )));
+        }
+    }
+    for (i, x) in a.mtp_accept.iter().enumerate() {
+        if !(0.0..=1.0).contains(x) {
+            return Err(Failure::Input(anyhow!(
+                "--mtp-accept: value {} ({x}) must be a probability in [0, 1] (draft {} accepted given draft {} was)",
+                i + 1,
+                i + 1,
+                i
+            )));
+        }
+    }
     let (n, dies_per_node) = nodes(&a.hardware, a.cards).map_err(|e| Failure::Input(anyhow!(e)))?;
+    if let Some(dir) = &a.out {
+        crate::output::check_dir(dir, "--out")?;
+    }
     let p = PlanInput {
         model: a.model.clone(),
         quant: a.quant.clone(),
@@ -135,17 +162,38 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         .collect();
     bar.finish_and_clear();
     rank(&mut outcomes);
+    // Every layout invalid: there is no plan, only the reasons.
+    if outcomes.iter().all(|o| !o.invalid.is_empty()) {
+        let mut why: BTreeMap<&str, (usize, &Outcome)> = BTreeMap::new();
+        for o in &outcomes {
+            why.entry(&o.invalid).or_insert((0, o)).0 += 1;
+        }
+        let mut why: Vec<_> = why.into_iter().collect();
+        why.sort_by_key(|w| std::cmp::Reverse(w.1 .0));
+        let reasons: Vec<String> = why
+            .iter()
+            .take(5)
+            .map(|(r, (n, o))| format!("  {n} layouts, e.g. {}: {r}", o.candidate.label()))
+            .collect();
+        return Err(Failure::Input(anyhow!(
+            "no layout of {} on {} cards of {} is valid:\n{}",
+            a.model,
+            a.cards,
+            a.hardware,
+            reasons.join("\n")
+        )));
+    }
     if let Some(dir) = &a.out {
         write_outputs(dir, &outcomes)?;
     }
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&outcomes).map_err(|e| Failure::Runtime(e.into()))?
-        );
+        )?;
         return Ok(());
     }
-    print!("{}", render(&a, &p, &outcomes, dies_per_node));
+    out!("{}", render(&a, &p, &outcomes, dies_per_node))?;
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! `dstwin report`: Pareto fronts (CSV, SVG, PNG) and a markdown summary from sweep CSVs,
 //! optionally merging the shards of a study.
 
+use crate::output::outln;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
@@ -71,6 +72,9 @@ pub fn run(a: ReportArgs) -> Result<(), Failure> {
             "several CSVs given: pass --merge to combine them"
         )));
     }
+    if let Some(d) = &a.out {
+        crate::output::check_dir(d, "--out")?;
+    }
     let mut axes: Option<Vec<String>> = None;
     let mut rows: Vec<Row> = Vec::new();
     for p in &a.csv {
@@ -78,10 +82,10 @@ pub fn run(a: ReportArgs) -> Result<(), Failure> {
         match &axes {
             Some(x) if *x != ax => {
                 return Err(Failure::Input(anyhow!(
-                    "{} varies {:?} but the first CSV varies {:?}: not shards of one sweep",
+                    "{} varies {} but the first CSV varies {}: not shards of one sweep",
                     p.display(),
-                    ax,
-                    x
+                    ax.join(", "),
+                    x.join(", ")
                 )))
             }
             _ => axes = Some(ax),
@@ -115,7 +119,7 @@ pub fn run(a: ReportArgs) -> Result<(), Failure> {
         );
     }
     for p in write_report(&dir, &axes, &rows)? {
-        println!("{}", p.display());
+        outln!("{}", p.display())?;
     }
     Ok(())
 }

@@ -9,7 +9,6 @@ use dstwin_runtime::api::{self, ApiConfig};
 use dstwin_runtime::parsers::{ReasoningKind, ToolKind};
 use dstwin_runtime::prompt::Counter;
 use dstwin_sim::serve::TwinServe;
-use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -134,8 +133,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             .local_addr()
             .context("reading the bound address")
             .map_err(Failure::Runtime)?;
-        println!("listening on http://{addr}");
-        let _ = std::io::stdout().flush();
+        crate::output::outln!("listening on http://{addr}")?;
         eprintln!(
             "serving {} ({}: {} instances, twin device, time scale {})",
             rt.model(),

@@ -1,5 +1,6 @@
 //! `dstwin simulate`: runs a scenario and writes its reports.
 
+use crate::output::{out, outln};
 use crate::Failure;
 use anyhow::Context;
 use clap::Args;
@@ -65,6 +66,13 @@ pub fn load_scenario(path: Option<&Path>, sets: &[String]) -> Result<Scenario, F
 
 pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
     let scenario = load_scenario(a.scenario.as_deref(), &a.sets)?;
+    // An output that cannot be written fails now, not after the run.
+    if let Some(p) = &a.requests_csv {
+        crate::output::check_file(p, "--requests-csv")?;
+    }
+    if let Some(p) = &a.timeline {
+        crate::output::check_file(p, "--timeline")?;
+    }
     let bar = crate::progress::bar(
         None,
         a.quiet,
@@ -101,14 +109,14 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
         write_file(p, &doc)?;
     }
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(r).map_err(|e| Failure::Runtime(e.into()))?
-        );
+        )?;
     } else if a.csv {
-        print!("{}", sim_csv(r));
+        out!("{}", sim_csv(r))?;
     } else {
-        print!("{}", render_sim(r));
+        out!("{}", render_sim(r))?;
     }
     if !a.quiet {
         eprintln!(

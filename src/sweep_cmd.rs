@@ -1,6 +1,7 @@
 //! `dstwin sweep`: a grid of what-if overrides over a base scenario, every point simulated in
 //! parallel, results appended as they finish (a re-run resumes), then the fronts and summary.
 
+use crate::output::outln;
 use crate::report_cmd::{read, write_report};
 use crate::Failure;
 use anyhow::{anyhow, Context};
@@ -10,7 +11,6 @@ use dstwin_sim::sweep::{
     csv_record, grid, instance_names, overrides, run_point, write_csv, Axis, Row, Shard,
 };
 use rayon::prelude::*;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -40,9 +40,9 @@ pub struct SweepArgs {
     /// Run only the points whose index is K modulo N (K from 0), for batch clusters.
     #[arg(long, value_name = "K/N")]
     shard: Option<String>,
-    /// Worker threads (default: every core).
-    #[arg(long)]
-    jobs: Option<usize>,
+    /// Worker threads, 1 to 1024 (default: every core).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    jobs: Option<u16>,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -120,13 +120,12 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         .transpose()
         .map_err(input)?;
     let points: Vec<_> = grid(&axes)
+        .map_err(input)?
         .into_iter()
         .filter(|p| shard.is_none_or(|s| s.contains(p)))
         .collect();
 
-    std::fs::create_dir_all(&a.out)
-        .with_context(|| format!("creating {}", a.out.display()))
-        .map_err(Failure::Runtime)?;
+    crate::output::check_dir(&a.out, "--out")?;
     let csv_path = a.out.join("sweep.csv");
     // Resume: keep the rows of this grid that are already there.
     let mut done: Vec<Row> = Vec::new();
@@ -134,10 +133,10 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         let (old_axes, rows) = read(&csv_path)?;
         if old_axes != paths {
             return Err(input(anyhow!(
-                "{} holds a sweep over {:?}, not {:?}: choose another --out",
+                "{} holds a sweep over {}, not {}: choose another --out",
                 csv_path.display(),
-                old_axes,
-                paths
+                old_axes.join(", "),
+                paths.join(", ")
             )));
         }
         done = rows
@@ -173,7 +172,7 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         "{bar:40} {pos}/{len} points [{elapsed_precise}, eta {eta}] {msg}",
     );
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.jobs.unwrap_or(0))
+        .num_threads(a.jobs.map_or(0, usize::from))
         .build()
         .map_err(|e| Failure::Runtime(e.into()))?;
     let started = Instant::now();
@@ -238,41 +237,57 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         "shard": a.shard,
         "rows": rows,
     });
+    let json_path = a.out.join("sweep.json");
     std::fs::write(
-        a.out.join("sweep.json"),
+        &json_path,
         serde_json::to_vec_pretty(&json).map_err(|e| Failure::Runtime(e.into()))?,
     )
-    .map_err(|e| Failure::Runtime(e.into()))?;
+    .with_context(|| format!("writing {}", json_path.display()))
+    .map_err(Failure::Runtime)?;
     write_report(&a.out, &paths, &rows)?;
     let invalid = rows.iter().filter(|r| !r.ok()).count();
     let ran = rows.len() - resumed;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(
-        out,
+    outln!(
         "{} points: {ran} simulated, {resumed} already done, {invalid} invalid; results in {}",
         rows.len(),
         a.out.display()
-    );
+    )?;
     if let Some(best) = rows.iter().filter(|r| r.ok()).max_by(|x, y| {
         x.goodput_per_card
             .total_cmp(&y.goodput_per_card)
             .then(y.index.cmp(&x.index))
     }) {
-        let _ = writeln!(
-            out,
+        outln!(
             "best goodput per card: {:.4} req/s ({:.1} output tok/s/card, TPOT p50 {:.1} ms, TTFT p50 {:.0} ms) at {}",
             best.goodput_per_card,
             best.output_tok_s_per_card,
             best.tpot_p50_ms,
             best.ttft_p50_ms,
             dstwin_sim::sweep::label(&paths, best)
-        );
+        )?;
     }
     if !a.quiet {
         eprintln!(
             "wall {wall:.2} s: {:.1} points per second",
             ran as f64 / wall.max(1e-9)
         );
+    }
+    // A sweep in which no point could run produced nothing to compare. A shard is part of a
+    // study whose other shards may hold the valid points: it says so and succeeds.
+    if !rows.is_empty() && invalid == rows.len() && a.shard.is_some() {
+        eprintln!(
+            "note: every one of the {} points of shard {} is invalid",
+            rows.len(),
+            a.shard.as_deref().unwrap_or_default()
+        );
+    } else if !rows.is_empty() && invalid == rows.len() {
+        let first = &rows[0];
+        return Err(Failure::Input(anyhow!(
+            "every one of the {} points is invalid, e.g. {}: {}",
+            rows.len(),
+            dstwin_sim::sweep::label(&paths, first),
+            first.reason
+        )));
     }
     Ok(())
 }

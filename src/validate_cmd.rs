@@ -1,6 +1,7 @@
 //! `dstwin validate`: the twin against every published figure it is calibrated on (or against a
 //! team's own measurements), with errors and a pass/fail bound for CI.
 
+use crate::output::outln;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
@@ -204,12 +205,12 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
             "max_error_pct": a.max_error,
             "over_bound": over.iter().map(|r| &r.id).collect::<Vec<_>>(),
         });
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(|e| Failure::Runtime(e.into()))?
-        );
+        )?;
     } else {
-        print_table(&rows, &runs, mape);
+        print_table(&rows, &runs, mape)?;
     }
     if !a.quiet {
         eprintln!(
@@ -231,7 +232,7 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
 }
 
 /// The text report: one section per kind of row.
-fn print_table(rows: &[Row], runs: &[Evaluated], mape: f64) {
+fn print_table(rows: &[Row], runs: &[Evaluated], mape: f64) -> Result<(), Failure> {
     let sections = [
         (
             "micro",
@@ -255,11 +256,16 @@ fn print_table(rows: &[Row], runs: &[Evaluated], mape: f64) {
         if part.is_empty() {
             continue;
         }
-        println!("{title}");
-        println!(
+        outln!("{title}")?;
+        outln!(
             "  {:<38} {:<34} {:>11} {:>11} {:>8} {:>7}",
-            "anchor", "metric", "published", "predicted", "error", "bound"
-        );
+            "anchor",
+            "metric",
+            "published",
+            "predicted",
+            "error",
+            "bound"
+        )?;
         for r in part {
             let bound = match r.bound {
                 Some(b) if r.error.is_nan() || r.error.abs() > b => {
@@ -268,19 +274,19 @@ fn print_table(rows: &[Row], runs: &[Evaluated], mape: f64) {
                 Some(b) => format!("{:>6.0}%", b * 100.0),
                 None => String::new(),
             };
-            println!(
+            outln!(
                 "  {:<38} {:<34} {:>11.3} {:>11.3} {:>+7.1}% {bound}",
                 r.id,
                 r.metric,
                 r.published,
                 r.predicted,
                 r.error * 100.0,
-            );
+            )?;
         }
         if kind == "scenario" {
             for r in runs {
                 if let Some(l) = r.tpot_limit_ms {
-                    println!(
+                    outln!(
                         "  {}: median TPOT {:.2} ms {} its {l} ms limit",
                         r.run,
                         r.tpot_p50_ms,
@@ -289,18 +295,19 @@ fn print_table(rows: &[Row], runs: &[Evaluated], mape: f64) {
                         } else {
                             "OVER"
                         }
-                    );
+                    )?;
                 }
             }
         }
         let m = mean_abs(rows.iter().filter(|r| r.kind == kind));
-        println!("  mean absolute error {:.1}%\n", m * 100.0);
+        outln!("  mean absolute error {:.1}%\n", m * 100.0)?;
     }
-    println!(
+    outln!(
         "mean absolute error {:.1}% over all {} figures",
         mape * 100.0,
         rows.len()
-    );
+    )?;
+    Ok(())
 }
 
 fn mean_abs<'a>(rows: impl Iterator<Item = &'a Row>) -> f64 {

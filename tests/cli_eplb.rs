@@ -84,3 +84,23 @@ fn bad_layouts_and_heat_maps_exit_2() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("format"));
     std::fs::remove_file(p).unwrap();
 }
+
+#[test]
+fn absurd_redundant_counts_are_refused_before_placing() {
+    let p = write("many.json", &heat_map(64, 1));
+    // 4294967295 would wrap 64 + redundant around u32 to 63 slots; 10^9 would allocate GBs.
+    for redundant in ["1000000000", "4294967295"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+            .args(["eplb", "--load", p.to_str().unwrap(), "--dies", "16"])
+            .args(["--redundant", redundant])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!("--redundant {redundant}: at most 960")),
+            "{stderr}"
+        );
+    }
+    std::fs::remove_file(p).unwrap();
+}

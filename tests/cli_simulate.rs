@@ -672,4 +672,16 @@ fn a_warm_up_is_left_out_of_latencies_tokens_and_rates() {
             err(&o)
         );
     }
+    // Every request done before the warm-up ends: nothing was measured, which is an error,
+    // not a report of zero rates.
+    let o = dstwin(&[
+        "simulate",
+        &data("tiny-pd.toml"),
+        "--set",
+        "duration_s=100000",
+        "--set",
+        "warmup_s=90000",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(err(&o).contains("nothing was measured"), "{}", err(&o));
 }

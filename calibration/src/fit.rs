@@ -103,6 +103,9 @@ pub struct Fit {
 /// coarse step of the optimum. Decode targets depend on the low-latency overlap and prefill
 /// targets on the normal one, so the search mostly trades `in_situ_efficiency` between them.
 pub fn fit(targets: &[Target], step: f64) -> Result<Fit, CalibrationError> {
+    if !(crate::target::STEP_RANGE.0..=crate::target::STEP_RANGE.1).contains(&step) {
+        return Err(CalibrationError::Step { step });
+    }
     let grid = |lo: f64, hi: f64, st: f64| -> Vec<f64> {
         let n = ((hi - lo) / st).round() as usize;
         (0..=n).map(|i| (lo + i as f64 * st).min(hi)).collect()

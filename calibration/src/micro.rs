@@ -203,8 +203,13 @@ pub fn parse(file: &str, text: &str) -> Result<Microbenchmarks, MicroError> {
             };
             if !ok {
                 return Err(bad(format!(
-                    "value = {} with {} drafts: out of range for {:?}",
-                    p.value, p.drafts, p.metric
+                    "value = {} with {} drafts: out of range for {}",
+                    p.value,
+                    p.drafts,
+                    match p.metric {
+                        MtpMetric::AcceptRate => "accept_rate (must be in [0, 1])",
+                        MtpMetric::AcceptLen => "accept_len (must be in [1, 1 + drafts])",
+                    }
                 )));
             }
         }

@@ -107,16 +107,41 @@ pub enum CalibrationError {
     Parse { file: String, message: String },
     #[error("target {id}: {message}")]
     Target { id: String, message: String },
+    #[error("fit step {step}: must be in [{min}, {max}] (finer grids only multiply the evaluations)", min = STEP_RANGE.0, max = STEP_RANGE.1)]
+    Step { step: f64 },
 }
+
+/// The grid steps `fit` accepts. The coarse grid of a parameter in [0, 1] has 1 / step points
+/// and is refined at a tenth of the step, so 0.001 already resolves 0.0001 (far below the
+/// targets' own precision of a few percent); 0.5 is the coarsest grid with a middle point.
+pub const STEP_RANGE: (f64, f64) = (0.001, 0.5);
 
 /// Parses a target file.
 pub fn parse_targets(file: &str, text: &str) -> Result<Vec<Target>, CalibrationError> {
-    toml::from_str::<TargetFile>(text)
+    let targets = toml::from_str::<TargetFile>(text)
         .map(|f| f.target)
         .map_err(|e| CalibrationError::Parse {
             file: file.into(),
             message: e.to_string(),
-        })
+        })?;
+    for t in &targets {
+        // Errors are relative to the published figure: zero, negative or not a number would
+        // divide by nothing or fit the parameters to noise.
+        if !(t.published.is_finite() && t.published > 0.0) {
+            return Err(t.err(format!(
+                "published {}: must be a positive number ({} as the source reports it)",
+                t.published,
+                t.metric.name()
+            )));
+        }
+        if !(0.0..=1.0).contains(&t.mtp_accept) {
+            return Err(t.err(format!(
+                "mtp_accept {}: must be a probability in [0, 1]",
+                t.mtp_accept
+            )));
+        }
+    }
+    Ok(targets)
 }
 
 impl Target {
@@ -173,5 +198,40 @@ impl Target {
     pub fn predict(&self, cost: CostModel) -> Result<f64, CalibrationError> {
         let e = explain(&self.input(cost)?).map_err(|e| self.err(e))?;
         Ok(self.metric.read(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped targets with the first published figure replaced by `value`.
+    fn with_published(value: &str) -> String {
+        let line = CLOUDMATRIX384
+            .lines()
+            .find(|l| l.trim_start().starts_with("published"))
+            .unwrap();
+        CLOUDMATRIX384.replacen(line, &format!("published = {value}"), 1)
+    }
+
+    #[test]
+    fn a_published_figure_must_be_a_positive_number() {
+        assert!(parse_targets("t.toml", &with_published("1.5")).is_ok());
+        for bad in ["0.0", "-3.0", "nan", "inf"] {
+            let e = parse_targets("t.toml", &with_published(bad)).unwrap_err();
+            assert!(
+                e.to_string().contains("published") && e.to_string().contains("positive"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_fit_refuses_a_step_outside_its_range() {
+        let targets = parse_targets("c", CLOUDMATRIX384).unwrap();
+        for step in [0.0, 1e-20, 1e-10, -0.1, 0.6, f64::NAN] {
+            let e = crate::fit::fit(&targets, step).unwrap_err();
+            assert!(e.to_string().contains("[0.001, 0.5]"), "{step}: {e}");
+        }
     }
 }

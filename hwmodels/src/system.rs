@@ -46,11 +46,33 @@ pub struct FabricLevel {
 }
 
 /// The chip of a system: a catalog name or a full inline definition.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum ChipRef {
     Name(String),
     Inline(Chip),
+}
+
+// By hand rather than `#[serde(untagged)]`: an untagged enum that matches neither form says only
+// "data did not match any variant", hiding which field of an inline chip is wrong.
+impl<'de> Deserialize<'de> for ChipRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = ChipRef;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a chip name (see `dstwin catalog`) or an inline chip table")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ChipRef, E> {
+                Ok(ChipRef::Name(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ChipRef, A::Error> {
+                Chip::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(ChipRef::Inline)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// A system as written in a data file, before the chip reference is resolved.
@@ -90,6 +112,10 @@ pub struct System {
     pub source: String,
 }
 
+/// The most dies a system may have: a thousand times the largest one built in (CloudMatrix384,
+/// 768 dies), and small enough that sums and products of die counts stay inside u32.
+pub const MAX_DIES: u64 = 1 << 20;
+
 impl System {
     pub(crate) fn from_file(raw: SystemFile, chip: Chip, file: &str) -> Result<System, HwError> {
         chip.validate(file)?;
@@ -108,6 +134,22 @@ impl System {
                     "must be between 1 and max_nodes",
                 ));
             }
+        }
+        // Die counts are u32 products of these; bound the largest one (the CloudMatrix384
+        // supernode has 768 dies) so that no product or sum of them can overflow.
+        let max_dies = u64::from(raw.packages_per_node)
+            * u64::from(chip.dies_per_package)
+            * u64::from(raw.max_nodes);
+        if max_dies > MAX_DIES {
+            return Err(invalid(
+                file,
+                "max_nodes",
+                raw.max_nodes,
+                &format!(
+                    "{} packages per node x {} dies per package x {} nodes = {max_dies} dies; at most {MAX_DIES}",
+                    raw.packages_per_node, chip.dies_per_package, raw.max_nodes
+                ),
+            ));
         }
         if !(raw.reserved_hbm_gb_per_die >= 0.0 && raw.reserved_hbm_gb_per_die < chip.hbm_gb) {
             return Err(invalid(

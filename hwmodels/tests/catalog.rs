@@ -115,12 +115,48 @@ fn bad_user_files_name_the_field_and_value() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("fabric[1].scope"), "{err}");
+    // 8 packages x 2 dies x 4294967295 nodes overflowed every die count computed from it.
+    let huge = USER_FILE.replace("max_nodes = 4", "max_nodes = 4294967295");
+    let err = cat
+        .system_from_str("f.toml", &huge, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("max_nodes = 4294967295") && err.contains("at most 1048576"),
+        "{err}"
+    );
     let chip = USER_FILE.replace("chip = \"ascend-910c\"", "chip = \"ascend-999\"");
     let err = cat
         .system_from_str("f.toml", &chip, None)
         .unwrap_err()
         .to_string();
     assert!(err.contains("ascend-999"), "{err}");
+}
+
+#[test]
+fn an_inline_chip_error_names_its_field_not_serde_internals() {
+    let inline = "chip = { name = \"x\", vendor = \"v\", dies_per_package = 1, \
+                  peak_tflops = { bf16 = 100.0 }, hbm_gb = 64, hbm_tb_s = 1.6, source = \"s\" }";
+    let ok = USER_FILE.replace("chip = \"ascend-910c\"", inline);
+    let s = Catalog::builtin()
+        .system_from_str("f.toml", &ok, None)
+        .unwrap();
+    assert_eq!(s.chip.name, "x");
+    let typo = ok.replace("hbm_gb", "hbm_gib");
+    let err = Catalog::builtin()
+        .system_from_str("f.toml", &typo, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("hbm_gib") && !err.contains("variant"), "{err}");
+    let number = USER_FILE.replace("chip = \"ascend-910c\"", "chip = 7");
+    let err = Catalog::builtin()
+        .system_from_str("f.toml", &number, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("chip name") && !err.contains("ChipRef"),
+        "{err}"
+    );
 }
 
 /// The built-in 910C cost file.

@@ -120,7 +120,7 @@ impl Candidate {
         if let Some(x) = p.tpot_ms {
             slo += &format!("tpot_ms = {x}\n");
         }
-        let max_len = p.input_tokens + p.output_tokens + 64;
+        let max_len = u64::from(p.input_tokens) + u64::from(p.output_tokens) + 64;
         // Redundant experts are re-placed as vllm-ascend's dynamic EPLB does (the launch
         // arguments ask for the same cycle).
         let eplb = if self.redundant_experts > 0 {
@@ -216,7 +216,7 @@ output = {{ dist = "fixed", value = {out} }}
             "{{\"prefill\": {{\"dp_size\": {pdp}, \"tp_size\": {}}}, \"decode\": {{\"dp_size\": {ddp}, \"tp_size\": {}}}}}",
             self.prefill_tp, self.decode_tp
         );
-        let max_len = p.input_tokens + p.output_tokens + 64;
+        let max_len = u64::from(p.input_tokens) + u64::from(p.output_tokens) + 64;
         let role = |name: &str,
                     kv_role: &str,
                     dp: u32,
@@ -326,6 +326,13 @@ pub fn nodes(hardware: &str, cards: u32) -> Result<(u32, u32), String> {
         ));
     }
     let nodes = cards / per_node;
+    if nodes > sys.max_nodes {
+        return Err(format!(
+            "--cards {cards}: {hardware} deployments span at most {} nodes ({} cards)",
+            sys.max_nodes,
+            u64::from(sys.max_nodes) * u64::from(per_node)
+        ));
+    }
     if nodes < 2 {
         return Err(format!(
             "--cards {cards}: PD disaggregation needs at least two nodes ({} cards)",

@@ -591,6 +591,28 @@ fn validate(
             format!("must be shorter than duration_s ({d})"),
         ));
     }
+    if raw.warmup_s > 0.0 && raw.duration_s.is_none() {
+        return Err(field(
+            "warmup_s",
+            raw.warmup_s,
+            "needs duration_s: without it the run ends when the last request finishes, which \
+             may be before the warm-up does, leaving nothing to report",
+        ));
+    }
+    // vLLM runs DeepSeek's one MTP layer again for every further draft, and each draft is
+    // accepted only if all before it were, so acceptance falls geometrically: published
+    // deployments use 1 to 3 drafts. Past MAX_POSITIONS the acceptance model has no positions.
+    let max_drafts = dstwin_core::mtp::MAX_POSITIONS as u32;
+    if raw.mtp.tokens > max_drafts {
+        return Err(field(
+            "mtp.tokens",
+            raw.mtp.tokens,
+            format!(
+                "must be at most {max_drafts} draft tokens per step (acceptance falls \
+                 geometrically with each draft; deployments use 1 to 3)"
+            ),
+        ));
+    }
     if raw.mtp.tokens > 0 && model.mtp_layers == 0 {
         return Err(field(
             "mtp.tokens",
@@ -675,6 +697,22 @@ fn validate(
                 return Err(field(f(k), 0, "must be at least 1"));
             }
         }
+        for (k, v, max) in [
+            (
+                "scheduler.max_num_seqs",
+                s.max_num_seqs,
+                dstwin_core::batch::MAX_SEQS_PER_STEP,
+            ),
+            (
+                "scheduler.max_num_batched_tokens",
+                s.max_num_batched_tokens,
+                dstwin_core::batch::MAX_TOKENS_PER_STEP,
+            ),
+        ] {
+            if u64::from(v) > max {
+                return Err(field(f(k), v, format!("must be at most {max} per DP rank")));
+            }
+        }
         for (k, v) in [
             ("scheduler.host_overhead_us", s.host_overhead_us),
             (
@@ -691,6 +729,16 @@ fn validate(
             }
         }
         if let Some(m) = s.max_model_len {
+            if m == 0 {
+                return Err(field(
+                    f("scheduler.max_model_len"),
+                    0,
+                    format!(
+                        "must be at least 1 token (the model's context is {})",
+                        model.max_context
+                    ),
+                ));
+            }
             if m as u64 > model.max_context {
                 return Err(field(
                     f("scheduler.max_model_len"),
@@ -772,8 +820,12 @@ fn validate(
             max_model_len,
         });
     }
-    let dies: u32 = instances.iter().map(|i| i.count * i.plan.dies).sum();
-    if dies > system.max_dies() {
+    // In u64: count x dies of absurd values overflows u32 before the comparison says so.
+    let dies: u64 = instances
+        .iter()
+        .map(|i| u64::from(i.count) * u64::from(i.plan.dies))
+        .sum();
+    if dies > u64::from(system.max_dies()) {
         return Err(field(
             "instance",
             format!("{dies} dies in all"),

@@ -21,6 +21,37 @@ pub enum SweepError {
     Axis { arg: String, reason: String },
     #[error("--shard {arg}: {reason}")]
     Shard { arg: String, reason: String },
+    #[error("the grid has {points} points ({sizes}); at most {MAX_POINTS}: split the study into several sweeps")]
+    Grid { points: String, sizes: String },
+}
+
+/// The most points one sweep may have: each is a whole simulation (about a second), so a million
+/// is days of work; a larger grid is almost always a typo in a range.
+pub const MAX_POINTS: u64 = 1_000_000;
+
+/// The number of points of the grid over `axes`, checked against [`MAX_POINTS`] before anything
+/// is allocated.
+pub fn grid_size(axes: &[Axis]) -> Result<usize, SweepError> {
+    let sizes = || {
+        axes.iter()
+            .map(|a| format!("{} x {}", a.values.len(), a.path))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let points = axes
+        .iter()
+        .try_fold(1u64, |n, a| n.checked_mul(a.values.len() as u64));
+    match points {
+        Some(n) if n <= MAX_POINTS => Ok(n as usize),
+        Some(n) => Err(SweepError::Grid {
+            points: n.to_string(),
+            sizes: sizes(),
+        }),
+        None => Err(SweepError::Grid {
+            points: "more than 2^64".into(),
+            sizes: sizes(),
+        }),
+    }
 }
 
 /// One varied field and its values (as `--set` text).
@@ -71,6 +102,8 @@ fn parse_values(spec: &str) -> Result<Vec<String>, String> {
                 .map_err(|_| format!("{what} '{s}' is not an integer"))
         };
         let (a, b, step) = (num(a, "start")?, num(b, "end")?, num(step, "step")?);
+        // In i128: the span and the values of a range near the ends of i64 overflow i64.
+        let (a, b, step) = (i128::from(a), i128::from(b), i128::from(step));
         if step <= 0 {
             return Err(format!("step must be positive, got {step}"));
         }
@@ -103,9 +136,9 @@ pub struct Point {
 }
 
 /// The cartesian product of the axes, the last axis varying fastest.
-pub fn grid(axes: &[Axis]) -> Vec<Point> {
-    let total: usize = axes.iter().map(|a| a.values.len()).product();
-    (0..total)
+pub fn grid(axes: &[Axis]) -> Result<Vec<Point>, SweepError> {
+    let total = grid_size(axes)?;
+    Ok((0..total)
         .map(|index| {
             let mut rem = index;
             let mut values = vec![String::new(); axes.len()];
@@ -119,7 +152,7 @@ pub fn grid(axes: &[Axis]) -> Vec<Point> {
                 values,
             }
         })
-        .collect()
+        .collect())
 }
 
 fn point_id(axes: &[Axis], values: &[String]) -> String {
@@ -448,14 +481,14 @@ mod tests {
             Axis::parse("a=1,2").unwrap(),
             Axis::parse("b=x,y,z").unwrap(),
         ];
-        let g = grid(&axes);
+        let g = grid(&axes).unwrap();
         assert_eq!(g.len(), 6);
         assert_eq!(g[0].values, ["1", "x"]);
         assert_eq!(g[1].values, ["1", "y"]);
         assert_eq!(g[3].values, ["2", "x"]);
         let ids: std::collections::BTreeSet<_> = g.iter().map(|p| p.id.clone()).collect();
         assert_eq!(ids.len(), 6, "distinct ids");
-        assert_eq!(grid(&axes), g, "deterministic");
+        assert_eq!(grid(&axes).unwrap(), g, "deterministic");
     }
 
     #[test]
@@ -504,7 +537,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, s)| Axis { path: format!("a{i}"), values: (0..*s).map(|v| v.to_string()).collect() })
                 .collect();
-            let g = grid(&axes);
+            let g = grid(&axes).unwrap();
             let mut seen = vec![0; g.len()];
             for k in 0..n {
                 let sh = Shard { k, n };
@@ -554,7 +587,7 @@ pub fn csv_record(axes: &[String], r: &Row) -> Vec<String> {
 /// A sweep CSV that cannot be read back.
 #[derive(Debug, Error)]
 pub enum CsvError {
-    #[error("{0}")]
+    #[error(transparent)]
     Csv(#[from] csv::Error),
     #[error("line {line}: {reason}")]
     Row { line: u64, reason: String },

@@ -7,6 +7,14 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The most sequences one DP rank may decode in a step. vLLM's `max_num_seqs` is 256 by default
+/// and a few hundred in the published deployments; pairs and tokens are products of this with
+/// context lengths and draft counts, so it is bounded far above any real batch to keep them in u64.
+pub const MAX_SEQS_PER_STEP: u64 = 1 << 16;
+/// The most tokens one DP rank may compute in a step (vLLM's `max_num_batched_tokens`: 8,192 to
+/// 65,536 in the published deployments), bounded for the same reason.
+pub const MAX_TOKENS_PER_STEP: u64 = 1 << 24;
+
 /// Per-step sums over the sequences one DP rank computes.
 ///
 /// "Pairs" count query-key pairs an attention layer visits. Sparse attention (DeepSeek-V3.2's DSA,

@@ -76,7 +76,7 @@ pub enum LayoutError {
     DpTp {
         dp: u32,
         tp: u32,
-        product: u32,
+        product: u64,
         dies: u32,
     },
     #[error("layout: {slots} routed-expert slots ({experts} experts + {redundant} redundant) do not divide evenly over {dies} expert dies (ep {ep} - shared_expert_dies {shared}); choose redundant_experts so that slots are a multiple of the expert dies")]
@@ -149,11 +149,12 @@ impl Layout {
                 return Err(field(name, 0, "must be at least 1"));
             }
         }
-        if self.dp * self.tp != self.dies {
+        let product = u64::from(self.dp) * u64::from(self.tp);
+        if product != u64::from(self.dies) {
             return Err(LayoutError::DpTp {
                 dp: self.dp,
                 tp: self.tp,
-                product: self.dp * self.tp,
+                product,
                 dies: self.dies,
             });
         }
@@ -218,6 +219,17 @@ impl Layout {
         }
         let routed_dies = self.ep - self.shared_expert_dies;
         let experts = model.routed_experts as u32;
+        let max_redundant = experts.saturating_mul(crate::eplb::MAX_SLOTS_PER_EXPERT as u32 - 1);
+        if self.redundant_experts > max_redundant {
+            return Err(field(
+                "redundant_experts",
+                self.redundant_experts,
+                format!(
+                    "at most {max_redundant} for {experts} routed experts ({} slots per expert)",
+                    crate::eplb::MAX_SLOTS_PER_EXPERT
+                ),
+            ));
+        }
         let slots = experts + self.redundant_experts;
         if !slots.is_multiple_of(routed_dies) {
             return Err(LayoutError::Experts {

@@ -93,6 +93,14 @@ fn bad_inputs_name_the_numbers() {
         place(Policy::Global, &[vec![1.0; 4]], &layout(6, 4)),
         Err(EplbError::SlotsPerDie { slots: 6, dies: 4 })
     );
+    assert_eq!(
+        place(Policy::Greedy, &[vec![1.0; 4]], &layout(4 * 17, 4)),
+        Err(EplbError::TooManySlots {
+            slots: 68,
+            experts: 4,
+            max: 64
+        })
+    );
     let err = place(Policy::Global, &[vec![1.0, f64::NAN]], &layout(2, 2)).unwrap_err();
     assert!(err.to_string().contains("load[0][1] = NaN"), "{err}");
     let err = place(Policy::Global, &[vec![1.0; 4], vec![1.0; 3]], &layout(4, 2)).unwrap_err();

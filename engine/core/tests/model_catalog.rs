@@ -102,3 +102,35 @@ fn hf_config_errors_name_the_field() {
     let err = ModelConfig::from_hf_json("x", &missing).unwrap_err();
     assert!(err.to_string().contains("kv_lora_rank"), "{err}");
 }
+
+/// The error of the V3 config.json with `key` set to `value`.
+fn with(key: &str, value: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(V3_CONFIG_JSON).unwrap();
+    let mut v = v.as_object().unwrap().clone();
+    assert!(v.contains_key(key), "{key}");
+    v.insert(key.into(), serde_json::from_str(value).unwrap());
+    let text = serde_json::to_string(&v).unwrap();
+    match ModelConfig::from_hf_json("x", &text) {
+        Ok(_) => panic!("{key} = {value} was accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn hf_config_sizes_are_bounded_before_anything_is_sized_from_them() {
+    for (key, value) in [
+        ("num_hidden_layers", "1000000000"),
+        ("num_attention_heads", "0"),
+        ("vocab_size", "0"),
+        ("kv_lora_rank", "0"),
+        ("hidden_size", "18446744073709551615"),
+        ("n_routed_experts", "4294967296"),
+        ("n_group", "0"),
+    ] {
+        let e = with(key, value);
+        assert!(
+            e.contains(&format!("{key} = {value}")) && e.contains("must be in ["),
+            "{key}: {e}"
+        );
+    }
+}

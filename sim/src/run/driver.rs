@@ -583,6 +583,12 @@ impl<'s, 'o> Sim<'s, 'o> {
                 hint: self.core.describe(),
             });
         }
+        if self.warmup > SimTime::ZERO && self.now <= self.warmup {
+            return Err(RunError::NothingMeasured {
+                end: self.now.as_secs_f64(),
+                warmup: self.warmup.as_secs_f64(),
+            });
+        }
         Ok(self.finish(arrived))
     }
 }

@@ -40,6 +40,8 @@ pub enum RunError {
         #[source]
         source: dstwin_core::eplb::EplbError,
     },
+    #[error("the run ended at t={end} s, before warmup_s = {warmup} s was over: nothing was measured; lower warmup_s or run longer (duration_s, workload.num_requests)")]
+    NothingMeasured { end: f64, warmup: f64 },
     #[error("deadlock at t={time}: {unfinished} requests unfinished and nothing left to happen ({hint})")]
     Deadlock {
         time: SimTime,

@@ -2,7 +2,7 @@
 
 use crate::expert_load::{effective_requests, fluctuation, ExpertLoad, ExpertLoadSpec};
 use crate::pricing::{price, two_microbatch_time, StepCost};
-use dstwin_core::batch::BatchShape;
+use dstwin_core::batch::{BatchShape, MAX_SEQS_PER_STEP, MAX_TOKENS_PER_STEP};
 use dstwin_core::eplb::{balancedness, place, EpLayout, Policy as EplbPolicy};
 use dstwin_core::layout::{Layout, LayoutError, Plan, Role};
 use dstwin_core::memory::{memory_map, MemoryError, MemoryInputs, MemoryMap};
@@ -231,8 +231,8 @@ fn layer_imbalance(
         dies_per_node: inp.cost.system.dies_per_node(),
         groups: m.router_groups as u32,
     };
-    let p = place(policy, load.shares(), &layout)
-        .map_err(|e| input("eplb", format!("{policy:?}"), e.to_string()))?;
+    let p =
+        place(policy, load.shares(), &layout).map_err(|e| input("eplb", policy, e.to_string()))?;
     Ok(p.layers
         .iter()
         .zip(load.shares())
@@ -250,6 +250,30 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
             "batch",
             "empty",
             "give decode sequences (--seqs) or prompt tokens (--tokens)",
+        ));
+    }
+    if u64::from(b.decode_seqs) > MAX_SEQS_PER_STEP {
+        return Err(input(
+            "batch.decode_seqs",
+            b.decode_seqs,
+            format!("at most {MAX_SEQS_PER_STEP} sequences per DP rank"),
+        ));
+    }
+    if b.prefill_tokens > MAX_TOKENS_PER_STEP {
+        return Err(input(
+            "batch.prefill_tokens",
+            b.prefill_tokens,
+            format!("at most {MAX_TOKENS_PER_STEP} tokens per DP rank and step"),
+        ));
+    }
+    if inp.mtp.tokens as usize > dstwin_core::mtp::MAX_POSITIONS {
+        return Err(input(
+            "mtp.tokens",
+            inp.mtp.tokens,
+            format!(
+                "at most {} draft tokens per step",
+                dstwin_core::mtp::MAX_POSITIONS
+            ),
         ));
     }
     if b.prefill_tokens > 0 && (b.prompt_len == 0 || b.prompt_len > b.prefill_tokens) {

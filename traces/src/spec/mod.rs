@@ -15,7 +15,10 @@
 
 mod plan;
 
-pub use plan::{TimeScaling, TraceFormat, TracePlan, WorkloadPlan, WorkloadSource};
+pub use plan::{
+    TimeScaling, TraceFormat, TracePlan, WorkloadPlan, WorkloadSource, MAX_CONCURRENCY,
+    MAX_RATE_PER_S, MAX_REQUESTS,
+};
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

@@ -15,6 +15,18 @@ use std::path::{Path, PathBuf};
 const TABLE: &str = "workload";
 const NS_PER_S: f64 = 1e9;
 
+/// The most requests one workload may issue. Open-loop workloads are generated up front and
+/// every request's record is kept for the report (hundreds of bytes each), so 10^8 requests is
+/// already tens of GB; the published deployments are measured over thousands.
+pub const MAX_REQUESTS: u64 = 100_000_000;
+/// The highest mean arrival rate, requests per second. The clock counts nanoseconds, so the
+/// mean gap stays at a microsecond or more; the largest published deployment (CloudMatrix384)
+/// serves hundreds of requests per second.
+pub const MAX_RATE_PER_S: f64 = 1e6;
+/// The most requests a closed loop keeps in flight: far more than any deployment's KV cache
+/// holds (a few thousand sequences per instance), and each one is state the simulator keeps.
+pub const MAX_CONCURRENCY: u32 = 1_000_000;
+
 /// A validated workload spec: every field checked, ready to build.
 #[derive(Clone, Debug, PartialEq)]
 pub enum WorkloadPlan {
@@ -130,14 +142,44 @@ fn synthetic(s: &SyntheticSpec) -> Result<SyntheticConfig, TraceError> {
     let count = match (s.num_requests, s.duration_s) {
         (Some(n), None) => RequestCount::Requests(nonzero_u64("num_requests", n)?),
         (None, Some(d)) => RequestCount::DurationNs(seconds_to_ns("duration_s", d)?),
-        (n, d) => {
+        (Some(n), Some(d)) => {
             return Err(TraceError::invalid(
                 field("num_requests"),
-                format!("{n:?} with duration_s = {d:?}"),
-                "give exactly one of `num_requests` and `duration_s`",
+                n,
+                format!("give `num_requests` or `duration_s` ({d}), not both"),
+            ))
+        }
+        (None, None) => {
+            return Err(TraceError::invalid(
+                field("num_requests"),
+                "<missing>",
+                "give `num_requests` or `duration_s`",
             ))
         }
     };
+    if let RequestCount::Requests(n) = count {
+        at_most_requests("num_requests", n.get())?;
+    }
+    let rate = match s.arrival {
+        ArrivalSpec::Poisson { rate } | ArrivalSpec::Gamma { rate, .. } => Some(rate),
+        ArrivalSpec::AllAtOnce => None,
+    };
+    if let Some(rate) = rate {
+        at_most_rate(&field("arrival.rate"), rate)?;
+        if let (Some(d), true) = (s.duration_s, rate.is_finite()) {
+            let expected = rate * d;
+            if expected > MAX_REQUESTS as f64 {
+                return Err(TraceError::invalid(
+                    field("duration_s"),
+                    d,
+                    format!(
+                        "at arrival.rate {rate} it issues about {expected:.3e} requests; at most \
+                         {MAX_REQUESTS} (every request is generated up front and kept for the report)"
+                    ),
+                ));
+            }
+        }
+    }
     let input = length(&s.input).map_err(|e| e.within(&field("input")))?;
     let output = length(&s.output).map_err(|e| e.within(&field("output")))?;
     let arrival = arrival(&s.arrival).map_err(|e| e.within(&field("arrival")))?;
@@ -151,7 +193,10 @@ fn trace(format: TraceFormat, t: &TraceFileSpec) -> Result<TracePlan, TraceError
             &field("time_scale"),
             f,
         )?)),
-        (None, Some(r)) => Some(TimeScaling::Rate(positive_finite(&field("rate"), r)?)),
+        (None, Some(r)) => Some(TimeScaling::Rate(at_most_rate(
+            &field("rate"),
+            positive_finite(&field("rate"), r)?,
+        )?)),
         (Some(f), Some(r)) => {
             return Err(TraceError::invalid(
                 field("rate"),
@@ -186,7 +231,18 @@ fn closed_loop(c: &ClosedLoopSpec) -> Result<ClosedLoopConfig, TraceError> {
     let concurrency = NonZeroU32::new(c.concurrency).ok_or_else(|| {
         TraceError::invalid(field("concurrency"), c.concurrency, "must be at least 1")
     })?;
+    if c.concurrency > MAX_CONCURRENCY {
+        return Err(TraceError::invalid(
+            field("concurrency"),
+            c.concurrency,
+            format!(
+                "at most {MAX_CONCURRENCY} requests in flight (far beyond what any deployment's \
+                 KV cache holds)"
+            ),
+        ));
+    }
     let num_requests = nonzero_u64("num_requests", c.num_requests)?;
+    at_most_requests("num_requests", num_requests.get())?;
     let input = length(&c.input).map_err(|e| e.within(&field("input")))?;
     let output = length(&c.output).map_err(|e| e.within(&field("output")))?;
     Ok(ClosedLoopConfig::new(
@@ -220,14 +276,23 @@ fn length(spec: &LengthSpec) -> Result<LengthDist, TraceError> {
                 (Some(mean), Some(std), None, None) => LengthDist::lognormal(mean, std)?,
                 (None, None, Some(mu), Some(sigma)) => LengthDist::lognormal_mu_sigma(mu, sigma)?,
                 _ => {
+                    let given: Vec<String> =
+                        [("mean", mean), ("std", std), ("mu", mu), ("sigma", sigma)]
+                            .into_iter()
+                            .filter_map(|(k, v)| v.map(|v| format!("{k} = {v}")))
+                            .collect();
                     return Err(TraceError::invalid(
                         "dist",
                         "lognormal",
                         format!(
-                            "give either `mean` and `std` or `mu` and `sigma` (got mean {mean:?}, \
-                             std {std:?}, mu {mu:?}, sigma {sigma:?})"
+                            "give either `mean` and `std` or `mu` and `sigma` (got {})",
+                            if given.is_empty() {
+                                "none".to_string()
+                            } else {
+                                given.join(", ")
+                            }
                         ),
-                    ))
+                    ));
                 }
             };
             dist.clamped(min, max)
@@ -241,6 +306,35 @@ fn arrival(spec: &ArrivalSpec) -> Result<ArrivalProcess, TraceError> {
         ArrivalSpec::Gamma { rate, cv } => ArrivalProcess::gamma(rate, cv),
         ArrivalSpec::AllAtOnce => Ok(ArrivalProcess::all_at_once()),
     }
+}
+
+fn at_most_requests(name: &str, n: u64) -> Result<(), TraceError> {
+    if n > MAX_REQUESTS {
+        return Err(TraceError::invalid(
+            field(name),
+            n,
+            format!(
+                "at most {MAX_REQUESTS} requests (every request's record is kept for the report; \
+                 split a longer study into runs)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A rate (requests/s) above [`MAX_RATE_PER_S`] is an error; NaN passes to the domain check.
+fn at_most_rate(path: &str, rate: f64) -> Result<f64, TraceError> {
+    if rate > MAX_RATE_PER_S {
+        return Err(TraceError::invalid(
+            path,
+            rate,
+            format!(
+                "at most {MAX_RATE_PER_S:.0} requests per second (the clock counts nanoseconds; \
+                 no deployment comes near it)"
+            ),
+        ));
+    }
+    Ok(rate)
 }
 
 fn nonzero_u64(name: &str, value: u64) -> Result<NonZeroU64, TraceError> {

@@ -1,7 +1,10 @@
 //! Behaviour of the traces crate, one file per behaviour.
 
 mod azure;
+mod fuzz_readers;
 mod mooncake;
+#[path = "../../../tests/common/mutate.rs"]
+mod mutate;
 mod spec;
 mod stats;
 mod synthetic;

@@ -229,3 +229,43 @@ fn specs_round_trip_through_toml() {
         other => panic!("expected synthetic, got {other:?}"),
     }
 }
+
+#[test]
+fn absurd_sizes_are_refused_before_anything_is_generated() {
+    let many = SYNTHETIC.replace("num_requests = 1000", "num_requests = 1000000000000");
+    assert_eq!(
+        invalid(&many),
+        ("workload.num_requests".into(), "1000000000000".into())
+    );
+    let fast = SYNTHETIC.replace("rate = 20.0", "rate = 1e9");
+    assert_eq!(
+        invalid(&fast),
+        ("workload.arrival.rate".into(), "1000000000".into())
+    );
+    let long = SYNTHETIC.replace("num_requests = 1000", "duration_s = 1e9");
+    assert_eq!(invalid(&long).0, "workload.duration_s");
+    let crowd = "[workload]\nkind = \"closed_loop\"\nconcurrency = 1000000000\nnum_requests = 10\n\
+                 input = { dist = \"fixed\", value = 10 }\noutput = { dist = \"fixed\", value = 10 }\n";
+    assert_eq!(
+        invalid(crowd),
+        ("workload.concurrency".into(), "1000000000".into())
+    );
+    let trace = "[workload]\nkind = \"azure\"\npath = \"x.csv\"\nrate = 1e12\n";
+    assert_eq!(invalid(trace).0, "workload.rate");
+    // The bounds themselves are allowed.
+    let edge = SYNTHETIC
+        .replace("num_requests = 1000", "num_requests = 100000000")
+        .replace("rate = 20.0", "rate = 1e6");
+    assert!(parse(&edge).unwrap().validate().is_ok());
+}
+
+#[test]
+fn both_request_counts_are_named_in_plain_words() {
+    let both = SYNTHETIC.replace(
+        "num_requests = 1000",
+        "num_requests = 1000\nduration_s = 60.0",
+    );
+    let e = parse(&both).unwrap().validate().unwrap_err().to_string();
+    assert!(!e.contains("Some("), "{e}");
+    assert!(e.contains("1000") && e.contains("60"), "{e}");
+}

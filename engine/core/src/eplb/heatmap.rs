@@ -33,8 +33,10 @@ pub struct HeatMap {
 
 #[derive(Debug, Error)]
 pub enum HeatMapError {
+    // Not `#[from]`: that also makes the JSON error the source, and error chains would print
+    // its message twice.
     #[error("not a heat map: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     #[error("format = {0:?}: expected \"{FORMAT}\"")]
     Format(String),
     #[error("windows = []: a heat map needs at least one window")]
@@ -56,7 +58,7 @@ pub enum HeatMapError {
 
 impl HeatMap {
     pub fn parse(text: &str) -> Result<HeatMap, HeatMapError> {
-        let h: HeatMap = serde_json::from_str(text)?;
+        let h: HeatMap = serde_json::from_str(text).map_err(HeatMapError::Json)?;
         if h.format != FORMAT {
             return Err(HeatMapError::Format(h.format));
         }

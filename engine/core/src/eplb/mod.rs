@@ -32,6 +32,24 @@ pub enum Policy {
     Greedy,
 }
 
+impl Policy {
+    /// The name scenario files and `--policy` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Identity => "identity",
+            Policy::Global => "global",
+            Policy::Hierarchical => "hierarchical",
+            Policy::Greedy => "greedy",
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for Policy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -60,6 +78,11 @@ pub struct EpLayout {
     pub groups: u32,
 }
 
+/// The most physical slots per logical expert a placement may have. Deployments add a few
+/// redundant replicas (DeepSeek: 32 for 256 experts; CloudMatrix384: one per die), and every
+/// slot of every layer is an entry of the placement, so an absurd count is refused up front.
+pub const MAX_SLOTS_PER_EXPERT: usize = 16;
+
 /// Why a placement cannot be computed; each names the numbers.
 #[derive(Debug, Error, PartialEq)]
 pub enum EplbError {
@@ -79,6 +102,12 @@ pub enum EplbError {
     },
     #[error("slots = {slots}: fewer than the {experts} logical experts")]
     TooFewSlots { slots: u32, experts: usize },
+    #[error("slots = {slots}: at most {max} for {experts} logical experts ({MAX_SLOTS_PER_EXPERT} slots per expert on average; a deployment adds a few redundant replicas, not copies of the whole model)")]
+    TooManySlots {
+        slots: u32,
+        experts: usize,
+        max: usize,
+    },
     #[error("slots = {slots} do not divide evenly over dies = {dies}")]
     SlotsPerDie { slots: u32, dies: u32 },
     #[error("hierarchical: {reason} (dies {dies}, dies_per_node {dies_per_node}, groups {groups}, experts {experts}); use the global or greedy policy")]
@@ -255,6 +284,14 @@ fn validate(load: &[Vec<f64>], layout: &EpLayout) -> Result<usize, EplbError> {
         return Err(EplbError::TooFewSlots {
             slots: layout.slots,
             experts,
+        });
+    }
+    let max = experts.saturating_mul(MAX_SLOTS_PER_EXPERT);
+    if layout.slots as usize > max {
+        return Err(EplbError::TooManySlots {
+            slots: layout.slots,
+            experts,
+            max,
         });
     }
     if layout.dies == 0 || !layout.slots.is_multiple_of(layout.dies) {

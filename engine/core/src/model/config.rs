@@ -235,8 +235,10 @@ pub fn builtin(name: &str) -> Option<ModelConfig> {
 /// Why a `config.json` could not be read as a DeepSeek model.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    // Not `#[from]`: that also makes the JSON error the source, and error chains would print
+    // its message twice.
     #[error("config.json is not valid JSON: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     #[error("config.json: missing or non-integer field '{0}'")]
     Missing(&'static str),
     #[error("config.json: model_type '{0}' is not a DeepSeek V3/V3.2/V4 architecture (expected deepseek_v3, deepseek_v32 or deepseek_v4)")]
@@ -247,6 +249,87 @@ pub enum ConfigError {
         value: String,
         reason: &'static str,
     },
+    #[error("config.json: {field} = {value}: must be in [{min}, {max}] (at most 16 times the largest DeepSeek checkpoint's value; sizes are multiplied together)")]
+    OutOfRange {
+        field: &'static str,
+        value: u64,
+        min: u64,
+        max: u64,
+    },
+}
+
+/// The range of every size a config.json gives: zero where the model cannot work without the
+/// part, and a ceiling at 16 times the largest value of any DeepSeek checkpoint (V3: hidden
+/// 7,168, 61 layers, 256 experts, vocabulary 129,280; V4: context 1M) so that products of sizes
+/// (parameters, FLOPs, bytes) stay far inside u64 and nothing is allocated per layer or expert
+/// beyond reason.
+fn ranges(m: &ModelConfig) -> Vec<(&'static str, u64, u64, u64)> {
+    let mut r = vec![
+        ("hidden_size", m.hidden, 1, 1 << 17),
+        ("num_hidden_layers", m.layers, 1, 1024),
+        ("num_nextn_predict_layers", m.mtp_layers, 0, 16),
+        ("intermediate_size", m.dense_ffn, 0, 1 << 19),
+        ("n_routed_experts", m.routed_experts, 1, 4096),
+        ("n_shared_experts", m.shared_experts, 0, 64),
+        ("moe_intermediate_size", m.expert_ffn, 1, 1 << 16),
+        ("n_group", m.router_groups, 1, m.routed_experts.max(1)),
+        ("vocab_size", m.vocab, 1, 1 << 22),
+        ("max_position_embeddings", m.max_context, 1, 1 << 24),
+    ];
+    let indexer = |r: &mut Vec<_>, ix: &Indexer| {
+        r.push(("index_n_heads", ix.heads, 1, 1024));
+        r.push(("index_head_dim", ix.head_dim, 1, 1 << 13));
+        r.push(("index_topk", ix.topk, 1, 1 << 24));
+    };
+    match &m.attention {
+        Attention::Mla {
+            heads,
+            q_lora_rank,
+            kv_lora_rank,
+            qk_nope_dim,
+            qk_rope_dim,
+            v_head_dim,
+            indexer: ix,
+        } => {
+            r.extend([
+                ("num_attention_heads", *heads, 1, 2048),
+                ("q_lora_rank", *q_lora_rank, 1, 1 << 15),
+                ("kv_lora_rank", *kv_lora_rank, 1, 1 << 13),
+                ("qk_nope_head_dim", *qk_nope_dim, 1, 1 << 13),
+                ("qk_rope_head_dim", *qk_rope_dim, 1, 1 << 13),
+                ("v_head_dim", *v_head_dim, 1, 1 << 13),
+            ]);
+            if let Some(ix) = ix {
+                indexer(&mut r, ix);
+            }
+        }
+        Attention::Hybrid {
+            heads,
+            head_dim,
+            q_lora_rank,
+            o_lora_rank,
+            o_groups,
+            window,
+            compress_ratios,
+            indexer: ix,
+            hc_mult,
+        } => {
+            r.extend([
+                ("num_attention_heads", *heads, 1, 2048),
+                ("head_dim", *head_dim, 1, 1 << 13),
+                ("q_lora_rank", *q_lora_rank, 1, 1 << 15),
+                ("o_lora_rank", *o_lora_rank, 1, 1 << 15),
+                ("o_groups", *o_groups, 1, (*heads).max(1)),
+                ("sliding_window", *window, 1, 1 << 24),
+                ("hc_mult", *hc_mult, 1, 64),
+            ]);
+            for &c in compress_ratios {
+                r.push(("compress_ratios", c, 0, 1 << 16));
+            }
+            indexer(&mut r, ix);
+        }
+    }
+    r
 }
 
 fn uint(v: &Value, key: &'static str) -> Result<u64, ConfigError> {
@@ -266,7 +349,7 @@ impl ModelConfig {
     /// Reads a HuggingFace `config.json` of a DeepSeek-V3/R1/V3.1 (`deepseek_v3`), V3.2
     /// (`deepseek_v32`) or V4 (`deepseek_v4`) checkpoint.
     pub fn from_hf_json(name: &str, text: &str) -> Result<ModelConfig, ConfigError> {
-        let v: Value = serde_json::from_str(text)?;
+        let v: Value = serde_json::from_str(text).map_err(ConfigError::Json)?;
         let model_type = v
             .get("model_type")
             .and_then(Value::as_str)
@@ -347,11 +430,15 @@ impl ModelConfig {
             value: value.to_string(),
             reason,
         };
-        if self.hidden == 0 {
-            return Err(bad("hidden_size", 0, "must be positive"));
-        }
-        if self.layers == 0 {
-            return Err(bad("num_hidden_layers", 0, "must be positive"));
+        for (field, value, min, max) in ranges(self) {
+            if !(min..=max).contains(&value) {
+                return Err(ConfigError::OutOfRange {
+                    field,
+                    value,
+                    min,
+                    max,
+                });
+            }
         }
         if self.dense_layers > self.layers {
             return Err(bad(

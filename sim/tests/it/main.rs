@@ -1,0 +1,22 @@
+//! Behaviour of the simulator crate's inputs, one file per behaviour.
+
+mod fuzz_scenario;
+#[path = "../../../tests/common/mutate.rs"]
+mod mutate;
+mod scenario_bounds;
+
+use dstwin_sim::scenario::{load_str, Scenario, ScenarioError};
+use std::path::PathBuf;
+
+/// The shipped scenarios' directory.
+pub fn scenarios() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios")
+}
+
+/// The default scenario (a3-2p1d.toml) with `sets` applied.
+pub fn default_with(sets: &[&str]) -> Result<Scenario, ScenarioError> {
+    let dir = scenarios();
+    let text = std::fs::read_to_string(dir.join("a3-2p1d.toml")).unwrap();
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    load_str("a3-2p1d.toml", &text, &dir, &sets)
+}
