@@ -31,7 +31,7 @@ fn v4_flash_is_284b_total_13b_active() {
 fn v32_adds_the_indexer_and_v4_pro_is_about_1_6t() {
     let v3 = model::count(&builtin("v3").unwrap()).total() as f64;
     let v32 = model::count(&builtin("v3.2").unwrap()).total() as f64;
-    // DESIGN.md: V3.2 = V3 + ~0.85B of indexer parameters (within 25%: the published figure is rounded).
+    // docs/models.md: V3.2 = V3 + ~0.85B of indexer parameters (within 25%: the published figure is rounded).
     assert!(within(v32 - v3, 0.85e9, 25.0), "indexer {:.3e}", v32 - v3);
     let pro = model::count(&builtin("v4-pro").unwrap()).total() as f64;
     assert!(within(pro, 1.6e12, 5.0), "pro total {pro:.4e}");

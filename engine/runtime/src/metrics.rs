@@ -1,4 +1,4 @@
-//! Prometheus metrics under vLLM's names (REFERENCE.md, `vllm/v1/metrics/loggers.py`), so
+//! Prometheus metrics under vLLM's names (vLLM's `vllm/v1/metrics/loggers.py`; docs/metrics.md), so
 //! dashboards built for vLLM work against `dstwin serve`. Every series carries `model_name` and
 //! `engine` (the instance index), and every engine's series exist from start-up (zeros), as
 //! vLLM registers them.

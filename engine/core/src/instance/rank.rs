@@ -1,4 +1,4 @@
-//! The scheduler of one DP rank, vLLM v1 semantics (REFERENCE.md): one token budget per step;
+//! The scheduler of one DP rank, vLLM v1 semantics (docs/ARCHITECTURE.md, "Semantics"): one token budget per step;
 //! running requests first, then waiting ones up to `max_num_seqs`; chunked prefill; paged KV with
 //! prefix caching; preemption of the newest running request when KV runs out; MTP lookahead slots
 //! and rollback of rejected drafts. IO-free: time comes in as an argument.
