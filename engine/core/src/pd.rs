@@ -12,7 +12,6 @@
 //!   otherwise.
 
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 
 /// KV-load weight of a request in the prefill priority (vllm-ascend proxy constants).
 const KV_LOAD_PER_TOKEN: f64 = 0.0345 / 4.0;
@@ -42,7 +41,7 @@ pub struct Balancer {
     servers: Vec<Server>,
     next: usize,
     /// Block hash -> the server that last computed it (prefix-aware only).
-    owner: HashMap<u64, usize>,
+    owner: rustc_hash::FxHashMap<u64, usize>,
 }
 
 impl Balancer {
@@ -52,7 +51,7 @@ impl Balancer {
             policy,
             servers: vec![Server::default(); servers],
             next: 0,
-            owner: HashMap::new(),
+            owner: rustc_hash::FxHashMap::default(),
         }
     }
 

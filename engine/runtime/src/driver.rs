@@ -87,7 +87,6 @@ struct Control {
     scale: f64,
     effects: Vec<Effect>,
     notes: Vec<Note>,
-    done: Vec<ReqId>,
     failed: bool,
 }
 
@@ -149,7 +148,6 @@ pub(crate) fn spawn(
         scale,
         effects: Vec::new(),
         notes: Vec::new(),
-        done: Vec::new(),
         failed: false,
     };
     tokio::spawn(control.run());
@@ -269,13 +267,7 @@ impl Control {
                 }
                 Timer::Fabric => {
                     self.fabric_armed = None;
-                    let mut done = std::mem::take(&mut self.done);
-                    done.clear();
-                    self.fabric.poll(self.now, &mut done);
-                    for &id in &done {
-                        self.core.transfer_done(self.now, id);
-                    }
-                    self.done = done;
+                    self.core.poll_transfers(self.now, self.fabric.as_mut());
                 }
             }
         }

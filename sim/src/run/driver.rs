@@ -102,7 +102,6 @@ pub(super) struct Sim<'s, 'o> {
     pub(super) processed: u64,
     effects: Vec<Effect>,
     notes: Vec<Note>,
-    done: Vec<ReqId>,
     /// The previous step's end of the instance whose step is being applied.
     prev_end: SimTime,
 }
@@ -189,7 +188,6 @@ impl<'s, 'o> Sim<'s, 'o> {
             processed: 0,
             effects: Vec::new(),
             notes: Vec::new(),
-            done: Vec::new(),
             prev_end: SimTime::ZERO,
         })
     }
@@ -513,13 +511,7 @@ impl<'s, 'o> Sim<'s, 'o> {
 
     fn on_fabric(&mut self) {
         self.fabric_armed = None;
-        let mut done = std::mem::take(&mut self.done);
-        done.clear();
-        self.fabric.poll(self.now, &mut done);
-        for &id in &done {
-            self.core.transfer_done(self.now, id);
-        }
-        self.done = done;
+        self.core.poll_transfers(self.now, &mut self.fabric);
     }
 
     pub(super) fn run(mut self) -> Result<RunResult, RunError> {
