@@ -175,6 +175,7 @@ fn start(spec_tokens: u32, prefix_caching: bool) -> Runtime {
                 acceptance: device.acceptance(),
                 detail: device.wants_requests(),
                 emissions: true,
+                eplb: None,
             },
             device: Box::new(device),
         }],

@@ -14,12 +14,20 @@
 //! loops around it: neither holds PD logic of its own, so a scenario's requests take the same
 //! path through both (the conformance test checks step plans and tokens per request).
 //!
+//! EPLB: an instance with a rebalance cycle (`eplb::cycle::Rebalancer`) has it driven here:
+//! the heat comes from the device's outcomes ([`ExpertHeat`]), the cycle runs when a step is
+//! planned, and a layer move rides on that step's plan for the device to install.
+//!
 //! Same-instant rule: planning happens only after every input of the instant is applied, so
 //! requests arriving together are scheduled together whatever order their inputs came in.
 //! Async scheduling: what reaches a busy async instance waits for the schedule after the one
 //! already made (vLLM plans step N+1 while N runs).
 
-use crate::device::{FinishReason, KvEnd, KvTransfer, ReqId, StepOutcome, StepPlan};
+use crate::device::{
+    ExpertHeat, ExpertMove, FinishReason, KvEnd, KvTransfer, ReqId, StepOutcome, StepPlan,
+};
+use crate::eplb::cycle::{CycleEffect, Rebalancer};
+use crate::eplb::Placement;
 use crate::instance::kv::chain;
 use crate::instance::{InstEvent, Instance, InstanceConfig, NewRequest, StepSummary};
 use crate::layout::Role;
@@ -27,6 +35,7 @@ use crate::mtp::Acceptance;
 use crate::pd::{Policy, Proxy};
 use crate::time::SimTime;
 use rustc_hash::FxHashMap;
+use std::sync::Arc;
 
 /// Deployment-wide settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -50,6 +59,80 @@ pub struct InstanceSpec {
     pub detail: bool,
     /// Report every request's tokens per step even without `detail` (a server streams them).
     pub emissions: bool,
+    /// The instance's routed experts rebalance on a cycle (vllm-ascend's dynamic EPLB).
+    pub eplb: Option<EplbSpec>,
+}
+
+/// An instance's expert placement and its rebalance cycle.
+#[derive(Clone, Debug)]
+pub struct EplbSpec {
+    pub rebalancer: Rebalancer,
+    /// The placement the device starts with.
+    pub placement: Placement,
+    /// Routed experts per token (top-k): heat from expected shares is tokens x top-k x share.
+    pub top_k: f64,
+    /// The expected shares in effect at the start, when the device reports shares.
+    pub shares: Option<Arc<Vec<Vec<f64>>>>,
+}
+
+/// A running rebalance cycle.
+#[derive(Clone, Debug)]
+struct EplbRun {
+    spec: EplbSpec,
+    /// Routed tokens since the heat was last recorded under the current shares (the shares are
+    /// folded in only when they change or the algorithm runs).
+    pending: f64,
+}
+
+impl EplbRun {
+    /// Before a step that routes `tokens`: count its heat, advance the cycle; a layer move
+    /// comes back for the step's plan.
+    fn before_step(&mut self, tokens: u64) -> Option<ExpertMove> {
+        let s = &mut self.spec;
+        if s.shares.is_some() {
+            self.pending += tokens as f64 * s.top_k;
+        }
+        if s.rebalancer.computes_next() {
+            if let Some(sh) = &s.shares {
+                s.rebalancer.record(sh, self.pending);
+            }
+            self.pending = 0.0;
+        }
+        let effect = s
+            .rebalancer
+            .step(&mut s.placement)
+            .expect("the layout placed its first placement, so it places every later one");
+        match effect {
+            CycleEffect::MovedLayer {
+                layer,
+                max_slots_per_die,
+            } => Some(ExpertMove {
+                layer,
+                placement: s.placement.layers[layer].clone(),
+                max_slots_per_die,
+            }),
+            CycleEffect::None => None,
+        }
+    }
+
+    /// After a step: the routers' heat.
+    fn after_step(&mut self, heat: &ExpertHeat) {
+        let s = &mut self.spec;
+        match heat {
+            ExpertHeat::Counts(c) => s.rebalancer.record(c, 1.0),
+            ExpertHeat::Shares(new) => {
+                if s.shares.as_ref().is_some_and(|old| Arc::ptr_eq(old, new)) {
+                    return;
+                }
+                // Fold the heat of the old shares before they change.
+                if let Some(old) = &s.shares {
+                    s.rebalancer.record(old, self.pending);
+                }
+                self.pending = 0.0;
+                s.shares = Some(new.clone());
+            }
+        }
+    }
 }
 
 /// A request entering the deployment.
@@ -184,6 +267,7 @@ struct Slot {
     role_index: usize,
     busy: bool,
     deferred: Vec<Deferred>,
+    eplb: Option<EplbRun>,
 }
 
 /// Routed requests per chunk of a prompt's token ids when the proxy hashes them.
@@ -241,6 +325,7 @@ impl Deployment {
                 role_index,
                 busy: false,
                 deferred: Vec::new(),
+                eplb: spec.eplb.map(|spec| EplbRun { spec, pending: 0.0 }),
             });
         }
         assert!(
@@ -498,6 +583,9 @@ impl Deployment {
         let tokens = slot.inst.plan().tokens();
         if tokens > 0 {
             slot.busy = true;
+            let routed = slot.inst.plan().routed_tokens();
+            let m = slot.eplb.as_mut().and_then(|e| e.before_step(routed));
+            slot.inst.set_expert_move(m);
             self.effects.push(Effect::Execute { inst: i });
         }
         let mut buf = std::mem::take(&mut self.buf);
@@ -611,6 +699,9 @@ impl Deployment {
         debug_assert!(slot.busy, "step_done for an idle instance");
         slot.busy = false;
         let summary = slot.inst.apply(now, outcome, &mut events);
+        if let (Some(e), Some(h)) = (slot.eplb.as_mut(), &outcome.expert_heat) {
+            e.after_step(h);
+        }
         let role = slot.role;
         self.notes.push(Note::Step { inst: i, summary });
         if !slot.inst.emissions().is_empty() {
@@ -862,6 +953,7 @@ mod tests {
             acceptance: None,
             detail: false,
             emissions: true,
+            eplb: None,
         }
     }
 
@@ -1054,6 +1146,92 @@ mod tests {
         assert_eq!(d.instance(0).kv_usage(), 0.0);
         assert_eq!(d.in_flight(), 0);
         assert!(!d.abort(SimTime(11), 1));
+    }
+
+    #[test]
+    fn the_core_runs_the_rebalance_cycle_from_the_devices_heat() {
+        use crate::eplb::cycle::CycleConfig;
+        use crate::eplb::{place, EpLayout, Policy as Eplb};
+        let layout = EpLayout {
+            slots: 4,
+            dies: 2,
+            dies_per_node: 2,
+            groups: 1,
+        };
+        // Two MoE layers of four experts, placed for an even load: experts 0 and 1 on die 0.
+        let even = vec![vec![0.25; 4]; 2];
+        let placement = place(Eplb::Identity, &even, &layout).unwrap();
+        let mut c = cfg(Role::Mixed, 64);
+        c.max_num_seqs = 1;
+        let mut sp = spec("mixed", c);
+        sp.eplb = Some(EplbSpec {
+            rebalancer: Rebalancer::new(
+                CycleConfig {
+                    heat_interval: 2,
+                    algorithm_interval: 1,
+                    policy: Eplb::Greedy,
+                },
+                layout,
+                2,
+                4,
+            ),
+            placement,
+            top_k: 2.0,
+            shares: None,
+        });
+        let mut d = Deployment::new(
+            DeploymentConfig {
+                prefill_policy: Policy::LoadBalance,
+                decode_policy: Policy::LoadBalance,
+                kv_bytes_per_token: 1.0,
+            },
+            vec![sp],
+        );
+        d.arrive(
+            SimTime::ZERO,
+            Arrival {
+                id: 1,
+                prompt_tokens: 10,
+                max_tokens: 20,
+                hash_ids: &[],
+                hash_block_tokens: 0,
+                token_ids: None,
+            },
+        )
+        .unwrap();
+        // The routers see experts 0 and 1 hot: the cycle must split them across the dies, one
+        // layer per step, through the plans.
+        let hot = vec![vec![10.0, 10.0, 1.0, 1.0]; 2];
+        let mut moves = Vec::new();
+        let mut effects = Vec::new();
+        for k in 0..20u64 {
+            let t = SimTime(k * 1000);
+            d.plan_steps(t);
+            effects.clear();
+            d.take_effects(&mut effects);
+            if effects.is_empty() {
+                break;
+            }
+            if let Some(m) = &d.plan(0).expert_move {
+                moves.push(m.clone());
+            }
+            let outcome = StepOutcome {
+                accepted: vec![vec![0]],
+                expert_heat: Some(ExpertHeat::Counts(hot.clone())),
+                ..Default::default()
+            };
+            d.step_done(SimTime(k * 1000 + 500), 0, &outcome);
+        }
+        // Heat for two steps, the algorithm for one, then layer 0 and layer 1.
+        assert_eq!(moves.iter().map(|m| m.layer).collect::<Vec<_>>(), [0, 1]);
+        for m in &moves {
+            let die0: Vec<u32> = m.placement.phy2log[..2].to_vec();
+            assert!(
+                !(die0.contains(&0) && die0.contains(&1)),
+                "the hot experts are split: {die0:?}"
+            );
+            assert!(m.max_slots_per_die > 0);
+        }
     }
 
     #[test]

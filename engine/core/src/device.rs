@@ -86,6 +86,22 @@ pub struct RankPlan {
     pub freed: Vec<ReqId>,
 }
 
+/// Tokens of the dummy batch an idle DP rank runs so that the EP group's all-to-all stays in
+/// lockstep (they are routed like any others).
+pub const DUMMY_TOKENS: u64 = 1;
+
+/// One MoE layer's experts move to a new placement before this step (EPLB): the device
+/// installs `layer` (a real engine copies the expert weights that change dies; the twin prices
+/// the copy).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ExpertMove {
+    pub layer: usize,
+    /// The layer's new placement.
+    pub placement: crate::eplb::LayerPlacement,
+    /// Most experts any one die receives (the copy's critical path).
+    pub max_slots_per_die: u32,
+}
+
 /// A step of every DP rank of one instance (they run in lockstep).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct StepPlan {
@@ -94,6 +110,8 @@ pub struct StepPlan {
     /// The ranks with work, in rank order. The others are idle: in an EP group each runs a
     /// dummy batch so that the all-to-all stays in lockstep.
     pub ranks: Vec<RankPlan>,
+    /// The EPLB cycle's layer move to install with this step.
+    pub expert_move: Option<ExpertMove>,
 }
 
 impl StepPlan {
@@ -105,6 +123,13 @@ impl StepPlan {
     /// Ranks without work this step.
     pub fn idle_ranks(&self) -> u32 {
         self.dp_ranks - self.ranks.len() as u32
+    }
+
+    /// Tokens the step routes through the MoE layers: every rank's, the idle ranks' dummy
+    /// batches included.
+    pub fn routed_tokens(&self) -> u64 {
+        let empty = self.ranks.iter().filter(|r| r.shape.is_empty()).count() as u64;
+        self.tokens() + (self.idle_ranks() as u64 + empty) * DUMMY_TOKENS
     }
 }
 
@@ -151,6 +176,17 @@ pub struct Sampled {
     pub finish: Option<FinishReason>,
 }
 
+/// What the routers saw, for the EPLB cycle's heat.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExpertHeat {
+    /// Tokens routed this step per layer and expert (a real engine's router counts).
+    Counts(Vec<Vec<f64>>),
+    /// The expected share of each layer's routed tokens per expert, in effect after this step
+    /// (the twin's load model): the core weighs it by the tokens it routed. A new handle
+    /// means new shares.
+    Shares(Arc<Vec<Vec<f64>>>),
+}
+
 /// What a step did.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct StepOutcome {
@@ -163,6 +199,9 @@ pub struct StepOutcome {
     pub sampled: Vec<Vec<Sampled>>,
     /// Time by op class on the critical path (zeros when the device cannot tell).
     pub class_times: ClassTimes,
+    /// The routers' load (instances with routed experts and a rebalance cycle).
+    #[serde(skip)]
+    pub expert_heat: Option<ExpertHeat>,
 }
 
 /// One end of a KV transfer: an instance, its DP rank and the blocks there.

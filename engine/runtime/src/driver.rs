@@ -70,6 +70,9 @@ struct Control {
     done_rx: mpsc::UnboundedReceiver<Done>,
     cmd_rx: mpsc::UnboundedReceiver<Cmd>,
     streams: HashMap<ReqId, ReqStream>,
+    /// Requests that recently finished by length, with their engine: a stop string the client
+    /// found after the engine had already finished the request still counts as `stop`.
+    recent_length: std::collections::VecDeque<(ReqId, usize)>,
     timers: BinaryHeap<Reverse<(SimTime, u64, Timer)>>,
     seq: u64,
     outcomes: Vec<Option<StepOutcome>>,
@@ -135,6 +138,7 @@ pub(crate) fn spawn(
         done_rx,
         cmd_rx,
         streams: HashMap::new(),
+        recent_length: std::collections::VecDeque::new(),
         timers: BinaryHeap::new(),
         seq: 0,
         outcomes: vec![None; n],
@@ -335,6 +339,15 @@ impl Control {
                 self.pump();
             }
             Cmd::End(id, reason) => {
+                if reason == Ended::Stop {
+                    if let Some(k) = self.recent_length.iter().position(|&(x, _)| x == id) {
+                        let (_, engine) = self.recent_length.remove(k).expect("found");
+                        if let Some(s) = self.shared.upgrade() {
+                            s.metrics.length_was_stop(engine);
+                        }
+                        return;
+                    }
+                }
                 if let Some(r) = self.streams.remove(&id) {
                     let route = self.core.route_of(id);
                     self.core.abort(self.now, id);
@@ -476,6 +489,13 @@ impl Control {
                     FinishReason::Length => Ended::Length,
                     FinishReason::Stop => Ended::Stop,
                 };
+                if ended == Ended::Length {
+                    const RECENT: usize = 4096;
+                    if self.recent_length.len() == RECENT {
+                        self.recent_length.pop_front();
+                    }
+                    self.recent_length.push_back((req, inst as usize));
+                }
                 s.metrics
                     .request_finished(inst as usize, &r.times(now), ended);
                 let _ = r.tx.send(Out::Finished(reason));

@@ -247,6 +247,19 @@ impl Metrics {
 
     /// A step of engine `i` ran: the tokens it computed, and for MTP every sequence that
     /// verified drafts and what it accepted.
+    /// A request counted as finished by length turned out to have met a stop string (the
+    /// client's text check ran behind the engine): count it as `stop`, as the client saw it.
+    pub fn length_was_stop(&self, i: usize) {
+        let e = self.engine(i);
+        let moved = e
+            .finished_length
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        if moved {
+            e.finished_stop.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     pub fn step(&self, i: usize, plan: &StepPlan, outcome: &StepOutcome) {
         let e = self.engine(i);
         e.iteration_tokens.observe(plan.tokens() as f64);
@@ -579,6 +592,7 @@ mod tests {
                 decode: vec![seq(2), seq(2), seq(0)],
                 ..Default::default()
             }],
+            expert_move: None,
         };
         let outcome = StepOutcome {
             accepted: vec![vec![2, 1, 0]],

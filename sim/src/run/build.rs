@@ -4,7 +4,7 @@
 
 use super::RunError;
 use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
-use dstwin_core::deploy::{DeploymentConfig, InstanceSpec};
+use dstwin_core::deploy::{DeploymentConfig, EplbSpec, InstanceSpec};
 use dstwin_core::device::{Capacity, Device};
 use dstwin_core::eplb::cycle::{CycleConfig, Rebalancer};
 use dstwin_core::eplb::{place, EpLayout, Placement};
@@ -17,15 +17,16 @@ use dstwin_twin::device::{Experts, HostOverhead, PricerSpec, SimDevice, StepPric
 use dstwin_twin::expert_load::{ExpertLoad, ExpertLoadSpec};
 use dstwin_twin::fabric::TwinFabric;
 
-/// The routed experts of one instance: load model, first placement, optional rebalance cycle, and
-/// the price of moving one expert's weights onto a die.
+/// The routed experts of one instance as the twin sees them (load model, first placement, the
+/// price of moving one expert's weights onto a die) and, with dynamic EPLB, the rebalance cycle
+/// the deployment core runs.
 fn experts_for(
     s: &Scenario,
     setup: &InstanceSetup,
     spec: &ExpertLoadSpec,
     mtp_layers: u64,
     index: u64,
-) -> Result<Experts, RunError> {
+) -> Result<(Experts, Option<EplbSpec>), RunError> {
     let plan = &setup.plan;
     let layers = (s.model.moe_layers() + mtp_layers) as usize;
     let experts = s.model.routed_experts as usize;
@@ -56,8 +57,8 @@ fn experts_for(
                 })?,
             None => place(s.eplb.policy, load.shares(), &layout).map_err(eplb_err)?,
         };
-    let rebalancer = s.eplb.dynamic.then(|| {
-        Rebalancer::new(
+    let eplb = s.eplb.dynamic.then(|| EplbSpec {
+        rebalancer: Rebalancer::new(
             CycleConfig {
                 heat_interval: s.eplb.heat_interval,
                 algorithm_interval: s.eplb.algorithm_interval,
@@ -66,7 +67,10 @@ fn experts_for(
             layout,
             layers,
             experts,
-        )
+        ),
+        placement: placement.clone(),
+        top_k: s.model.top_k as f64,
+        shares: Some(load.shares_arc().clone()),
     });
     let expert_bytes = s.model.expert_params() as f64 * s.quant.expert_weight().bytes();
     // Moving an expert: its weights cross the EP group's fabric, are read from the source die's
@@ -81,13 +85,10 @@ fn experts_for(
         })
         .time_s
         + 2.0 * expert_bytes / s.system().chip.hbm_bytes_per_s();
-    Ok(Experts::new(
-        load,
-        placement,
-        rebalancer,
-        s.model.top_k as f64,
-        move_s,
-        spec.concentration(),
+    let reports_heat = eplb.is_some();
+    Ok((
+        Experts::new(load, placement, reports_heat, move_s, spec.concentration()),
+        eplb,
     ))
 }
 
@@ -134,6 +135,8 @@ pub struct BuiltInstance {
     pub setup: usize,
     pub config: InstanceConfig,
     pub device: SimDevice,
+    /// Its rebalance cycle (dynamic EPLB), run by the deployment core.
+    pub eplb: Option<EplbSpec>,
 }
 
 /// KV bytes one context token takes across the model's layers (with MTP layers when MTP is on):
@@ -178,9 +181,12 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                 block_size: setup.scheduler.block_size,
                 kv_bytes_per_token,
             };
-            let experts = match s.expert_load {
-                ExpertLoadSpec::Perfect => None,
-                ref spec => Some(experts_for(s, setup, spec, mtp_layers, index)?),
+            let (experts, eplb) = match s.expert_load {
+                ExpertLoadSpec::Perfect => (None, None),
+                ref spec => {
+                    let (e, eplb) = experts_for(s, setup, spec, mtp_layers, index)?;
+                    (Some(e), eplb)
+                }
             };
             let sc = &setup.scheduler;
             let device = SimDevice::new(pricer, mtp, capacity, experts)
@@ -199,6 +205,7 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                 setup: k,
                 config: instance_config(setup, s),
                 device,
+                eplb,
             });
         }
     }
@@ -228,6 +235,7 @@ impl BuiltInstance {
             },
             detail: self.device.wants_requests(),
             emissions,
+            eplb: self.eplb.clone(),
         }
     }
 }

@@ -6,10 +6,9 @@ use crate::expert_load::{effective_requests, fluctuation, imbalance, ExpertLoad}
 use crate::pricing::{price, two_microbatch_time, StepCost};
 use dstwin_core::batch::BatchShape;
 use dstwin_core::device::{
-    Capacity, ClassTimes, Device, DeviceError, StepOutcome, StepPlan, TransferOutcome, CLASS_NAMES,
-    CLASS_SLOTS, HOST, OTHER_COMM,
+    Capacity, ClassTimes, Device, DeviceError, ExpertHeat, ExpertMove, StepOutcome, StepPlan,
+    TransferOutcome, CLASS_NAMES, CLASS_SLOTS, DUMMY_TOKENS, HOST, OTHER_COMM,
 };
-use dstwin_core::eplb::cycle::{CycleEffect, Rebalancer};
 use dstwin_core::eplb::Placement;
 use dstwin_core::layout::Plan;
 use dstwin_core::model::{ModelConfig, Quant};
@@ -240,15 +239,13 @@ pub struct HostOverhead {
 #[derive(Clone, Debug)]
 pub struct Experts {
     pub load: ExpertLoad,
+    /// The placement in use (the deployment core's rebalance cycle moves it one layer at a
+    /// time through the plans).
     pub placement: Placement,
-    /// Periodic rebalancing (vllm-ascend's dynamic EPLB); `None`: the placement stays.
-    pub rebalancer: Option<Rebalancer>,
-    /// Routed tokens per step per token of the batch (top-k).
-    pub top_k: f64,
+    /// Report the expected shares as heat after each step (the instance rebalances).
+    pub reports_heat: bool,
     /// Seconds to move one expert's weights onto a die over the EP group's fabric.
     pub move_s_per_slot: f64,
-    /// Steps of heat not yet folded into the rebalancer (the shares have not changed since).
-    pending_tokens: f64,
     /// Per-batch fluctuation of the routing (0: none), see `expert_load::fluctuation`.
     pub concentration: f64,
 }
@@ -257,18 +254,15 @@ impl Experts {
     pub fn new(
         load: ExpertLoad,
         placement: Placement,
-        rebalancer: Option<Rebalancer>,
-        top_k: f64,
+        reports_heat: bool,
         move_s_per_slot: f64,
         concentration: f64,
     ) -> Self {
         Experts {
             load,
             placement,
-            rebalancer,
-            top_k,
+            reports_heat,
             move_s_per_slot,
-            pending_tokens: 0.0,
             concentration,
         }
     }
@@ -279,39 +273,26 @@ impl Experts {
         (slots / self.placement.slots_per_die.max(1) as usize) as u32
     }
 
-    /// One step that routed `tokens` tokens: drift, heat, rebalancing. Returns the step time the
-    /// moves added and whether the imbalance must be recomputed.
-    fn step(&mut self, tokens: f64) -> Result<(f64, bool, bool), DeviceError> {
+    /// One step: install the plan's layer move, drift the load. Returns the step time the move
+    /// added, whether the imbalance must be recomputed, and whether a layer moved.
+    fn step(&mut self, m: Option<&ExpertMove>) -> Result<(f64, bool, bool), DeviceError> {
         let mut changed = false;
         let mut extra = 0.0;
         let mut moved = false;
-        if let Some(r) = &mut self.rebalancer {
-            self.pending_tokens += tokens * self.top_k;
-            if r.computes_next() {
-                r.record(self.load.shares(), self.pending_tokens);
-                self.pending_tokens = 0.0;
-            }
-            match r
-                .step(&mut self.placement)
-                .map_err(|e| DeviceError::Failed(e.to_string()))?
-            {
-                CycleEffect::MovedLayer {
-                    max_slots_per_die, ..
-                } => {
-                    extra = max_slots_per_die as f64 * self.move_s_per_slot;
-                    changed = true;
-                    moved = true;
-                }
-                CycleEffect::None => {}
-            }
+        if let Some(m) = m {
+            let Some(l) = self.placement.layers.get_mut(m.layer) else {
+                return Err(DeviceError::Failed(format!(
+                    "expert move for layer {} of a {}-layer placement",
+                    m.layer,
+                    self.placement.layers.len()
+                )));
+            };
+            *l = m.placement.clone();
+            extra = m.max_slots_per_die as f64 * self.move_s_per_slot;
+            changed = true;
+            moved = true;
         }
-        // Fold the heat of the old shares before they drift.
-        let before = self.pending_tokens;
         if self.load.step() {
-            if let Some(r) = &mut self.rebalancer {
-                r.record(self.load.shares(), before);
-                self.pending_tokens = 0.0;
-            }
             changed = true;
         }
         Ok((extra, changed, moved))
@@ -336,7 +317,7 @@ impl SimDevice {
             mtp,
             capacity,
             // An idle DP rank runs a one-token dummy batch to keep the all-to-all in lockstep.
-            dummy: BatchShape::uniform_decode(1, 1, 1, cap),
+            dummy: BatchShape::uniform_decode(1, DUMMY_TOKENS, 1, cap),
             experts,
             imbalance,
             step_imbalance: imbalance,
@@ -434,7 +415,7 @@ impl Device for SimDevice {
         }
         let mut extra_s = 0.0;
         if let Some(e) = &mut self.experts {
-            let (extra, changed, moved) = e.step(group as f64)?;
+            let (extra, changed, moved) = e.step(plan.expert_move.as_ref())?;
             if changed {
                 self.imbalance = imbalance(&e.placement, e.load.shares());
             }
@@ -444,6 +425,10 @@ impl Device for SimDevice {
             }
             extra_s = extra;
         }
+        out.expert_heat = match &self.experts {
+            Some(e) if e.reports_heat => Some(ExpertHeat::Shares(e.load.shares_arc().clone())),
+            _ => None,
+        };
         out.accepted.resize_with(plan.ranks.len(), Vec::new);
         for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
             acc.clear();

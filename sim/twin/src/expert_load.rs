@@ -22,6 +22,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::sync::Arc;
 
 const DEFAULT_EXPONENT: f64 = 0.5;
 /// Static skew by default: every drift epoch moves the imbalance into a new price-cache bucket,
@@ -141,8 +142,9 @@ impl ExpertLoadSpec {
 /// Per-layer expert shares that evolve with steps.
 #[derive(Clone, Debug)]
 pub struct ExpertLoad {
-    /// Layers x experts; each row sums to 1.
-    shares: Vec<Vec<f64>>,
+    /// Layers x experts; each row sums to 1. Shared with whoever keeps the heat (the
+    /// deployment core's rebalance cycle): replaced, never changed in place.
+    shares: Arc<Vec<Vec<f64>>>,
     drift: f64,
     epoch_steps: u64,
     step: u64,
@@ -245,7 +247,7 @@ impl ExpertLoad {
                     });
                 }
                 let mut load = ExpertLoad {
-                    shares: Vec::new(),
+                    shares: Arc::new(Vec::new()),
                     drift: 0.0,
                     epoch_steps: u64::MAX,
                     step: 0,
@@ -257,7 +259,7 @@ impl ExpertLoad {
             }
         };
         Ok(ExpertLoad {
-            shares,
+            shares: Arc::new(shares),
             drift,
             epoch_steps,
             step: 0,
@@ -269,19 +271,26 @@ impl ExpertLoad {
     fn load_window(&mut self, w: usize) {
         let (h, cur) = self.replay.as_mut().expect("replay model");
         *cur = w;
-        self.shares = h.windows[w]
-            .counts
-            .iter()
-            .map(|row| {
-                let mut r: Vec<f64> = row.iter().map(|c| *c as f64).collect();
-                normalize(&mut r);
-                r
-            })
-            .collect();
+        self.shares = Arc::new(
+            h.windows[w]
+                .counts
+                .iter()
+                .map(|row| {
+                    let mut r: Vec<f64> = row.iter().map(|c| *c as f64).collect();
+                    normalize(&mut r);
+                    r
+                })
+                .collect(),
+        );
     }
 
     /// Each layer's share of routed tokens per expert.
     pub fn shares(&self) -> &[Vec<f64>] {
+        &self.shares
+    }
+
+    /// The shares as a shared handle (a new one each time they change).
+    pub fn shares_arc(&self) -> &Arc<Vec<Vec<f64>>> {
         &self.shares
     }
 
@@ -303,12 +312,14 @@ impl ExpertLoad {
         }
         if self.drift > 0.0 && self.step.is_multiple_of(self.epoch_steps) {
             let n = Normal::new(0.0, self.drift).expect("drift validated finite and >= 0");
-            for row in &mut self.shares {
+            let mut shares = self.shares.as_ref().clone();
+            for row in &mut shares {
                 for x in row.iter_mut() {
                     *x *= n.sample(&mut self.rng).exp();
                 }
                 normalize(row);
             }
+            self.shares = Arc::new(shares);
             return true;
         }
         false

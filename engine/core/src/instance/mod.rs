@@ -143,6 +143,7 @@ impl Instance {
             plan: StepPlan {
                 dp_ranks: cfg.dp_ranks,
                 ranks: Vec::new(),
+                expert_move: None,
             },
             active: Vec::new(),
             steps: 0,
@@ -288,6 +289,11 @@ impl Instance {
             self.loads[r as usize] = rank.load() as u32;
         }
         self.pending = events;
+    }
+
+    /// Sets the EPLB layer move that the planned step installs.
+    pub fn set_expert_move(&mut self, m: Option<crate::device::ExpertMove>) {
+        self.plan.expert_move = m;
     }
 
     /// The plan of the last `schedule`.
