@@ -104,8 +104,17 @@ pub(crate) fn spawn(
     let mut workers = Vec::new();
     let mut predicts = Vec::new();
     let mut specs = Vec::new();
-    for (i, si) in instances.into_iter().enumerate() {
+    for (i, mut si) in instances.into_iter().enumerate() {
         predicts.push(si.device.predicts_time());
+        // The device is the authority on its KV: the schedulers plan against what it reports.
+        let cap = si.device.capacity();
+        assert_eq!(
+            (cap.dp_ranks, cap.block_size),
+            (si.spec.config.dp_ranks, si.spec.config.block_size),
+            "instance {}: the device's DP ranks and block size must be the scheduler's",
+            si.spec.name
+        );
+        si.spec.config.num_kv_blocks = cap.kv_blocks_per_rank;
         let (tx, rx) = std::sync::mpsc::channel::<StepPlan>();
         let done = done_tx.clone();
         let mut device = si.device;
