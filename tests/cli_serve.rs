@@ -1015,3 +1015,55 @@ fn check_prompt_tokens(a: &str, text: u32, chat: u32, vocab: u32) {
     );
     assert_eq!(r.status, 400, "{}", r.body);
 }
+
+/// A PD prefill engine reports the prompts it is computing as running, and its KV drops to
+/// zero once the requests have moved to decode and finished (its gauges used to stay at what
+/// the last prefill step left: 0 running while prefilling, KV in use after the load ended).
+#[test]
+fn pd_prefill_engines_report_running_and_free_their_kv() {
+    // Five times slower than predicted, so a long prefill step can be watched.
+    let srv = Server::start(&[&data("tiny-pd.toml"), "--time-scale", "5"]);
+    let a = srv.addr.clone();
+    let prefill = |m: &str, name: &str| {
+        series(
+            m,
+            &format!("vllm:{name}{{model_name=\"deepseek-r1\",engine=\"0\"}}"),
+        )
+    };
+    let ids: Vec<u32> = (0..6000).map(|i| 1000 + i % 5000).collect();
+    let client = {
+        let a = a.clone();
+        std::thread::spawn(move || {
+            post(
+                &a,
+                "/v1/completions",
+                serde_json::json!({"model": "deepseek-r1", "prompt": ids, "max_tokens": 4}),
+            )
+        })
+    };
+    let t = Instant::now();
+    loop {
+        let m = request(&a, "GET", "/metrics", "").body;
+        if prefill(&m, "num_requests_running") >= 1.0 {
+            assert!(prefill(&m, "kv_cache_usage_perc") > 0.0);
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the prefill never showed as running:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(client.join().unwrap().status, 200);
+    loop {
+        let m = request(&a, "GET", "/metrics", "").body;
+        if prefill(&m, "num_requests_running") == 0.0 && prefill(&m, "kv_cache_usage_perc") == 0.0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the prefill engine kept its gauges:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

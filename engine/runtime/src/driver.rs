@@ -281,6 +281,10 @@ impl Control {
                 Timer::Fabric => {
                     self.fabric_armed = None;
                     self.core.poll_transfers(self.now, self.fabric.as_mut());
+                    // A delivered transfer frees the prefill side's KV and lets decode run.
+                    for i in 0..self.core.num_instances() {
+                        self.publish(i);
+                    }
                 }
             }
         }
@@ -433,6 +437,8 @@ impl Control {
                     if self.predicts[i] {
                         self.outstanding += 1;
                     }
+                    // What the step runs shows while it runs (a prefill instance's prompts too).
+                    self.publish(i);
                     if self.workers[i].send(plan).is_err() {
                         tracing::error!("device thread of instance {i} is gone");
                         self.failed = true;
