@@ -1,0 +1,401 @@
+//! The scheduler of one DP rank, vLLM v1 semantics (docs/ARCHITECTURE.md, "Semantics"): one token budget per step;
+//! running requests first, then waiting ones up to `max_num_seqs`; chunked prefill; paged KV with
+//! prefix caching; preemption of the newest running request when KV runs out; MTP lookahead slots
+//! and rollback of rejected drafts. IO-free: time comes in as an argument.
+//!
+//! Requests live in a slab; queues hold slab indices. What happens to requests is reported in
+//! aggregate (tokens emitted, requests that emitted in consecutive steps) plus one event per
+//! request only when something happens to it (first token, a gap, finish, preemption).
+//!
+//! - `steady`: steady decoding in aggregate (requests that are simply decoding, advanced by
+//!   per-rank sums and a ring instead of one by one).
+//! - `schedule`: the exact step: running requests, admission of waiting ones, preemption,
+//!   and applying a step's outcome.
+//! - `check`: the invariants checked after every step in debug builds.
+
+mod check;
+mod schedule;
+mod steady;
+
+pub use steady::COOLDOWN;
+
+use super::kv::{chain, BlockPool};
+use super::{InstanceConfig, NewRequest};
+use crate::device::ReqId;
+use crate::mtp::Acceptance;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use steady::{SteadySums, WindowEnd, RING};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Waiting,
+    /// Blocks allocated, KV on its way from a prefill instance.
+    Pulling,
+    Running,
+    /// Finished on a prefill instance; blocks held until the KV has been sent.
+    Held,
+}
+
+#[derive(Clone, Debug)]
+struct Seq {
+    id: ReqId,
+    prompt: u32,
+    max_output: u32,
+    computed: u32,
+    output: u32,
+    blocks: Vec<u32>,
+    /// Chained hashes of the prompt's full blocks (empty: never shared).
+    hashes: Vec<u64>,
+    /// Prompt blocks already registered in the prefix cache.
+    hashed: u32,
+    state: State,
+    remote: bool,
+    admitted_once: bool,
+    /// The rank step in which it last sampled.
+    last_step: u64,
+    /// Sampling steps taken (indexes acceptance draws).
+    samples: u32,
+    /// Position in the running order (larger: admitted later).
+    order: u64,
+    /// Steady window: plan steps `from..until` (until 0: not steady). While steady, `computed`,
+    /// `output`, `samples` and `last_step` already hold their values at `until`; `base_*` hold
+    /// them at `from`.
+    from: u64,
+    until: u64,
+    base_computed: u32,
+    base_output: u32,
+    /// Index in the rank's steady list.
+    steady_idx: u32,
+    /// `LIN` or `SAT` while steady.
+    regime: u8,
+    /// Token ids (prompt, then every kept output token) when the workload has them.
+    tokens: Vec<u32>,
+    /// The device has been given the token ids since the request was (re)admitted.
+    shown: bool,
+}
+
+/// Per-step bookkeeping of one scheduled request.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    slot: u32,
+    new: u32,
+    drafts: u32,
+    samples: bool,
+}
+
+/// Counters a rank keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RankStats {
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+    /// Request-steps advanced in aggregate (steady) and one by one.
+    pub steady_steps: u64,
+    pub exact_steps: u64,
+    /// Steps whose budget could bind with steady requests in the rank.
+    pub budget_fallbacks: u64,
+}
+
+/// One DP rank's scheduler.
+#[derive(Clone, Debug)]
+pub struct RankScheduler {
+    cfg: InstanceConfig,
+    pool: BlockPool,
+    slab: Vec<Option<Seq>>,
+    free_slots: Vec<u32>,
+    waiting: VecDeque<u32>,
+    running: Vec<u32>,
+    pulling: usize,
+    entries: Vec<Entry>,
+    finished: Vec<u32>,
+    /// Steps applied so far.
+    step: u64,
+    pub stats: RankStats,
+    /// Known MTP acceptance: enables steady decoding in aggregate.
+    acceptance: Option<Acceptance>,
+    steady: Vec<u32>,
+    sums: SteadySums,
+    /// Per step (ring cell) and regime: tokens the steady requests compute and keep. The only
+    /// per-request-step write; cells of 4 bytes per regime keep a rank's ring in cache.
+    tokens: Vec<u32>,
+    /// Regimes in use: 1 (dense attention) or 2 (capped).
+    regimes: usize,
+    /// Window ends, earliest first.
+    due: BinaryHeap<Reverse<WindowEnd>>,
+    /// The earliest step in `due` (u64::MAX: none), beside the rank's other hot fields.
+    next_due: u64,
+    /// The last plan step whose ring cell was applied (+1; 0: none).
+    advanced: u64,
+    /// No request turns steady before this plan step.
+    exact_until: u64,
+    next_order: u64,
+    /// Steady requests in the last plan.
+    planned_steady: u64,
+    /// Async scheduling: contexts of requests that finished in the last step; the step
+    /// scheduled before that was known computes one more (discarded) decode step for each.
+    phantoms: Vec<u32>,
+    /// Report every request's tokens per step (serving streams them); off in the simulator.
+    pub report_emissions: bool,
+    /// Requests a device stopped in the step being applied (EOS).
+    stopped: Vec<ReqId>,
+    /// Fill the plan's per-request entries (a device that executes requests).
+    pub detail: bool,
+    /// Requests whose device state may be dropped, handed to the device with the next plan.
+    freed: Vec<ReqId>,
+}
+
+fn blocks_for(tokens: u64, bs: u32) -> u64 {
+    tokens.div_ceil(bs as u64)
+}
+
+impl RankScheduler {
+    pub fn new(cfg: InstanceConfig) -> Self {
+        RankScheduler {
+            pool: if cfg.enable_prefix_caching {
+                BlockPool::new(cfg.num_kv_blocks)
+            } else {
+                BlockPool::without_caching(cfg.num_kv_blocks)
+            },
+            cfg,
+            slab: Vec::new(),
+            free_slots: Vec::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            pulling: 0,
+            entries: Vec::new(),
+            finished: Vec::new(),
+            step: 0,
+            stats: RankStats::default(),
+            acceptance: None,
+            steady: Vec::new(),
+            sums: SteadySums::default(),
+            tokens: Vec::new(),
+            regimes: if cfg.attn_cap.0.is_some() { 2 } else { 1 },
+            due: BinaryHeap::new(),
+            next_due: u64::MAX,
+            advanced: 0,
+            exact_until: 0,
+            next_order: 0,
+            planned_steady: 0,
+            phantoms: Vec::new(),
+            report_emissions: false,
+            stopped: Vec::new(),
+            detail: false,
+            freed: Vec::new(),
+        }
+    }
+
+    /// Lets the rank advance steadily decoding requests in aggregate, drawing their MTP acceptance
+    /// from `a` (which must be what the device draws). `None` steps every request.
+    pub fn set_acceptance(&mut self, a: Option<Acceptance>) {
+        assert!(
+            self.steady.is_empty(),
+            "acceptance changes only between requests"
+        );
+        self.acceptance = a;
+        if a.is_some() && self.tokens.is_empty() {
+            self.tokens = vec![0; RING * self.regimes];
+        }
+    }
+
+    fn seq(&self, slot: u32) -> &Seq {
+        self.slab[slot as usize].as_ref().expect("live slot")
+    }
+
+    fn seq_mut(slab: &mut [Option<Seq>], slot: u32) -> &mut Seq {
+        slab[slot as usize].as_mut().expect("live slot")
+    }
+
+    /// Requests this rank holds that are not finished (for DP load balancing).
+    pub fn load(&self) -> usize {
+        self.waiting.len() + self.running.len() + self.steady.len() + self.pulling
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len() + self.steady.len()
+    }
+
+    pub fn kv_usage(&self) -> f64 {
+        self.pool.used() as f64 / self.pool.total() as f64
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty()
+            || !self.steady.is_empty()
+            || !self.waiting.is_empty()
+            || !self.phantoms.is_empty()
+    }
+
+    /// Chained hashes of the prompt's full blocks, from hash ids of `hash_block_tokens` tokens.
+    fn block_hashes(&self, r: &NewRequest<'_>) -> Vec<u64> {
+        let bs = self.cfg.block_size;
+        if !self.cfg.enable_prefix_caching
+            || r.remote_kv
+            || r.hash_ids.is_empty()
+            || r.hash_block_tokens == 0
+        {
+            return Vec::new();
+        }
+        let hbt = r.hash_block_tokens;
+        let mut parent = 0;
+        (0..r.prompt_tokens / bs)
+            .map_while(|j| {
+                let tok = j * bs;
+                let id = *r.hash_ids.get((tok / hbt) as usize)?;
+                parent = chain(parent, chain(id, ((tok % hbt) / bs) as u64));
+                Some(parent)
+            })
+            .collect()
+    }
+
+    /// Queues a request; returns its slot (the handle for [`RankScheduler::kv_arrived`] and
+    /// [`RankScheduler::release`]).
+    pub fn add(&mut self, r: NewRequest<'_>) -> u32 {
+        let seq = Seq {
+            id: r.id,
+            prompt: r.prompt_tokens,
+            max_output: r.max_output_tokens,
+            computed: 0,
+            output: 0,
+            blocks: Vec::new(),
+            hashes: self.block_hashes(&r),
+            hashed: 0,
+            state: State::Waiting,
+            remote: r.remote_kv,
+            admitted_once: false,
+            last_step: 0,
+            samples: 0,
+            order: 0,
+            from: 0,
+            until: 0,
+            base_computed: 0,
+            base_output: 0,
+            steady_idx: 0,
+            regime: 0,
+            tokens: r.token_ids.map(<[u32]>::to_vec).unwrap_or_default(),
+            shown: false,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slab[s as usize] = Some(seq);
+                s
+            }
+            None => {
+                self.slab.push(Some(seq));
+                (self.slab.len() - 1) as u32
+            }
+        };
+        self.waiting.push_back(slot);
+        slot
+    }
+
+    fn remove(&mut self, slot: u32) -> Seq {
+        let s = self.slab[slot as usize].take().expect("live slot");
+        self.free_slots.push(slot);
+        s
+    }
+
+    /// The block table of request `id` in `slot`.
+    pub fn blocks_of(&self, slot: u32, id: ReqId) -> Option<&[u32]> {
+        self.slab
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .filter(|s| s.id == id)
+            .map(|s| s.blocks.as_slice())
+    }
+
+    /// Blocks held by requests (the KV in use).
+    pub fn used_blocks(&self) -> u64 {
+        self.pool.used()
+    }
+
+    /// Requests whose device state may be dropped wait for the next plan.
+    pub fn has_freed(&self) -> bool {
+        !self.freed.is_empty()
+    }
+
+    /// The rank's step counter (steps applied so far).
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// The KV of pulling request `id` in `slot` has arrived: it decodes from the next step.
+    pub fn kv_arrived(&mut self, slot: u32, id: ReqId) {
+        if let Some(s) = self.slab.get_mut(slot as usize).and_then(Option::as_mut) {
+            if s.id == id && s.state == State::Pulling {
+                s.state = State::Running;
+                // The prompt's KV is here; the last prompt token is computed again for its
+                // logits, and that step samples the first output token.
+                s.computed = s.prompt.saturating_sub(1);
+                s.order = self.next_order;
+                self.next_order += 1;
+                self.pulling -= 1;
+                self.running.push(slot);
+            }
+        }
+    }
+
+    /// Drops request `id` in `slot` whatever its state (a client went away) and frees its
+    /// blocks. Call between `update` and the next `schedule`. Returns false if it is not here.
+    pub fn abort(&mut self, slot: u32, id: ReqId) -> bool {
+        let Some(state) = self
+            .slab
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .filter(|s| s.id == id)
+            .map(|s| s.state)
+        else {
+            return false;
+        };
+        match state {
+            State::Waiting => self.waiting.retain(|&x| x != slot),
+            State::Pulling => self.pulling -= 1,
+            State::Running => {
+                if self.seq(slot).until != 0 {
+                    // Bring the sums to the coming step, then take it out of its window.
+                    let p = self.step;
+                    self.advance(p);
+                    if self.seq(slot).until != 0 {
+                        self.unsteady(slot, p);
+                    } else {
+                        self.running.retain(|&x| x != slot);
+                    }
+                } else {
+                    self.running.retain(|&x| x != slot);
+                }
+            }
+            State::Held => {}
+        }
+        let s = self.remove(slot);
+        self.pool.release(&s.blocks);
+        if self.detail {
+            self.freed.push(s.id);
+        }
+        #[cfg(debug_assertions)]
+        self.check();
+        true
+    }
+
+    /// Prefill request `id` in `slot` has sent its KV: free its blocks.
+    pub fn release(&mut self, slot: u32, id: ReqId) {
+        let held = self
+            .slab
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.id == id && s.state == State::Held);
+        {
+            if held {
+                let s = self.remove(slot);
+                self.pool.release(&s.blocks);
+                if self.detail {
+                    self.freed.push(s.id);
+                }
+            }
+        }
+    }
+}

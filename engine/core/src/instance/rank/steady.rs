@@ -1,0 +1,274 @@
+//! Steady decoding in aggregate. When the device's MTP acceptance is a known function of
+//! (request, output position) ([`Acceptance`](crate::mtp::Acceptance), the twin's model), a request that is simply
+//! decoding is not touched every step. After a step, such a request is scanned ahead to its next
+//! event: the step that needs a new KV block, the step it finishes in, the step `max_model_len`
+//! would clip it, or the end of the lookahead window. Until then it is *steady*: it computes
+//! 1 + k tokens per step, needs no allocation, and samples every step. Its contribution to the
+//! rank's batch shape comes from per-rank sums (steady requests and their contexts, per
+//! attention regime); the tokens it keeps each step are written into a ring indexed by step, and
+//! the sums advance by one ring cell per step. Its window end sits in a small heap with the
+//! context it will have then. At its event step the request rejoins the running list and that
+//! step is scheduled exactly. The result is the same schedule, the same shapes and the same events as stepping
+//! every request (a property test compares the two), with per-step work independent of the
+//! number of steady requests.
+//!
+//! Order is kept: every running request has an admission order; the running list holds the
+//! non-steady ones in that order, and preemption takes the newest of both sets. When the token
+//! budget could bind (steady demand plus the others' demand, async phantoms included, exceeds
+//! it), every steady request is brought back and the step is scheduled request by request; the
+//! rank then stays exact for [`COOLDOWN`] steps so that a budget-bound rank does not rescan its
+//! requests every step.
+
+use super::{RankScheduler, State};
+use std::cmp::Reverse;
+
+/// Ring cells: steps a steady window can span (at most `RING - 2`).
+pub(super) const RING: usize = 128;
+/// Steps a rank stays exact after a step whose budget could bind.
+pub const COOLDOWN: u64 = 64;
+
+/// Regimes of a steady window under capped (sparse) attention: `LIN`, every key of every query
+/// within the cap (or no cap), so pairs grow with the context; `SAT`, every query at the cap. A
+/// window never spans the few steps in between (they run exactly).
+pub(super) const LIN: usize = 0;
+pub(super) const SAT: usize = 1;
+
+/// The steady requests of the current step, per regime: how many and the sum of their contexts;
+/// the tokens the last step added to those contexts and the windows starting at the next step,
+/// both applied when the next step is planned.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct SteadySums {
+    pub(super) seqs: [i64; 2],
+    pub(super) context: [i64; 2],
+    pub(super) pending: [u64; 2],
+    entering: [i64; 2],
+    entering_context: [i64; 2],
+}
+
+/// A steady window's end (16 bytes): the plan step it ends at, and the slot and start step that
+/// identify the window (a slot is reused only by a request admitted after its window started, so
+/// a window that ended early is recognised and skipped). Its regime and context are the
+/// request's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct WindowEnd {
+    step: u64,
+    slot: u32,
+    from: u32,
+}
+
+impl RankScheduler {
+    /// Ring index of `step`'s cell for `regime`.
+    pub(super) fn at(&self, step: u64, regime: usize) -> usize {
+        (step % RING as u64) as usize * self.regimes + regime
+    }
+
+    /// Inserts a running request into the running list at its place in the running order.
+    pub(super) fn insert_running(&mut self, slot: u32) {
+        let order = self.seq(slot).order;
+        let slab = &self.slab;
+        let at = self
+            .running
+            .partition_point(|&x| slab[x as usize].as_ref().expect("live slot").order < order);
+        self.running.insert(at, slot);
+    }
+
+    fn leave_steady(&mut self, slot: u32) {
+        let s = Self::seq_mut(&mut self.slab, slot);
+        let idx = s.steady_idx as usize;
+        s.until = 0;
+        self.steady.swap_remove(idx);
+        if let Some(&moved) = self.steady.get(idx) {
+            Self::seq_mut(&mut self.slab, moved).steady_idx = idx as u32;
+        }
+    }
+
+    /// Advances the steady sums to plan step `p` (once per step) and returns the requests whose
+    /// steady window ends at `p` to the running list.
+    pub(super) fn advance(&mut self, p: u64) {
+        if self.tokens.is_empty() || self.advanced > p {
+            return;
+        }
+        self.advanced = p + 1;
+        let sm = &mut self.sums;
+        for r in [LIN, SAT] {
+            sm.context[r] += std::mem::take(&mut sm.pending[r]) as i64
+                + std::mem::take(&mut sm.entering_context[r]);
+            sm.seqs[r] += std::mem::take(&mut sm.entering[r]);
+        }
+        if self.next_due > p {
+            return;
+        }
+        while let Some(&Reverse(w)) = self.due.peek() {
+            if w.step > p {
+                break;
+            }
+            self.due.pop();
+            // A window ended early (preemption, a binding budget) left its entry behind.
+            let ends = self.slab[w.slot as usize]
+                .as_ref()
+                .filter(|s| s.until == p && s.from as u32 == w.from)
+                .map(|s| (s.regime as usize, s.computed));
+            if let Some((r, context)) = ends {
+                self.sums.seqs[r] -= 1;
+                self.sums.context[r] -= context as i64;
+                self.leave_steady(w.slot);
+                self.insert_running(w.slot);
+            }
+        }
+        self.next_due = self.due.peek().map_or(u64::MAX, |e| e.0.step);
+    }
+
+    /// Scans a request that has just sampled in plan step `q0 - 1` ahead to its next event and,
+    /// if it stays simply decoding for at least one step, makes it steady until then.
+    pub(super) fn try_steady(&mut self, slot: u32, q0: u64) -> bool {
+        let Some(acc) = self.acceptance else {
+            return false;
+        };
+        if q0 < self.exact_until || self.report_emissions {
+            return false;
+        }
+        let cfg = self.cfg;
+        let bs = cfg.block_size;
+        let k = cfg.num_spec_tokens;
+        let t = 1 + k as u64;
+        let s = self.slab[slot as usize].as_mut().expect("live slot");
+        let full = ((s.prompt / bs) as usize).min(s.hashes.len());
+        if s.state != State::Running
+            || s.until != 0
+            || s.output == 0
+            || s.output >= s.max_output
+            || s.computed + 1 != s.prompt + s.output
+            || s.last_step != q0
+            || (s.hashed as usize) < full
+        {
+            return false;
+        }
+        // Keys per query: all of them below the cap, the cap above it.
+        let (regime, lin_limit) = match cfg.attn_cap.0 {
+            None => (LIN, u64::MAX),
+            Some(c) if s.computed as u64 >= c => (SAT, u64::MAX),
+            Some(c) => (LIN, c),
+        };
+        // In a window c - o stays fixed (c = prompt + o - 1): one bound on o covers the block
+        // capacity, max_model_len and the cap for the next step.
+        let capacity = s.blocks.len() as u64 * bs as u64;
+        let c_limit = (capacity.saturating_sub(t + k as u64))
+            .min(cfg.max_model_len.saturating_sub(t))
+            .min(lin_limit.saturating_sub(t));
+        let offset = s.computed - s.output;
+        let o_limit = c_limit.saturating_sub(offset as u64).min(u32::MAX as u64) as u32;
+        if (s.computed as u64) > c_limit {
+            return false;
+        }
+        let draws = acc.request(s.id);
+        let max_o = s.max_output;
+        let j0 = s.samples;
+        let mut o = s.output;
+        let mut q = q0;
+        let w = (RING - 2) as u64;
+        let regimes = self.regimes;
+        let tokens = &mut self.tokens;
+        // The next step would allocate a block, be clipped by max_model_len, have queries past
+        // the cap, or finish the request: then the window ends.
+        while q - q0 < w && o <= o_limit {
+            let e = 1 + draws.accepted(j0 + (q - q0) as u32, k);
+            if o + e >= max_o {
+                break;
+            }
+            tokens[(q % RING as u64) as usize * regimes + regime] += e;
+            o += e;
+            q += 1;
+        }
+        let c = o + offset;
+        if q == q0 {
+            return false;
+        }
+        // It joins the sums when step q0 is planned and leaves them at q.
+        self.sums.entering[regime] += 1;
+        self.sums.entering_context[regime] += s.computed as i64;
+        self.due.push(Reverse(WindowEnd {
+            step: q,
+            slot,
+            from: q0 as u32,
+        }));
+        self.next_due = self.next_due.min(q);
+        s.base_computed = s.computed;
+        s.base_output = s.output;
+        s.from = q0;
+        s.until = q;
+        s.regime = regime as u8;
+        s.computed = c;
+        s.output = o;
+        s.samples += (q - q0) as u32;
+        // It samples in every step of the window; the last is plan step q - 1.
+        s.last_step = q;
+        s.steady_idx = self.steady.len() as u32;
+        self.steady.push(slot);
+        true
+    }
+
+    /// Takes steady request `slot` out of its window at plan step `p` (`from <= p < until`,
+    /// before step `p` runs): its state becomes its state at `p`, and the rest of its window
+    /// leaves the sums and the ring.
+    pub(super) fn unsteady(&mut self, slot: u32, p: u64) {
+        let acc = self.acceptance.expect("steady requests need acceptance");
+        let k = self.cfg.num_spec_tokens;
+        let s = self.slab[slot as usize].as_mut().expect("live slot");
+        debug_assert!(
+            s.from <= p && p < s.until,
+            "plan step {p} inside the window"
+        );
+        let r = s.regime as usize;
+        let draws = acc.request(s.id);
+        let (mut c, mut o) = (s.base_computed, s.base_output);
+        let mut at_p = (c, o);
+        let j0 = s.samples - (s.until - s.from) as u32;
+        for q in s.from..s.until {
+            // Inside a window every step emits 1 + accepted.
+            let emitted = 1 + draws.accepted(j0 + (q - s.from) as u32, k);
+            if q == p {
+                at_p = (c, o);
+            }
+            if q >= p {
+                let i = (q % RING as u64) as usize * self.regimes + r;
+                self.tokens[i] -= emitted;
+            }
+            c += emitted;
+            o += emitted;
+        }
+        // Its entry in `due` is left behind and skipped when it comes up.
+        self.sums.seqs[r] -= 1;
+        self.sums.context[r] -= at_p.0 as i64;
+        debug_assert_eq!(c, s.computed, "the rescan lands where the window ends");
+        (s.computed, s.output) = at_p;
+        s.samples = j0 + (p - s.from) as u32;
+        s.last_step = p;
+        self.leave_steady(slot);
+    }
+
+    /// Brings an idle rank's step counter to the instance's: the instance plans and applies
+    /// only ranks with work, and an idle rank steps nothing (its part of a lockstep step is
+    /// the device's dummy batch). Call before scheduling a rank that sat steps out.
+    pub fn catch_up(&mut self, steps: u64) {
+        if self.step >= steps {
+            return;
+        }
+        // A rank that was idle when the last step was planned may have been handed requests
+        // since (arrivals, pulled KV); they sat that step out, as they would have in it.
+        debug_assert!(
+            self.steady.is_empty() && self.phantoms.is_empty(),
+            "only a rank without steady or finishing requests sits steps out"
+        );
+        // Fold what the last step left in the sums, then move the ring: with no steady request
+        // every cell is empty.
+        self.advance(self.step);
+        debug_assert!(
+            self.tokens.iter().all(|&c| c == 0),
+            "an idle rank's ring is empty"
+        );
+        self.step = steps;
+        if !self.tokens.is_empty() {
+            self.advanced = steps;
+        }
+    }
+}

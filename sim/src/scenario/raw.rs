@@ -1,0 +1,275 @@
+//! The scenario file as written: strict serde structs and their documented defaults.
+
+use dstwin_core::eplb::Policy as EplbPolicy;
+use dstwin_core::layout::Role;
+use dstwin_core::model::Quant;
+use dstwin_core::pd::Policy;
+use dstwin_traces::spec::WorkloadSpec;
+use dstwin_twin::expert_load::ExpertLoadSpec;
+use serde::{Deserialize, Serialize};
+
+/// The scenario file as written.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// Short name, used in reports.
+    pub name: String,
+    /// One line on what the scenario reproduces and from where.
+    #[serde(default)]
+    pub description: String,
+    /// Seed of every random draw of the run (workload, MTP acceptance).
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Built-in model name (`dstwin catalog`) or a path to a HuggingFace config.json.
+    pub model: String,
+    /// bf16, w8a8, w4a8 or fp8.
+    #[serde(default = "default_quant")]
+    pub quant: Quant,
+    /// KV-cache format: bf16, int8 or fp8.
+    #[serde(default = "default_kv_dtype")]
+    pub kv_dtype: String,
+    /// Built-in system name or a path to a system TOML file.
+    pub hardware: String,
+    /// Stop the run at this simulated time (seconds); without it, run until every request ends.
+    #[serde(default)]
+    pub duration_s: Option<f64>,
+    /// Leave the first seconds out of every statistic (steady-state measurements): latencies of
+    /// requests that arrived before it, tokens, gaps and finishes before it, and steps that
+    /// started before it; rates are over the time after it.
+    #[serde(default)]
+    pub warmup_s: f64,
+    #[serde(default)]
+    pub mtp: MtpSpec,
+    #[serde(default)]
+    pub proxy: ProxySpec,
+    /// The instances (each `[[instance]]` table may stand for `count` identical instances).
+    pub instance: Vec<InstanceSpec>,
+    #[serde(default)]
+    pub eplb: EplbSpec,
+    /// How routed tokens spread over experts (default: Zipf skew 0.5 with slow drift).
+    #[serde(default)]
+    pub expert_load: ExpertLoadSpec,
+    pub workload: WorkloadSpec,
+    #[serde(default)]
+    pub slo: SloSpec,
+}
+
+fn default_seed() -> u64 {
+    1
+}
+fn default_quant() -> Quant {
+    Quant::W8a8
+}
+fn default_kv_dtype() -> String {
+    "bf16".into()
+}
+
+/// Multi-token prediction.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MtpSpec {
+    /// Draft tokens per step (0 = off).
+    #[serde(default)]
+    pub tokens: u32,
+    /// Acceptance probability of draft i given draft i-1 was accepted; the last value repeats.
+    /// Empty: the calibrated acceptance ([`dstwin_core::mtp::CALIBRATED_ACCEPTANCE`]).
+    #[serde(default)]
+    pub acceptance: Vec<f64>,
+}
+
+/// The PD proxy's routing policy per role.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxySpec {
+    /// load_balance (default), round_robin or prefix_aware.
+    #[serde(default)]
+    pub prefill_policy: Policy,
+    /// load_balance (default) or round_robin.
+    #[serde(default)]
+    pub decode_policy: Policy,
+}
+
+/// Expert placement: how routed experts and their redundant replicas are laid out on the dies,
+/// and whether they are re-placed as the load moves.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EplbSpec {
+    /// identity, global, hierarchical or greedy (default). The first placement is computed from
+    /// the expert load at the start of the run.
+    #[serde(default = "default_policy")]
+    pub policy: EplbPolicy,
+    /// Re-place periodically (vllm-ascend's dynamic EPLB): collect heat for `heat_interval`
+    /// steps, compute for `algorithm_interval` steps, move one MoE layer per step.
+    #[serde(default)]
+    pub dynamic: bool,
+    /// Steps of heat per cycle (vllm-ascend default 600; its guide recommends 50 for prefill).
+    #[serde(default = "default_heat")]
+    pub heat_interval: u64,
+    /// Steps the algorithm takes, asynchronously (default 50; 5 for prefill in the guide).
+    #[serde(default = "default_algo")]
+    pub algorithm_interval: u64,
+}
+
+impl Default for EplbSpec {
+    fn default() -> Self {
+        EplbSpec {
+            policy: default_policy(),
+            dynamic: false,
+            heat_interval: default_heat(),
+            algorithm_interval: default_algo(),
+        }
+    }
+}
+
+fn default_heat() -> u64 {
+    600
+}
+fn default_algo() -> u64 {
+    50
+}
+
+fn default_policy() -> EplbPolicy {
+    EplbPolicy::Greedy
+}
+
+/// Service-level objectives; a request meets them when every one given holds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloSpec {
+    #[serde(default)]
+    pub ttft_ms: Option<f64>,
+    #[serde(default)]
+    pub tpot_ms: Option<f64>,
+    #[serde(default)]
+    pub e2e_ms: Option<f64>,
+}
+
+/// What happens to a decode request when its instance runs out of KV.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptionSpec {
+    /// Free its KV and recompute it on the same instance (vLLM).
+    #[default]
+    Recompute,
+    /// Finish it as "recomputed" and send it back to prefill (vllm-ascend's recompute scheduler).
+    SendBack,
+}
+
+/// Scheduler knobs, named as vLLM's flags.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerSpec {
+    /// Token budget of one step per DP rank (`--max-num-batched-tokens`).
+    #[serde(default = "default_batched_tokens")]
+    pub max_num_batched_tokens: u32,
+    /// Running sequences per DP rank (`--max-num-seqs`).
+    #[serde(default = "default_max_seqs")]
+    pub max_num_seqs: u32,
+    /// Tokens per KV block (128 on Ascend).
+    #[serde(default = "default_block")]
+    pub block_size: u32,
+    #[serde(default = "yes")]
+    pub enable_chunked_prefill: bool,
+    #[serde(default = "yes")]
+    pub enable_prefix_caching: bool,
+    /// Cap on one request's prompt tokens per step (0: none).
+    #[serde(default)]
+    pub long_prefill_token_threshold: u32,
+    /// Longest prompt + output accepted (`--max-model-len`); default the smaller of the model's
+    /// context and one DP rank's KV capacity. Longer requests are rejected, as vLLM does.
+    #[serde(default)]
+    pub max_model_len: Option<u32>,
+    #[serde(default)]
+    pub preemption: PreemptionSpec,
+    /// vLLM's `--async-scheduling`: step N+1 is scheduled while step N runs, so host work hides
+    /// behind the device step, but what N produces is seen one step late: requests arriving (or
+    /// whose KV arrives) during a step wait one more step, and a request that finished in step
+    /// N still takes its slot in step N+1.
+    #[serde(default)]
+    pub async_scheduling: bool,
+    /// Host (CPU) time of one step per DP rank: scheduling, input preparation, output
+    /// processing, in microseconds, plus `host_overhead_per_seq_us` per scheduled request.
+    /// Synchronous scheduling adds it to the device step; async scheduling overlaps them. No
+    /// anchor measures it, so it defaults to 0 (the fitted device efficiencies absorb it); set
+    /// it from a profiler trace of your engine.
+    #[serde(default)]
+    pub host_overhead_us: f64,
+    #[serde(default)]
+    pub host_overhead_per_seq_us: f64,
+}
+
+impl Default for SchedulerSpec {
+    fn default() -> Self {
+        SchedulerSpec {
+            max_num_batched_tokens: default_batched_tokens(),
+            max_num_seqs: default_max_seqs(),
+            block_size: default_block(),
+            enable_chunked_prefill: true,
+            enable_prefix_caching: true,
+            long_prefill_token_threshold: 0,
+            max_model_len: None,
+            preemption: PreemptionSpec::Recompute,
+            async_scheduling: false,
+            host_overhead_us: 0.0,
+            host_overhead_per_seq_us: 0.0,
+        }
+    }
+}
+
+fn default_batched_tokens() -> u32 {
+    2048
+}
+fn default_max_seqs() -> u32 {
+    128
+}
+fn default_block() -> u32 {
+    128
+}
+fn yes() -> bool {
+    true
+}
+
+/// One kind of instance.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceSpec {
+    /// Name used by `--set NAME.field=value` and in reports.
+    pub name: String,
+    /// prefill, decode or mixed.
+    pub role: Role,
+    /// Identical instances of this kind.
+    #[serde(default = "one_u32")]
+    pub count: u32,
+    /// Dies per instance (a 910C card has two).
+    pub dies: u32,
+    /// Attention tensor-parallel size.
+    #[serde(default = "one_u32")]
+    pub tp: u32,
+    /// Attention data-parallel ranks (default dies / tp).
+    #[serde(default)]
+    pub dp: Option<u32>,
+    /// Expert-parallel size (default dies).
+    #[serde(default)]
+    pub ep: Option<u32>,
+    /// TP of dense FFN, embeddings and LM head (default tp).
+    #[serde(default)]
+    pub dense_tp: Option<u32>,
+    #[serde(default)]
+    pub redundant_experts: u32,
+    #[serde(default)]
+    pub shared_expert_dies: u32,
+    /// Two-micro-batch overlap of communication with compute.
+    #[serde(default)]
+    pub two_microbatch: bool,
+    /// An expert placement file to start from instead of computing one (what `dstwin eplb
+    /// --json` prints, or its `placement` object), relative to the scenario file; it must match
+    /// this instance's MoE layers (MTP included when on) and routed-expert slots.
+    #[serde(default)]
+    pub placement: Option<String>,
+    #[serde(default)]
+    pub scheduler: SchedulerSpec,
+}
+
+fn one_u32() -> u32 {
+    1
+}

@@ -1,0 +1,327 @@
+//! Validation: a raw scenario becomes a [`Scenario`] once, with cross-field checks whose
+//! errors name the field and the numbers.
+
+use super::{
+    field, fnv1a, load_model, resolve, InstanceSetup, Scenario, ScenarioError, ScenarioFile, Slo,
+};
+use dstwin_core::layout::{Layout, Role};
+use dstwin_core::memory::{memory_map, MemoryInputs};
+use dstwin_core::time::SimDuration;
+use dstwin_hwmodels::{Catalog, DType};
+use dstwin_twin::explain::Mtp;
+use std::path::Path;
+
+pub(super) fn validate(
+    raw: ScenarioFile,
+    base_dir: &Path,
+    canonical: String,
+) -> Result<Scenario, ScenarioError> {
+    let model = load_model(&raw.model, base_dir)?;
+    let kv_dtype: DType = raw
+        .kv_dtype
+        .parse()
+        .map_err(|e: String| field("kv_dtype", &raw.kv_dtype, e))?;
+    let cat = Catalog::builtin();
+    let hw = resolve(base_dir, &raw.hardware);
+    let system = cat.resolve_system(&hw)?;
+    let cost = cat.cost_model(&system, Path::new(&hw).parent())?;
+    if let Some(d) = raw.duration_s {
+        if !(d.is_finite() && d > 0.0) {
+            return Err(field(
+                "duration_s",
+                d,
+                "must be a positive number of seconds",
+            ));
+        }
+    }
+    if !(raw.warmup_s.is_finite() && raw.warmup_s >= 0.0) {
+        return Err(field(
+            "warmup_s",
+            raw.warmup_s,
+            "must be a number of seconds >= 0",
+        ));
+    }
+    if let Some(d) = raw.duration_s.filter(|&d| raw.warmup_s >= d) {
+        return Err(field(
+            "warmup_s",
+            raw.warmup_s,
+            format!("must be shorter than duration_s ({d})"),
+        ));
+    }
+    if raw.warmup_s > 0.0 && raw.duration_s.is_none() {
+        return Err(field(
+            "warmup_s",
+            raw.warmup_s,
+            "needs duration_s: without it the run ends when the last request finishes, which \
+             may be before the warm-up does, leaving nothing to report",
+        ));
+    }
+    // vLLM runs DeepSeek's one MTP layer again for every further draft, and each draft is
+    // accepted only if all before it were, so acceptance falls geometrically: published
+    // deployments use 1 to 3 drafts. Past MAX_POSITIONS the acceptance model has no positions.
+    let max_drafts = dstwin_core::mtp::MAX_POSITIONS as u32;
+    if raw.mtp.tokens > max_drafts {
+        return Err(field(
+            "mtp.tokens",
+            raw.mtp.tokens,
+            format!(
+                "must be at most {max_drafts} draft tokens per step (acceptance falls \
+                 geometrically with each draft; deployments use 1 to 3)"
+            ),
+        ));
+    }
+    if raw.mtp.tokens > 0 && model.mtp_layers == 0 {
+        return Err(field(
+            "mtp.tokens",
+            raw.mtp.tokens,
+            "the model has no MTP module",
+        ));
+    }
+    for (i, p) in raw.mtp.acceptance.iter().enumerate() {
+        if !(0.0..=1.0).contains(p) {
+            return Err(field(
+                format!("mtp.acceptance[{i}]"),
+                p,
+                "must be in [0, 1]",
+            ));
+        }
+    }
+    raw.expert_load
+        .validate()
+        .map_err(|(f, v, r)| field(f, v, r))?;
+    for (name, v) in [
+        ("slo.ttft_ms", raw.slo.ttft_ms),
+        ("slo.tpot_ms", raw.slo.tpot_ms),
+        ("slo.e2e_ms", raw.slo.e2e_ms),
+    ] {
+        if let Some(v) = v {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(field(name, v, "must be a positive number of milliseconds"));
+            }
+        }
+    }
+    if raw.instance.is_empty() {
+        return Err(field(
+            "instance",
+            "[]",
+            "a scenario needs at least one [[instance]]",
+        ));
+    }
+    let roles: Vec<Role> = raw.instance.iter().map(|i| i.role).collect();
+    let has = |r| roles.contains(&r);
+    if has(Role::Mixed) && (has(Role::Prefill) || has(Role::Decode)) {
+        return Err(field(
+            "instance.role",
+            "mixed + prefill/decode",
+            "use either mixed instances or prefill and decode instances",
+        ));
+    }
+    if has(Role::Prefill) != has(Role::Decode) {
+        return Err(field(
+            "instance.role",
+            if has(Role::Prefill) {
+                "prefill only"
+            } else {
+                "decode only"
+            },
+            "PD disaggregation needs both prefill and decode instances",
+        ));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    let mut instances = Vec::new();
+    for spec in &raw.instance {
+        if !names.insert(spec.name.clone()) {
+            return Err(field(
+                "instance.name",
+                &spec.name,
+                "instance names must be unique",
+            ));
+        }
+        let f = |k: &str| format!("instance.{}.{k}", spec.name);
+        if spec.count == 0 {
+            return Err(field(f("count"), 0, "must be at least 1"));
+        }
+        if spec.tp == 0 {
+            return Err(field(f("tp"), 0, "must be at least 1"));
+        }
+        let s = &spec.scheduler;
+        for (k, v) in [
+            ("scheduler.max_num_batched_tokens", s.max_num_batched_tokens),
+            ("scheduler.max_num_seqs", s.max_num_seqs),
+            ("scheduler.block_size", s.block_size),
+        ] {
+            if v == 0 {
+                return Err(field(f(k), 0, "must be at least 1"));
+            }
+        }
+        for (k, v, max) in [
+            (
+                "scheduler.max_num_seqs",
+                s.max_num_seqs,
+                dstwin_core::batch::MAX_SEQS_PER_STEP,
+            ),
+            (
+                "scheduler.max_num_batched_tokens",
+                s.max_num_batched_tokens,
+                dstwin_core::batch::MAX_TOKENS_PER_STEP,
+            ),
+        ] {
+            if u64::from(v) > max {
+                return Err(field(f(k), v, format!("must be at most {max} per DP rank")));
+            }
+        }
+        for (k, v) in [
+            ("scheduler.host_overhead_us", s.host_overhead_us),
+            (
+                "scheduler.host_overhead_per_seq_us",
+                s.host_overhead_per_seq_us,
+            ),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(field(
+                    f(k),
+                    v,
+                    "must be a finite number of microseconds >= 0",
+                ));
+            }
+        }
+        if let Some(m) = s.max_model_len {
+            if m == 0 {
+                return Err(field(
+                    f("scheduler.max_model_len"),
+                    0,
+                    format!(
+                        "must be at least 1 token (the model's context is {})",
+                        model.max_context
+                    ),
+                ));
+            }
+            if m as u64 > model.max_context {
+                return Err(field(
+                    f("scheduler.max_model_len"),
+                    m,
+                    format!("exceeds the model's context of {}", model.max_context),
+                ));
+            }
+        }
+        let layout = Layout {
+            role: spec.role,
+            dies: spec.dies,
+            dp: spec.dp.unwrap_or(spec.dies / spec.tp),
+            tp: spec.tp,
+            ep: spec.ep.unwrap_or(spec.dies),
+            dense_tp: spec.dense_tp,
+            redundant_experts: spec.redundant_experts,
+            shared_expert_dies: spec.shared_expert_dies,
+        };
+        let plan = layout
+            .validate(&model, &system)
+            .map_err(|source| ScenarioError::Layout {
+                instance: spec.name.clone(),
+                source,
+            })?;
+        let memory = memory_map(
+            &model,
+            &plan,
+            &system,
+            &MemoryInputs {
+                quant: raw.quant,
+                kv_dtype,
+                mtp_tokens: raw.mtp.tokens,
+                max_tokens_per_step: s.max_num_batched_tokens as u64,
+            },
+        )
+        .map_err(|source| ScenarioError::Memory {
+            instance: spec.name.clone(),
+            source,
+        })?;
+        let kv_blocks_per_rank = memory.kv_capacity_tokens / s.block_size as u64;
+        if kv_blocks_per_rank == 0 {
+            return Err(field(
+                f("scheduler.block_size"),
+                s.block_size,
+                "not one KV block fits on a die",
+            ));
+        }
+        // Like vLLM, a context that cannot fit in one rank's KV cache is refused up front; without
+        // an explicit value the limit is the smaller of the model's context and the KV capacity.
+        let kv_tokens = kv_blocks_per_rank * s.block_size as u64;
+        let max_model_len = match s.max_model_len {
+            Some(m) if m as u64 > kv_tokens => {
+                return Err(field(
+                    f("scheduler.max_model_len"),
+                    m,
+                    format!("exceeds the KV capacity of {kv_tokens} tokens per DP rank ({:.1} GB of KV per die); lower it or free memory", memory.kv_cache / 1e9),
+                ))
+            }
+            Some(m) => m as u64,
+            None => model.max_context.min(kv_tokens),
+        };
+        if !s.enable_chunked_prefill && (s.max_num_batched_tokens as u64) < max_model_len {
+            return Err(field(
+                f("scheduler.max_num_batched_tokens"),
+                s.max_num_batched_tokens,
+                format!("must be at least max_model_len ({max_model_len}) when chunked prefill is off, or no long prompt could ever be scheduled"),
+            ));
+        }
+        instances.push(InstanceSetup {
+            name: spec.name.clone(),
+            count: spec.count,
+            layout,
+            plan,
+            two_microbatch: spec.two_microbatch,
+            placement: spec.placement.clone(),
+            scheduler: s.clone(),
+            memory,
+            kv_blocks_per_rank,
+            max_model_len,
+        });
+    }
+    // In u64: count x dies of absurd values overflows u32 before the comparison says so.
+    let dies: u64 = instances
+        .iter()
+        .map(|i| u64::from(i.count) * u64::from(i.plan.dies))
+        .sum();
+    if dies > u64::from(system.max_dies()) {
+        return Err(field(
+            "instance",
+            format!("{dies} dies in all"),
+            format!("exceeds the {} dies of {}", system.max_dies(), system.name),
+        ));
+    }
+    let workload = raw.workload.validate()?;
+    let ms = |v: Option<f64>| v.map(|x| SimDuration::from_secs_f64(x / 1e3));
+    Ok(Scenario {
+        name: raw.name,
+        description: raw.description,
+        seed: raw.seed,
+        model,
+        quant: raw.quant,
+        kv_dtype,
+        cost,
+        mtp: Mtp {
+            tokens: raw.mtp.tokens,
+            // No acceptance given: the calibrated one (the same at every draft position).
+            acceptance: if raw.mtp.tokens > 0 {
+                dstwin_core::mtp::or_calibrated(raw.mtp.acceptance)
+            } else {
+                raw.mtp.acceptance
+            },
+        },
+        proxy: raw.proxy,
+        instances,
+        eplb: raw.eplb.clone(),
+        expert_load: raw.expert_load,
+        workload,
+        base_dir: base_dir.to_path_buf(),
+        slo: Slo {
+            ttft: ms(raw.slo.ttft_ms),
+            tpot: ms(raw.slo.tpot_ms),
+            e2e: ms(raw.slo.e2e_ms),
+        },
+        duration: raw.duration_s.map(SimDuration::from_secs_f64),
+        warmup: SimDuration::from_secs_f64(raw.warmup_s),
+        hash: fnv1a(&canonical),
+        canonical,
+    })
+}
