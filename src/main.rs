@@ -89,11 +89,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) | Err(Failure::OutputClosed) => ExitCode::SUCCESS,
         Err(Failure::Input(e)) => {
-            eprintln!("error: {e:#}");
+            crate::output::errln!("error: {e:#}");
             ExitCode::from(2)
         }
         Err(Failure::Runtime(e)) => {
-            eprintln!("error: {e:#}");
+            crate::output::errln!("error: {e:#}");
             ExitCode::from(1)
         }
     }

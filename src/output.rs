@@ -42,7 +42,16 @@ macro_rules! outln {
     };
 }
 
-pub(crate) use {out, outln};
+/// `eprintln!` that never panics: with standard error closed or full the message is lost,
+/// and the command goes on (`eprintln!` panics there).
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+pub(crate) use {errln, out, outln};
 
 /// Fails now, before a long run, when the output file `path` cannot be written: opens it for
 /// writing (without truncating it) and removes it again if it did not exist.

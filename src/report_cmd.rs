@@ -112,7 +112,7 @@ pub fn run(a: ReportArgs) -> Result<(), Failure> {
         let mut buf = Vec::new();
         write_csv(&mut buf, &axes, &rows).map_err(|e| Failure::Runtime(e.into()))?;
         write(&dir.join("sweep.csv"), &buf)?;
-        eprintln!(
+        crate::output::errln!(
             "merged {} points into {}",
             rows.len(),
             dir.join("sweep.csv").display()

@@ -134,7 +134,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             .context("reading the bound address")
             .map_err(Failure::Runtime)?;
         crate::output::outln!("listening on http://{addr}")?;
-        eprintln!(
+        crate::output::errln!(
             "serving {} ({}: {} instances, twin device, time scale {})",
             rt.model(),
             s.name,
@@ -149,7 +149,9 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         axum::serve(listener, api::router(rt, api_cfg))
             .with_graceful_shutdown(async move {
                 shutdown_signal().await;
-                eprintln!("shutting down: new requests get 503, finishing the ones in flight");
+                crate::output::errln!(
+                    "shutting down: new requests get 503, finishing the ones in flight"
+                );
                 // Keep accepting connections (to answer 503) until the last request is over;
                 // then stop listening and let the open connections finish.
                 closing.close();

@@ -119,7 +119,7 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
         out!("{}", render_sim(r))?;
     }
     if !a.quiet {
-        eprintln!(
+        crate::output::errln!(
             "wall {:.2} s: {:.0} simulated requests per wall second, {:.1} simulated seconds per wall second, {} events, price cache hits {:.1}%, request-steps in aggregate {:.1}%",
             wall,
             r.requests_finished as f64 / wall.max(1e-9),

@@ -267,7 +267,7 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         )?;
     }
     if !a.quiet {
-        eprintln!(
+        crate::output::errln!(
             "wall {wall:.2} s: {:.1} points per second",
             ran as f64 / wall.max(1e-9)
         );
@@ -275,7 +275,7 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
     // A sweep in which no point could run produced nothing to compare. A shard is part of a
     // study whose other shards may hold the valid points: it says so and succeeds.
     if !rows.is_empty() && invalid == rows.len() && a.shard.is_some() {
-        eprintln!(
+        crate::output::errln!(
             "note: every one of the {} points of shard {} is invalid",
             rows.len(),
             a.shard.as_deref().unwrap_or_default()

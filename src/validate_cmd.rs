@@ -213,7 +213,7 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
         print_table(&rows, &runs, mape)?;
     }
     if !a.quiet {
-        eprintln!(
+        crate::output::errln!(
             "wall {:.2} s: {} figures, {} simulated runs",
             started.elapsed().as_secs_f64(),
             rows.len(),

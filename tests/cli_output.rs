@@ -99,3 +99,23 @@ fn unwritable_outputs_fail_before_the_run() {
         );
     }
 }
+
+/// Standard error that goes away: messages are lost, the command is not (`eprintln!` panics
+/// there, exit 101). An error still exits 2, a run still succeeds.
+#[test]
+fn a_closed_stderr_loses_messages_not_the_run() {
+    for (args, code) in [
+        (&["simulate", "--json"][..], 0),
+        (&["simulate", "/nonexistent/scenario.toml"], 2),
+    ] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(writer)
+            .output()
+            .expect("run dstwin");
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
+    }
+}
