@@ -62,6 +62,7 @@ impl Device for Echo {
             kv_blocks_per_rank: 256,
             block_size: BLOCK,
             kv_bytes_per_token: 1.0,
+            memory: None,
         }
     }
 

@@ -54,9 +54,13 @@ trap 'kill "${SERVER:-}" 2>/dev/null || true' EXIT
 
 # A fresh server per tool, so each /metrics snapshot holds that tool's requests only.
 start_server
-aiperf profile \
+# aiperf 0.13 looks a tokenizer folder up in the hub cache when HF_HUB_OFFLINE is set and
+# rejects a path; without it, a local folder is read directly (nothing is fetched).
+env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE aiperf profile \
     --model "$MODEL" \
     --tokenizer "$TOK_DIR" \
+    --use-server-token-count \
+    --ui-type simple \
     --url "$URL" \
     --endpoint-type completions \
     --streaming \

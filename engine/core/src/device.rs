@@ -33,6 +33,8 @@ pub struct Capacity {
     pub block_size: u32,
     /// KV bytes one context token takes on a rank (all layers).
     pub kv_bytes_per_token: f64,
+    /// How a die's memory is used (weights, workspace, KV), when the device can tell.
+    pub memory: Option<crate::memory::MemoryMap>,
 }
 
 /// One sampling sequence of a step: it verifies `drafts` MTP draft tokens.

@@ -27,7 +27,7 @@ pub struct MemoryInputs {
 }
 
 /// Bytes per die by use.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct MemoryMap {
     pub hbm: f64,
     pub reserved: f64,

@@ -180,6 +180,7 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                 kv_blocks_per_rank: setup.kv_blocks_per_rank,
                 block_size: setup.scheduler.block_size,
                 kv_bytes_per_token,
+                memory: Some(setup.memory),
             };
             let (experts, eplb) = match s.expert_load {
                 ExpertLoadSpec::Perfect => (None, None),
