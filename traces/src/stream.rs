@@ -56,7 +56,7 @@ impl std::fmt::Debug for RequestStream {
 }
 
 enum Source {
-    Synthetic(SyntheticRequests),
+    Synthetic(Box<SyntheticRequests>),
     Trace(Box<TraceRows>),
 }
 
@@ -207,7 +207,7 @@ impl RequestStream {
         let requests = SyntheticRequests::new(config, seed);
         let expected_len = requests.expected_len();
         RequestStream::start(
-            Source::Synthetic(requests),
+            Source::Synthetic(Box::new(requests)),
             format!("synthetic(seed={seed})"),
             None,
             expected_len,
