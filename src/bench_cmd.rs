@@ -7,7 +7,7 @@ use anyhow::{anyhow, Context};
 use axum::body::Bytes;
 use clap::Args;
 use dstwin_sim::scenario::load_path;
-use dstwin_traces::spec::{MAX_RATE_PER_S, MAX_REQUESTS};
+use dstwin_traces::spec::MAX_RATE_PER_S;
 use dstwin_traces::WorkloadSource;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -34,9 +34,9 @@ pub struct BenchArgs {
     /// Take the requests from this scenario's [workload] (synthetic, trace or closed loop).
     #[arg(long, conflicts_with_all = ["input_len", "output_len", "request_rate"])]
     scenario: Option<PathBuf>,
-    /// Requests to send (with --input-len/--output-len); at most 100,000,000, as in a
-    /// scenario's workload (every request's timings are kept for the report).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=MAX_REQUESTS))]
+    /// Requests to send (with --input-len/--output-len); at most 100,000,000 (every request's
+    /// timings are kept for the report).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=MAX_PROMPTS))]
     num_prompts: u64,
     /// Prompt tokens per request: 1 to 2,097,152 (twice the longest DeepSeek context; the
     /// prompt text is built in memory).
@@ -232,6 +232,17 @@ fn date_utc() -> String {
 
 /// The longest prompt or output `--input-len`/`--output-len` take.
 const MAX_TOKENS: i64 = 2 * 1024 * 1024;
+/// The most requests one benchmark sends, from `--num-prompts` or a scenario: the schedule is
+/// made up front and every request's timings are kept for the report (hundreds of bytes each),
+/// so 10^8 requests is already tens of GB.
+const MAX_PROMPTS: u64 = 100_000_000;
+
+fn too_many_prompts() -> Failure {
+    Failure::Input(anyhow!(
+        "the scenario's workload sends more than {MAX_PROMPTS} requests; bench-serve keeps every \
+         request's timings, so shorten it (num_requests, duration_s, max_requests)"
+    ))
+}
 
 /// `--max-concurrency`: 1 to the closed-loop bound of a scenario's workload.
 fn concurrency(s: &str) -> Result<usize, String> {
@@ -250,17 +261,23 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
             .build(s.seed, &s.base_dir)
             .map_err(|e| Failure::Input(e.into()))?;
         return Ok(match src {
-            WorkloadSource::Open(w) => {
-                let t0 = w.first_arrival_ns();
-                let v = w
-                    .requests()
-                    .iter()
-                    .map(|r| Job {
+            WorkloadSource::Open(mut stream) => {
+                // Every request is sent from a schedule made up front.
+                let t0 = stream.first_arrival_ns();
+                let mut v = Vec::new();
+                while let Some(r) = stream
+                    .next_request()
+                    .map_err(|e| Failure::Input(e.into()))?
+                {
+                    if v.len() as u64 == MAX_PROMPTS {
+                        return Err(too_many_prompts());
+                    }
+                    v.push(Job {
                         at: Duration::from_nanos(r.arrival_ns - t0),
                         input: r.input_tokens,
                         output: r.output_tokens,
-                    })
-                    .collect();
+                    });
+                }
                 (v, a.max_concurrency)
             }
             WorkloadSource::ClosedLoop {
@@ -268,6 +285,9 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
                 num_requests,
                 mut sampler,
             } => {
+                if num_requests.get() > MAX_PROMPTS {
+                    return Err(too_many_prompts());
+                }
                 let v = (0..num_requests.get())
                     .map(|_| {
                         let l = sampler.next_lengths();

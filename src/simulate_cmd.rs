@@ -79,7 +79,9 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
         "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} requests finished, {msg}",
     );
     let mut on_progress = |p: &Progress| {
-        bar.set_length(p.total);
+        if let Some(total) = p.total {
+            bar.set_length(total);
+        }
         bar.set_position(p.finished);
         bar.set_message(format!("simulated {:.1} s", p.now.as_secs_f64()));
     };

@@ -84,7 +84,7 @@ fn bench_serve_arguments_have_ranges() {
 fn scenario_bounds_reach_the_command_line() {
     for (set, field) in [
         (
-            "workload.num_requests=1000000000000",
+            "workload.num_requests=1000000000001",
             "workload.num_requests",
         ),
         ("workload.arrival.rate=1e9", "workload.arrival.rate"),

@@ -355,23 +355,6 @@ fn the_default_scenario_runs_without_arguments() {
 }
 
 #[test]
-fn every_shipped_scenario_validates() {
-    // The benchmark scenarios are long; a tiny workload override checks they load and run.
-    for f in ["a3-2p1d", "cm384-pd", "a2-2p1d"] {
-        let path = format!("{}/sim/scenarios/{f}.toml", env!("CARGO_MANIFEST_DIR"));
-        let o = dstwin(&[
-            "simulate",
-            &path,
-            "--quiet",
-            "--json",
-            "--set",
-            "duration_s=2.0",
-        ]);
-        assert!(o.status.success(), "{f}: {}", err(&o));
-    }
-}
-
-#[test]
 fn expert_skew_is_the_default_and_perfect_balance_is_explicit() {
     let run = |extra: &[&str]| {
         let mut args = vec![

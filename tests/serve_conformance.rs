@@ -83,6 +83,7 @@ async fn conforms(file: &str, scale: f64) {
     let WorkloadSource::Open(w) = s.workload.build(s.seed, &s.base_dir).expect("workload") else {
         panic!("an open workload");
     };
+    let w = w.into_workload().expect("workload");
     let rt = start(
         &s,
         TwinServe {

@@ -11,6 +11,9 @@
 //!   requests or a time window.
 //! - [`synthetic`]: seeded generators: length distributions, arrival processes, open-loop
 //!   workloads and the closed-loop [`LengthSampler`].
+//! - [`stream`]: open-loop workloads as a [`RequestStream`], one request at a time in arrival
+//!   order (synthetic draws on demand, traces read line by line and transformed on the fly), so
+//!   a run's memory follows the requests in flight, not the workload's size.
 //! - [`spec`]: the `[workload]` table of a scenario file (serde), its validation into a
 //!   [`WorkloadPlan`] and building that into a [`WorkloadSource`].
 //! - `stats` ([`Workload::stats`]): count, span, rate, length percentiles, prefix reuse.
@@ -25,6 +28,7 @@ pub mod mooncake;
 mod reader;
 pub mod spec;
 mod stats;
+pub mod stream;
 pub mod synthetic;
 mod timestamp;
 mod transform;
@@ -33,5 +37,6 @@ pub mod workload;
 pub use error::TraceError;
 pub use spec::{WorkloadPlan, WorkloadSource, WorkloadSpec};
 pub use stats::{LengthSummary, WorkloadStats};
+pub use stream::{RequestStream, StreamRequest};
 pub use synthetic::{LengthSampler, RequestLengths};
 pub use workload::{TraceRequest, Workload, WorkloadBuilder};

@@ -44,53 +44,100 @@ pub fn from_path(path: impl AsRef<Path>) -> Result<Workload, TraceError> {
 /// Reads a Mooncake JSONL trace from any reader; `origin` labels errors and the workload's
 /// source (a file name, or e.g. `"<test>"`).
 pub fn from_reader(reader: impl Read, origin: &str) -> Result<Workload, TraceError> {
-    let mut reader = BufReader::new(reader);
+    let mut rows = Rows::new(BufReader::new(reader), origin);
     let mut builder =
         WorkloadBuilder::new(format!("mooncake:{origin}"), Some(MOONCAKE_BLOCK_TOKENS));
-    let mut buf = Vec::new();
-    let mut line = 0_u64;
-    loop {
-        buf.clear();
-        let read = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|source| TraceError::Io {
-                origin: origin.to_owned(),
-                source,
-            })?;
-        if read == 0 {
-            break;
-        }
-        line += 1;
-        let text = buf.trim_ascii();
-        if text.is_empty() {
-            continue;
-        }
-        let row: Row =
-            serde_json::from_slice(text).map_err(|err| diagnose(text, &err, origin, line))?;
-        let arrival_ns = arrival_ns(&row.timestamp).ok_or_else(|| TraceError::BadField {
-            origin: origin.to_owned(),
-            line,
-            field: "timestamp".to_owned(),
-            value: row.timestamp.to_string(),
-            reason: "expected milliseconds since the start of the trace, 0 or more".to_owned(),
-        })?;
-        let input = token_count(origin, line, "input_length", row.input_length)?;
-        let output = token_count(origin, line, "output_length", row.output_length)?;
-        let blocks = input.div_ceil(MOONCAKE_BLOCK_TOKENS) as usize;
-        if !row.hash_ids.is_empty() && row.hash_ids.len() != blocks {
-            return Err(TraceError::BadField {
-                origin: origin.to_owned(),
-                line,
-                field: "hash_ids".to_owned(),
-                value: format!("<{} ids>", row.hash_ids.len()),
-                reason: format!(
-                    "input_length {input} needs {blocks} ids, one per {MOONCAKE_BLOCK_TOKENS}-token block"
-                ),
-            });
-        }
-        builder.push(arrival_ns, input, output, &row.hash_ids);
+    let mut hash_ids = Vec::new();
+    while let Some(row) = rows.next_row(&mut hash_ids)? {
+        builder.push(row.arrival_ns, row.input, row.output, &hash_ids);
     }
     builder.build()
+}
+
+/// One checked line of a trace: arrival as written (not shifted), lengths, and its line number.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawRow {
+    pub(crate) arrival_ns: u64,
+    pub(crate) input: u32,
+    pub(crate) output: u32,
+    pub(crate) line: u64,
+}
+
+/// Reads a trace one line at a time, in file order; memory is one line and its hash ids.
+pub(crate) struct Rows<R> {
+    reader: R,
+    origin: String,
+    buf: Vec<u8>,
+    line: u64,
+}
+
+impl<R: BufRead> Rows<R> {
+    pub(crate) fn new(reader: R, origin: &str) -> Rows<R> {
+        Rows {
+            reader,
+            origin: origin.to_owned(),
+            buf: Vec::new(),
+            line: 0,
+        }
+    }
+
+    /// The next request, its hash ids left in `hash_ids`; `None` at the end of the file.
+    pub(crate) fn next_row(
+        &mut self,
+        hash_ids: &mut Vec<u64>,
+    ) -> Result<Option<RawRow>, TraceError> {
+        let origin = self.origin.as_str();
+        loop {
+            self.buf.clear();
+            let read = self
+                .reader
+                .read_until(b'\n', &mut self.buf)
+                .map_err(|source| TraceError::Io {
+                    origin: origin.to_owned(),
+                    source,
+                })?;
+            if read == 0 {
+                return Ok(None);
+            }
+            self.line += 1;
+            let line = self.line;
+            let text = self.buf.trim_ascii();
+            if text.is_empty() {
+                continue;
+            }
+            let row: Row =
+                serde_json::from_slice(text).map_err(|err| diagnose(text, &err, origin, line))?;
+            let arrival_ns = arrival_ns(&row.timestamp).ok_or_else(|| TraceError::BadField {
+                origin: origin.to_owned(),
+                line,
+                field: "timestamp".to_owned(),
+                value: row.timestamp.to_string(),
+                reason: "expected milliseconds since the start of the trace, 0 or more".to_owned(),
+            })?;
+            let input = token_count(origin, line, "input_length", row.input_length)?;
+            let output = token_count(origin, line, "output_length", row.output_length)?;
+            let blocks = input.div_ceil(MOONCAKE_BLOCK_TOKENS) as usize;
+            if !row.hash_ids.is_empty() && row.hash_ids.len() != blocks {
+                return Err(TraceError::BadField {
+                    origin: origin.to_owned(),
+                    line,
+                    field: "hash_ids".to_owned(),
+                    value: format!("<{} ids>", row.hash_ids.len()),
+                    reason: format!(
+                        "input_length {input} needs {blocks} ids, one per {MOONCAKE_BLOCK_TOKENS}-token block"
+                    ),
+                });
+            }
+            hash_ids.clear();
+            hash_ids.extend_from_slice(&row.hash_ids);
+            return Ok(Some(RawRow {
+                arrival_ns,
+                input,
+                output,
+                line,
+            }));
+        }
+    }
 }
 
 /// Milliseconds (integer or fractional, not negative) to nanoseconds.

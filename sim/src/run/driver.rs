@@ -12,7 +12,7 @@ use dstwin_core::deploy::{Arrival, Deployment, Effect, Note, StepRecord};
 use dstwin_core::device::{ClassTimes, Device, Fabric, ReqId, StepOutcome, CLASS_SLOTS};
 use dstwin_core::layout::Role;
 use dstwin_core::time::{SimDuration, SimTime};
-use dstwin_traces::{LengthSampler, WorkloadSource};
+use dstwin_traces::{LengthSampler, RequestStream, StreamRequest, WorkloadSource};
 use dstwin_twin::device::SimDevice;
 use dstwin_twin::fabric::TwinFabric;
 use rustc_hash::FxHashMap;
@@ -76,11 +76,18 @@ pub(super) struct Sim<'s, 'o> {
     fabric_armed: Option<SimTime>,
     reqs: FxHashMap<ReqId, Req>,
     hash_block_tokens: u32,
-    open: Option<dstwin_traces::workload::Workload>,
+    /// An open-loop workload, pulled one arrival at a time: memory follows the requests in
+    /// flight, not the workload's size.
+    open: Option<RequestStream>,
+    /// The open-loop request whose arrival event is queued (its hash ids wait in the stream).
+    next_arrival: Option<StreamRequest>,
     closed: Option<(u64, LengthSampler)>,
     /// Requests admitted so far (ids are 0..admitted).
     admitted: u64,
+    /// Requests the workload issues in all; `u64::MAX` until an open-loop stream ends.
     total: u64,
+    /// `total` when known before the end, for progress bars.
+    expected: Option<u64>,
     pub(super) finished: u64,
     pub(super) rejected: u64,
     pub(super) lat: Latencies,
@@ -136,10 +143,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             })
             .collect();
         let (open, closed, total) = match s.workload.build(s.seed, &s.base_dir)? {
-            WorkloadSource::Open(w) => {
-                let n = w.len() as u64;
-                (Some(w), None, n)
-            }
+            WorkloadSource::Open(w) => (Some(w), None, u64::MAX),
             WorkloadSource::ClosedLoop {
                 concurrency,
                 num_requests,
@@ -154,6 +158,10 @@ impl<'s, 'o> Sim<'s, 'o> {
             .as_ref()
             .and_then(|w| w.hash_block_tokens())
             .unwrap_or(0);
+        let expected = match &open {
+            Some(w) => w.expected_len(),
+            None => Some(total),
+        };
         Ok(Sim {
             s,
             opts,
@@ -167,9 +175,11 @@ impl<'s, 'o> Sim<'s, 'o> {
             reqs: FxHashMap::default(),
             hash_block_tokens,
             open,
+            next_arrival: None,
             closed,
             admitted: 0,
             total,
+            expected,
             finished: 0,
             rejected: 0,
             lat: Latencies::default(),
@@ -493,20 +503,38 @@ impl<'s, 'o> Sim<'s, 'o> {
         }
     }
 
-    fn on_arrival(&mut self, k: u64) {
-        let w = self
+    /// Admits the request whose arrival this is, then pulls the next one from the stream and
+    /// queues its arrival; when the stream ends, the workload's size is known.
+    fn on_arrival(&mut self, k: u64) -> Result<(), RunError> {
+        let mut w = self
             .open
             .take()
             .expect("an open workload schedules arrivals");
-        let req = w.requests()[k as usize];
-        self.admit(k, req.input_tokens, req.output_tokens, w.hash_ids(&req));
-        if let Some(next) = w.requests().get(k as usize + 1) {
-            self.push(
-                SimTime(next.arrival_ns.saturating_sub(w.first_arrival_ns())),
-                Ev::Arrival(k + 1),
-            );
-        }
+        let req = self
+            .next_arrival
+            .take()
+            .expect("an arrival event has its request");
+        debug_assert_eq!(req.id, k, "arrivals are admitted in stream order");
+        self.admit(k, req.input_tokens, req.output_tokens, w.hash_ids());
+        let next = w.next_request();
         self.open = Some(w);
+        self.schedule_arrival(next?);
+        Ok(())
+    }
+
+    /// Queues the arrival of `next`, the stream's next request; `None` ends the workload.
+    fn schedule_arrival(&mut self, next: Option<StreamRequest>) {
+        let first = self.open.as_ref().map_or(0, |w| w.first_arrival_ns());
+        match next {
+            Some(r) => {
+                self.push(
+                    SimTime(r.arrival_ns.saturating_sub(first)),
+                    Ev::Arrival(r.id),
+                );
+                self.next_arrival = Some(r);
+            }
+            None => self.total = self.admitted,
+        }
     }
 
     fn on_fabric(&mut self) {
@@ -515,8 +543,9 @@ impl<'s, 'o> Sim<'s, 'o> {
     }
 
     pub(super) fn run(mut self) -> Result<RunResult, RunError> {
-        if self.open.is_some() {
-            self.push(SimTime::ZERO, Ev::Arrival(0));
+        if let Some(w) = self.open.as_mut() {
+            let first = w.next_request()?;
+            self.schedule_arrival(first);
         } else if let Some((concurrency, _)) = &self.closed {
             for _ in 0..(*concurrency).min(self.total) {
                 self.next_closed_loop();
@@ -540,7 +569,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             self.now = t;
             self.processed += 1;
             match ev {
-                Ev::Arrival(k) => self.on_arrival(k),
+                Ev::Arrival(k) => self.on_arrival(k)?,
                 Ev::StepDone(i) => self.on_step_done(i as usize),
                 Ev::Fabric => self.on_fabric(),
                 Ev::Stop => break,
@@ -559,7 +588,7 @@ impl<'s, 'o> Sim<'s, 'o> {
                     p(&Progress {
                         now: self.now,
                         finished: self.finished,
-                        total: self.total,
+                        total: self.expected,
                     });
                 }
             }

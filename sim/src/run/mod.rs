@@ -55,7 +55,9 @@ pub enum RunError {
 pub struct Progress {
     pub now: SimTime,
     pub finished: u64,
-    pub total: u64,
+    /// Requests the workload issues in all, when known before the run ends (not for a
+    /// duration-bounded synthetic workload or a trace cut by time).
+    pub total: Option<u64>,
 }
 
 /// What to collect besides the report.

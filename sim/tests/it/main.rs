@@ -4,6 +4,7 @@ mod fuzz_scenario;
 #[path = "../../../tests/common/mutate.rs"]
 mod mutate;
 mod scenario_bounds;
+mod workload_stream;
 
 use dstwin_sim::scenario::{load_str, Scenario, ScenarioError};
 use std::path::PathBuf;

@@ -2,12 +2,11 @@
 
 use super::{ArrivalSpec, ClosedLoopSpec, LengthSpec, SyntheticSpec, TraceFileSpec, WorkloadSpec};
 use crate::error::{positive_finite, TraceError};
+use crate::stream::RequestStream;
 use crate::synthetic::{
-    generate, ArrivalProcess, ClosedLoopConfig, LengthDist, LengthSampler, RequestCount,
-    SyntheticConfig,
+    ArrivalProcess, ClosedLoopConfig, LengthDist, LengthSampler, RequestCount, SyntheticConfig,
 };
 use crate::workload::Workload;
-use crate::{azure, mooncake};
 use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::path::{Path, PathBuf};
 
@@ -15,10 +14,11 @@ use std::path::{Path, PathBuf};
 const TABLE: &str = "workload";
 const NS_PER_S: f64 = 1e9;
 
-/// The most requests one workload may issue. Open-loop workloads are generated up front and
-/// every request's record is kept for the report (hundreds of bytes each), so 10^8 requests is
-/// already tens of GB; the published deployments are measured over thousands.
-pub const MAX_REQUESTS: u64 = 100_000_000;
+/// The most requests one workload may issue. Not a memory bound: workloads stream, and a run
+/// keeps only the requests in flight (plus one row per request when per-request output is
+/// asked for). A typo guard: the simulator replays at most about a million requests per
+/// second of wall time, so 10^12 requests would run for weeks.
+pub const MAX_REQUESTS: u64 = 1_000_000_000_000;
 /// The highest mean arrival rate, requests per second. The clock counts nanoseconds, so the
 /// mean gap stays at a microsecond or more; the largest published deployment (CloudMatrix384)
 /// serves hundreds of requests per second.
@@ -62,10 +62,11 @@ pub enum TimeScaling {
     Rate(f64),
 }
 
-/// What a plan builds into: requests known up front, or a closed loop that draws them on demand.
-#[derive(Clone, Debug)]
+/// What a plan builds into: an open-loop stream of requests in arrival order, or a closed loop
+/// that draws them on demand.
+#[derive(Debug)]
 pub enum WorkloadSource {
-    Open(Workload),
+    Open(RequestStream),
     ClosedLoop {
         /// Requests in flight at any time.
         concurrency: NonZeroU32,
@@ -95,12 +96,18 @@ impl WorkloadSpec {
 }
 
 impl WorkloadPlan {
-    /// Reads or generates the workload. `seed` drives synthetic draws (traces ignore it);
-    /// `base_dir` anchors relative trace paths (the scenario file's directory).
+    /// Opens the workload: a stream that generates or reads requests as they are asked for.
+    /// `seed` drives synthetic draws (traces ignore it); `base_dir` anchors relative trace paths
+    /// (the scenario file's directory). A trace's first row is read here, so a missing file or
+    /// an empty trace fails at once; later rows fail when they are reached.
     pub fn build(&self, seed: u64, base_dir: &Path) -> Result<WorkloadSource, TraceError> {
         match self {
-            WorkloadPlan::Synthetic(config) => Ok(WorkloadSource::Open(generate(config, seed))),
-            WorkloadPlan::Trace(plan) => plan.load(base_dir).map(WorkloadSource::Open),
+            WorkloadPlan::Synthetic(config) => {
+                Ok(WorkloadSource::Open(RequestStream::synthetic(config, seed)))
+            }
+            WorkloadPlan::Trace(plan) => {
+                RequestStream::trace(plan, base_dir).map(WorkloadSource::Open)
+            }
             WorkloadPlan::ClosedLoop(config) => Ok(WorkloadSource::ClosedLoop {
                 concurrency: config.concurrency(),
                 num_requests: config.num_requests(),
@@ -111,26 +118,10 @@ impl WorkloadPlan {
 }
 
 impl TracePlan {
-    /// Reads the trace and applies the truncations and scaling, in the documented order.
+    /// Reads the whole trace and applies the truncations and scaling, in the documented order.
+    /// Memory grows with the trace; a run streams it instead ([`RequestStream::trace`]).
     pub fn load(&self, base_dir: &Path) -> Result<Workload, TraceError> {
-        let path = base_dir.join(&self.path);
-        let mut workload = match self.format {
-            TraceFormat::Mooncake => mooncake::from_path(&path)?,
-            TraceFormat::Azure => azure::from_path(&path)?,
-        };
-        if let Some(n) = self.max_requests {
-            workload = workload.truncate_requests(n.get())?;
-        }
-        workload = match self.scaling {
-            Some(TimeScaling::Factor(f)) => workload.scale_time(f),
-            Some(TimeScaling::Rate(r)) => workload.scale_to_rate(r),
-            None => Ok(workload),
-        }
-        .map_err(|e| e.within(TABLE))?;
-        if let Some(window) = self.max_duration_ns {
-            workload = workload.truncate_duration(window.get())?;
-        }
-        Ok(workload)
+        RequestStream::trace(self, base_dir)?.into_workload()
     }
 }
 
@@ -174,7 +165,7 @@ fn synthetic(s: &SyntheticSpec) -> Result<SyntheticConfig, TraceError> {
                     d,
                     format!(
                         "at arrival.rate {rate} it issues about {expected:.3e} requests; at most \
-                         {MAX_REQUESTS} (every request is generated up front and kept for the report)"
+                         {MAX_REQUESTS} (a guard against a mistyped rate or duration)"
                     ),
                 ));
             }
@@ -314,8 +305,8 @@ fn at_most_requests(name: &str, n: u64) -> Result<(), TraceError> {
             field(name),
             n,
             format!(
-                "at most {MAX_REQUESTS} requests (every request's record is kept for the report; \
-                 split a longer study into runs)"
+                "at most {MAX_REQUESTS} requests (a guard against a mistyped count: the \
+                 simulator replays about a million requests per second at best)"
             ),
         ));
     }

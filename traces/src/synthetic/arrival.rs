@@ -61,9 +61,9 @@ impl ArrivalProcess {
     }
 
     /// Arrival times in nanoseconds, non-decreasing, starting at 0, drawn from `rng`.
-    pub(crate) fn arrivals(&self, rng: ChaCha8Rng) -> Arrivals<'_> {
+    pub(crate) fn arrivals(&self, rng: ChaCha8Rng) -> Arrivals {
         Arrivals {
-            process: self,
+            process: self.clone(),
             rng,
             next_ns: 0,
         }
@@ -81,13 +81,14 @@ impl ArrivalProcess {
 }
 
 /// Endless iterator over arrival times of one process.
-pub(crate) struct Arrivals<'a> {
-    process: &'a ArrivalProcess,
+#[derive(Debug)]
+pub(crate) struct Arrivals {
+    process: ArrivalProcess,
     rng: ChaCha8Rng,
     next_ns: u64,
 }
 
-impl Iterator for Arrivals<'_> {
+impl Iterator for Arrivals {
     type Item = u64;
 
     fn next(&mut self) -> Option<u64> {

@@ -13,6 +13,7 @@ mod arrival;
 mod length;
 
 pub use arrival::ArrivalProcess;
+use arrival::Arrivals;
 pub use length::{LengthDist, LengthSampler, RequestLengths};
 
 use crate::error::TraceError;
@@ -98,22 +99,65 @@ impl SyntheticConfig {
 /// Generates the workload `config` describes, deterministically for `seed`. Synthetic requests
 /// carry no hash ids (no shared prefixes).
 pub fn generate(config: &SyntheticConfig, seed: u64) -> Workload {
-    let mut lengths = LengthSampler::new(config.input.clone(), config.output.clone(), seed);
-    let arrivals = config.arrival.arrivals(stream_rng(seed, STREAM_ARRIVALS));
+    let mut requests = SyntheticRequests::new(config, seed);
     let mut builder = WorkloadBuilder::new(format!("synthetic(seed={seed})"), None);
-    let mut push = |arrival_ns| {
-        let l = lengths.next_lengths();
+    while let Some((arrival_ns, l)) = requests.next_request() {
         builder.push(arrival_ns, l.input_tokens, l.output_tokens, &[]);
-    };
-    match config.count {
-        RequestCount::Requests(n) => arrivals.take(n.get() as usize).for_each(&mut push),
-        RequestCount::DurationNs(end) => {
-            arrivals.take_while(|&t| t < end.get()).for_each(&mut push)
-        }
     }
     builder
         .build()
         .expect("a synthetic workload has at least its first request, at t = 0")
+}
+
+/// The requests of an open-loop synthetic workload, drawn one at a time: memory does not grow
+/// with their number. [`generate`] collects the same sequence.
+#[derive(Debug)]
+pub(crate) struct SyntheticRequests {
+    lengths: LengthSampler,
+    arrivals: Arrivals,
+    count: RequestCount,
+    issued: u64,
+}
+
+impl SyntheticRequests {
+    pub(crate) fn new(config: &SyntheticConfig, seed: u64) -> SyntheticRequests {
+        SyntheticRequests {
+            lengths: LengthSampler::new(config.input.clone(), config.output.clone(), seed),
+            arrivals: config.arrival.arrivals(stream_rng(seed, STREAM_ARRIVALS)),
+            count: config.count,
+            issued: 0,
+        }
+    }
+
+    /// The requests this workload issues in all, when a count (not a duration) bounds it.
+    pub(crate) fn expected_len(&self) -> Option<u64> {
+        match self.count {
+            RequestCount::Requests(n) => Some(n.get()),
+            RequestCount::DurationNs(_) => None,
+        }
+    }
+
+    /// The next request's arrival (non-decreasing, the first at 0) and lengths; `None` after the
+    /// last. Arrival and length draws come from separate streams, so drawing them in turn gives
+    /// the same requests as drawing all arrivals first.
+    pub(crate) fn next_request(&mut self) -> Option<(u64, RequestLengths)> {
+        if let RequestCount::Requests(n) = self.count {
+            if self.issued == n.get() {
+                return None;
+            }
+        }
+        let arrival_ns = self.arrivals.next().expect("arrivals never end");
+        if let RequestCount::DurationNs(end) = self.count {
+            if arrival_ns >= end.get() {
+                self.count = RequestCount::Requests(
+                    NonZeroU64::new(self.issued).expect("the first arrival, at 0, is inside"),
+                );
+                return None;
+            }
+        }
+        self.issued += 1;
+        Some((arrival_ns, self.lengths.next_lengths()))
+    }
 }
 
 /// A validated closed-loop workload: `concurrency` requests in flight at any time, each
