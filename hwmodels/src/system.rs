@@ -137,9 +137,10 @@ impl System {
         }
         // Die counts are u32 products of these; bound the largest one (the CloudMatrix384
         // supernode has 768 dies) so that no product or sum of them can overflow.
+        // Three u32 factors can overflow u64 too: saturate (anything that large is refused).
         let max_dies = u64::from(raw.packages_per_node)
-            * u64::from(chip.dies_per_package)
-            * u64::from(raw.max_nodes);
+            .saturating_mul(u64::from(chip.dies_per_package))
+            .saturating_mul(u64::from(raw.max_nodes));
         if max_dies > MAX_DIES {
             return Err(invalid(
                 file,

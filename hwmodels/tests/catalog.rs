@@ -125,6 +125,19 @@ fn bad_user_files_name_the_field_and_value() {
         err.contains("max_nodes = 4294967295") && err.contains("at most 1048576"),
         "{err}"
     );
+    // Three u32 factors at their largest overflow u64 as well.
+    let huger = USER_FILE
+        .replace("max_nodes = 4", "max_nodes = 4294967295")
+        .replace("packages_per_node = 8", "packages_per_node = 4294967295")
+        .replace(
+            "chip = \"ascend-910c\"",
+            "chip = { name = \"x\", vendor = \"v\", dies_per_package = 4294967295, peak_tflops = { bf16 = 1 }, hbm_gb = 64, hbm_tb_s = 1, source = \"s\" }",
+        );
+    let err = cat
+        .system_from_str("f.toml", &huger, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("at most 1048576"), "{err}");
     let chip = USER_FILE.replace("chip = \"ascend-910c\"", "chip = \"ascend-999\"");
     let err = cat
         .system_from_str("f.toml", &chip, None)
