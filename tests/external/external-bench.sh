@@ -74,14 +74,16 @@ curl -s "$URL/metrics" >"$OUT/metrics-aiperf.txt"
 stop_server
 
 start_server
-guidellm benchmark \
-    --target "$URL" \
-    --model "$MODEL" \
-    --processor "$TOK_DIR" \
-    --data "prompt_tokens=$INPUT,output_tokens=$OUTPUT" \
-    --rate-type concurrent --rate "$CONCURRENCY" \
-    --max-requests "$REQUESTS" \
-    --output-path "$OUT/guidellm.json"
+# guidellm 0.8 (`guidellm run`, options as kind=... lists); its default endpoint is the chat
+# API with streaming. A local tokenizer folder works with the offline variables set.
+guidellm run \
+    --backend "kind=openai_http,target=$URL,model=$MODEL" \
+    --tokenizer "kind=huggingface_auto,model=$TOK_DIR" \
+    --data "kind=synthetic_text,prompt_tokens=$INPUT,output_tokens=$OUTPUT" \
+    --profile "kind=concurrent,streams=$CONCURRENCY" \
+    --constraint "kind=max_requests,count=$REQUESTS" \
+    --output "kind=json,path=$OUT/guidellm.json" \
+    --disable-progress
 curl -s "$URL/metrics" >"$OUT/metrics-guidellm.txt"
 stop_server
 
