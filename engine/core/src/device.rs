@@ -127,11 +127,16 @@ impl StepPlan {
         self.dp_ranks - self.ranks.len() as u32
     }
 
-    /// Tokens the step routes through the MoE layers: every rank's, the idle ranks' dummy
-    /// batches included.
-    pub fn routed_tokens(&self) -> u64 {
+    /// Ranks that run the dummy batch: the idle ones, and listed ones with nothing to compute.
+    pub fn dummy_ranks(&self) -> u64 {
         let empty = self.ranks.iter().filter(|r| r.shape.is_empty()).count() as u64;
-        self.tokens() + (self.idle_ranks() as u64 + empty) * DUMMY_TOKENS
+        self.idle_ranks() as u64 + empty
+    }
+
+    /// Tokens the step routes through the MoE layers: every rank's, the dummy batches
+    /// included.
+    pub fn routed_tokens(&self) -> u64 {
+        self.tokens() + self.dummy_ranks() * DUMMY_TOKENS
     }
 }
 

@@ -378,11 +378,10 @@ impl Device for SimDevice {
             });
         }
         // Idle ranks run a one-token dummy batch: priced once, whatever their number.
-        let empty = plan.ranks.iter().filter(|r| r.shape.is_empty()).count() as u64;
-        let idle = plan.idle_ranks() as u64 + empty;
-        // Every token of every rank enters the MoE layers once (TP dies split a rank's tokens).
-        let group: u64 =
-            plan.ranks.iter().map(|r| r.shape.tokens()).sum::<u64>() + idle * self.dummy.tokens();
+        let idle = plan.dummy_ranks();
+        // Every token of every rank enters the MoE layers once (TP dies split a rank's tokens);
+        // the dummy batch is `DUMMY_TOKENS` long.
+        let group = plan.routed_tokens();
         // The batch's own routing strays from the mean the placement was made for.
         let step_imbalance = match &self.experts {
             Some(e) if e.concentration > 0.0 => {

@@ -281,11 +281,13 @@ impl Deployment {
 
     fn route_prefill(&mut self, id: ReqId) {
         let r = &self.reqs[&id];
-        let hashes = if r.hash_block_tokens == ROUTE_HASH_TOKENS || r.tokens.is_empty() {
-            r.hashes.clone()
-        } else {
-            token_hashes(&r.tokens[..r.prompt as usize], ROUTE_HASH_TOKENS)
-        };
+        // The request's own hashes when they are at routing granularity (or all there is).
+        let hashes: std::borrow::Cow<[u64]> =
+            if r.hash_block_tokens == ROUTE_HASH_TOKENS || r.tokens.is_empty() {
+                (&r.hashes[..]).into()
+            } else {
+                token_hashes(&r.tokens[..r.prompt as usize], ROUTE_HASH_TOKENS).into()
+            };
         let p = self.proxy.route_prefill(r.prompt as u64, &hashes);
         let i = self.prefill_ids[p];
         self.reqs.get_mut(&id).expect("in flight").prefill = Some(i);
