@@ -27,31 +27,92 @@ const KEY_BITS: u32 = 7;
 /// Imbalance is priced in steps of 1 / IMBALANCE_BUCKETS (2%).
 const IMBALANCE_BUCKETS: f64 = 50.0;
 
+#[cfg(test)]
 fn quantize(v: u64) -> u64 {
+    let c = code(v);
+    ((c & 0xff) as u64) << (c >> 8)
+}
+
+/// A quantized value as `shift << 8 | mantissa` (value = mantissa << shift, the mantissa below
+/// 2^KEY_BITS): 16 bits for any u64, exact, one code per value.
+fn code(v: u64) -> u16 {
     let bits = 64 - v.leading_zeros();
     if bits <= KEY_BITS {
-        v
+        v as u16
     } else {
         let shift = bits - KEY_BITS;
-        // Round to nearest at the kept precision.
-        ((v + (1 << (shift - 1))) >> shift) << shift
+        // Round to nearest at the kept precision: (v + 2^(shift-1)) >> shift, without overflow.
+        let m = ((v >> (shift - 1)) + 1) >> 1;
+        // Rounding up to 2^KEY_BITS is the next power's code: one code per value.
+        if m >> KEY_BITS == 1 {
+            (((shift + 1) as u16) << 8) | (m >> 1) as u16
+        } else {
+            ((shift as u16) << 8) | m as u16
+        }
     }
 }
 
-fn quantize_shape(s: &BatchShape) -> BatchShape {
-    BatchShape {
-        prefill_seqs: quantize(s.prefill_seqs as u64) as u32,
-        prefill_tokens: quantize(s.prefill_tokens),
-        prefill_pairs: quantize(s.prefill_pairs),
-        prefill_pairs_capped: quantize(s.prefill_pairs_capped),
-        decode_seqs: quantize(s.decode_seqs as u64) as u32,
-        decode_tokens: quantize(s.decode_tokens),
-        decode_pairs: quantize(s.decode_pairs),
-        decode_pairs_capped: quantize(s.decode_pairs_capped),
+fn decode(c: u16) -> u64 {
+    ((c & 0xff) as u64) << (c >> 8)
+}
+
+/// A price-cache key: the quantized shape sums and group tokens as [`code`]s, and the imbalance
+/// bucket, packed into three words (24 bytes: the map's entries stay small enough to sit in
+/// cache where whole shapes did not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PriceKey([u64; 3]);
+
+impl std::hash::Hash for PriceKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        for w in self.0 {
+            state.write_u64(w);
+        }
     }
 }
 
-/// Half of a batch for two-micro-batch overlap: sequences split in two, sums halved.
+impl PriceKey {
+    fn new(s: &BatchShape, group_tokens: u64, bucket: u32) -> Self {
+        let c = [
+            code(s.prefill_seqs as u64),
+            code(s.prefill_tokens),
+            code(s.prefill_pairs),
+            code(s.prefill_pairs_capped),
+            code(s.decode_seqs as u64),
+            code(s.decode_tokens),
+            code(s.decode_pairs),
+            code(s.decode_pairs_capped),
+            code(group_tokens),
+        ];
+        let w = |i: usize| {
+            c[i..i + 4]
+                .iter()
+                .rev()
+                .fold(0u64, |a, &x| a << 16 | x as u64)
+        };
+        PriceKey([w(0), w(4), c[8] as u64 | (bucket as u64) << 16])
+    }
+
+    fn field(&self, i: usize) -> u64 {
+        decode((self.0[i / 4] >> (16 * (i % 4))) as u16)
+    }
+
+    /// The quantized shape, group tokens and imbalance the key stands for.
+    fn shape(&self) -> (BatchShape, u64, f64) {
+        let shape = BatchShape {
+            prefill_seqs: self.field(0) as u32,
+            prefill_tokens: self.field(1),
+            prefill_pairs: self.field(2),
+            prefill_pairs_capped: self.field(3),
+            decode_seqs: self.field(4) as u32,
+            decode_tokens: self.field(5),
+            decode_pairs: self.field(6),
+            decode_pairs_capped: self.field(7),
+        };
+        let bucket = (self.0[2] >> 16) as u32;
+        (shape, self.field(8), bucket as f64 / IMBALANCE_BUCKETS)
+    }
+}
+
 fn half(s: &BatchShape) -> BatchShape {
     BatchShape {
         prefill_seqs: s.prefill_seqs.div_ceil(2),
@@ -65,11 +126,12 @@ fn half(s: &BatchShape) -> BatchShape {
     }
 }
 
-/// The price of one rank's step.
+/// The price of one rank's step: its time, and where the cache keeps its time by op class
+/// ([`StepPricer::class_times`]; only the slowest rank's are read).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RankCost {
     pub time_s: f64,
-    pub class_times: ClassTimes,
+    at: u32,
 }
 
 fn class_times(c: &StepCost, scale: f64) -> ClassTimes {
@@ -101,15 +163,14 @@ pub struct PricerSpec {
 pub struct StepPricer {
     spec: PricerSpec,
     cache: HashMap<PriceKey, RankCost, BuildHasherDefault<KeyHasher>>,
+    /// Time by op class of each cached price (`RankCost::at`).
+    classes: Vec<ClassTimes>,
     /// Per DP rank, the last key it priced and its cost: a rank's quantized shape stays the
     /// same for many steps, and this small array stays in cache where the map does not.
     recent: Vec<Option<(PriceKey, RankCost)>>,
     pub hits: u64,
     pub misses: u64,
 }
-
-/// A price-cache key: quantized shape, quantized group tokens, imbalance bucket.
-type PriceKey = (BatchShape, u64, u64);
 
 /// The price cache's hasher: FxHash's word mixing, finished with splitmix64's avalanche.
 /// Quantized sums end in long runs of zero bits; FxHash alone leaves the bits the map takes its
@@ -149,6 +210,7 @@ impl StepPricer {
         StepPricer {
             spec,
             cache: HashMap::default(),
+            classes: Vec::new(),
             recent: Vec::new(),
             hits: 0,
             misses: 0,
@@ -206,11 +268,16 @@ impl StepPricer {
         c
     }
 
+    /// Time by op class on the critical path of a price this pricer returned.
+    pub fn class_times(&self, c: RankCost) -> ClassTimes {
+        self.classes[c.at as usize]
+    }
+
     fn key(shape: &BatchShape, group_tokens: u64, imbalance: f64) -> PriceKey {
         let bucket = (imbalance * IMBALANCE_BUCKETS)
             .round()
-            .max(IMBALANCE_BUCKETS) as u64;
-        (quantize_shape(shape), quantize(group_tokens), bucket)
+            .clamp(IMBALANCE_BUCKETS, u32::MAX as f64) as u32;
+        PriceKey::new(shape, group_tokens, bucket)
     }
 
     fn cost_of(&mut self, key: PriceKey) -> RankCost {
@@ -219,21 +286,23 @@ impl StepPricer {
             return *c;
         }
         self.misses += 1;
-        let imb = key.2 as f64 / IMBALANCE_BUCKETS;
-        let full = self.price_shape(&key.0, key.1, imb);
-        let cost = if self.spec.two_microbatch {
-            let h = self.price_shape(&half(&key.0), key.1.div_ceil(2), imb);
+        let (shape, group, imb) = key.shape();
+        let full = self.price_shape(&shape, group, imb);
+        let (time_s, classes) = if self.spec.two_microbatch {
+            let h = self.price_shape(&half(&shape), group.div_ceil(2), imb);
             let t = two_microbatch_time(&h, &self.spec.cost.params);
-            RankCost {
-                time_s: t,
-                class_times: class_times(&full, t / full.serial_s.max(f64::MIN_POSITIVE)),
-            }
+            (
+                t,
+                class_times(&full, t / full.serial_s.max(f64::MIN_POSITIVE)),
+            )
         } else {
-            RankCost {
-                time_s: full.serial_s,
-                class_times: class_times(&full, 1.0),
-            }
+            (full.serial_s, class_times(&full, 1.0))
         };
+        let cost = RankCost {
+            time_s,
+            at: self.classes.len() as u32,
+        };
+        self.classes.push(classes);
         self.cache.insert(key, cost);
         cost
     }
@@ -425,12 +494,9 @@ impl Device for SimDevice {
             _ => self.imbalance,
         };
         self.step_imbalance = step_imbalance;
-        let mut slowest = RankCost {
-            time_s: 0.0,
-            class_times: [0.0; CLASS_SLOTS],
-        };
+        let mut slowest: Option<RankCost> = None;
         if idle > 0 {
-            slowest = self.pricer.rank_cost(&self.dummy, group, step_imbalance);
+            slowest = Some(self.pricer.rank_cost(&self.dummy, group, step_imbalance));
         }
         let mut last: Option<BatchShape> = None;
         for r in plan.ranks.iter().filter(|r| !r.shape.is_empty()) {
@@ -442,8 +508,8 @@ impl Device for SimDevice {
             let c = self
                 .pricer
                 .rank_cost_of(r.rank as usize, &r.shape, group, step_imbalance);
-            if c.time_s > slowest.time_s {
-                slowest = c;
+            if slowest.is_none_or(|s| c.time_s > s.time_s) {
+                slowest = Some(c);
             }
         }
         let mut extra_s = 0.0;
@@ -472,7 +538,7 @@ impl Device for SimDevice {
             );
         }
         // Expert weights moving in this step are not overlapped with it.
-        let device_s = slowest.time_s + extra_s;
+        let device_s = slowest.map_or(0.0, |c| c.time_s) + extra_s;
         // The slowest rank's host work: added to the step, or hidden behind it (async).
         let h = self.host;
         let host_s = if h.step_s > 0.0 || h.per_seq_s > 0.0 {
@@ -489,7 +555,7 @@ impl Device for SimDevice {
             host_s
         };
         out.duration = SimDuration::from_secs_f64(device_s + visible_host_s);
-        out.class_times = slowest.class_times;
+        out.class_times = slowest.map_or([0.0; CLASS_SLOTS], |c| self.pricer.class_times(c));
         out.class_times[HOST] = visible_host_s;
         Ok(())
     }
@@ -506,6 +572,75 @@ impl Device for SimDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn price_keys_stand_for_the_quantized_shape() {
+        let s = BatchShape {
+            prefill_seqs: 3,
+            prefill_tokens: 12_345,
+            prefill_pairs: 987_654_321,
+            prefill_pairs_capped: 0,
+            decode_seqs: 65_535,
+            decode_tokens: 1 << 24,
+            decode_pairs: u64::MAX / 3,
+            decode_pairs_capped: 129,
+        };
+        let k = PriceKey::new(&s, 4097, 73);
+        let (q, group, imb) = k.shape();
+        assert_eq!(q.prefill_seqs as u64, quantize(3));
+        assert_eq!(q.prefill_tokens, quantize(12_345));
+        assert_eq!(q.prefill_pairs, quantize(987_654_321));
+        assert_eq!(q.prefill_pairs_capped, 0);
+        assert_eq!(q.decode_seqs as u64, quantize(65_535));
+        assert_eq!(q.decode_tokens, 1 << 24);
+        assert_eq!(q.decode_pairs, quantize(u64::MAX / 3));
+        assert_eq!(q.decode_pairs_capped, quantize(129));
+        assert_eq!(group, quantize(4097));
+        assert_eq!(imb, 73.0 / IMBALANCE_BUCKETS);
+        // Shapes that quantize alike share a key; others do not.
+        assert_eq!(
+            k,
+            PriceKey::new(
+                &BatchShape {
+                    prefill_tokens: 12_346,
+                    ..s
+                },
+                4096,
+                73
+            )
+        );
+        assert_ne!(
+            k,
+            PriceKey::new(
+                &BatchShape {
+                    decode_seqs: 1,
+                    ..s
+                },
+                4097,
+                73
+            )
+        );
+        assert_ne!(k, PriceKey::new(&s, 4097, 74));
+        // One code per quantized value, whichever value rounded to it.
+        for v in 0..100_000u64 {
+            assert_eq!(code(v), code(quantize(v)), "{v}");
+        }
+    }
+
+    #[test]
+    fn quantization_rounds_to_nearest_without_overflow() {
+        // The former formula, (v + 2^(shift-1)) >> shift << shift, where it does not overflow.
+        for v in (0..5000u64).chain([u32::MAX as u64, 1 << 40, (1 << 40) - 1, 3 << 50]) {
+            let bits = 64 - v.leading_zeros();
+            let want = if bits <= KEY_BITS {
+                v
+            } else {
+                let sh = bits - KEY_BITS;
+                ((v + (1 << (sh - 1))) >> sh) << sh
+            };
+            assert_eq!(quantize(v), want, "{v}");
+        }
+    }
 
     #[test]
     fn quantization_keeps_seven_significant_bits() {
