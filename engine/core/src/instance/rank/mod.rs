@@ -256,13 +256,18 @@ impl RankScheduler {
     /// Queues a request; returns its slot (the handle for [`RankScheduler::kv_arrived`] and
     /// [`RankScheduler::release`]).
     pub fn add(&mut self, r: NewRequest<'_>) -> u32 {
+        // The block table it will need at its longest (grown a block at a time otherwise).
+        let longest = (r.prompt_tokens as u64 + r.max_output_tokens as u64)
+            .min(self.cfg.max_model_len)
+            + self.cfg.num_spec_tokens as u64;
+        let blocks = Vec::with_capacity(blocks_for(longest, self.cfg.block_size) as usize);
         let seq = Seq {
             id: r.id,
             prompt: r.prompt_tokens,
             max_output: r.max_output_tokens,
             computed: 0,
             output: 0,
-            blocks: Vec::new(),
+            blocks,
             hashes: self.block_hashes(&r),
             hashed: 0,
             state: State::Waiting,
