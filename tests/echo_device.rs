@@ -191,6 +191,7 @@ async fn collect(rt: &Runtime, prompt: &[u32], max_tokens: u32) -> (Vec<u32>, Fi
             prompt_tokens: prompt.len() as u32,
             max_tokens,
             token_ids: Some(prompt.to_vec()),
+            sampling: None,
         })
         .expect("admitted");
     let mut ids = Vec::new();

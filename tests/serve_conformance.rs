@@ -109,6 +109,7 @@ async fn conforms(file: &str, scale: f64) {
                 prompt_tokens: r.input_tokens,
                 max_tokens: r.output_tokens,
                 token_ids,
+                sampling: None,
             })
             .expect("admitted")
         })

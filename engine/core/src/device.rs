@@ -47,6 +47,62 @@ pub struct DecodeSeq {
     pub step: u32,
 }
 
+/// How a device that returns tokens picks them for one request (vLLM's `SamplingParams`, the
+/// part that shapes numerics). The defaults are the OpenAI API's: temperature 1, no top-p /
+/// top-k / min-p cut, no seed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SamplingParams {
+    /// 0: greedy.
+    pub temperature: f64,
+    /// Keep the smallest set of tokens whose probability reaches this (1: all).
+    pub top_p: f64,
+    /// Keep the `top_k` most likely tokens (0: all).
+    pub top_k: u32,
+    /// Drop tokens less likely than `min_p` times the most likely one (0: none).
+    pub min_p: f64,
+    /// Draws depend only on the seed and the token's position (reproducible); `None`: the
+    /// device's own stream.
+    pub seed: Option<u64>,
+    /// Do not stop at the end-of-sequence token.
+    pub ignore_eos: bool,
+    /// The end-of-sequence token cannot end the request before it has this many output tokens.
+    pub min_tokens: u32,
+    /// Subtracted from the logit of every token the output already holds (OpenAI's).
+    pub presence_penalty: f64,
+    /// Subtracted per occurrence in the output so far (OpenAI's).
+    pub frequency_penalty: f64,
+    /// Divides positive logits (multiplies negative ones) of every token in the prompt or the
+    /// output (vLLM's; 1: none).
+    pub repetition_penalty: f64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            seed: None,
+            ignore_eos: false,
+            min_tokens: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding (temperature 0).
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        }
+    }
+}
+
 /// One request scheduled in a step, as a device that executes requests needs it (vLLM's
 /// `NewRequestData` / `CachedRequestData` in one).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -57,6 +113,10 @@ pub struct ScheduledReq {
     /// afterwards and when the workload has no token ids (synthetic lengths).
     #[serde(skip)]
     pub token_ids: Option<Arc<[u32]>>,
+    /// How to sample it, given with `token_ids` (first sight); `None` then: the request came
+    /// without (the device's defaults apply).
+    #[serde(skip)]
+    pub sampling: Option<Arc<SamplingParams>>,
     /// Tokens whose KV is already in the request's blocks (prefix hits, earlier chunks, pulled
     /// KV).
     pub computed: u32,

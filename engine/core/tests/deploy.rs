@@ -99,6 +99,7 @@ fn a_pd_request_prefills_moves_its_kv_and_decodes() {
             hash_ids: &[],
             hash_block_tokens: 0,
             token_ids: None,
+            sampling: None,
         },
     )
     .unwrap();
@@ -152,6 +153,7 @@ fn a_transfer_names_the_blocks_on_both_sides() {
             hash_ids: &[],
             hash_block_tokens: 0,
             token_ids: None,
+            sampling: None,
         },
     )
     .unwrap();
@@ -189,6 +191,7 @@ fn too_long_is_refused_and_noted() {
             hash_ids: &[],
             hash_block_tokens: 0,
             token_ids: None,
+            sampling: None,
         },
     );
     assert_eq!(
@@ -215,6 +218,7 @@ fn an_abort_frees_the_kv_on_every_instance() {
             hash_ids: &[],
             hash_block_tokens: 0,
             token_ids: None,
+            sampling: None,
         },
     )
     .unwrap();
@@ -290,6 +294,7 @@ fn the_core_runs_the_rebalance_cycle_from_the_devices_heat() {
             hash_ids: &[],
             hash_block_tokens: 0,
             token_ids: None,
+            sampling: None,
         },
     )
     .unwrap();
@@ -326,4 +331,86 @@ fn the_core_runs_the_rebalance_cycle_from_the_devices_heat() {
         );
         assert!(m.max_slots_per_die > 0);
     }
+}
+
+#[test]
+fn sampling_parameters_reach_each_instance_with_the_token_ids() {
+    use dstwin_core::device::SamplingParams;
+    let mut specs = [
+        spec("prefill", cfg(Role::Prefill, 64)),
+        spec("decode", cfg(Role::Decode, 64)),
+    ];
+    for s in &mut specs {
+        s.detail = true;
+    }
+    let mut d = Deployment::new(
+        DeploymentConfig {
+            prefill_policy: Policy::LoadBalance,
+            decode_policy: Policy::LoadBalance,
+            kv_bytes_per_token: 10.0,
+        },
+        specs.to_vec(),
+    );
+    let sampling = SamplingParams {
+        temperature: 0.3,
+        seed: Some(11),
+        ..SamplingParams::default()
+    };
+    let prompt: Vec<u32> = (0..40).collect();
+    d.arrive(
+        SimTime::ZERO,
+        Arrival {
+            id: 7,
+            prompt_tokens: 40,
+            max_tokens: 4,
+            hash_ids: &[],
+            hash_block_tokens: 0,
+            token_ids: Some(&prompt),
+            sampling: Some(&sampling),
+        },
+    )
+    .unwrap();
+    // Per instance, the sampling each scheduled entry of request 7 carried, in step order.
+    let mut seen: [Vec<Option<SamplingParams>>; 2] = Default::default();
+    let mut effects = Vec::new();
+    let mut notes = Vec::new();
+    let mut t = SimTime::ZERO;
+    for _ in 0..100 {
+        d.plan_steps(t);
+        d.take_effects(&mut effects);
+        d.take_notes(&mut notes);
+        if effects.is_empty() {
+            break;
+        }
+        t = SimTime(t.0 + 1000);
+        for e in effects.drain(..) {
+            match e {
+                Effect::Execute { inst } => {
+                    let plan = d.plan(inst as usize).clone();
+                    for r in plan.ranks.iter().flat_map(|r| &r.reqs) {
+                        assert_eq!(
+                            r.sampling.is_some(),
+                            r.token_ids.is_some(),
+                            "sampling comes with the token ids"
+                        );
+                        seen[inst as usize].push(r.sampling.as_deref().cloned());
+                    }
+                    let outcome = StepOutcome {
+                        accepted: plan.ranks.iter().map(|r| vec![0; r.decode.len()]).collect(),
+                        ..Default::default()
+                    };
+                    d.step_done(t, inst, &outcome);
+                }
+                Effect::Transfer(x) => d.transfer_done(t, x.req),
+            }
+        }
+    }
+    for (inst, s) in seen.iter().enumerate() {
+        assert_eq!(s.first(), Some(&Some(sampling.clone())), "instance {inst}");
+        assert!(s[1..].iter().all(Option::is_none), "instance {inst}: {s:?}");
+    }
+    assert!(
+        seen[1].len() >= 3,
+        "the decode instance ran the request's steps"
+    );
 }

@@ -37,6 +37,7 @@ fn req(id: u64, prompt: u32, output: u32) -> NewRequest<'static> {
         hash_block_tokens: 0,
         remote_kv: false,
         token_ids: None,
+        sampling: None,
     }
 }
 
@@ -153,6 +154,7 @@ fn shared_hash_ids_give_prefix_hits_on_full_blocks_only() {
         hash_block_tokens: 512,
         remote_kv: false,
         token_ids: None,
+        sampling: None,
     };
     inst.add_request(r(1), SimTime::ZERO);
     step(&mut inst, true);
@@ -334,6 +336,7 @@ fn drive(
                     hash_block_tokens: 512,
                     remote_kv: false,
                     token_ids: None,
+                    sampling: None,
                 },
                 SimTime::ZERO,
             );

@@ -24,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use dstwin_core::device::FinishReason;
+use dstwin_core::device::SamplingParams;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -223,11 +224,17 @@ async fn run(app: AppState, job: Job) -> Response {
         );
     }
     let mut streams = Vec::new();
-    for _ in 0..job.n {
+    for i in 0..job.n {
+        // Choices of one request draw apart: choice i samples with the seed plus i.
+        let sampling = SamplingParams {
+            seed: job.sampling.seed.map(|s| s.wrapping_add(i as u64)),
+            ..job.sampling.clone()
+        };
         match rt.submit(Submit {
             prompt_tokens: job.prompt_tokens,
             max_tokens: max_tokens as u32,
             token_ids: Some(job.token_ids.clone()),
+            sampling: Some(sampling),
         }) {
             Ok(s) => streams.push(s),
             Err(e) => {

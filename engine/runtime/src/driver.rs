@@ -310,6 +310,7 @@ impl Control {
                         hash_ids: &[],
                         hash_block_tokens: 0,
                         token_ids: req.token_ids.as_deref(),
+                        sampling: req.sampling.as_ref(),
                     },
                 );
                 match res {

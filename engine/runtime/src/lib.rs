@@ -75,6 +75,8 @@ pub struct Submit {
     /// The prompt's token ids, when a tokenizer produced them: they drive prefix caching (block
     /// hashes of the real tokens) and a device that executes requests.
     pub token_ids: Option<Vec<u32>>,
+    /// How a device that returns tokens samples it (`None`: the device's defaults).
+    pub sampling: Option<dstwin_core::device::SamplingParams>,
 }
 
 /// Why a request was not admitted.

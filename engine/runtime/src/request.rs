@@ -5,9 +5,10 @@
 //! - honoured: `model`, `prompt` / `messages`, `max_tokens` / `max_completion_tokens`, `n`,
 //!   `stream`, `stream_options` (`include_usage`, `continuous_usage_stats`), `stop`, `seed`,
 //!   `tools` + `tool_choice` `"auto"`/`"none"` (with a tool-call parser),
-//!   `chat_template_kwargs.thinking`, and the sampling knobs that only shape numerics
-//!   (`temperature`, `top_p`, `top_k`, `min_p`, penalties, `ignore_eos`, …), checked for type
-//!   and range;
+//!   `chat_template_kwargs.thinking`, and the sampling knobs (`temperature`, `top_p`, `top_k`,
+//!   `min_p`, `seed`, penalties, `ignore_eos`, `min_tokens`), checked for type and range and
+//!   handed to the device as [`SamplingParams`]: a device that samples (the CPU engine) honours
+//!   them, the twin's placeholder text has no numerics for them to shape;
 //! - refused (the twin device has no token probabilities and cannot constrain its text):
 //!   `logprobs`, `top_logprobs`, `prompt_logprobs`, `echo`, `suffix`, `best_of` other than `n`,
 //!   non-empty `logit_bias`, `response_format` other than text, guided decoding, `tool_choice`
@@ -15,6 +16,7 @@
 
 use crate::prompt::{render_chat, ChatMessage, Counter};
 use axum::http::StatusCode;
+use dstwin_core::device::SamplingParams;
 use serde_json::{Map, Value};
 
 /// Most choices one request may ask for.
@@ -71,6 +73,8 @@ pub struct Job {
     pub continuous_usage: bool,
     pub stop: Vec<String>,
     pub seed: Option<u64>,
+    /// How a device that returns tokens samples each choice (choice i adds i to the seed).
+    pub sampling: SamplingParams,
     /// Tool calls are parsed from the output.
     pub tools: bool,
     /// `chat_template_kwargs.thinking` / `enable_thinking`.
@@ -235,6 +239,21 @@ fn common(f: &Fields, lim: &Limits, chat: bool) -> Result<Job, ApiError> {
     }
     f.str("user")?;
     let seed = f.int("seed")?.map(|s| s as u64);
+    let num = |k: &str, default: f64| f.num(k).map(|v| v.unwrap_or(default));
+    let sampling = SamplingParams {
+        temperature: num("temperature", 1.0)?,
+        top_p: num("top_p", 1.0)?,
+        top_k: f.int("top_k")?.map_or(0, |k| k.max(0) as u32),
+        min_p: num("min_p", 0.0)?,
+        seed,
+        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+        min_tokens: f
+            .int("min_tokens")?
+            .map_or(0, |m| m.clamp(0, u32::MAX as i64) as u32),
+        presence_penalty: num("presence_penalty", 0.0)?,
+        frequency_penalty: num("frequency_penalty", 0.0)?,
+        repetition_penalty: num("repetition_penalty", 1.0)?,
+    };
     let stop = match f.get("stop") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
@@ -325,6 +344,7 @@ fn common(f: &Fields, lim: &Limits, chat: bool) -> Result<Job, ApiError> {
         continuous_usage,
         stop,
         seed,
+        sampling,
         tools: false,
         thinking: false,
     })
@@ -738,6 +758,32 @@ mod tests {
         let mut bad = body;
         bad["tools"] = json!([{"type": "function"}]);
         assert_eq!(param(chat_with(bad, true)), "tools");
+    }
+
+    #[test]
+    fn sampling_knobs_reach_the_device() {
+        let j = comp(
+            json!({"model": "m", "prompt": "x", "temperature": 0.5, "top_p": 0.9,
+            "top_k": 40, "min_p": 0.05, "seed": 7, "ignore_eos": true, "min_tokens": 3,
+            "presence_penalty": 0.5, "frequency_penalty": -0.25, "repetition_penalty": 1.1}),
+        )
+        .unwrap();
+        let want = SamplingParams {
+            temperature: 0.5,
+            top_p: 0.9,
+            top_k: 40,
+            min_p: 0.05,
+            seed: Some(7),
+            ignore_eos: true,
+            min_tokens: 3,
+            presence_penalty: 0.5,
+            frequency_penalty: -0.25,
+            repetition_penalty: 1.1,
+        };
+        assert_eq!(j.sampling, want);
+        // Absent knobs take the OpenAI defaults; top_k -1 is off.
+        let d = comp(json!({"model": "m", "prompt": "x", "top_k": -1})).unwrap();
+        assert_eq!(d.sampling, SamplingParams::default());
     }
 
     #[test]

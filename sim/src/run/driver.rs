@@ -229,6 +229,7 @@ impl<'s, 'o> Sim<'s, 'o> {
                 hash_ids: hashes,
                 hash_block_tokens: self.hash_block_tokens,
                 token_ids: None,
+                sampling: None,
             },
         );
     }

@@ -1,7 +1,7 @@
 //! What drivers hand the deployment core and what it hands back: its configuration, arriving
 //! requests, the effects to carry out, the notes on what happened, refusals.
 
-use crate::device::{FinishReason, KvTransfer, ReqId, StepPlan};
+use crate::device::{FinishReason, KvTransfer, ReqId, SamplingParams, StepPlan};
 use crate::instance::{InstanceConfig, StepSummary};
 use crate::mtp::Acceptance;
 use crate::pd::Policy;
@@ -44,6 +44,8 @@ pub struct Arrival<'a> {
     pub hash_block_tokens: u32,
     /// The prompt's token ids (a served request), if known.
     pub token_ids: Option<&'a [u32]>,
+    /// How a device that returns tokens samples it (`None`: the device's defaults).
+    pub sampling: Option<&'a SamplingParams>,
 }
 
 /// Work for the driver.

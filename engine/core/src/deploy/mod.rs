@@ -36,7 +36,9 @@ pub use eplb::EplbSpec;
 pub use hashes::token_hashes;
 pub use interface::{Arrival, DeploymentConfig, Effect, InstanceSpec, Note, Refusal, StepRecord};
 
-use crate::device::{FinishReason, KvEnd, KvTransfer, ReqId, StepOutcome, StepPlan};
+use crate::device::{
+    FinishReason, KvEnd, KvTransfer, ReqId, SamplingParams, StepOutcome, StepPlan,
+};
 use crate::instance::{InstEvent, Instance, NewRequest};
 use crate::layout::Role;
 use crate::pd::Proxy;
@@ -44,6 +46,7 @@ use crate::time::SimTime;
 use eplb::EplbRun;
 use hashes::{extend_hashes, ROUTE_HASH_TOKENS};
 use rustc_hash::FxHashMap;
+use std::sync::Arc;
 
 /// A request in flight.
 #[derive(Clone, Debug)]
@@ -60,6 +63,7 @@ struct Req {
     hash_block_tokens: u32,
     /// Prompt and delivered tokens, when the request came with token ids.
     tokens: Vec<u32>,
+    sampling: Option<Arc<SamplingParams>>,
     first: bool,
 }
 
@@ -265,6 +269,7 @@ impl Deployment {
                 hashes,
                 hash_block_tokens,
                 tokens: a.token_ids.map(<[u32]>::to_vec).unwrap_or_default(),
+                sampling: a.sampling.map(|s| Arc::new(s.clone())),
                 first: false,
             },
         );
@@ -326,6 +331,7 @@ impl Deployment {
                 hash_block_tokens: r.hash_block_tokens,
                 remote_kv,
                 token_ids: (r.tokens.len() >= known && known > 0).then(|| &r.tokens[..known]),
+                sampling: r.sampling.as_ref(),
             },
             SimTime::ZERO,
         );

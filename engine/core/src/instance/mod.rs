@@ -62,6 +62,8 @@ pub struct NewRequest<'a> {
     /// The prompt's token ids, when the workload has them (a device that executes requests
     /// needs them).
     pub token_ids: Option<&'a [u32]>,
+    /// How a device that returns tokens samples it.
+    pub sampling: Option<&'a std::sync::Arc<crate::device::SamplingParams>>,
 }
 
 /// What happened to a request during a step (steps where nothing notable happens to a request

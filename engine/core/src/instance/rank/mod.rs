@@ -73,6 +73,7 @@ struct Seq {
     tokens: Vec<u32>,
     /// The device has been given the token ids since the request was (re)admitted.
     shown: bool,
+    sampling: Option<std::sync::Arc<crate::device::SamplingParams>>,
 }
 
 /// Per-step bookkeeping of one scheduled request.
@@ -284,6 +285,7 @@ impl RankScheduler {
             regime: 0,
             tokens: r.token_ids.map(<[u32]>::to_vec).unwrap_or_default(),
             shown: false,
+            sampling: r.sampling.cloned(),
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {

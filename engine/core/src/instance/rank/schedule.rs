@@ -56,11 +56,18 @@ impl RankScheduler {
         drafts: u32,
     ) {
         let s = Self::seq_mut(slab, slot);
-        let token_ids = (!s.shown && !s.tokens.is_empty()).then(|| s.tokens.as_slice().into());
+        let first_sight = !s.shown;
+        let token_ids = (first_sight && !s.tokens.is_empty()).then(|| s.tokens.as_slice().into());
+        let sampling = if first_sight {
+            s.sampling.clone()
+        } else {
+            None
+        };
         s.shown = true;
         plan.reqs.push(ScheduledReq {
             req: s.id,
             token_ids,
+            sampling,
             computed: s.computed,
             new_tokens: new,
             blocks: s.blocks.clone(),
