@@ -189,7 +189,7 @@ impl EngineConfig {
         }
         let n_group = model.router_groups as usize;
         let routed = model.routed_experts as usize;
-        if routed % n_group != 0 {
+        if !routed.is_multiple_of(n_group) {
             return Err(unsupported(
                 "n_group",
                 n_group.to_string(),

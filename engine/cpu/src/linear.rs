@@ -126,7 +126,7 @@ mod tests {
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.1)
             .collect();
         let x: Vec<f32> = (0..5 * 48)
-            .map(|i| ((i * 104729 % 997) as f32 / 498.5 - 1.0))
+            .map(|i| (i * 104729 % 997) as f32 / 498.5 - 1.0)
             .collect();
         let w = Tensor::from_vec(w, (64, 48), &dev)?;
         let x = Tensor::from_vec(x, (5, 48), &dev)?;

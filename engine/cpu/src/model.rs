@@ -43,6 +43,13 @@ pub struct Forward {
     pub expert_counts: Vec<Vec<u32>>,
 }
 
+/// A checked batch: each sequence's span of rows, every row's position and token id.
+struct Prepared<'a> {
+    spans: Vec<SeqSpan<'a>>,
+    positions: Vec<usize>,
+    ids: Vec<u32>,
+}
+
 /// A decoder layer.
 #[derive(Clone, Debug)]
 pub struct Layer {
@@ -366,7 +373,7 @@ impl Model {
         &self,
         cache: &PagedKvCache,
         seqs: &[SeqInput<'a>],
-    ) -> Result<(Vec<SeqSpan<'a>>, Vec<usize>, Vec<u32>), ModelError> {
+    ) -> Result<Prepared<'a>, ModelError> {
         let mut spans = Vec::with_capacity(seqs.len());
         let mut positions = Vec::new();
         let mut ids = Vec::new();
@@ -403,7 +410,11 @@ impl Model {
             positions.extend(s.computed..s.computed + s.tokens.len());
             ids.extend_from_slice(s.tokens);
         }
-        Ok((spans, positions, ids))
+        Ok(Prepared {
+            spans,
+            positions,
+            ids,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -463,7 +474,11 @@ impl Model {
         seqs: &[SeqInput],
         path: AttnPath,
     ) -> Result<Forward, ModelError> {
-        let (spans, positions, ids) = self.prepare(cache, seqs)?;
+        let Prepared {
+            spans,
+            positions,
+            ids,
+        } = self.prepare(cache, seqs)?;
         let idx = Tensor::from_slice(&ids, ids.len(), &self.device)?;
         let mut x = self.embed.index_select(&idx, 0)?;
         let rope = self.rope.tables(&positions, self.dtype, &self.device)?;
@@ -495,7 +510,11 @@ impl Model {
         path: AttnPath,
     ) -> Result<Forward, ModelError> {
         let m = self.mtp.get(k).ok_or(ModelError::NoMtp)?;
-        let (spans, positions, ids) = self.prepare(cache, seqs)?;
+        let Prepared {
+            spans,
+            positions,
+            ids,
+        } = self.prepare(cache, seqs)?;
         if hidden.dims2()?.0 != ids.len() {
             return Err(ModelError::Input {
                 seq: 0,

@@ -81,6 +81,7 @@ pub fn max_abs(a: &[f32]) -> f32 {
     a.iter().map(|x| x.abs()).fold(0.0, f32::max)
 }
 
+#[allow(dead_code)]
 pub fn rows(t: &Tensor) -> Vec<Vec<f32>> {
     t.to_vec2().unwrap()
 }
