@@ -4,6 +4,7 @@ mod bench_cmd;
 mod calibrate_cmd;
 mod eplb_cmd;
 mod explain_cmd;
+mod init_weights_cmd;
 mod output;
 mod plan_cmd;
 mod progress;
@@ -55,6 +56,9 @@ enum Command {
     /// Compare the twin with every published figure it is calibrated on, or with your own
     /// cluster's measurements (`--measured`): errors, mean absolute error, `--max-error` for CI.
     Validate(validate_cmd::ValidateArgs),
+    /// Write a DeepSeek-V3-shaped checkpoint with random weights (config.json,
+    /// model.safetensors, tokenizer.json) for the CPU engine, deterministically from a seed.
+    InitWeights(init_weights_cmd::InitWeightsArgs),
     /// List the built-in models, hardware systems and chips.
     Catalog {
         /// Print JSON instead of a table.
@@ -84,6 +88,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve_cmd::run(*a),
         Command::BenchServe(a) => bench_cmd::run(*a),
         Command::Validate(a) => validate_cmd::run(a),
+        Command::InitWeights(a) => init_weights_cmd::run(a),
         Command::Catalog { json } => explain_cmd::catalog(json),
     };
     match result {

@@ -1,0 +1,256 @@
+//! Multi-head latent attention (MLA) over the paged latent cache.
+//!
+//! Two ways to attend, same numbers:
+//! - **prefill** (`AttnPath::Prefill`): the cached latents of the whole context are
+//!   up-projected by `kv_b_proj` to per-head keys and values, then ordinary attention;
+//! - **absorbed** (`AttnPath::Absorbed`): `kv_b_proj`'s key half is folded into the query and
+//!   its value half into the output, so scores and the weighted sum run against the compressed
+//!   latents themselves (the decode path of DeepSeek's and vLLM's MLA).
+
+use crate::cache::PagedKvCache;
+use crate::config::EngineConfig;
+use crate::linear::Linear;
+use crate::ops::{rms_norm, softmax_last};
+use crate::rope;
+use candle_core::{DType, Result, Tensor, D};
+
+/// Which attention computation a forward pass uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnPath {
+    /// Up-project the latent context to per-head K/V.
+    Prefill,
+    /// Attend against the latent cache with `kv_b_proj` absorbed.
+    Absorbed,
+    /// Absorbed for sequences computing at most 8 tokens (decodes, MTP verification), prefill
+    /// for longer chunks.
+    Auto,
+}
+
+/// Query projection: LoRA (`q_a_proj`, `q_a_layernorm`, `q_b_proj`) or one `q_proj`.
+#[derive(Clone, Debug)]
+pub enum QProj {
+    Lora { a: Linear, norm: Tensor, b: Linear },
+    Full(Linear),
+}
+
+#[derive(Clone, Debug)]
+pub struct Mla {
+    pub q: QProj,
+    pub kv_a: Linear,
+    pub kv_a_norm: Tensor,
+    pub kv_b: Linear,
+    pub o: Linear,
+    /// `kv_b_proj`'s key half per head, `[heads, qk_nope, kv_lora]` (f32).
+    w_uk: Tensor,
+    /// `kv_b_proj`'s value half per head transposed, `[heads, kv_lora, v_head]` (f32).
+    w_uv_t: Tensor,
+}
+
+/// One sequence's slice of the batch, as attention sees it.
+pub struct SeqSpan<'a> {
+    pub blocks: &'a [u32],
+    pub computed: usize,
+    /// Rows of this sequence's new tokens in the batch.
+    pub start: usize,
+    pub len: usize,
+}
+
+impl Mla {
+    pub fn new(
+        q: QProj,
+        kv_a: Linear,
+        kv_a_norm: Tensor,
+        kv_b: Linear,
+        o: Linear,
+        cfg: &EngineConfig,
+    ) -> Result<Mla> {
+        let (w_uk, w_uv_t) = split_kv_b(&kv_b, cfg)?;
+        Ok(Mla {
+            q,
+            kv_a,
+            kv_a_norm,
+            kv_b,
+            o,
+            w_uk,
+            w_uv_t,
+        })
+    }
+
+    /// Rebuilds the absorbed weights after `kv_b` changed (quantization).
+    pub fn refresh_absorbed(&mut self, cfg: &EngineConfig) -> Result<()> {
+        (self.w_uk, self.w_uv_t) = split_kv_b(&self.kv_b, cfg)?;
+        Ok(())
+    }
+
+    /// `x [T, hidden]` (already normed) for the sequences in `spans`; writes each token's
+    /// latent to `cache` layer `layer` and returns `[T, hidden]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        cfg: &EngineConfig,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        cache: &PagedKvCache,
+        layer: usize,
+        spans: &[SeqSpan],
+        path: AttnPath,
+    ) -> Result<Tensor> {
+        let t = x.dims2()?.0;
+        let (h, nope, rd, kvl) = (
+            cfg.heads,
+            cfg.qk_nope_dim,
+            cfg.qk_rope_dim,
+            cfg.kv_lora_rank,
+        );
+        let eps = cfg.rms_norm_eps;
+        let q = match &self.q {
+            QProj::Lora { a, norm, b } => b.forward(&rms_norm(&a.forward(x)?, norm, eps)?)?,
+            QProj::Full(p) => p.forward(x)?,
+        }
+        .reshape((t, h, nope + rd))?;
+        let q_nope = q.narrow(D::Minus1, 0, nope)?;
+        let q_pe = rope::apply(&q.narrow(D::Minus1, nope, rd)?.contiguous()?, cos, sin)?;
+        let kv = self.kv_a.forward(x)?;
+        let c_kv = rms_norm(
+            &kv.narrow(D::Minus1, 0, kvl)?.contiguous()?,
+            &self.kv_a_norm,
+            eps,
+        )?;
+        let k_pe = rope::apply(
+            &kv.narrow(D::Minus1, kvl, rd)?.reshape((t, 1, rd))?,
+            cos,
+            sin,
+        )?
+        .reshape((t, rd))?;
+        let latent = Tensor::cat(&[&c_kv, &k_pe], D::Minus1)?;
+        let scale = cfg.softmax_scale();
+        let mut outs = Vec::with_capacity(spans.len());
+        for s in spans {
+            cache.write(
+                layer,
+                s.blocks,
+                s.computed,
+                &latent.narrow(0, s.start, s.len)?,
+            )?;
+            let ctx = cache
+                .gather(layer, s.blocks, s.computed + s.len)?
+                .to_dtype(DType::F32)?;
+            let c = ctx.narrow(D::Minus1, 0, kvl)?.contiguous()?;
+            let kpe = ctx.narrow(D::Minus1, kvl, rd)?.contiguous()?;
+            // [h, n, d] per head, f32.
+            let qn = q_nope
+                .narrow(0, s.start, s.len)?
+                .to_dtype(DType::F32)?
+                .transpose(0, 1)?
+                .contiguous()?;
+            let qp = q_pe
+                .narrow(0, s.start, s.len)?
+                .to_dtype(DType::F32)?
+                .transpose(0, 1)?
+                .contiguous()?;
+            let absorbed = match path {
+                AttnPath::Absorbed => true,
+                AttnPath::Prefill => false,
+                AttnPath::Auto => s.len <= 8,
+            };
+            let o = if absorbed {
+                self.attend_absorbed(cfg, &qn, &qp, &c, &kpe, s.computed, scale)?
+            } else {
+                self.attend_prefill(cfg, &qn, &qp, &c, &kpe, s.computed, scale)?
+            };
+            outs.push(o.to_dtype(x.dtype())?);
+        }
+        let o = Tensor::cat(&outs, 0)?;
+        self.o.forward(&o)
+    }
+
+    /// Up-projects the context: `[h, n, v]` -> `[n, h * v]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_prefill(
+        &self,
+        cfg: &EngineConfig,
+        qn: &Tensor,
+        qp: &Tensor,
+        c: &Tensor,
+        kpe: &Tensor,
+        computed: usize,
+        scale: f64,
+    ) -> Result<Tensor> {
+        let (h, nope, v) = (cfg.heads, cfg.qk_nope_dim, cfg.v_head_dim);
+        let ctx = c.dims2()?.0;
+        let n = qn.dims3()?.1;
+        // Keys and values from the latents in the layer's dtype, as HF's `kv_b_proj` does.
+        let kv = self
+            .kv_b
+            .forward(&c.to_dtype(self.kv_a_norm.dtype())?)?
+            .to_dtype(DType::F32)?
+            .reshape((ctx, h, nope + v))?
+            .transpose(0, 1)?;
+        let k_nope = kv.narrow(D::Minus1, 0, nope)?.contiguous()?;
+        let val = kv.narrow(D::Minus1, nope, v)?.contiguous()?;
+        let kpe_t = kpe.t()?.contiguous()?;
+        let scores = (qn.matmul(&k_nope.transpose(1, 2)?.contiguous()?)?
+            + qp.reshape((h * n, kpe.dims2()?.1))?
+                .matmul(&kpe_t)?
+                .reshape((h, n, ctx))?)?;
+        let p = softmax_last(&causal((scores * scale)?, computed)?)?;
+        let o = p.matmul(&val)?; // [h, n, v]
+        o.transpose(0, 1)?.reshape((n, h * v))
+    }
+
+    /// Attends against the latents: `[h, n, v]` -> `[n, h * v]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_absorbed(
+        &self,
+        cfg: &EngineConfig,
+        qn: &Tensor,
+        qp: &Tensor,
+        c: &Tensor,
+        kpe: &Tensor,
+        computed: usize,
+        scale: f64,
+    ) -> Result<Tensor> {
+        let (h, v, kvl) = (cfg.heads, cfg.v_head_dim, cfg.kv_lora_rank);
+        let ctx = c.dims2()?.0;
+        let n = qn.dims3()?.1;
+        let q_lat = qn.matmul(&self.w_uk)?; // [h, n, kvl]
+        let scores = (q_lat.reshape((h * n, kvl))?.matmul(&c.t()?.contiguous()?)?
+            + qp.reshape((h * n, kpe.dims2()?.1))?
+                .matmul(&kpe.t()?.contiguous()?)?)?
+        .reshape((h, n, ctx))?;
+        let p = softmax_last(&causal((scores * scale)?, computed)?)?;
+        let o_lat = p.reshape((h * n, ctx))?.matmul(c)?.reshape((h, n, kvl))?;
+        let o = o_lat.matmul(&self.w_uv_t)?; // [h, n, v]
+        o.transpose(0, 1)?.reshape((n, h * v))
+    }
+}
+
+/// `[h, n, ctx]` scores with query `i` (at position `computed + i`) masked beyond itself.
+fn causal(scores: Tensor, computed: usize) -> Result<Tensor> {
+    let (_, n, ctx) = scores.dims3()?;
+    if computed + 1 >= ctx {
+        return Ok(scores); // a single new token sees everything
+    }
+    let mask: Vec<f32> = (0..n)
+        .flat_map(|i| {
+            (0..ctx).map(move |j| {
+                if j > computed + i {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect();
+    let mask = Tensor::from_vec(mask, (1, n, ctx), scores.device())?;
+    scores.broadcast_add(&mask)
+}
+
+fn split_kv_b(kv_b: &Linear, cfg: &EngineConfig) -> Result<(Tensor, Tensor)> {
+    let (h, nope, v, kvl) = (cfg.heads, cfg.qk_nope_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+    let w = kv_b.weight_f32()?.reshape((h, nope + v, kvl))?;
+    let w_uk = w.narrow(1, 0, nope)?.contiguous()?;
+    let w_uv_t = w.narrow(1, nope, v)?.transpose(1, 2)?.contiguous()?;
+    Ok((w_uk, w_uv_t))
+}

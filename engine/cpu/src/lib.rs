@@ -1,0 +1,39 @@
+//! A real DeepSeek-V3 (V3, R1, V3.1) engine on CPU: real weights, real numerics.
+//!
+//! Modules:
+//! - [`config`]: HF config.json -> [`EngineConfig`] (sizes through `dstwin_core`'s parser,
+//!   plus norm, RoPE/YaRN, router and special-token fields);
+//! - [`weights`]: HF safetensors checkpoints (single or sharded), shape checks naming fields;
+//! - [`model`]: the model, its loading, the batched forward over paged sequences, MTP;
+//! - [`attention`]: MLA, prefill (up-projected) and absorbed (latent) paths;
+//! - [`moe`]: DeepSeekMoE routing (`noaux_tc`), the expert table, combine;
+//! - [`cache`]: the paged latent KV pool;
+//! - [`rope`]: RoPE with YaRN; [`linear`]: dense and W8A8 projections; [`ops`]: norms, softmax;
+//! - [`init`] and [`tokenizer`]: deterministic random checkpoints and their tokenizer;
+//! - [`error`]: [`LoadError`] and [`ModelError`].
+//!
+//! Tensors are candle's: the CPU backend today; another candle device (CUDA, Metal) would be a
+//! cargo feature and a `Device` argument away, as [`Model::load`] already takes one.
+
+#![recursion_limit = "256"]
+
+pub mod attention;
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod init;
+pub mod linear;
+pub mod model;
+pub mod moe;
+pub mod ops;
+pub mod rope;
+pub mod tokenizer;
+pub mod weights;
+
+pub use attention::AttnPath;
+pub use cache::PagedKvCache;
+pub use candle_core::{DType, Device, Tensor};
+pub use config::EngineConfig;
+pub use error::{LoadError, ModelError};
+pub use init::init_weights;
+pub use model::{Forward, Model, SeqInput};

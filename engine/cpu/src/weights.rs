@@ -1,0 +1,155 @@
+//! HF-layout safetensors checkpoints: one `model.safetensors`, or shards listed by
+//! `model.safetensors.index.json`. Tensors are taken by name with their expected shape (each
+//! dim named by the config.json field it comes from), converted to the compute dtype, and
+//! every tensor of the checkpoint must be taken: a leftover means config.json and the weights
+//! disagree.
+
+use crate::error::LoadError;
+use candle_core::{DType, Device, Tensor};
+use safetensors::{Dtype, SafeTensors};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// One expected dimension: its size and the config.json field (or expression) it comes from.
+pub type Dim = (usize, &'static str);
+
+/// The tensors of a checkpoint, read into memory.
+pub struct Checkpoint {
+    files: Vec<(String, Vec<u8>)>,
+    /// Tensor name -> index into `files`.
+    index: BTreeMap<String, usize>,
+    taken: BTreeSet<String>,
+}
+
+fn io(path: &Path, e: std::io::Error) -> LoadError {
+    LoadError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+impl Checkpoint {
+    /// Reads `dir/model.safetensors.index.json` and its shards, or `dir/model.safetensors`.
+    pub fn open(dir: &Path) -> Result<Checkpoint, LoadError> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let names: Vec<String> = if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path).map_err(|e| io(&index_path, e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| LoadError::Index(e.to_string()))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| LoadError::Index("no 'weight_map' object".into()))?;
+            let mut files = BTreeSet::new();
+            for (tensor, f) in map {
+                let f = f.as_str().ok_or_else(|| {
+                    LoadError::Index(format!("weight_map['{tensor}'] is not a file name"))
+                })?;
+                if f.contains('/') || f.contains('\\') || f.starts_with('.') {
+                    return Err(LoadError::Index(format!(
+                        "weight_map['{tensor}'] = '{f}': shards must be files beside the index"
+                    )));
+                }
+                files.insert(f.to_string());
+            }
+            files.into_iter().collect()
+        } else {
+            vec!["model.safetensors".to_string()]
+        };
+        let mut files = Vec::with_capacity(names.len());
+        let mut index = BTreeMap::new();
+        for (i, name) in names.into_iter().enumerate() {
+            let path = dir.join(&name);
+            let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+            let st = SafeTensors::deserialize(&bytes).map_err(|e| LoadError::Safetensors {
+                file: name.clone(),
+                message: e.to_string(),
+            })?;
+            for t in st.names() {
+                index.insert(t.to_string(), i);
+            }
+            files.push((name, bytes));
+        }
+        Ok(Checkpoint {
+            files,
+            index,
+            taken: BTreeSet::new(),
+        })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// Takes tensor `name`, checks it against `dims`, returns it in `dtype`. `because` says
+    /// which part of config.json needs it (for the missing-tensor error).
+    pub fn take(
+        &mut self,
+        name: &str,
+        dims: &[Dim],
+        dtype: DType,
+        because: &str,
+    ) -> Result<Tensor, LoadError> {
+        let &file = self
+            .index
+            .get(name)
+            .ok_or_else(|| LoadError::MissingTensor {
+                tensor: name.to_string(),
+                because: because.to_string(),
+            })?;
+        let (fname, bytes) = &self.files[file];
+        let st = SafeTensors::deserialize(bytes).map_err(|e| LoadError::Safetensors {
+            file: fname.clone(),
+            message: e.to_string(),
+        })?;
+        let view = st.tensor(name).map_err(|e| LoadError::Safetensors {
+            file: fname.clone(),
+            message: e.to_string(),
+        })?;
+        let shape: Vec<usize> = view.shape().to_vec();
+        let want: Vec<usize> = dims.iter().map(|d| d.0).collect();
+        if shape != want {
+            return Err(LoadError::Shape {
+                tensor: name.to_string(),
+                found: shape,
+                expected: format!("{want:?}"),
+                fields: dims
+                    .iter()
+                    .map(|(v, f)| format!("{f} = {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        let data = view.data();
+        let values: Vec<f32> = match view.dtype() {
+            Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::BF16 => data
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => data
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(LoadError::Dtype {
+                    tensor: name.to_string(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        self.taken.insert(name.to_string());
+        Ok(Tensor::from_vec(values, shape, &Device::Cpu)?.to_dtype(dtype)?)
+    }
+
+    /// Fails on the first tensor no part of the model took.
+    pub fn finish(self) -> Result<(), LoadError> {
+        match self.index.keys().find(|k| !self.taken.contains(*k)) {
+            Some(t) => Err(LoadError::Unexpected { tensor: t.clone() }),
+            None => Ok(()),
+        }
+    }
+}

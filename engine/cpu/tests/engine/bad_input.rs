@@ -1,0 +1,168 @@
+//! A checkpoint that does not fit its config is refused with an error naming the tensor or the
+//! field; sharded checkpoints load like single files.
+
+use crate::common::*;
+use dstwin_cpu::{AttnPath, DType, Device, LoadError, Model};
+use safetensors::tensor::TensorView;
+use safetensors::SafeTensors;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+type Tensors = BTreeMap<String, (safetensors::Dtype, Vec<usize>, Vec<u8>)>;
+
+fn tensors() -> Tensors {
+    let bytes = std::fs::read(tiny_dir().join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(k, v)| (k, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
+        .collect()
+}
+
+fn save(path: &Path, t: &Tensors) {
+    let views: Vec<(String, TensorView)> = t
+        .iter()
+        .map(|(k, (d, s, b))| (k.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+fn config() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(tiny_dir().join("config.json")).unwrap()).unwrap()
+}
+
+/// A model directory with `config` and `tensors`.
+fn dir(tag: &str, config: &Value, t: &Tensors) -> PathBuf {
+    let d = temp_dir(tag);
+    std::fs::write(d.join("config.json"), config.to_string()).unwrap();
+    save(&d.join("model.safetensors"), t);
+    d
+}
+
+fn load_err(d: &Path) -> LoadError {
+    let e = Model::load(d, DType::F32, &Device::Cpu).unwrap_err();
+    let _ = std::fs::remove_dir_all(d);
+    e
+}
+
+#[test]
+fn a_missing_tensor_is_named() {
+    let mut t = tensors();
+    let name = "model.layers.2.mlp.experts.5.up_proj.weight";
+    t.remove(name).unwrap();
+    let e = load_err(&dir("missing", &config(), &t));
+    assert!(matches!(e, LoadError::MissingTensor { .. }), "{e}");
+    assert!(e.to_string().contains(name), "{e}");
+}
+
+#[test]
+fn a_wrong_shape_names_the_tensor_and_the_fields() {
+    let mut t = tensors();
+    let name = "model.layers.1.self_attn.kv_b_proj.weight";
+    let (d, s, b) = t.remove(name).unwrap();
+    let (rows, cols) = (s[0], s[1]);
+    t.insert(name.into(), (d, vec![rows / 2, cols * 2], b));
+    let e = load_err(&dir("shape", &config(), &t));
+    let msg = e.to_string();
+    assert!(matches!(e, LoadError::Shape { .. }), "{msg}");
+    assert!(
+        msg.contains(name) && msg.contains("kv_lora_rank = 64"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn unsupported_architectures_are_refused() {
+    for (arch, model_type) in [
+        ("DeepseekV32ForCausalLM", "deepseek_v32"),
+        ("LlamaForCausalLM", "llama"),
+    ] {
+        let mut c = config();
+        c["architectures"] = serde_json::json!([arch]);
+        c["model_type"] = Value::from(model_type);
+        let e = load_err(&dir("arch", &c, &tensors()));
+        assert!(matches!(e, LoadError::Architecture { .. }), "{e}");
+        assert!(e.to_string().contains(model_type), "{e}");
+    }
+    let mut c = config();
+    c["scoring_func"] = Value::from("softmax");
+    let e = load_err(&dir("scoring", &c, &tensors()));
+    assert!(e.to_string().contains("scoring_func"), "{e}");
+}
+
+#[test]
+fn a_config_that_disagrees_with_the_weights_names_the_field() {
+    let mut c = config();
+    c["hidden_size"] = Value::from(128);
+    let e = load_err(&dir("hidden", &c, &tensors()));
+    assert!(e.to_string().contains("hidden_size = 128"), "{e}");
+
+    // Fewer experts than the checkpoint holds: the router's shape shows it first.
+    let mut c = config();
+    c["n_routed_experts"] = Value::from(8);
+    let e = load_err(&dir("experts", &c, &tensors()));
+    assert!(
+        e.to_string().contains("mlp.gate.weight") && e.to_string().contains("n_routed_experts = 8"),
+        "{e}"
+    );
+
+    // A tensor no part of the config accounts for (here an expert beyond n_routed_experts).
+    let mut t = tensors();
+    let extra = t["model.layers.1.mlp.experts.0.up_proj.weight"].clone();
+    t.insert("model.layers.1.mlp.experts.16.up_proj.weight".into(), extra);
+    let e = load_err(&dir("extra", &config(), &t));
+    assert!(matches!(e, LoadError::Unexpected { .. }), "{e}");
+    assert!(
+        e.to_string().contains("experts.16") && e.to_string().contains("n_routed_experts"),
+        "{e}"
+    );
+
+    // No MTP module in the config, but its weights in the checkpoint.
+    let mut c = config();
+    c["num_nextn_predict_layers"] = Value::from(0);
+    let e = load_err(&dir("mtp", &c, &tensors()));
+    assert!(e.to_string().contains("model.layers.4."), "{e}");
+}
+
+#[test]
+fn a_sharded_checkpoint_loads_like_a_single_file() {
+    let t = tensors();
+    let d = temp_dir("sharded");
+    std::fs::copy(tiny_dir().join("config.json"), d.join("config.json")).unwrap();
+    let (mut a, mut b) = (Tensors::new(), Tensors::new());
+    let mut map = serde_json::Map::new();
+    for (i, (k, v)) in t.into_iter().enumerate() {
+        let (shard, name) = if i % 2 == 0 {
+            (&mut a, "model-00001-of-00002.safetensors")
+        } else {
+            (&mut b, "model-00002-of-00002.safetensors")
+        };
+        map.insert(k.clone(), Value::from(name));
+        shard.insert(k, v);
+    }
+    save(&d.join("model-00001-of-00002.safetensors"), &a);
+    save(&d.join("model-00002-of-00002.safetensors"), &b);
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let sharded = Model::load(&d, DType::F32, &Device::Cpu).unwrap();
+    let p = prompt(9, 40);
+    let x = prompt_logits(&sharded, &p, 1, AttnPath::Auto);
+    let y = prompt_logits(tiny(DType::F32), &p, 1, AttnPath::Auto);
+    assert_eq!(x, y);
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn a_missing_directory_is_an_io_error_naming_the_file() {
+    let e = Model::load(
+        Path::new("/nonexistent/dstwin-model"),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, LoadError::Io { .. }) && e.to_string().contains("config.json"),
+        "{e}"
+    );
+}

@@ -1,0 +1,10 @@
+//! The CPU engine's integration tests: one binary, one file per behaviour.
+
+mod bad_input;
+mod common;
+mod init_weights;
+mod mla;
+mod mtp;
+mod paged_cache;
+mod parity;
+mod w8a8;

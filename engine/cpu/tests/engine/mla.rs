@@ -1,0 +1,33 @@
+//! MLA's two computations agree: up-projecting the latent context (prefill) and attending
+//! against the latents with `kv_b_proj` absorbed (decode).
+
+use crate::common::*;
+use dstwin_cpu::{AttnPath, DType};
+
+#[test]
+fn prefill_and_absorbed_paths_give_the_same_logits() {
+    let model = tiny(DType::F32);
+    for n in [1, 5, 40] {
+        let p = prompt(n, 10 + n as u64);
+        let a = prompt_logits(model, &p, n.min(5), AttnPath::Prefill);
+        let b = prompt_logits(model, &p, n.min(5), AttnPath::Absorbed);
+        for (x, y) in a.iter().zip(&b) {
+            let d = max_abs_diff(x, y) / max_abs(x);
+            assert!(d < 1e-5, "prompt of {n}: {d}");
+        }
+    }
+}
+
+#[test]
+fn yarn_changes_the_logits() {
+    // The tiny preset has YaRN on; without it attention (and so the logits) differ, which shows
+    // the scaled frequencies and mscale reach the computation.
+    let model = tiny(DType::F32);
+    let p = prompt(33, 11);
+    let with = prompt_logits(model, &p, 1, AttnPath::Auto);
+    let mut plain = model.clone();
+    plain.cfg.rope_scaling = None;
+    plain.rope = dstwin_cpu::rope::Rope::new(&plain.cfg);
+    let without = prompt_logits(&plain, &p, 1, AttnPath::Auto);
+    assert!(max_abs_diff(&with[0], &without[0]) > 1e-3);
+}
