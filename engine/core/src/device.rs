@@ -117,6 +117,9 @@ pub struct ScheduledReq {
     /// without (the device's defaults apply).
     #[serde(skip)]
     pub sampling: Option<Arc<SamplingParams>>,
+    /// Tokens of the prompt as the client sent it: the token ids past it are output (sampling
+    /// penalties and `min_tokens` count those).
+    pub prompt_len: u32,
     /// Tokens whose KV is already in the request's blocks (prefix hits, earlier chunks, pulled
     /// KV).
     pub computed: u32,

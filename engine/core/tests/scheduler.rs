@@ -38,6 +38,7 @@ fn req(id: u64, prompt: u32, output: u32) -> NewRequest<'static> {
         remote_kv: false,
         token_ids: None,
         sampling: None,
+        prompt_len: prompt,
     }
 }
 
@@ -155,6 +156,7 @@ fn shared_hash_ids_give_prefix_hits_on_full_blocks_only() {
         remote_kv: false,
         token_ids: None,
         sampling: None,
+        prompt_len: 1300,
     };
     inst.add_request(r(1), SimTime::ZERO);
     step(&mut inst, true);
@@ -337,6 +339,7 @@ fn drive(
                     remote_kv: false,
                     token_ids: None,
                     sampling: None,
+                    prompt_len: p,
                 },
                 SimTime::ZERO,
             );

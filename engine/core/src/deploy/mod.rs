@@ -332,6 +332,7 @@ impl Deployment {
                 remote_kv,
                 token_ids: (r.tokens.len() >= known && known > 0).then(|| &r.tokens[..known]),
                 sampling: r.sampling.as_ref(),
+                prompt_len: r.prompt,
             },
             SimTime::ZERO,
         );

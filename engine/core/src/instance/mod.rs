@@ -62,6 +62,9 @@ pub struct NewRequest<'a> {
     /// The prompt's token ids, when the workload has them (a device that executes requests
     /// needs them).
     pub token_ids: Option<&'a [u32]>,
+    /// The prompt as the client sent it (`prompt_tokens` less the tokens a sent-back request
+    /// had produced).
+    pub prompt_len: u32,
     /// How a device that returns tokens samples it.
     pub sampling: Option<&'a std::sync::Arc<crate::device::SamplingParams>>,
 }

@@ -74,6 +74,8 @@ struct Seq {
     /// The device has been given the token ids since the request was (re)admitted.
     shown: bool,
     sampling: Option<std::sync::Arc<crate::device::SamplingParams>>,
+    /// The client's prompt length.
+    prompt_len: u32,
 }
 
 /// Per-step bookkeeping of one scheduled request.
@@ -286,6 +288,7 @@ impl RankScheduler {
             tokens: r.token_ids.map(<[u32]>::to_vec).unwrap_or_default(),
             shown: false,
             sampling: r.sampling.cloned(),
+            prompt_len: r.prompt_len,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {

@@ -68,6 +68,7 @@ impl RankScheduler {
             req: s.id,
             token_ids,
             sampling,
+            prompt_len: s.prompt_len,
             computed: s.computed,
             new_tokens: new,
             blocks: s.blocks.clone(),
