@@ -91,7 +91,7 @@ impl Mla {
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        cache: &PagedKvCache,
+        cache: &mut PagedKvCache,
         layer: usize,
         spans: &[SeqSpan],
         path: AttnPath,

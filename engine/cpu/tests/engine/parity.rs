@@ -122,11 +122,11 @@ fn greedy_decode_with_the_cache_matches_transformers_generate() {
         .clone();
     let p = ids(&run["prompt"]);
     let want = ids(&run["greedy"]);
-    let c = cache(model);
+    let mut c = cache(model);
     let b = blocks(0, p.len() + want.len());
     let f = model
         .forward(
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &b,
                 computed: 0,
@@ -142,7 +142,7 @@ fn greedy_decode_with_the_cache_matches_transformers_generate() {
         let computed = p.len() + got.len() - 1;
         let f = model
             .forward(
-                &c,
+                &mut c,
                 &[SeqInput {
                     blocks: &b,
                     computed,
