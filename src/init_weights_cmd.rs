@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Writes DIR/config.json, DIR/model.safetensors (bf16) and DIR/tokenizer.json. The same seed and shape give byte-identical files.\n\nExamples:\n  dstwin init-weights --preset tiny --seed 1 --out /tmp/tiny\n  dstwin init-weights --config my-config.json --seed 7 --out /tmp/m\n\nExit codes: 0 ok, 1 the files could not be written, 2 bad arguments or config (the message names the field)."
+    after_help = "Writes DIR/config.json, DIR/model.safetensors (bf16) and DIR/tokenizer.json. The same seed and shape give byte-identical files.\n\nExamples:\n  dstwin init-weights --preset tiny --seed 1 --out tiny-model\n  dstwin init-weights --config my-config.json --seed 7 --out my-model\n\nExit codes: 0 ok, 1 the files could not be written, 2 bad arguments or config (the message names the field)."
 )]
 pub struct InitWeightsArgs {
     /// A built-in shape: tiny (hidden 256, 4 layers, 16 experts, 1 MTP layer, a few MB).

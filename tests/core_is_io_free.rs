@@ -42,9 +42,11 @@ fn root() -> &'static Path {
 
 /// Package name -> the names of its dependencies, from Cargo.lock (every kind and platform:
 /// stricter than the build needs, and readable without the network or cargo).
+/// Cargo.lock as a graph of packages keyed `name version`: several versions of one crate can be
+/// locked (a newer one may pull in what an older one does not), so names alone would merge them.
 fn lock_graph() -> HashMap<String, Vec<String>> {
     let lock = std::fs::read_to_string(root().join("Cargo.lock")).expect("Cargo.lock");
-    let mut graph: HashMap<String, Vec<String>> = HashMap::new();
+    let mut packages: Vec<(String, String, Vec<String>)> = Vec::new();
     for pkg in lock.split("[[package]]").skip(1) {
         let field = |key: &str| {
             pkg.lines()
@@ -52,41 +54,73 @@ fn lock_graph() -> HashMap<String, Vec<String>> {
                 .map(|v| v.trim().trim_matches('"').to_string())
         };
         let name = field("name = ").expect("a package name");
+        let version = field("version = ").expect("a package version");
         let deps: Vec<String> = pkg
             .split("dependencies = [")
             .nth(1)
             .map(|d| {
                 d[..d.find(']').expect("a closed list")]
                     .split(',')
-                    .filter_map(|x| {
-                        // "name" or "name version" or "name version (source)".
-                        let x = x.trim().trim_matches('"');
-                        x.split_whitespace().next().map(str::to_string)
-                    })
+                    .map(|x| x.trim().trim_matches('"').to_string())
+                    .filter(|x| !x.is_empty())
                     .collect()
             })
             .unwrap_or_default();
-        graph.entry(name).or_default().extend(deps);
+        packages.push((name, version, deps));
     }
-    graph
+    // A dependency is written `name` when one version is locked, else `name version`.
+    let mut versions: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (n, v, _) in &packages {
+        versions.entry(n).or_default().push(v);
+    }
+    let key = |dep: &str| {
+        let mut parts = dep.split_whitespace();
+        let name = parts.next().expect("a dependency name");
+        match parts.next() {
+            Some(v) => format!("{name} {v}"),
+            None => format!("{name} {}", versions[name][0]),
+        }
+    };
+    packages
+        .iter()
+        .map(|(n, v, deps)| (format!("{n} {v}"), deps.iter().map(|d| key(d)).collect()))
+        .collect()
 }
 
-#[test]
-fn the_core_depends_on_no_io_crate() {
-    let graph = lock_graph();
-    assert!(
-        graph.contains_key("dstwin-core"),
-        "dstwin-core in Cargo.lock"
-    );
+/// Crates that only build for wasm32. Cargo.lock records no targets, so a crate that enables a
+/// wasm feature anywhere in the workspace (candle's `zip` turns on `getrandom/wasm_js`) makes
+/// them appear under `getrandom` for everyone; their dependencies (js-sys's `futures-util`) are
+/// never built for a native target and are not followed.
+const WASM_ONLY: &[&str] = &["js-sys", "wasm-bindgen"];
+
+/// Names of the crates in the tree of the package named `root` (its dev-dependencies included).
+fn tree(graph: &HashMap<String, Vec<String>>, root: &str) -> BTreeSet<String> {
+    let start = graph
+        .keys()
+        .find(|k| k.split(' ').next() == Some(root))
+        .unwrap_or_else(|| panic!("{root} in Cargo.lock"))
+        .clone();
     let mut seen = BTreeSet::new();
-    let mut stack = vec!["dstwin-core".to_string()];
+    let mut stack = vec![start];
     while let Some(p) = stack.pop() {
+        if WASM_ONLY.iter().any(|w| p.split(' ').next() == Some(*w)) {
+            continue;
+        }
         for d in graph.get(&p).into_iter().flatten() {
             if seen.insert(d.clone()) {
                 stack.push(d.clone());
             }
         }
     }
+    seen.into_iter()
+        .map(|k| k.split(' ').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn the_core_depends_on_no_io_crate() {
+    let graph = lock_graph();
+    let seen = tree(&graph, "dstwin-core");
     let bad: Vec<_> = FORBIDDEN_CRATES
         .iter()
         .filter(|c| seen.contains(**c))
@@ -98,15 +132,7 @@ fn the_core_depends_on_no_io_crate() {
     // The tree is really read: the core's own dependencies are in it.
     assert!(seen.contains("dstwin-hwmodels") && seen.contains("serde"));
     // And the check bites: the runtime's tree holds what the core's must not.
-    let mut runtime = BTreeSet::new();
-    let mut stack = vec!["dstwin-runtime".to_string()];
-    while let Some(p) = stack.pop() {
-        for d in graph.get(&p).into_iter().flatten() {
-            if runtime.insert(d.clone()) {
-                stack.push(d.clone());
-            }
-        }
-    }
+    let runtime = tree(&graph, "dstwin-runtime");
     assert!(runtime.contains("tokio") && runtime.contains("axum"));
 }
 

@@ -91,7 +91,7 @@ impl Mla {
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        cache: &PagedKvCache,
+        cache: &mut PagedKvCache,
         layer: usize,
         spans: &[SeqSpan],
         path: AttnPath,
@@ -194,7 +194,10 @@ impl Mla {
             + qp.reshape((h * n, kpe.dims2()?.1))?
                 .matmul(&kpe_t)?
                 .reshape((h, n, ctx))?)?;
-        let p = softmax_last(&causal((scores * scale)?, computed)?)?;
+        // In bf16, round where HF's eager attention holds bf16 tensors: the scores, the scaled
+        // scores and the probabilities.
+        let r = |t: Tensor| round_to(t, self.kv_a_norm.dtype());
+        let p = r(softmax_last(&causal(r((r(scores)? * scale)?)?, computed)?)?)?;
         let o = p.matmul(&val)?; // [h, n, v]
         o.transpose(0, 1)?.reshape((n, h * v))
     }
@@ -245,6 +248,15 @@ fn causal(scores: Tensor, computed: usize) -> Result<Tensor> {
         .collect();
     let mask = Tensor::from_vec(mask, (1, n, ctx), scores.device())?;
     scores.broadcast_add(&mask)
+}
+
+/// `t` (f32) rounded to `dtype`'s precision, still f32.
+fn round_to(t: Tensor, dtype: DType) -> Result<Tensor> {
+    if dtype == DType::F32 {
+        Ok(t)
+    } else {
+        t.to_dtype(dtype)?.to_dtype(DType::F32)
+    }
 }
 
 fn split_kv_b(kv_b: &Linear, cfg: &EngineConfig) -> Result<(Tensor, Tensor)> {

@@ -78,7 +78,7 @@ impl PagedKvCache {
 
     /// Writes `rows [n, width]` as the entries of positions `start..start + n`.
     pub fn write(
-        &self,
+        &mut self,
         layer: usize,
         blocks: &[u32],
         start: usize,

@@ -8,7 +8,8 @@ use thiserror::Error;
 pub enum LoadError {
     #[error("{path}: {message}")]
     Io { path: String, message: String },
-    #[error("config.json: {0}")]
+    /// The shared parser's message already names config.json and the field.
+    #[error(transparent)]
     Config(#[from] dstwin_core::model::config::ConfigError),
     #[error("config.json: architectures {found:?}, model_type '{model_type}': the CPU engine runs DeepseekV3ForCausalLM (model_type deepseek_v3: V3, R1, V3.1) only")]
     Architecture {

@@ -425,7 +425,7 @@ impl Model {
         cache_layer: usize,
         x: &Tensor,
         rope: &(Tensor, Tensor),
-        cache: &PagedKvCache,
+        cache: &mut PagedKvCache,
         spans: &[SeqSpan],
         path: AttnPath,
     ) -> Result<(Tensor, Option<Vec<u32>>), ModelError> {
@@ -470,7 +470,7 @@ impl Model {
     /// `cache` at their positions and returns the logits asked for.
     pub fn forward(
         &self,
-        cache: &PagedKvCache,
+        cache: &mut PagedKvCache,
         seqs: &[SeqInput],
         path: AttnPath,
     ) -> Result<Forward, ModelError> {
@@ -504,7 +504,7 @@ impl Model {
     pub fn mtp_forward(
         &self,
         k: usize,
-        cache: &PagedKvCache,
+        cache: &mut PagedKvCache,
         seqs: &[SeqInput],
         hidden: &Tensor,
         path: AttnPath,
@@ -541,7 +541,7 @@ impl Model {
     /// Greedy draft tokens of MTP module 0, one per logit row asked for.
     pub fn draft(
         &self,
-        cache: &PagedKvCache,
+        cache: &mut PagedKvCache,
         seqs: &[SeqInput],
         hidden: &Tensor,
         path: AttnPath,

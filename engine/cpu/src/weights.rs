@@ -13,11 +13,20 @@ use std::path::Path;
 /// One expected dimension: its size and the config.json field (or expression) it comes from.
 pub type Dim = (usize, &'static str);
 
-/// The tensors of a checkpoint, read into memory.
+/// Where one tensor's bytes are.
+struct Entry {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte range in the file (the header's offsets plus the header).
+    start: usize,
+    end: usize,
+}
+
+/// The tensors of a checkpoint, read into memory (headers parsed once).
 pub struct Checkpoint {
-    files: Vec<(String, Vec<u8>)>,
-    /// Tensor name -> index into `files`.
-    index: BTreeMap<String, usize>,
+    files: Vec<Vec<u8>>,
+    index: BTreeMap<String, Entry>,
     taken: BTreeSet<String>,
 }
 
@@ -61,14 +70,27 @@ impl Checkpoint {
         for (i, name) in names.into_iter().enumerate() {
             let path = dir.join(&name);
             let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
-            let st = SafeTensors::deserialize(&bytes).map_err(|e| LoadError::Safetensors {
+            let bad = |message: String| LoadError::Safetensors {
                 file: name.clone(),
-                message: e.to_string(),
-            })?;
-            for t in st.names() {
-                index.insert(t.to_string(), i);
+                message,
+            };
+            // Validates the header and every tensor's offsets against the file.
+            SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+            let (header, meta) =
+                SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
+            for (t, info) in meta.tensors() {
+                index.insert(
+                    t,
+                    Entry {
+                        file: i,
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                        start: 8 + header + info.data_offsets.0,
+                        end: 8 + header + info.data_offsets.1,
+                    },
+                );
             }
-            files.push((name, bytes));
+            files.push(bytes);
         }
         Ok(Checkpoint {
             files,
@@ -90,23 +112,14 @@ impl Checkpoint {
         dtype: DType,
         because: &str,
     ) -> Result<Tensor, LoadError> {
-        let &file = self
+        let entry = self
             .index
             .get(name)
             .ok_or_else(|| LoadError::MissingTensor {
                 tensor: name.to_string(),
                 because: because.to_string(),
             })?;
-        let (fname, bytes) = &self.files[file];
-        let st = SafeTensors::deserialize(bytes).map_err(|e| LoadError::Safetensors {
-            file: fname.clone(),
-            message: e.to_string(),
-        })?;
-        let view = st.tensor(name).map_err(|e| LoadError::Safetensors {
-            file: fname.clone(),
-            message: e.to_string(),
-        })?;
-        let shape: Vec<usize> = view.shape().to_vec();
+        let shape = entry.shape.clone();
         let want: Vec<usize> = dims.iter().map(|d| d.0).collect();
         if shape != want {
             return Err(LoadError::Shape {
@@ -120,8 +133,8 @@ impl Checkpoint {
                     .join(", "),
             });
         }
-        let data = view.data();
-        let values: Vec<f32> = match view.dtype() {
+        let data = &self.files[entry.file][entry.start..entry.end];
+        let values: Vec<f32> = match entry.dtype {
             Dtype::F32 => data
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))

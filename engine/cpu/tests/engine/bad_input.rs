@@ -166,3 +166,13 @@ fn a_missing_directory_is_an_io_error_naming_the_file() {
         "{e}"
     );
 }
+
+#[test]
+fn a_missing_config_field_is_named_once() {
+    let mut c = config();
+    c.as_object_mut().unwrap().remove("kv_lora_rank");
+    let e = load_err(&dir("field", &c, &tensors()));
+    let msg = e.to_string();
+    assert!(msg.contains("'kv_lora_rank'"), "{msg}");
+    assert_eq!(msg.matches("config.json").count(), 1, "{msg}");
+}

@@ -52,11 +52,11 @@ pub fn blocks(first: u32, len: usize) -> Vec<u32> {
 
 /// Logits of the last `rows` positions of a whole prompt run in one chunk.
 pub fn prompt_logits(model: &Model, ids: &[u32], rows: usize, path: AttnPath) -> Vec<Vec<f32>> {
-    let c = cache(model);
+    let mut c = cache(model);
     let b = blocks(0, ids.len());
     let f = model
         .forward(
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &b,
                 computed: 0,

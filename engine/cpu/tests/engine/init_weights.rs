@@ -68,7 +68,7 @@ fn greedy_output_is_not_one_token_forever() {
         .unwrap()
         .get_ids()
         .to_vec();
-    let c = cache(model);
+    let mut c = cache(model);
     let b = blocks(0, p.len() + 32);
     let mut out = Vec::new();
     let mut tokens = p.clone();
@@ -76,7 +76,7 @@ fn greedy_output_is_not_one_token_forever() {
     for _ in 0..32 {
         let f = model
             .forward(
-                &c,
+                &mut c,
                 &[SeqInput {
                     blocks: &b,
                     computed,

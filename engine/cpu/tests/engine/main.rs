@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod common;
+mod config;
 mod init_weights;
 mod mla;
 mod mtp;

@@ -31,3 +31,25 @@ fn yarn_changes_the_logits() {
     let without = prompt_logits(&plain, &p, 1, AttnPath::Auto);
     assert!(max_abs_diff(&with[0], &without[0]) > 1e-3);
 }
+
+#[test]
+fn a_model_without_query_lora_uses_q_proj() {
+    let mut cfg = dstwin_cpu::init::preset_config("tiny").unwrap();
+    cfg["q_lora_rank"] = serde_json::Value::Null;
+    cfg["num_hidden_layers"] = serde_json::Value::from(2);
+    let d = temp_dir("no-q-lora");
+    dstwin_cpu::init_weights(&cfg, 5, &d).unwrap();
+    let model = dstwin_cpu::Model::load(&d, DType::F32, &dstwin_cpu::Device::Cpu).unwrap();
+    assert_eq!(model.cfg.q_lora_rank, None);
+    assert!(matches!(
+        model.layers[0].attn.q,
+        dstwin_cpu::attention::QProj::Full(_)
+    ));
+    let p = prompt(21, 12);
+    let a = prompt_logits(&model, &p, 2, AttnPath::Prefill);
+    let b = prompt_logits(&model, &p, 2, AttnPath::Absorbed);
+    for (x, y) in a.iter().zip(&b) {
+        assert!(max_abs_diff(x, y) / max_abs(x) < 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(d);
+}

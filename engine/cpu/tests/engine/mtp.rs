@@ -9,11 +9,11 @@ fn a_draft_follows_a_prefill_and_is_reproducible() {
     assert_eq!(model.mtp.len(), 1);
     let p = prompt(12, 20);
     let run = || {
-        let c = cache(model);
+        let mut c = cache(model);
         let b = blocks(0, 16);
         let f = model
             .forward(
-                &c,
+                &mut c,
                 &[SeqInput {
                     blocks: &b,
                     computed: 0,
@@ -30,7 +30,7 @@ fn a_draft_follows_a_prefill_and_is_reproducible() {
         let d = model
             .mtp_forward(
                 0,
-                &c,
+                &mut c,
                 &[SeqInput {
                     blocks: &b,
                     computed: 0,
@@ -45,7 +45,7 @@ fn a_draft_follows_a_prefill_and_is_reproducible() {
         assert_eq!(d.expert_counts.len(), 1, "the MTP layer is an MoE layer");
         let draft = model
             .draft(
-                &c,
+                &mut c,
                 &[SeqInput {
                     blocks: &b,
                     computed: 0,
@@ -66,11 +66,11 @@ fn a_draft_follows_a_prefill_and_is_reproducible() {
 #[test]
 fn mtp_writes_its_own_cache_layer() {
     let model = tiny(DType::F32);
-    let c = cache(model);
+    let mut c = cache(model);
     let p = prompt(4, 21);
     let f = model
         .forward(
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &[0],
                 computed: 0,
@@ -81,7 +81,7 @@ fn mtp_writes_its_own_cache_layer() {
         )
         .unwrap();
     let mtp_layer = model.cfg.layers;
-    let sum = |l| {
+    let sum = |c: &dstwin_cpu::PagedKvCache, l| {
         c.layer(l)
             .unwrap()
             .abs()
@@ -91,11 +91,11 @@ fn mtp_writes_its_own_cache_layer() {
             .to_scalar::<f32>()
             .unwrap()
     };
-    assert_eq!(sum(mtp_layer), 0.0);
+    assert_eq!(sum(&c, mtp_layer), 0.0);
     model
         .mtp_forward(
             0,
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &[0],
                 computed: 0,
@@ -106,5 +106,5 @@ fn mtp_writes_its_own_cache_layer() {
             AttnPath::Auto,
         )
         .unwrap();
-    assert!(sum(mtp_layer) > 0.0);
+    assert!(sum(&c, mtp_layer) > 0.0);
 }

@@ -20,11 +20,11 @@ fn scattered_blocks_give_the_logits_of_contiguous_ones() {
     let model = tiny(DType::F32);
     let p = prompt(40, 1);
     let want = prompt_logits(model, &p, 3, AttnPath::Auto);
-    let c = cache(model);
+    let mut c = cache(model);
     let scattered = [17u32, 3, 42];
     let f = model
         .forward(
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &scattered,
                 computed: 0,
@@ -44,7 +44,7 @@ fn chunked_prefill_gives_the_logits_of_one_chunk() {
     let want = prompt_logits(model, &p, 1, AttnPath::Prefill);
     for cuts in [vec![45], vec![20, 25], vec![1, 16, 28], vec![13, 13, 19]] {
         for path in [AttnPath::Prefill, AttnPath::Absorbed] {
-            let c = cache(model);
+            let mut c = cache(model);
             let b = [5u32, 9, 2];
             let mut computed = 0;
             let mut last = None;
@@ -52,7 +52,7 @@ fn chunked_prefill_gives_the_logits_of_one_chunk() {
                 let chunk = &p[computed..computed + n];
                 let f = model
                     .forward(
-                        &c,
+                        &mut c,
                         &[SeqInput {
                             blocks: &b,
                             computed,
@@ -78,11 +78,11 @@ fn chunked_prefill_gives_the_logits_of_one_chunk() {
 fn prefill_then_decode_equals_prefill_of_the_longer_prompt() {
     let model = tiny(DType::F32);
     let p = prompt(30, 3);
-    let c = cache(model);
+    let mut c = cache(model);
     let b = blocks(0, p.len());
     model
         .forward(
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &b,
                 computed: 0,
@@ -96,7 +96,7 @@ fn prefill_then_decode_equals_prefill_of_the_longer_prompt() {
     for i in 27..28 {
         model
             .forward(
-                &c,
+                &mut c,
                 &[SeqInput {
                     blocks: &b,
                     computed: i,
@@ -109,7 +109,7 @@ fn prefill_then_decode_equals_prefill_of_the_longer_prompt() {
     }
     let f = model
         .forward(
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &b,
                 computed: 28,
@@ -133,12 +133,12 @@ fn a_mixed_batch_equals_its_sequences_run_alone() {
     let a = prompt(20, 4);
     let b = prompt(9, 5);
     let d = prompt(17, 6);
-    let c = cache(model);
+    let mut c = cache(model);
     // d's first 16 tokens are already cached: it decodes one token in the batch.
     let (ba, bb, bd) = ([0u32, 1], [2u32], [3u32, 4]);
     model
         .forward(
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &bd,
                 computed: 0,
@@ -150,7 +150,7 @@ fn a_mixed_batch_equals_its_sequences_run_alone() {
         .unwrap();
     let f = model
         .forward(
-            &c,
+            &mut c,
             &[
                 SeqInput {
                     blocks: &ba,
@@ -203,7 +203,7 @@ fn a_mixed_batch_equals_its_sequences_run_alone() {
 #[test]
 fn the_pool_has_the_documented_layout() {
     let model = tiny(DType::F32);
-    let c = cache(model);
+    let mut c = cache(model);
     let cfg = &model.cfg;
     let layer = c.layer(0).unwrap();
     assert_eq!(
@@ -213,7 +213,7 @@ fn the_pool_has_the_documented_layout() {
     let p = prompt(3, 7);
     model
         .forward(
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &[11],
                 computed: 0,
@@ -251,11 +251,11 @@ fn the_pool_has_the_documented_layout() {
 #[test]
 fn a_short_block_table_is_an_error() {
     let model = tiny(DType::F32);
-    let c = cache(model);
+    let mut c = cache(model);
     let p = prompt(20, 8);
     let e = model
         .forward(
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &[0],
                 computed: 0,
@@ -268,7 +268,7 @@ fn a_short_block_table_is_an_error() {
     assert!(e.to_string().contains("needs 20"), "{e}");
     let e = model
         .forward(
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &[0, 999],
                 computed: 0,

@@ -3,15 +3,16 @@
 //!
 //! Tolerances, relative to the logits' scale (the largest |logit| of the row, about 3):
 //! - f32: max abs difference <= 1e-4 x scale on every compared row; same argmax and top-10;
-//! - bf16: max abs difference <= 6e-2 x scale (bf16 keeps 8 bits of mantissa, and HF and the
-//!   engine round at different places); same argmax when HF's top-2 gap exceeds the tolerance.
+//! - bf16: max abs difference <= 3e-2 x scale (bf16 keeps 8 bits of mantissa; the prefill path
+//!   rounds where HF's eager attention does, the absorbed path cannot: its products differ);
+//!   same argmax when HF's top-2 gap exceeds twice the tolerance.
 
 use crate::common::*;
 use dstwin_cpu::{AttnPath, DType, SeqInput};
 use serde_json::Value;
 
 const F32_TOL: f32 = 1e-4;
-const BF16_TOL: f32 = 6e-2;
+const BF16_TOL: f32 = 3e-2;
 
 fn reference() -> Value {
     let text = include_str!("../fixtures/hf_reference.json");
@@ -100,7 +101,12 @@ fn f32_logits_match_transformers_on_the_absorbed_path() {
 }
 
 #[test]
-fn bf16_logits_match_transformers() {
+fn bf16_logits_match_transformers_on_the_prefill_path() {
+    check(DType::BF16, "bf16", BF16_TOL, AttnPath::Prefill);
+}
+
+#[test]
+fn bf16_logits_match_transformers_with_absorbed_decodes() {
     check(DType::BF16, "bf16", BF16_TOL, AttnPath::Auto);
 }
 
@@ -116,11 +122,11 @@ fn greedy_decode_with_the_cache_matches_transformers_generate() {
         .clone();
     let p = ids(&run["prompt"]);
     let want = ids(&run["greedy"]);
-    let c = cache(model);
+    let mut c = cache(model);
     let b = blocks(0, p.len() + want.len());
     let f = model
         .forward(
-            &c,
+            &mut c,
             &[SeqInput {
                 blocks: &b,
                 computed: 0,
@@ -136,7 +142,7 @@ fn greedy_decode_with_the_cache_matches_transformers_generate() {
         let computed = p.len() + got.len() - 1;
         let f = model
             .forward(
-                &c,
+                &mut c,
                 &[SeqInput {
                     blocks: &b,
                     computed,
