@@ -39,6 +39,11 @@ impl PagedKvCache {
         })
     }
 
+    /// Cache layers (decoder layers, then MTP modules).
+    pub fn layers(&self) -> usize {
+        self.layers.len()
+    }
+
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
     }

@@ -20,6 +20,7 @@
 pub mod attention;
 pub mod cache;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod init;
 pub mod linear;
@@ -27,6 +28,7 @@ pub mod model;
 pub mod moe;
 pub mod ops;
 pub mod rope;
+pub mod sampler;
 pub mod tokenizer;
 pub mod weights;
 
@@ -34,6 +36,7 @@ pub use attention::AttnPath;
 pub use cache::PagedKvCache;
 pub use candle_core::{DType, Device, Tensor};
 pub use config::EngineConfig;
+pub use device::{CpuDevice, CpuDeviceConfig, CpuFabric};
 pub use error::{LoadError, ModelError};
 pub use init::init_weights;
 pub use model::{Forward, Model, SeqInput};

@@ -8,4 +8,5 @@ mod mla;
 mod mtp;
 mod paged_cache;
 mod parity;
+mod serving;
 mod w8a8;
