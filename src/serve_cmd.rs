@@ -1,5 +1,6 @@
 //! `dstwin serve`: an OpenAI-compatible server on the shared scheduler, with the twin as the
-//! device (an emulated Ascend deployment whose every step takes the time the twin predicts).
+//! device (an emulated Ascend deployment whose every step takes the time the twin predicts) or
+//! the CPU engine (the real model of a checkpoint directory, real text).
 
 use crate::Failure;
 use anyhow::{anyhow, Context};
@@ -16,11 +17,26 @@ pub enum DeviceKind {
     /// The twin: every step takes the time the cost model predicts (times --time-scale), the
     /// text is deterministic placeholder words.
     Twin,
+    /// The CPU engine: the DeepSeek-V3 checkpoint in --model runs every step for real; the
+    /// text is decoded from the token ids it samples.
+    Cpu,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DTypeArg {
+    F32,
+    Bf16,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum QuantArg {
+    /// Dynamic per-token INT8 activations, per-channel INT8 weights (the Ascend deployments').
+    W8a8,
 }
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin serve\n      the built-in A3 2P1D deployment in real time on 127.0.0.1:8000\n  dstwin serve sim/scenarios/cm384-pd.toml --time-scale 0.1 --port 8080\n  curl localhost:8000/v1/completions -d '{\"model\":\"deepseek-v3.1\",\"prompt\":\"hi\",\"max_tokens\":8}'\n\nEndpoints: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,\nGET /health, GET /metrics (vLLM metric names). The deployment (instances, scheduler knobs,\nMTP, expert load) comes from the scenario; its [workload] is ignored. Ctrl-C or SIGTERM: new\nrequests get 503 while the ones in flight finish, then the process exits."
+    after_help = "Examples:\n  dstwin serve\n      the built-in A3 2P1D deployment in real time on 127.0.0.1:8000\n  dstwin init-weights --preset tiny --seed 1 --out m && dstwin serve --device cpu --model m\n      the real (random-weight) tiny model on the CPU: one mixed instance, one DP rank\n  dstwin serve tests/data/cpu-pd.toml --device cpu --model m\n      the same model served PD: a prefill and a decode instance, KV copied between them\n  dstwin serve sim/scenarios/cm384-pd.toml --time-scale 0.1 --port 8080\n  curl localhost:8000/v1/completions -d '{\"model\":\"deepseek-v3.1\",\"prompt\":\"hi\",\"max_tokens\":8}'\n\nEndpoints: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,\nGET /health, GET /metrics (vLLM metric names). The deployment (instances, scheduler knobs,\nMTP, expert load) comes from the scenario; its [workload] is ignored. Ctrl-C or SIGTERM: new\nrequests get 503 while the ones in flight finish, then the process exits."
 )]
 pub struct ServeArgs {
     /// Scenario file (TOML) describing the deployment; without it, the built-in default.
@@ -31,8 +47,23 @@ pub struct ServeArgs {
     /// What executes the steps.
     #[arg(long, value_enum, default_value = "twin")]
     device: DeviceKind,
+    /// The checkpoint directory the CPU engine runs (config.json, model.safetensors or a sharded
+    /// index, tokenizer.json), e.g. from `dstwin init-weights`. The scenario's model becomes its
+    /// config.json.
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+    /// Compute dtype of the CPU engine.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: DTypeArg,
+    /// Quantize the CPU engine's linear layers after loading.
+    #[arg(long, value_enum)]
+    quantization: Option<QuantArg>,
+    /// KV blocks per DP rank of the CPU engine (each holds the scenario's block_size tokens of
+    /// latent KV for every layer).
+    #[arg(long, default_value_t = 1024)]
+    kv_blocks: u64,
     /// Wall seconds per predicted second: 1 is real time, 0.1 runs ten times faster, 0 does not
-    /// wait at all.
+    /// wait at all (the twin; the CPU engine takes the time it takes).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
     #[arg(long, default_value = "127.0.0.1")]
@@ -93,11 +124,43 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         .map(ReasoningKind::from_name)
         .transpose()
         .map_err(|e| Failure::Input(e.into()))?;
-    let counter = match &a.tokenizer {
+    let cpu = matches!(a.device, DeviceKind::Cpu);
+    if cpu != a.model.is_some() {
+        return Err(Failure::Input(anyhow!(if cpu {
+            "--device cpu needs --model DIR (a checkpoint, e.g. from `dstwin init-weights`)"
+        } else {
+            "--model is the CPU engine's checkpoint: add --device cpu"
+        })));
+    }
+    let tokenizer = a.tokenizer.clone().or_else(|| {
+        a.model
+            .as_ref()
+            .map(|m| m.join("tokenizer.json"))
+            .filter(|p| p.exists())
+    });
+    let counter = match &tokenizer {
         Some(p) => Counter::from_file(p).map_err(|e| Failure::Input(e.into()))?,
         None => Counter::Estimate,
     };
-    let s = crate::simulate_cmd::load_scenario(a.scenario.as_deref(), &a.sets)?;
+    let s = match &a.model {
+        Some(dir) => {
+            let mut sets = a.sets.clone();
+            // Absolute: a scenario file resolves relative paths against its own directory.
+            let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone());
+            sets.push(format!("model={}", dir.join("config.json").display()));
+            match &a.scenario {
+                Some(p) => crate::simulate_cmd::load_scenario(Some(p), &sets)?,
+                None => dstwin_sim::scenario::load_str(
+                    "default CPU scenario (cpu-mixed)",
+                    CPU_SCENARIO,
+                    std::path::Path::new("."),
+                    &sets,
+                )
+                .map_err(|e| Failure::Input(e.into()))?,
+            }
+        }
+        None => crate::simulate_cmd::load_scenario(a.scenario.as_deref(), &a.sets)?,
+    };
     let api_cfg = ApiConfig {
         vocab_size: counter.vocab_size().unwrap_or(s.model.vocab),
         counter,
@@ -106,24 +169,32 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         reasoning_parser,
         max_body_bytes: a.max_body_bytes,
     };
-    let DeviceKind::Twin = a.device;
     let model = a
         .served_model_name
         .clone()
-        .unwrap_or_else(|| s.model.name.clone());
+        .unwrap_or_else(|| match &a.model {
+            Some(dir) => dir.display().to_string(),
+            None => s.model.name.clone(),
+        });
+    let engine = match &a.model {
+        Some(dir) => Some(cpu_engine(&s, dir, &a)?),
+        None => None,
+    };
+    let device_name = if cpu { "CPU engine" } else { "twin device" };
     let tokio = tokio::runtime::Runtime::new()
         .context("starting the async runtime")
         .map_err(Failure::Runtime)?;
     tokio.block_on(async move {
-        let rt = dstwin_sim::serve::start(
-            &s,
-            TwinServe {
-                model,
-                time_scale: a.time_scale,
-                max_pending: a.max_pending,
-                record_steps: false,
-            },
-        )
+        let t = TwinServe {
+            model,
+            time_scale: a.time_scale,
+            max_pending: a.max_pending,
+            record_steps: false,
+        };
+        let rt = match engine {
+            Some((devices, fabric)) => dstwin_sim::serve::start_on(&s, t, devices, fabric),
+            None => dstwin_sim::serve::start(&s, t),
+        }
         .map_err(|e| Failure::Input(e.into()))?;
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await
@@ -135,7 +206,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             .map_err(Failure::Runtime)?;
         crate::output::outln!("listening on http://{addr}")?;
         crate::output::errln!(
-            "serving {} ({}: {} instances, twin device, time scale {})",
+            "serving {} ({}: {} instances, {device_name}, time scale {})",
             rt.model(),
             s.name,
             rt.instance_names().len(),
@@ -163,6 +234,76 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             .context("serving")
             .map_err(Failure::Runtime)
     })
+}
+
+/// The default deployment of `--device cpu`.
+const CPU_SCENARIO: &str = include_str!("../sim/scenarios/cpu-mixed.toml");
+
+type Engine = (
+    Vec<Box<dyn dstwin_core::device::Device + Send>>,
+    Box<dyn dstwin_core::device::Fabric + Send>,
+);
+
+/// Loads the checkpoint and builds one CPU device per scenario instance, joined by a fabric
+/// that copies KV blocks.
+fn cpu_engine(
+    s: &dstwin_sim::scenario::Scenario,
+    dir: &std::path::Path,
+    a: &ServeArgs,
+) -> Result<Engine, Failure> {
+    use dstwin_cpu::{AttnPath, CpuDevice, CpuDeviceConfig, CpuFabric, DType, Model};
+    for setup in &s.instances {
+        if setup.plan.tp != 1 {
+            return Err(Failure::Input(anyhow!(
+                "instance '{}': tp = {}; the CPU engine runs each DP rank as a whole model (tp = 1)",
+                setup.name,
+                setup.plan.tp
+            )));
+        }
+    }
+    if s.eplb.dynamic {
+        return Err(Failure::Input(anyhow!(
+            "eplb.dynamic = true: the CPU engine does not move expert weights yet; set it to false"
+        )));
+    }
+    if a.kv_blocks == 0 {
+        return Err(Failure::Input(anyhow!("--kv-blocks must be at least 1")));
+    }
+    let dtype = match a.dtype {
+        DTypeArg::F32 => DType::F32,
+        DTypeArg::Bf16 => DType::BF16,
+    };
+    let mut model = Model::load(dir, dtype, &dstwin_cpu::Device::Cpu).map_err(|e| match e {
+        dstwin_cpu::LoadError::Io { .. } => Failure::Runtime(anyhow!(e)),
+        e => Failure::Input(anyhow!("--model {}: {e}", dir.display())),
+    })?;
+    if let Some(QuantArg::W8a8) = a.quantization {
+        model
+            .quantize_w8a8()
+            .context("quantizing to W8A8")
+            .map_err(Failure::Runtime)?;
+    }
+    let model = std::sync::Arc::new(model);
+    let built = dstwin_sim::run::build_instances(s).map_err(|e| Failure::Input(e.into()))?;
+    let mut devices: Vec<Box<dyn dstwin_core::device::Device + Send>> = Vec::new();
+    let mut fabric = CpuFabric::default();
+    for b in &built {
+        let dev = CpuDevice::new(
+            model.clone(),
+            CpuDeviceConfig {
+                dp_ranks: b.config.dp_ranks,
+                kv_blocks_per_rank: a.kv_blocks,
+                block_size: b.config.block_size,
+                spec_tokens: s.mtp.tokens,
+                path: AttnPath::Auto,
+                seed: s.seed,
+            },
+        )
+        .map_err(|e| Failure::Input(anyhow!("instance '{}': {e}", b.name)))?;
+        fabric.add_instance(dev.caches());
+        devices.push(Box::new(dev));
+    }
+    Ok((devices, Box::new(fabric)))
 }
 
 async fn shutdown_signal() {

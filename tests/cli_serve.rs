@@ -1067,3 +1067,246 @@ fn pd_prefill_engines_report_running_and_free_their_kv() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `dstwin init-weights --preset tiny --seed 1` into a fresh directory.
+fn tiny_model(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("dstwin-cpu-serve-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args(["init-weights", "--preset", "tiny", "--seed", "1", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    dir
+}
+
+/// The model's own greedy continuation of `prompt`, decoded as the server decodes it.
+fn greedy_text(dir: &std::path::Path, prompt: &[u32], max_tokens: usize) -> (String, usize) {
+    use dstwin_cpu::{AttnPath, DType, Device, Model, PagedKvCache, SeqInput};
+    let m = Model::load(dir, DType::F32, &Device::Cpu).unwrap();
+    let mut c = PagedKvCache::new(&m.cfg, 16, 16, m.dtype, &Device::Cpu).unwrap();
+    let blocks: Vec<u32> = (0..16).collect();
+    let (mut ids, mut input, mut computed) = (Vec::new(), prompt.to_vec(), 0);
+    while ids.len() < max_tokens {
+        let f = m
+            .forward(
+                &mut c,
+                &[SeqInput {
+                    blocks: &blocks,
+                    computed,
+                    tokens: &input,
+                    logits: 1,
+                }],
+                AttnPath::Auto,
+            )
+            .unwrap();
+        let t = dstwin_cpu::ops::argmax_rows(&f.logits).unwrap()[0];
+        computed += input.len();
+        ids.push(t);
+        if m.cfg.eos_token_ids.contains(&t) {
+            break;
+        }
+        input = vec![t];
+    }
+    let tok = dstwin_runtime::prompt::Counter::from_file(&dir.join("tokenizer.json")).unwrap();
+    let text = tok.tokenizer().unwrap().decode(&ids, true).unwrap();
+    (text, ids.len())
+}
+
+#[test]
+fn the_cpu_engine_serves_real_text() {
+    let dir = tiny_model("text");
+    let srv = Server::start(&["--device", "cpu", "--model", dir.to_str().unwrap()]);
+    let a = srv.addr.clone();
+    let model = dir.to_str().unwrap();
+    let prompt = [0u32, 10, 20, 30, 40, 50, 60];
+    let (want, n) = greedy_text(&dir, &prompt, 10);
+    // Greedy, whole and streamed: the model's own continuation, decoded.
+    let r = post(
+        &a,
+        "/v1/completions",
+        serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 10, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["choices"][0]["text"], want.as_str());
+    assert_eq!(v["usage"]["completion_tokens"], n);
+    let r = post(
+        &a,
+        "/v1/completions",
+        serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 10,
+            "temperature": 0, "stream": true}),
+    );
+    let streamed: String = events(&r.body)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e).unwrap();
+            v["choices"][0]["text"].as_str().unwrap_or("").to_string()
+        })
+        .collect();
+    assert_eq!(streamed, want);
+    // Seeded sampling repeats itself; another seed draws otherwise.
+    let sample = |seed: u64| {
+        post(
+            &a,
+            "/v1/completions",
+            serde_json::json!({"model": model, "prompt": "the twin", "max_tokens": 12,
+                "temperature": 1.0, "seed": seed, "ignore_eos": true}),
+        )
+        .json()["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(sample(5), sample(5));
+    assert_ne!(sample(5), sample(6));
+    // Chat, whole and streamed.
+    let r = post(
+        &a,
+        "/v1/chat/completions",
+        serde_json::json!({"model": model, "max_tokens": 6, "ignore_eos": true,
+            "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 6);
+    let r = post(
+        &a,
+        "/v1/chat/completions",
+        serde_json::json!({"model": model, "max_tokens": 6, "ignore_eos": true, "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert!(events(&r.body).last().is_some_and(|e| e == "[DONE]"));
+    // A repeated long prompt hits the prefix cache, and its answer is the same.
+    let long: Vec<u32> = (0..70).map(|i| 2 + (i * 7) % 300).collect();
+    let ask = || {
+        post(
+            &a,
+            "/v1/completions",
+            serde_json::json!({"model": model, "prompt": long, "max_tokens": 6, "temperature": 0}),
+        )
+        .json()["choices"][0]["text"]
+            .clone()
+    };
+    let first = ask();
+    assert_eq!(ask(), first);
+    assert!(metric(&a, "vllm:prefix_cache_hits_total{") >= 64.0);
+}
+
+#[test]
+fn a_cpu_stream_that_goes_away_frees_its_kv_blocks() {
+    let dir = tiny_model("abort");
+    let srv = Server::start(&["--device", "cpu", "--model", dir.to_str().unwrap()]);
+    let a = srv.addr.clone();
+    let mut s = TcpStream::connect(&a).unwrap();
+    let body = serde_json::json!({"model": dir.to_str().unwrap(), "prompt": "x",
+        "max_tokens": 1000, "ignore_eos": true, "stream": true})
+    .to_string();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {a}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.contains("data:") {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+        assert!(!line.contains("\"error\""), "{line}");
+    }
+    assert!(metric(&a, "vllm:kv_cache_usage_perc{") > 0.0, "KV in use");
+    drop(r);
+    drop(s);
+    let t = Instant::now();
+    while metric(&a, "vllm:num_requests_running{") > 0.0
+        || metric(&a, "vllm:kv_cache_usage_perc{") > 0.0
+    {
+        assert!(t.elapsed() < Duration::from_secs(20), "KV not freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(metric(&a, "vllm:request_success_total{") >= 1.0);
+}
+
+#[test]
+fn bench_serve_runs_against_the_cpu_engine_and_pd_copies_real_kv() {
+    let dir = tiny_model("bench");
+    // PD on the CPU: a prefill and a decode instance; the decode side must continue exactly
+    // where a mixed instance would.
+    let srv = Server::start(&[
+        &data("cpu-pd.toml"),
+        "--device",
+        "cpu",
+        "--model",
+        dir.to_str().unwrap(),
+    ]);
+    let prompt = [0u32, 3, 1 + 4, 1 + 5, 9, 2, 6];
+    let (want, _) = greedy_text(&dir, &prompt, 8);
+    let r = post(
+        &srv.addr,
+        "/v1/completions",
+        serde_json::json!({"model": dir.to_str().unwrap(), "prompt": prompt, "max_tokens": 8,
+            "temperature": 0}),
+    );
+    assert_eq!(r.json()["choices"][0]["text"], want.as_str());
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args(["bench-serve", "--url", &srv.url(), "--num-prompts", "12"])
+        .args([
+            "--input-len",
+            "40",
+            "--output-len",
+            "8",
+            "--json",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["completed"], 12);
+    assert_eq!(v["total_output_tokens"], 12 * 8);
+}
+
+#[test]
+fn the_cpu_engine_refuses_what_it_cannot_run() {
+    let dir = tiny_model("refuse");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dstwin"))
+            .arg("serve")
+            .args(args)
+            .args(["--port", "0"])
+            .output()
+            .unwrap()
+    };
+    let m = dir.to_str().unwrap();
+    for (args, says) in [
+        (vec!["--device", "cpu"], "--model"),
+        (vec!["--model", m], "--device cpu"),
+        (
+            vec!["--device", "cpu", "--model", "/nonexistent/model"],
+            "config.json",
+        ),
+        (
+            vec![
+                "--device",
+                "cpu",
+                "--model",
+                m,
+                "--set",
+                "engine.tp=2",
+                "--set",
+                "engine.dies=2",
+            ],
+            "tp",
+        ),
+    ] {
+        let o = run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

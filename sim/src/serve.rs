@@ -3,6 +3,7 @@
 
 use crate::run::{build_fabric, build_instances, deployment_config, RunError};
 use crate::scenario::Scenario;
+use dstwin_core::device::{Device, Fabric};
 use dstwin_runtime::{Runtime, RuntimeConfig, ServeInstance};
 
 /// How to run the twin in wall-clock time.
@@ -40,5 +41,50 @@ pub fn start(s: &Scenario, t: TwinServe) -> Result<Runtime, RunError> {
         },
         instances,
         Box::new(fabric),
+    ))
+}
+
+/// Starts the scenario's instances on devices the caller built (a real engine): one per
+/// instance, in the order of [`build_instances`], with the fabric that joins them. Each
+/// device's capacity sets its instance's KV blocks; the scenario sets the rest (layout,
+/// scheduler knobs, MTP, proxy policies).
+pub fn start_on(
+    s: &Scenario,
+    t: TwinServe,
+    devices: Vec<Box<dyn Device + Send>>,
+    fabric: Box<dyn Fabric + Send>,
+) -> Result<Runtime, RunError> {
+    let built = build_instances(s)?;
+    if built.len() != devices.len() {
+        return Err(RunError::Devices(format!(
+            "the scenario has {} instances, {} devices were built",
+            built.len(),
+            devices.len()
+        )));
+    }
+    let mut instances = Vec::with_capacity(devices.len());
+    for (b, device) in built.into_iter().zip(devices) {
+        let cap = device.capacity();
+        if cap.dp_ranks != b.config.dp_ranks || cap.block_size != b.config.block_size {
+            return Err(RunError::Devices(format!(
+                "instance {}: the device has {} DP ranks of {}-token blocks, the scenario {} of {}",
+                b.name, cap.dp_ranks, cap.block_size, b.config.dp_ranks, b.config.block_size
+            )));
+        }
+        let mut spec = b.spec(true, true);
+        spec.config.num_kv_blocks = cap.kv_blocks_per_rank;
+        spec.detail = device.wants_requests();
+        instances.push(ServeInstance { spec, device });
+    }
+    Ok(Runtime::start(
+        RuntimeConfig {
+            model: t.model,
+            time_scale: t.time_scale,
+            max_pending: t.max_pending,
+            deployment: deployment_config(s),
+            record_steps: t.record_steps,
+        },
+        instances,
+        fabric,
     ))
 }

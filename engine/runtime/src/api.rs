@@ -11,7 +11,7 @@
 //! ([`crate::parsers`]). Every error, including an unknown path, a wrong method and a body over
 //! the size limit (413), is OpenAI-style JSON.
 
-use crate::output::{Choice, OutputParser, Piece};
+use crate::output::{Choice, Detok, OutputParser, Piece};
 use crate::parsers::{ReasoningKind, ReasoningParser, ToolCallDelta, ToolKind, ToolParser};
 use crate::prompt::Counter;
 use crate::request::{self, ApiError, Job, Limits};
@@ -265,6 +265,7 @@ async fn run(app: AppState, job: Job) -> Response {
             text: String::new(),
             sent: 0,
             finish: None,
+            detok: cfg.counter.tokenizer().cloned().map(Detok::new),
             parser: (job.chat && (cfg.reasoning_parser.is_some() || job.tools)).then(|| {
                 OutputParser {
                     reasoning: cfg
@@ -420,14 +421,15 @@ async fn whole_response(meta: Meta, mut choices: Vec<Choice>, mut rx: Outputs) -
             continue;
         }
         match o {
-            Out::Tokens { n, .. } => {
-                c.push(n, &meta.stop);
+            Out::Tokens { n, ids } => {
+                c.push(n, &ids, &meta.stop);
                 if c.finish.is_some() {
                     meta.rt.stop(c.id);
                     open -= 1;
                 }
             }
             Out::Finished(reason) => {
+                c.end();
                 c.finish = Some(finish_reason(reason));
                 open -= 1;
             }
@@ -635,8 +637,9 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
                 continue;
             }
             let raw = match o {
-                Out::Tokens { n, .. } => c.push(n, &stop),
+                Out::Tokens { n, ids } => c.push(n, &ids, &stop),
                 Out::Finished(reason) => {
+                    c.end();
                     c.finish = Some(finish_reason(reason));
                     c.take(c.text.len())
                 }

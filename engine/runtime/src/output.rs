@@ -1,5 +1,6 @@
-//! One choice of a request as its output is produced: the placeholder text so far, what was
-//! sent, stop strings (text that could still become one is held back), and the chat parsers
+//! One choice of a request as its output is produced: the text so far (decoded from the token
+//! ids when the device returns ids and there is a tokenizer, placeholder words otherwise), what
+//! was sent, stop strings (text that could still become one is held back), and the chat parsers
 //! (reasoning first, then tool calls in what is not reasoning).
 
 use crate::parsers::{ReasoningParser, ToolCallDelta, ToolParser};
@@ -76,13 +77,54 @@ pub(crate) struct Choice {
     pub sent: usize,
     pub finish: Option<&'static str>,
     pub parser: Option<OutputParser>,
+    /// Decodes real token ids (a device that returns them, a server with a tokenizer).
+    pub detok: Option<Detok>,
+}
+
+/// Incremental detokenization: every id so far, decoded whole; a trailing incomplete UTF-8
+/// sequence (decoded as U+FFFD) waits for the bytes that complete it.
+pub(crate) struct Detok {
+    pub tokenizer: std::sync::Arc<tokenizers::Tokenizer>,
+    pub ids: Vec<u32>,
+}
+
+impl Detok {
+    pub fn new(tokenizer: std::sync::Arc<tokenizers::Tokenizer>) -> Self {
+        Detok {
+            tokenizer,
+            ids: Vec::new(),
+        }
+    }
+
+    /// The text of every id so far (special tokens skipped, as vLLM's default).
+    fn text(&self, finished: bool) -> String {
+        let t = self.tokenizer.decode(&self.ids, true).unwrap_or_default();
+        if finished {
+            t
+        } else {
+            t.trim_end_matches('\u{FFFD}').to_string()
+        }
+    }
 }
 
 impl Choice {
     /// Appends `n` tokens; returns the text that may be sent now (held back while it could
     /// still turn into a stop string).
-    pub fn push(&mut self, n: u32, stops: &[String]) -> String {
-        text::push_tokens(&mut self.text, self.seed, self.tokens, n);
+    pub fn push(&mut self, n: u32, ids: &[u32], stops: &[String]) -> String {
+        match &mut self.detok {
+            Some(d) if !ids.is_empty() => {
+                d.ids.extend_from_slice(ids);
+                let t = d.text(false);
+                // What was sent stays: the new text continues it (byte-level decoding is
+                // prefix-stable once incomplete characters are held back).
+                let sent = &self.text[..self.sent];
+                self.text = match t.strip_prefix(sent) {
+                    Some(rest) => format!("{sent}{rest}"),
+                    None => format!("{sent}{}", t.get(self.sent..).unwrap_or("")),
+                };
+            }
+            _ => text::push_tokens(&mut self.text, self.seed, self.tokens, n),
+        }
         self.tokens += n;
         let from = self
             .sent
@@ -110,6 +152,19 @@ impl Choice {
             upto -= 1;
         }
         self.take(upto.max(self.sent))
+    }
+
+    /// The request ended: the text gets its last bytes, even an incomplete character (decoded
+    /// as U+FFFD, as vLLM does).
+    pub fn end(&mut self) {
+        if let Some(d) = &self.detok {
+            if !d.ids.is_empty() {
+                let t = d.text(true);
+                if let Some(rest) = t.strip_prefix(&self.text[..self.sent]) {
+                    self.text = format!("{}{rest}", &self.text[..self.sent]);
+                }
+            }
+        }
     }
 
     pub fn take(&mut self, upto: usize) -> String {

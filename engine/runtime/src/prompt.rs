@@ -119,7 +119,7 @@ pub enum Counter {
     /// About four characters per token; template markers one each.
     Estimate,
     /// A real tokenizer.
-    Tokenizer(Box<tokenizers::Tokenizer>),
+    Tokenizer(std::sync::Arc<tokenizers::Tokenizer>),
 }
 
 impl Counter {
@@ -129,7 +129,15 @@ impl Counter {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
-        Ok(Counter::Tokenizer(Box::new(t)))
+        Ok(Counter::Tokenizer(std::sync::Arc::new(t)))
+    }
+
+    /// The tokenizer, when there is one (output text is decoded with it).
+    pub fn tokenizer(&self) -> Option<&std::sync::Arc<tokenizers::Tokenizer>> {
+        match self {
+            Counter::Estimate => None,
+            Counter::Tokenizer(t) => Some(t),
+        }
     }
 
     /// Token ids the tokenizer knows (special tokens included); `None` without one.

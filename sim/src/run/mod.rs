@@ -42,6 +42,9 @@ pub enum RunError {
     },
     #[error("the run ended at t={end} s, before warmup_s = {warmup} s was over: nothing was measured; lower warmup_s or run longer (duration_s, workload.num_requests)")]
     NothingMeasured { end: f64, warmup: f64 },
+    /// Devices built by a caller do not match the scenario's instances.
+    #[error("{0}")]
+    Devices(String),
     #[error("deadlock at t={time}: {unfinished} requests unfinished and nothing left to happen ({hint})")]
     Deadlock {
         time: SimTime,
