@@ -1272,6 +1272,38 @@ fn bench_serve_runs_against_the_cpu_engine_and_pd_copies_real_kv() {
 }
 
 #[test]
+fn openai_python_client_against_the_cpu_engine() {
+    let has = Command::new("python3")
+        .args(["-c", "import openai"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the openai Python package is required in CI"
+        );
+        eprintln!("skipped: `python3 -c 'import openai'` failed (pip install openai)");
+        return;
+    }
+    let dir = tiny_model("openai");
+    let srv = Server::start(&["--device", "cpu", "--model", dir.to_str().unwrap()]);
+    let o = Command::new("python3")
+        .arg(format!(
+            "{}/tests/python/openai_cpu.py",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .arg(format!("{}/v1", srv.url()))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
 fn the_cpu_engine_refuses_what_it_cannot_run() {
     let dir = tiny_model("refuse");
     let run = |args: &[&str]| {
