@@ -237,7 +237,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
 }
 
 /// The default deployment of `--device cpu`.
-const CPU_SCENARIO: &str = include_str!("../sim/scenarios/cpu-mixed.toml");
+const CPU_SCENARIO: &str = include_str!("../engine/cpu/scenarios/cpu-mixed.toml");
 
 type Engine = (
     Vec<Box<dyn dstwin_core::device::Device + Send>>,
