@@ -18,7 +18,10 @@ fn main() {
         std::process::exit(2);
     };
     let batches: Vec<usize> = if args.len() > 1 {
-        args[1..].iter().map(|b| b.parse().expect("batch size")).collect()
+        args[1..]
+            .iter()
+            .map(|b| b.parse().expect("batch size"))
+            .collect()
     } else {
         vec![1, 4, 16]
     };
@@ -31,7 +34,11 @@ fn main() {
             .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
             .collect();
         let prompts: Vec<Vec<u32>> = (0..b)
-            .map(|i| (0..PROMPT).map(|p| 2 + ((p * 31 + i * 7) % 300) as u32).collect())
+            .map(|i| {
+                (0..PROMPT)
+                    .map(|p| 2 + ((p * 31 + i * 7) % 300) as u32)
+                    .collect()
+            })
             .collect();
         let seqs: Vec<SeqInput> = (0..b)
             .map(|i| SeqInput {
@@ -42,7 +49,9 @@ fn main() {
             })
             .collect();
         let t = Instant::now();
-        let f = m.forward(&mut cache, &seqs, AttnPath::Auto).expect("prefill");
+        let f = m
+            .forward(&mut cache, &seqs, AttnPath::Auto)
+            .expect("prefill");
         let prefill_s = t.elapsed().as_secs_f64();
         let mut next = dstwin_cpu::ops::argmax_rows(&f.logits).expect("argmax");
         let t = Instant::now();
@@ -56,7 +65,9 @@ fn main() {
                     logits: 1,
                 })
                 .collect();
-            let f = m.forward(&mut cache, &seqs, AttnPath::Auto).expect("decode");
+            let f = m
+                .forward(&mut cache, &seqs, AttnPath::Auto)
+                .expect("decode");
             next = dstwin_cpu::ops::argmax_rows(&f.logits).expect("argmax");
         }
         let decode_s = t.elapsed().as_secs_f64();
