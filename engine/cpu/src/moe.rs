@@ -200,7 +200,10 @@ impl Moe {
         let routes = self.router.route(x)?;
         let groups = group_by_expert(&routes, self.router.spec.experts);
         let counts = groups.iter().map(|g| g.0.len() as u32).collect();
-        let mut out = x.zeros_like()?;
+        // Every expert's weighted output, then one scatter-add into the tokens' rows (adding
+        // expert by expert would copy the whole output once per expert).
+        let mut ys = Vec::new();
+        let mut all_rows = Vec::new();
         for (e, (rows, weights)) in groups.iter().enumerate() {
             if rows.is_empty() {
                 continue;
@@ -212,11 +215,17 @@ impl Moe {
             let idx = Tensor::from_slice(rows, rows.len(), x.device())?;
             let y = expert.forward(&x.index_select(&idx, 0)?)?;
             let w = Tensor::from_slice(weights, (rows.len(), 1), x.device())?;
-            let y = y
-                .to_dtype(DType::F32)?
-                .broadcast_mul(&w)?
-                .to_dtype(x.dtype())?;
-            out = out.index_add(&idx, &y, 0)?;
+            ys.push(
+                y.to_dtype(DType::F32)?
+                    .broadcast_mul(&w)?
+                    .to_dtype(x.dtype())?,
+            );
+            all_rows.extend_from_slice(rows);
+        }
+        let mut out = x.zeros_like()?;
+        if !ys.is_empty() {
+            let idx = Tensor::from_slice(&all_rows, all_rows.len(), x.device())?;
+            out = out.index_add(&idx, &Tensor::cat(&ys, 0)?, 0)?;
         }
         if let Some(shared) = &self.shared {
             out = (out + shared.forward(x)?)?;
