@@ -192,7 +192,9 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             record_steps: false,
         };
         let rt = match engine {
-            Some((devices, fabric)) => dstwin_sim::serve::start_on(&s, t, devices, fabric),
+            Some((built, devices, fabric)) => {
+                dstwin_sim::serve::start_on(&s, t, built, devices, fabric)
+            }
             None => dstwin_sim::serve::start(&s, t),
         }
         .map_err(|e| Failure::Input(e.into()))?;
@@ -240,12 +242,13 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
 const CPU_SCENARIO: &str = include_str!("../engine/cpu/scenarios/cpu-mixed.toml");
 
 type Engine = (
+    Vec<dstwin_sim::run::BuiltInstance>,
     Vec<Box<dyn dstwin_core::device::Device + Send>>,
     Box<dyn dstwin_core::device::Fabric + Send>,
 );
 
-/// Loads the checkpoint and builds one CPU device per scenario instance, joined by a fabric
-/// that copies KV blocks.
+/// Loads the checkpoint and builds the scenario's instances, a CPU device for each, joined by
+/// a fabric that copies KV blocks.
 fn cpu_engine(
     s: &dstwin_sim::scenario::Scenario,
     dir: &std::path::Path,
@@ -303,7 +306,7 @@ fn cpu_engine(
         fabric.add_instance(dev.caches());
         devices.push(Box::new(dev));
     }
-    Ok((devices, Box::new(fabric)))
+    Ok((built, devices, Box::new(fabric)))
 }
 
 async fn shutdown_signal() {

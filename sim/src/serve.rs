@@ -1,7 +1,7 @@
 //! A scenario's deployment on twin devices in the engine's wall-clock runtime: what
 //! `dstwin serve --device twin` runs (feature `serve`).
 
-use crate::run::{build_fabric, build_instances, deployment_config, RunError};
+use crate::run::{build_fabric, build_instances, deployment_config, BuiltInstance, RunError};
 use crate::scenario::Scenario;
 use dstwin_core::device::{Device, Fabric};
 use dstwin_runtime::{Runtime, RuntimeConfig, ServeInstance};
@@ -44,17 +44,17 @@ pub fn start(s: &Scenario, t: TwinServe) -> Result<Runtime, RunError> {
     ))
 }
 
-/// Starts the scenario's instances on devices the caller built (a real engine): one per
-/// instance, in the order of [`build_instances`], with the fabric that joins them. Each
-/// device's capacity sets its instance's KV blocks; the scenario sets the rest (layout,
-/// scheduler knobs, MTP, proxy policies).
+/// Starts the scenario's instances (`built`, from [`build_instances`]) on devices the caller
+/// built for them (a real engine), one per instance in the same order, with the fabric that
+/// joins them. Each device's capacity sets its instance's KV blocks; the scenario sets the
+/// rest (layout, scheduler knobs, MTP, proxy policies).
 pub fn start_on(
     s: &Scenario,
     t: TwinServe,
+    built: Vec<BuiltInstance>,
     devices: Vec<Box<dyn Device + Send>>,
     fabric: Box<dyn Fabric + Send>,
 ) -> Result<Runtime, RunError> {
-    let built = build_instances(s)?;
     if built.len() != devices.len() {
         return Err(RunError::Devices(format!(
             "the scenario has {} instances, {} devices were built",
