@@ -25,8 +25,8 @@ use crate::model::{Model, SeqInput};
 use crate::sampler::{sample, stream_key, Context};
 use candle_core::{DType, Tensor};
 use dstwin_core::device::{
-    Capacity, Device, DeviceError, ExpertHeat, Fabric, FinishReason, KvTransfer, RankPlan, ReqId,
-    Sampled, SamplingParams, StepOutcome, StepPlan,
+    Capacity, Device, DeviceError, ExpertHeat, Fabric, FinishReason, InstantFabric, KvTransfer,
+    RankPlan, ReqId, Sampled, SamplingParams, StepOutcome, StepPlan,
 };
 use dstwin_core::time::{SimDuration, SimTime};
 use std::collections::HashMap;
@@ -485,13 +485,12 @@ impl Device for CpuDevice {
 }
 
 /// Moves KV blocks between CPU instances: a transfer copies the named blocks of every cache
-/// layer from the source rank's pool to the destination's, at once.
+/// layer from the source rank's pool to the destination's, and is complete at once.
 #[derive(Default)]
 pub struct CpuFabric {
     /// Per instance, per DP rank, its pool.
     caches: Vec<Vec<SharedCache>>,
-    done: Vec<ReqId>,
-    at: SimTime,
+    done: InstantFabric,
 }
 
 impl CpuFabric {
@@ -528,16 +527,14 @@ impl Fabric for CpuFabric {
         for (l, r) in rows.iter().enumerate() {
             dst.write(l, &x.to.blocks, 0, r).map_err(failed)?;
         }
-        self.done.push(x.req);
-        self.at = now;
-        Ok(())
+        self.done.start(now, x)
     }
 
     fn next_event(&self) -> Option<SimTime> {
-        (!self.done.is_empty()).then_some(self.at)
+        self.done.next_event()
     }
 
-    fn poll(&mut self, _now: SimTime, done: &mut Vec<ReqId>) {
-        done.append(&mut self.done);
+    fn poll(&mut self, now: SimTime, done: &mut Vec<ReqId>) {
+        self.done.poll(now, done);
     }
 }
