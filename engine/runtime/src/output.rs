@@ -115,13 +115,7 @@ impl Choice {
             Some(d) if !ids.is_empty() => {
                 d.ids.extend_from_slice(ids);
                 let t = d.text(false);
-                // What was sent stays: the new text continues it (byte-level decoding is
-                // prefix-stable once incomplete characters are held back).
-                let sent = &self.text[..self.sent];
-                self.text = match t.strip_prefix(sent) {
-                    Some(rest) => format!("{sent}{rest}"),
-                    None => format!("{sent}{}", t.get(self.sent..).unwrap_or("")),
-                };
+                self.continue_with(t);
             }
             _ => text::push_tokens(&mut self.text, self.seed, self.tokens, n),
         }
@@ -157,13 +151,26 @@ impl Choice {
     /// The request ended: the text gets its last bytes, even an incomplete character (decoded
     /// as U+FFFD, as vLLM does).
     pub fn end(&mut self) {
-        if let Some(d) = &self.detok {
-            if !d.ids.is_empty() {
-                let t = d.text(true);
-                if let Some(rest) = t.strip_prefix(&self.text[..self.sent]) {
-                    self.text = format!("{}{rest}", &self.text[..self.sent]);
-                }
-            }
+        if let Some(t) = self
+            .detok
+            .as_ref()
+            .filter(|d| !d.ids.is_empty())
+            .map(|d| d.text(true))
+        {
+            self.continue_with(t);
+        }
+    }
+
+    /// Takes newly decoded text `t`. What was sent stays: `t` continues it (byte-level decoding
+    /// is prefix-stable once incomplete characters are held back); where it would not, what
+    /// follows the sent bytes is appended.
+    fn continue_with(&mut self, t: String) {
+        if !t.starts_with(&self.text[..self.sent]) {
+            let rest = t.get(self.sent..).unwrap_or("").to_string();
+            self.text.truncate(self.sent);
+            self.text.push_str(&rest);
+        } else {
+            self.text = t;
         }
     }
 
