@@ -647,10 +647,9 @@ fn bench_serve_reports_like_vllm_bench_serve() {
     assert_eq!(o.status.code(), Some(1));
 }
 
-#[test]
-fn openai_python_client() {
-    // The official client, streaming and not, chat and completions. CI installs the package
-    // (.ci/run); elsewhere the test says it skipped when the package is missing.
+/// Whether the official openai Python package is importable. CI installs it (.ci/run) and
+/// fails without it; elsewhere a test that needs it says it skipped.
+fn openai_installed() -> bool {
     let has = Command::new("python3")
         .args(["-c", "import openai"])
         .status()
@@ -661,6 +660,15 @@ fn openai_python_client() {
             "the openai Python package is required in CI"
         );
         eprintln!("skipped: `python3 -c 'import openai'` failed (pip install openai)");
+    }
+    has
+}
+
+#[test]
+fn openai_python_client() {
+    // The official client, streaming and not, chat and completions. CI installs the package
+    // (.ci/run); elsewhere the test says it skipped when the package is missing.
+    if !openai_installed() {
         return;
     }
     let srv = Server::start(&[
@@ -1083,32 +1091,9 @@ fn tiny_model(tag: &str) -> std::path::PathBuf {
 
 /// The model's own greedy continuation of `prompt`, decoded as the server decodes it.
 fn greedy_text(dir: &std::path::Path, prompt: &[u32], max_tokens: usize) -> (String, usize) {
-    use dstwin_cpu::{AttnPath, DType, Device, Model, PagedKvCache, SeqInput};
+    use dstwin_cpu::{DType, Device, Model};
     let m = Model::load(dir, DType::F32, &Device::Cpu).unwrap();
-    let mut c = PagedKvCache::new(&m.cfg, 16, 16, m.dtype, &Device::Cpu).unwrap();
-    let blocks: Vec<u32> = (0..16).collect();
-    let (mut ids, mut input, mut computed) = (Vec::new(), prompt.to_vec(), 0);
-    while ids.len() < max_tokens {
-        let f = m
-            .forward(
-                &mut c,
-                &[SeqInput {
-                    blocks: &blocks,
-                    computed,
-                    tokens: &input,
-                    logits: 1,
-                }],
-                AttnPath::Auto,
-            )
-            .unwrap();
-        let t = dstwin_cpu::ops::argmax_rows(&f.logits).unwrap()[0];
-        computed += input.len();
-        ids.push(t);
-        if m.cfg.eos_token_ids.contains(&t) {
-            break;
-        }
-        input = vec![t];
-    }
+    let ids = m.greedy(prompt, max_tokens, false).unwrap();
     let tok = dstwin_runtime::prompt::Counter::from_file(&dir.join("tokenizer.json")).unwrap();
     let text = tok.tokenizer().unwrap().decode(&ids, true).unwrap();
     (text, ids.len())
@@ -1273,16 +1258,7 @@ fn bench_serve_runs_against_the_cpu_engine_and_pd_copies_real_kv() {
 
 #[test]
 fn openai_python_client_against_the_cpu_engine() {
-    let has = Command::new("python3")
-        .args(["-c", "import openai"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the openai Python package is required in CI"
-        );
-        eprintln!("skipped: `python3 -c 'import openai'` failed (pip install openai)");
+    if !openai_installed() {
         return;
     }
     let dir = tiny_model("openai");

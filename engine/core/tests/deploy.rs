@@ -5,7 +5,7 @@ use dstwin_core::batch::AttnCap;
 use dstwin_core::deploy::{
     token_hashes, Arrival, Deployment, DeploymentConfig, Effect, InstanceSpec, Note, Refusal,
 };
-use dstwin_core::device::StepOutcome;
+use dstwin_core::device::{StepOutcome, StepPlan};
 use dstwin_core::instance::InstanceConfig;
 use dstwin_core::layout::Role;
 use dstwin_core::pd::Policy;
@@ -42,22 +42,36 @@ fn spec(name: &str, c: InstanceConfig) -> InstanceSpec {
 }
 
 fn pd() -> Deployment {
+    pd_with_detail(false)
+}
+
+/// A prefill and a decode instance; `detail`: their plans carry per-request entries.
+fn pd_with_detail(detail: bool) -> Deployment {
+    let mut specs = vec![
+        spec("prefill", cfg(Role::Prefill, 64)),
+        spec("decode", cfg(Role::Decode, 64)),
+    ];
+    for s in &mut specs {
+        s.detail = detail;
+    }
     Deployment::new(
         DeploymentConfig {
             prefill_policy: Policy::LoadBalance,
             decode_policy: Policy::LoadBalance,
             kv_bytes_per_token: 10.0,
         },
-        vec![
-            spec("prefill", cfg(Role::Prefill, 64)),
-            spec("decode", cfg(Role::Decode, 64)),
-        ],
+        specs,
     )
 }
 
 /// Drives a deployment with instant steps and transfers until nothing is left; returns the
 /// notes.
 fn drive(d: &mut Deployment) -> Vec<Note> {
+    drive_seeing(d, |_, _| {})
+}
+
+/// [`drive`], showing `see` each instance's plan before it runs.
+fn drive_seeing(d: &mut Deployment, mut see: impl FnMut(u32, &StepPlan)) -> Vec<Note> {
     let mut notes = Vec::new();
     let mut effects = Vec::new();
     let mut t = SimTime::ZERO;
@@ -73,6 +87,7 @@ fn drive(d: &mut Deployment) -> Vec<Note> {
             match e {
                 Effect::Execute { inst } => {
                     let plan = d.plan(inst as usize).clone();
+                    see(inst, &plan);
                     let outcome = StepOutcome {
                         accepted: plan.ranks.iter().map(|r| vec![0; r.decode.len()]).collect(),
                         ..Default::default()
@@ -336,21 +351,7 @@ fn the_core_runs_the_rebalance_cycle_from_the_devices_heat() {
 #[test]
 fn sampling_parameters_reach_each_instance_with_the_token_ids() {
     use dstwin_core::device::SamplingParams;
-    let mut specs = [
-        spec("prefill", cfg(Role::Prefill, 64)),
-        spec("decode", cfg(Role::Decode, 64)),
-    ];
-    for s in &mut specs {
-        s.detail = true;
-    }
-    let mut d = Deployment::new(
-        DeploymentConfig {
-            prefill_policy: Policy::LoadBalance,
-            decode_policy: Policy::LoadBalance,
-            kv_bytes_per_token: 10.0,
-        },
-        specs.to_vec(),
-    );
+    let mut d = pd_with_detail(true);
     let sampling = SamplingParams {
         temperature: 0.3,
         seed: Some(11),
@@ -372,39 +373,16 @@ fn sampling_parameters_reach_each_instance_with_the_token_ids() {
     .unwrap();
     // Per instance, the sampling each scheduled entry of request 7 carried, in step order.
     let mut seen: [Vec<Option<SamplingParams>>; 2] = Default::default();
-    let mut effects = Vec::new();
-    let mut notes = Vec::new();
-    let mut t = SimTime::ZERO;
-    for _ in 0..100 {
-        d.plan_steps(t);
-        d.take_effects(&mut effects);
-        d.take_notes(&mut notes);
-        if effects.is_empty() {
-            break;
+    drive_seeing(&mut d, |inst, plan| {
+        for r in plan.ranks.iter().flat_map(|r| &r.reqs) {
+            assert_eq!(
+                r.sampling.is_some(),
+                r.token_ids.is_some(),
+                "sampling comes with the token ids"
+            );
+            seen[inst as usize].push(r.sampling.as_deref().cloned());
         }
-        t = SimTime(t.0 + 1000);
-        for e in effects.drain(..) {
-            match e {
-                Effect::Execute { inst } => {
-                    let plan = d.plan(inst as usize).clone();
-                    for r in plan.ranks.iter().flat_map(|r| &r.reqs) {
-                        assert_eq!(
-                            r.sampling.is_some(),
-                            r.token_ids.is_some(),
-                            "sampling comes with the token ids"
-                        );
-                        seen[inst as usize].push(r.sampling.as_deref().cloned());
-                    }
-                    let outcome = StepOutcome {
-                        accepted: plan.ranks.iter().map(|r| vec![0; r.decode.len()]).collect(),
-                        ..Default::default()
-                    };
-                    d.step_done(t, inst, &outcome);
-                }
-                Effect::Transfer(x) => d.transfer_done(t, x.req),
-            }
-        }
-    }
+    });
     for (inst, s) in seen.iter().enumerate() {
         assert_eq!(s.first(), Some(&Some(sampling.clone())), "instance {inst}");
         assert!(s[1..].iter().all(Option::is_none), "instance {inst}: {s:?}");
