@@ -538,6 +538,42 @@ impl Model {
         })
     }
 
+    /// The model's own greedy continuation of `prompt`, one forward per token on a private
+    /// cache: up to `max_tokens` tokens, ending after an end-of-sequence token unless
+    /// `ignore_eos`. The reference the scheduler-driven engine is checked against.
+    pub fn greedy(
+        &self,
+        prompt: &[u32],
+        max_tokens: usize,
+        ignore_eos: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        const BS: usize = 16;
+        let n = (prompt.len() + max_tokens).div_ceil(BS).max(1);
+        let mut cache = PagedKvCache::new(&self.cfg, n, BS, self.dtype, &self.device)?;
+        let blocks: Vec<u32> = (0..n as u32).collect();
+        let (mut out, mut input, mut computed) = (Vec::new(), prompt.to_vec(), 0);
+        while out.len() < max_tokens {
+            let f = self.forward(
+                &mut cache,
+                &[SeqInput {
+                    blocks: &blocks,
+                    computed,
+                    tokens: &input,
+                    logits: 1,
+                }],
+                AttnPath::Auto,
+            )?;
+            let t = argmax_rows(&f.logits)?[0];
+            computed += input.len();
+            out.push(t);
+            if !ignore_eos && self.cfg.eos_token_ids.contains(&t) {
+                break;
+            }
+            input = vec![t];
+        }
+        Ok(out)
+    }
+
     /// Greedy draft tokens of MTP module 0, one per logit row asked for.
     pub fn draft(
         &self,

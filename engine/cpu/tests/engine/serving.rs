@@ -11,7 +11,7 @@ use dstwin_core::instance::InstanceConfig;
 use dstwin_core::layout::Role;
 use dstwin_core::pd::Policy;
 use dstwin_core::time::SimTime;
-use dstwin_cpu::{AttnPath, CpuDevice, CpuDeviceConfig, CpuFabric, DType, Model, SeqInput};
+use dstwin_cpu::{AttnPath, CpuDevice, CpuDeviceConfig, CpuFabric, DType, Model};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
@@ -216,40 +216,25 @@ fn serve_with(
     served
 }
 
-/// The model's own greedy continuation, one forward per token on a private cache.
+/// The model's own greedy continuation and how it ends.
 fn reference(
     model: &Model,
     prompt: &[u32],
     max_tokens: u32,
     ignore_eos: bool,
 ) -> (Vec<u32>, FinishReason) {
-    let mut c = cache(model);
-    let b = blocks(0, prompt.len() + max_tokens as usize);
-    let mut out = Vec::new();
-    let mut computed = 0;
-    let mut input = prompt.to_vec();
-    while out.len() < max_tokens as usize {
-        let f = model
-            .forward(
-                &mut c,
-                &[SeqInput {
-                    blocks: &b,
-                    computed,
-                    tokens: &input,
-                    logits: 1,
-                }],
-                AttnPath::Auto,
-            )
-            .unwrap();
-        let t = dstwin_cpu::ops::argmax_rows(&f.logits).unwrap()[0];
-        computed += input.len();
-        out.push(t);
-        if !ignore_eos && model.cfg.eos_token_ids.contains(&t) {
-            return (out, FinishReason::Stop);
-        }
-        input = vec![t];
-    }
-    (out, FinishReason::Length)
+    let out = model
+        .greedy(prompt, max_tokens as usize, ignore_eos)
+        .unwrap();
+    let eos = out
+        .last()
+        .is_some_and(|t| model.cfg.eos_token_ids.contains(t));
+    let reason = if eos && !ignore_eos {
+        FinishReason::Stop
+    } else {
+        FinishReason::Length
+    };
+    (out, reason)
 }
 
 fn prompts() -> Vec<Vec<u32>> {
