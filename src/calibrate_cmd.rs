@@ -4,6 +4,7 @@ use crate::output::outln;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
+use dstwin_calibration::expert_load::{self, LeftOut, LoadFit};
 use dstwin_calibration::fit::{
     fit, fit_concentration, parse_eplb_gap, residuals, Globals, Residual, EXPERT_LOAD,
 };
@@ -18,7 +19,11 @@ bandwidth efficiencies of the low-latency and normal modes) to the built-in disp
 default of a scenario's mtp.acceptance) to the measured acceptance figures in the same file. Step 2 fits in_situ_efficiency and the two overlap efficiencies (low-latency and normal all-to-all) of a hardware's cost model by least squares over the \
 relative errors of every target (a deployment and a published figure), then prints the fitted values, \
 the residuals of the fit and of the parameters shipped in hwmodels/data/costs. Paste the printed lines \
-into the cost file to adopt a new fit.\n\nExamples:\n  dstwin calibrate\n      the built-in CloudMatrix384 targets\n  dstwin calibrate --targets my-cluster-targets.toml --json"
+into the cost file to adopt a new fit. Step 3 (built-in targets only) fits the default routed-expert load \
+(a log-normal popularity per layer and the per-request routing concentration) jointly to measured DeepSeek-R1 \
+expert loads and the CloudMatrix384 EPLB gap (calibration/data/expert-load-measured.toml, expert-load.toml) on the \
+shipped cost model, prints every figure's error, each fitted figure's error when left out of the fit, and the \
+lines for sim/twin/data/expert-load.toml.\n\nExamples:\n  dstwin calibrate\n      the built-in CloudMatrix384 targets\n  dstwin calibrate --targets my-cluster-targets.toml --json"
 )]
 pub struct CalibrateArgs {
     /// Target file (TOML, `[[target]]` tables like calibration/data/cloudmatrix384.toml); default: the
@@ -97,8 +102,21 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     let shipped = Globals::of(&base);
     let f = fit(&targets, a.step).map_err(|e| Failure::Input(e.into()))?;
     let shipped_r = residuals(&targets, shipped).map_err(|e| Failure::Input(e.into()))?;
-    // The per-request routing concentration, fitted to the one figure that isolates it, with
-    // the fitted globals (only for the built-in targets, which hold its base deployment).
+    // The default expert load, fitted jointly to the measured loads and the EPLB gap on the
+    // shipped cost model (the one the simulator prices with), and the `zipf` kind's
+    // concentration fitted to the gap alone with the fitted globals (only for the built-in
+    // targets, which hold the gap's base deployment).
+    let load = if a.targets.is_none() {
+        let p =
+            expert_load::builtin(&targets, base.clone()).map_err(|e| Failure::Runtime(e.into()))?;
+        let f = p.fit().map_err(|e| Failure::Runtime(e.into()))?;
+        let loo = p
+            .leave_one_out(&f)
+            .map_err(|e| Failure::Runtime(e.into()))?;
+        Some((f, loo))
+    } else {
+        None
+    };
     let conc = if a.targets.is_none() {
         let gap = parse_eplb_gap("expert-load.toml", EXPERT_LOAD)
             .map_err(|e| Failure::Input(e.into()))?;
@@ -125,7 +143,12 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             "cost_model": base.params.name,
             "fit": f,
             "shipped": { "globals": shipped, "residuals": shipped_r },
-            "expert_load_concentration": conc,
+            "expert_load": load.as_ref().map(|(f, loo)| serde_json::json!({
+                "fit": f,
+                "shipped": dstwin_twin::expert_load::fitted(),
+                "leave_one_out": loo,
+            })),
+            "zipf_concentration": conc,
         });
         outln!(
             "{}",
@@ -150,10 +173,14 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     for (n, v) in Globals::NAMES.iter().zip(f.globals.values()) {
         outln!("{n} = {v:.3}")?;
     }
+    if let Some((f, loo)) = &load {
+        outln!()?;
+        print_expert_load(f, loo)?;
+    }
     if let Some(c) = conc {
         outln!()?;
         outln!(
-            "expert-load concentration fitted to {}: {:.2} (default/perfect EPLB throughput {:.3}, published {:.3})",
+            "zipf(0.5) concentration fitted to {} alone: {:.2} (default/perfect EPLB throughput {:.3}, published {:.3})",
             c.id, c.concentration, c.predicted_ratio, c.published_ratio
         )?;
         outln!(
@@ -197,6 +224,62 @@ fn print_residual_pairs(
             s.error * 100.0
         )?;
     }
+    Ok(())
+}
+
+/// Step 4: the default expert load's joint fit, every figure's error (fitted and checked), each
+/// fitted figure's error when left out of the fit, and the lines for the data file.
+fn print_expert_load(f: &LoadFit, loo: &[LeftOut]) -> Result<(), Failure> {
+    let p = f.params;
+    let fitted = f.residuals.iter().filter(|r| r.fitted).count();
+    outln!("expert load, the fitted default (calibration/data/expert-load-measured.toml, expert-load.toml)")?;
+    outln!(
+        "  sigma {:.4}, sigma_spread {:.4}, concentration {:.2}: rms error {:.1}% over {fitted} fitted figures ({} evaluations)",
+        p.sigma,
+        p.sigma_spread,
+        p.concentration,
+        f.rms_error * 100.0,
+        f.evaluations
+    )?;
+    outln!(
+        "  {:<50} {:>10} {:>10} {:>8}  {:<7} {:>9}",
+        "figure",
+        "published",
+        "predicted",
+        "error",
+        "role",
+        "left out"
+    )?;
+    for r in &f.residuals {
+        let left = loo
+            .iter()
+            .find(|l| l.id == r.id)
+            .map_or(String::new(), |l| format!("{:+.1}%", l.error * 100.0));
+        outln!(
+            "  {:<50} {:>10.4} {:>10.4} {:>+7.1}%  {:<7} {:>9}",
+            r.id,
+            r.published,
+            r.predicted,
+            r.error * 100.0,
+            if r.fitted { "fit" } else { "check" },
+            left
+        )?;
+    }
+    let s = dstwin_twin::expert_load::fitted();
+    outln!(
+        "  shipped: sigma {}, sigma_spread {}, concentration {}",
+        s.sigma,
+        s.sigma_spread,
+        s.concentration
+    )?;
+    outln!()?;
+    outln!("# for sim/twin/data/expert-load.toml")?;
+    outln!(
+        "sigma = {:.4}\nsigma_spread = {:.4}\nconcentration = {:.2}",
+        p.sigma,
+        p.sigma_spread,
+        p.concentration
+    )?;
     Ok(())
 }
 

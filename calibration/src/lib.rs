@@ -8,7 +8,11 @@
 //!   acceptance figures in the same file, and their residuals.
 //! - [`fit`]: the coordinate-search fit of the global parameters (in-situ efficiency, overlap
 //!   efficiencies) that minimizes the squared relative errors over all targets of one hardware,
-//!   and the per-request routing concentration fitted to the EPLB gap.
+//!   and the routing concentration of a Zipf(0.5) load fitted to the EPLB gap alone (the `zipf`
+//!   kind's default).
+//! - [`expert_load`]: the default routed-expert load (log-normal per layer and the per-request
+//!   concentration) fitted jointly to measured DeepSeek-R1 expert loads and the EPLB gap
+//!   (`data/expert-load-measured.toml`, `data/expert-load.toml`), its checks and leave-one-out.
 //! - [`anchors`]: the end-to-end anchors as shipped scenarios (`sim/scenarios/anchors/`), the
 //!   figures each is compared on and their regression bounds (`data/anchor-scenarios.toml`).
 //! - [`measured`]: a team's `vllm bench serve` results against a simulation of the same run.
@@ -17,6 +21,7 @@
 //! op graph's op names to fit per-class efficiencies.
 
 pub mod anchors;
+pub mod expert_load;
 pub mod fit;
 pub mod measured;
 pub mod micro;
