@@ -227,7 +227,7 @@ fn print_residual_pairs(
     Ok(())
 }
 
-/// Step 4: the default expert load's joint fit, every figure's error (fitted and checked), each
+/// Step 3: the default expert load's joint fit, every figure's error (fitted and checked), each
 /// fitted figure's error when left out of the fit, and the lines for the data file.
 fn print_expert_load(f: &LoadFit, loo: &[LeftOut]) -> Result<(), Failure> {
     let p = f.params;
