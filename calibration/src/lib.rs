@@ -18,6 +18,7 @@
 
 pub mod anchors;
 pub mod fit;
+pub mod globals;
 pub mod measured;
 pub mod micro;
 pub mod target;

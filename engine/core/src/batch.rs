@@ -149,6 +149,25 @@ impl BatchShape {
     pub fn is_empty(&self) -> bool {
         self.tokens() == 0
     }
+
+    /// A decode step padded to `tokens` tokens (a captured graph's size): the padding is dummy
+    /// sequences of `1 + mtp_tokens` tokens that attend to one key each, so every projection
+    /// and GEMM computes the padded rows while attention reads almost nothing more. A shape
+    /// already that large, or with prompts, is returned as it is.
+    pub fn padded_to(&self, tokens: u64, mtp_tokens: u32) -> BatchShape {
+        if self.prefill_tokens > 0 || self.decode_tokens >= tokens {
+            return *self;
+        }
+        let extra = tokens - self.decode_tokens;
+        let q = 1 + mtp_tokens as u64;
+        BatchShape {
+            decode_seqs: self.decode_seqs + extra.div_ceil(q) as u32,
+            decode_tokens: tokens,
+            decode_pairs: self.decode_pairs + extra,
+            decode_pairs_capped: self.decode_pairs_capped + extra,
+            ..*self
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 //! real engine executes the same ops.
 
 use crate::batch::BatchShape;
-use crate::layout::{Plan, Role};
+use crate::features::{MoeCommUsed, Resolved};
+use crate::layout::Plan;
 use crate::model::{self, Attention, Indexer, ModelConfig, Quant};
 use dstwin_hwmodels::{A2aMode, Comm, CommKind, DType, OpClass, Work};
 use serde::Serialize;
@@ -79,6 +80,9 @@ pub struct MoeLoad {
     pub group_tokens: u64,
     /// Tokens on the hottest routed die over the mean (1.0 = perfect balance).
     pub imbalance: f64,
+    /// How the step's MoE tokens reach their experts (decided for the whole EP group:
+    /// [`Resolved::moe_comm`]).
+    pub comm: MoeCommUsed,
 }
 
 /// What, besides the batch, fixes a step's ops.
@@ -90,6 +94,8 @@ pub struct StepSpec<'a> {
     pub plan: &'a Plan,
     /// MTP draft tokens per step (0 = no MTP).
     pub mtp_tokens: u32,
+    /// The instance's engine mechanisms (MLAPO, FLASHCOMM1 change the ops).
+    pub features: &'a Resolved,
 }
 
 /// Builds the op list of one step.
@@ -98,12 +104,14 @@ struct Builder<'a> {
     ops: Vec<Op>,
 }
 
-fn work(class: OpClass, flops: f64, bytes: f64, dtype: DType) -> OpKind {
+/// Compute work of `rows` rows (0: an op without a row dimension, e.g. elementwise).
+fn work(class: OpClass, flops: f64, bytes: f64, dtype: DType, rows: f64) -> OpKind {
     OpKind::Compute(Work {
         class,
         flops,
         bytes,
         dtype,
+        rows,
     })
 }
 
@@ -156,7 +164,7 @@ impl Builder<'_> {
             layer,
             repeat,
             DieSet::All,
-            work(OpClass::Gemm, flops, bytes, cdt),
+            work(OpClass::Gemm, flops, bytes, cdt, tokens),
         );
     }
 
@@ -168,7 +176,7 @@ impl Builder<'_> {
             layer,
             repeat,
             DieSet::All,
-            work(OpClass::Elementwise, 4.0 * elems, bytes, DType::Bf16),
+            work(OpClass::Elementwise, 4.0 * elems, bytes, DType::Bf16, 0.0),
         );
     }
 
@@ -190,6 +198,7 @@ impl Builder<'_> {
                 bytes,
                 group,
                 mode: A2aMode::Normal,
+                copies: 0.0,
             }),
         );
     }
@@ -215,7 +224,17 @@ impl Builder<'_> {
             }
         };
         let act = DType::Bf16.bytes();
-        self.elementwise("attn_norm", layer, repeat, t * h);
+        let prompts = b.prefill_tokens > 0;
+        // FLASHCOMM1: the residual stream is sharded over the TP group, so norms run on 1/TP of
+        // the tokens and the all-reduce splits into a reduce-scatter and an all-gather.
+        let fc1 = self.s.features.flashcomm1 && self.s.plan.tp > 1;
+        let norm_tokens = if fc1 { t / tp } else { t };
+        // MLAPO: norm, q/kv projections, RoPE and the cache write of a decode step in one kernel.
+        let mlapo = matches!(m.attention, Attention::Mla { .. })
+            && self.s.features.mlapo_applies(b.decode_tokens, prompts);
+        if !mlapo {
+            self.elementwise("attn_norm", layer, repeat, norm_tokens * h);
+        }
         match &m.attention {
             Attention::Mla {
                 heads,
@@ -234,18 +253,40 @@ impl Builder<'_> {
                     *qk_rope_dim as f64,
                     *v_head_dim as f64,
                 );
-                self.gemm("q_a_proj", layer, repeat, t, h, ql, lin, cdt);
-                self.gemm("kv_a_proj", layer, repeat, t, h, kvl + rope, lin, cdt);
-                self.gemm(
-                    "q_b_proj",
-                    layer,
-                    repeat,
-                    t,
-                    ql,
-                    hh * (nope + rope),
-                    lin,
-                    cdt,
-                );
+                if mlapo {
+                    // One kernel: its FLOPs are the projections', its HBM traffic their weights,
+                    // the hidden states in and the query and latent out (intermediates stay on
+                    // chip).
+                    let parts = [
+                        (h, ql, lin),
+                        (h, kvl + rope, lin),
+                        (ql, hh * (nope + rope), lin),
+                        (hh * nope, kvl, DType::Bf16),
+                    ];
+                    let flops: f64 = parts.iter().map(|(k, n, _)| 2.0 * t * k * n).sum();
+                    let weights: f64 = parts.iter().map(|(k, n, w)| k * n * w.bytes()).sum();
+                    let io = t * (h + hh * (kvl + rope) + kvl + rope) * act;
+                    self.push(
+                        "mla_prolog",
+                        layer,
+                        repeat,
+                        DieSet::All,
+                        work(OpClass::Gemm, flops, weights + io, cdt, t),
+                    );
+                } else {
+                    self.gemm("q_a_proj", layer, repeat, t, h, ql, lin, cdt);
+                    self.gemm("kv_a_proj", layer, repeat, t, h, kvl + rope, lin, cdt);
+                    self.gemm(
+                        "q_b_proj",
+                        layer,
+                        repeat,
+                        t,
+                        ql,
+                        hh * (nope + rope),
+                        lin,
+                        cdt,
+                    );
+                }
                 let sparse = indexer.is_some();
                 let (pp, pd) = if sparse {
                     (b.prefill_pairs_capped, b.decode_pairs_capped)
@@ -271,22 +312,24 @@ impl Builder<'_> {
                         layer,
                         repeat,
                         DieSet::All,
-                        work(OpClass::Attention, flops, bytes, DType::Bf16),
+                        work(OpClass::Attention, flops, bytes, DType::Bf16, tp_tok * hh),
                     );
                 }
                 if b.decode_tokens > 0 {
                     // Absorbed form: attend in the latent space, W_UK and W_UV folded into the query
                     // and output sides.
-                    self.gemm(
-                        "q_absorb",
-                        layer,
-                        repeat,
-                        td,
-                        hh * nope,
-                        kvl,
-                        lin,
-                        DType::Bf16,
-                    );
+                    if !mlapo {
+                        self.gemm(
+                            "q_absorb",
+                            layer,
+                            repeat,
+                            td,
+                            hh * nope,
+                            kvl,
+                            lin,
+                            DType::Bf16,
+                        );
+                    }
                     let flops = 2.0 * pd as f64 * hh * (kvl + rope + kvl);
                     let bytes =
                         kv_reads(pd) * (kvl + rope) * kvb + td * hh * (kvl + rope + kvl) * act;
@@ -295,7 +338,7 @@ impl Builder<'_> {
                         layer,
                         repeat,
                         DieSet::All,
-                        work(OpClass::Attention, flops, bytes, DType::Bf16),
+                        work(OpClass::Attention, flops, bytes, DType::Bf16, td * hh),
                     );
                     self.gemm("v_absorb", layer, repeat, td, hh * kvl, v, lin, DType::Bf16);
                 }
@@ -371,7 +414,7 @@ impl Builder<'_> {
                     layer,
                     repeat,
                     DieSet::All,
-                    work(OpClass::Attention, flops, bytes, DType::Bf16),
+                    work(OpClass::Attention, flops, bytes, DType::Bf16, t * hh),
                 );
                 if r > 0 && Some(r) == csa {
                     let pairs = (b.prefill_pairs + b.decode_pairs) as f64 / r as f64;
@@ -384,15 +427,60 @@ impl Builder<'_> {
             }
         }
         if self.s.plan.tp > 1 {
-            self.all_reduce(
-                "attn_all_reduce",
+            if fc1 {
+                self.collective(
+                    "attn_reduce_scatter",
+                    layer,
+                    repeat,
+                    CommKind::ReduceScatter,
+                    t * h * act,
+                    self.s.plan.tp,
+                );
+            } else {
+                self.all_reduce(
+                    "attn_all_reduce",
+                    layer,
+                    repeat,
+                    t * h * act,
+                    self.s.plan.tp,
+                );
+            }
+        }
+        self.elementwise("ffn_norm", layer, repeat, norm_tokens * h);
+        if fc1 {
+            self.collective(
+                "ffn_all_gather",
                 layer,
                 repeat,
+                CommKind::AllGather,
                 t * h * act,
                 self.s.plan.tp,
             );
         }
-        self.elementwise("ffn_norm", layer, repeat, t * h);
+    }
+
+    fn collective(
+        &mut self,
+        name: &'static str,
+        layer: LayerKind,
+        repeat: u64,
+        kind: CommKind,
+        bytes: f64,
+        group: u32,
+    ) {
+        self.push(
+            name,
+            layer,
+            repeat,
+            DieSet::All,
+            OpKind::Comm(Comm {
+                kind,
+                bytes,
+                group,
+                mode: A2aMode::Normal,
+                copies: 0.0,
+            }),
+        );
     }
 
     /// A sparse-attention indexer: its projections, FP8 scores over `pairs` query-key pairs that
@@ -416,6 +504,7 @@ impl Builder<'_> {
             2.0 * pairs * ih * id,
             key_reads * key,
             DType::Fp8,
+            t * ih,
         );
         self.push("indexer_score", layer, repeat, DieSet::All, w);
         self.elementwise("indexer_topk", layer, repeat, pairs / id.max(1.0));
@@ -491,16 +580,6 @@ impl Builder<'_> {
         }
     }
 
-    fn a2a_mode(&self, b: &BatchShape) -> A2aMode {
-        match self.s.plan.role {
-            Role::Decode => A2aMode::LowLatency,
-            Role::Prefill => A2aMode::Normal,
-            // Like SGLang's `auto`: normal mode as soon as any prefill is in the batch.
-            Role::Mixed if b.prefill_tokens > 0 => A2aMode::Normal,
-            Role::Mixed => A2aMode::LowLatency,
-        }
-    }
-
     /// One MoE layer, `repeat` times, for one die.
     fn moe(&mut self, layer: LayerKind, repeat: u64, b: &BatchShape, load: &MoeLoad) {
         let m = self.s.model;
@@ -531,25 +610,47 @@ impl Builder<'_> {
         } else {
             h * dq.bytes() + (h / DISPATCH_SCALE_GROUP).ceil() * SCALE_BYTES
         };
-        let mode = self.a2a_mode(b);
+        let mode = match load.comm {
+            MoeCommUsed::Mc2 => A2aMode::LowLatency,
+            MoeCommUsed::AllToAll | MoeCommUsed::AllGather => A2aMode::Normal,
+        };
         let comm = |kind, bytes| {
             OpKind::Comm(Comm {
                 kind,
                 bytes,
                 group: p.ep,
                 mode,
+                copies: if matches!(kind, CommKind::Dispatch | CommKind::Combine) {
+                    fanout
+                } else {
+                    0.0
+                },
             })
         };
         // The all-to-all ends when the hottest die has received its tokens: the routed part of
         // the traffic scales with the imbalance.
         let skew = (m.top_k as f64 * load.imbalance + f64::from(u8::from(shared_dies))) / fanout;
-        self.push(
-            "dispatch",
-            layer,
-            repeat,
-            DieSet::All,
-            comm(CommKind::Dispatch, own * fanout * per_token * skew),
-        );
+        // All-gather mode: every die gathers the hidden states of the whole EP group and
+        // reduce-scatters the combined outputs back (vllm-ascend's ALLGATHER).
+        let gathered = load.group_tokens as f64 / p.tp as f64 * h * act;
+        let allgather = load.comm == MoeCommUsed::AllGather;
+        if allgather {
+            self.push(
+                "moe_all_gather",
+                layer,
+                repeat,
+                DieSet::All,
+                comm(CommKind::AllGather, gathered),
+            );
+        } else {
+            self.push(
+                "dispatch",
+                layer,
+                repeat,
+                DieSet::All,
+                comm(CommKind::Dispatch, own * fanout * per_token * skew),
+            );
+        }
         // Routed experts: tokens per routed die under perfect balance, times the imbalance.
         let slots = (m.routed_experts + p.redundant_experts as u64) as f64;
         let mean = load.group_tokens as f64 * m.top_k as f64 / slots * p.slots_per_die as f64;
@@ -570,7 +671,7 @@ impl Builder<'_> {
             layer,
             repeat,
             DieSet::RoutedExperts,
-            work(OpClass::GroupedGemm, flops, bytes, ec),
+            work(OpClass::GroupedGemm, flops, bytes, ec, tok / hit.max(1.0)),
         );
         // Shared expert: on its own dies, or locally for the die's tokens.
         let (stok, sdies) = if shared_dies {
@@ -590,15 +691,25 @@ impl Builder<'_> {
             layer,
             repeat,
             sdies,
-            work(OpClass::GroupedGemm, flops, bytes, ec),
+            work(OpClass::GroupedGemm, flops, bytes, ec, stok),
         );
-        self.push(
-            "combine",
-            layer,
-            repeat,
-            DieSet::All,
-            comm(CommKind::Combine, own * fanout * h * act * skew),
-        );
+        if allgather {
+            self.push(
+                "moe_reduce_scatter",
+                layer,
+                repeat,
+                DieSet::All,
+                comm(CommKind::ReduceScatter, gathered),
+            );
+        } else {
+            self.push(
+                "combine",
+                layer,
+                repeat,
+                DieSet::All,
+                comm(CommKind::Combine, own * fanout * h * act * skew),
+            );
+        }
     }
 
     fn lm_head(&mut self, layer: LayerKind, repeat: u64, logit_tokens: f64) {
@@ -619,6 +730,7 @@ impl Builder<'_> {
                     bytes: logit_tokens * m.vocab as f64 * DType::Bf16.bytes(),
                     group: dtp,
                     mode: A2aMode::Normal,
+                    copies: 0.0,
                 }),
             );
         }
@@ -706,6 +818,7 @@ pub fn step_ops(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad) -> Vec<Op> {
             let mtp_load = MoeLoad {
                 group_tokens: load.group_tokens * pb.tokens() / b.tokens(),
                 imbalance: load.imbalance,
+                comm: load.comm,
             };
             bld.moe(LayerKind::Mtp, n, &pb, &mtp_load);
             bld.lm_head(LayerKind::Mtp, n, seqs as f64);

@@ -3,13 +3,14 @@
 //! acceptance per sequence.
 
 use crate::expert_load::{effective_requests, fluctuation, imbalance, ExpertLoad};
-use crate::pricing::{price, two_microbatch_time, StepCost};
+use crate::pricing::{price_step, StepCost};
 use dstwin_core::batch::BatchShape;
 use dstwin_core::device::{
     Capacity, ClassTimes, Device, DeviceError, ExpertHeat, ExpertMove, StepOutcome, StepPlan,
     TransferOutcome, CLASS_NAMES, CLASS_SLOTS, DUMMY_TOKENS, HOST, OTHER_COMM,
 };
 use dstwin_core::eplb::Placement;
+use dstwin_core::features::{MoeCommUsed, Resolved};
 use dstwin_core::layout::Plan;
 use dstwin_core::model::{ModelConfig, Quant};
 use dstwin_core::mtp::Acceptance;
@@ -71,7 +72,7 @@ impl std::hash::Hash for PriceKey {
 }
 
 impl PriceKey {
-    fn new(s: &BatchShape, group_tokens: u64, bucket: u32) -> Self {
+    fn new(s: &BatchShape, group_tokens: u64, bucket: u32, comm: MoeCommUsed) -> Self {
         let c = [
             code(s.prefill_seqs as u64),
             code(s.prefill_tokens),
@@ -89,15 +90,20 @@ impl PriceKey {
                 .rev()
                 .fold(0u64, |a, &x| a << 16 | x as u64)
         };
-        PriceKey([w(0), w(4), c[8] as u64 | (bucket as u64) << 16])
+        let comm = match comm {
+            MoeCommUsed::Mc2 => 0u64,
+            MoeCommUsed::AllToAll => 1,
+            MoeCommUsed::AllGather => 2,
+        };
+        PriceKey([w(0), w(4), c[8] as u64 | (bucket as u64) << 16 | comm << 48])
     }
 
     fn field(&self, i: usize) -> u64 {
         decode((self.0[i / 4] >> (16 * (i % 4))) as u16)
     }
 
-    /// The quantized shape, group tokens and imbalance the key stands for.
-    fn shape(&self) -> (BatchShape, u64, f64) {
+    /// The quantized shape, group tokens, imbalance and MoE communication the key stands for.
+    fn shape(&self) -> (BatchShape, u64, f64, MoeCommUsed) {
         let shape = BatchShape {
             prefill_seqs: self.field(0) as u32,
             prefill_tokens: self.field(1),
@@ -109,7 +115,12 @@ impl PriceKey {
             decode_pairs_capped: self.field(7),
         };
         let bucket = (self.0[2] >> 16) as u32;
-        (shape, self.field(8), bucket as f64 / IMBALANCE_BUCKETS)
+        let comm = match self.0[2] >> 48 {
+            0 => MoeCommUsed::Mc2,
+            1 => MoeCommUsed::AllToAll,
+            _ => MoeCommUsed::AllGather,
+        };
+        (shape, self.field(8), bucket as f64 / IMBALANCE_BUCKETS, comm)
     }
 }
 
@@ -154,7 +165,8 @@ pub struct PricerSpec {
     pub kv_dtype: DType,
     pub plan: Plan,
     pub mtp_tokens: u32,
-    pub two_microbatch: bool,
+    /// The instance's engine mechanisms, resolved.
+    pub features: Resolved,
     pub cost: CostModel,
 }
 
@@ -221,7 +233,13 @@ impl StepPricer {
         &self.spec
     }
 
-    fn price_shape(&self, shape: &BatchShape, group_tokens: u64, imbalance: f64) -> StepCost {
+    fn ops(
+        &self,
+        shape: &BatchShape,
+        group_tokens: u64,
+        imbalance: f64,
+        comm: MoeCommUsed,
+    ) -> Vec<dstwin_core::opgraph::Op> {
         let s = &self.spec;
         let spec = StepSpec {
             model: &s.model,
@@ -229,19 +247,27 @@ impl StepPricer {
             kv_dtype: s.kv_dtype,
             plan: &s.plan,
             mtp_tokens: s.mtp_tokens,
+            features: &s.features,
         };
         let load = MoeLoad {
             group_tokens,
             imbalance,
+            comm,
         };
-        price(&step_ops(spec, shape, &load), &s.cost)
+        step_ops(spec, shape, &load)
     }
 
     /// The price of one rank computing `shape` while the EP group computes `group_tokens` with
     /// the hottest routed die carrying `imbalance` times the mean (priced, like the shapes, at
     /// the quantized value: steps of 2%, so a drifting load revisits cached prices).
-    pub fn rank_cost(&mut self, shape: &BatchShape, group_tokens: u64, imbalance: f64) -> RankCost {
-        let key = Self::key(shape, group_tokens, imbalance);
+    pub fn rank_cost(
+        &mut self,
+        shape: &BatchShape,
+        group_tokens: u64,
+        imbalance: f64,
+        comm: MoeCommUsed,
+    ) -> RankCost {
+        let key = Self::key(shape, group_tokens, imbalance, comm);
         self.cost_of(key)
     }
 
@@ -252,8 +278,9 @@ impl StepPricer {
         shape: &BatchShape,
         group_tokens: u64,
         imbalance: f64,
+        comm: MoeCommUsed,
     ) -> RankCost {
-        let key = Self::key(shape, group_tokens, imbalance);
+        let key = Self::key(shape, group_tokens, imbalance, comm);
         if rank >= self.recent.len() {
             self.recent.resize(rank + 1, None);
         }
@@ -273,11 +300,11 @@ impl StepPricer {
         self.classes[c.at as usize]
     }
 
-    fn key(shape: &BatchShape, group_tokens: u64, imbalance: f64) -> PriceKey {
+    fn key(shape: &BatchShape, group_tokens: u64, imbalance: f64, comm: MoeCommUsed) -> PriceKey {
         let bucket = (imbalance * IMBALANCE_BUCKETS)
             .round()
             .clamp(IMBALANCE_BUCKETS, u32::MAX as f64) as u32;
-        PriceKey::new(shape, group_tokens, bucket)
+        PriceKey::new(shape, group_tokens, bucket, comm)
     }
 
     fn cost_of(&mut self, key: PriceKey) -> RankCost {
@@ -286,18 +313,17 @@ impl StepPricer {
             return *c;
         }
         self.misses += 1;
-        let (shape, group, imb) = key.shape();
-        let full = self.price_shape(&shape, group, imb);
-        let (time_s, classes) = if self.spec.two_microbatch {
-            let h = self.price_shape(&half(&shape), group.div_ceil(2), imb);
-            let t = two_microbatch_time(&h, &self.spec.cost.params);
-            (
-                t,
-                class_times(&full, t / full.serial_s.max(f64::MIN_POSITIVE)),
+        let (shape, group, imb, comm) = key.shape();
+        let ops = self.ops(&shape, group, imb, comm);
+        let p = price_step(&self.spec.features, &shape, &self.spec.cost, &ops, || {
+            let h = half(&shape);
+            crate::pricing::price(
+                &self.ops(&h, group.div_ceil(2), imb, comm),
+                &self.spec.cost,
             )
-        } else {
-            (full.serial_s, class_times(&full, 1.0))
-        };
+        });
+        let time_s = p.time_s;
+        let classes = class_times(&p.full, time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
         let cost = RankCost {
             time_s,
             at: self.classes.len() as u32,
@@ -494,20 +520,49 @@ impl Device for SimDevice {
             _ => self.imbalance,
         };
         self.step_imbalance = step_imbalance;
+        // The EP group decides its MoE communication on the largest rank's tokens, and a
+        // decode-only step under graph capture pads every rank to that rank's capture size.
+        let busy = plan.ranks.iter().filter(|r| !r.shape.is_empty());
+        let max_tokens = busy
+            .clone()
+            .map(|r| r.shape.tokens())
+            .max()
+            .unwrap_or(0)
+            .max(if idle > 0 { self.dummy.tokens() } else { 0 });
+        let with_prompts = plan.ranks.iter().any(|r| r.shape.prefill_tokens > 0);
+        let spec = self.pricer.spec();
+        let comm = spec.features.moe_comm(
+            max_tokens,
+            with_prompts,
+            spec.plan.slots_per_die as u64,
+            spec.plan.ep,
+        );
+        let pad = if with_prompts {
+            None
+        } else {
+            spec.features.padded_tokens(max_tokens)
+        };
+        let mtp_tokens = spec.mtp_tokens;
+        let padded = move |s: &BatchShape| pad.map_or(*s, |p| s.padded_to(p, mtp_tokens));
         let mut slowest: Option<RankCost> = None;
         if idle > 0 {
-            slowest = Some(self.pricer.rank_cost(&self.dummy, group, step_imbalance));
+            let dummy = padded(&self.dummy);
+            slowest = Some(
+                self.pricer
+                    .rank_cost(&dummy, group, step_imbalance, comm),
+            );
         }
         let mut last: Option<BatchShape> = None;
-        for r in plan.ranks.iter().filter(|r| !r.shape.is_empty()) {
+        for r in busy {
             // Consecutive ranks with equal shapes cost the same.
             if last == Some(r.shape) {
                 continue;
             }
             last = Some(r.shape);
+            let shape = padded(&r.shape);
             let c = self
                 .pricer
-                .rank_cost_of(r.rank as usize, &r.shape, group, step_imbalance);
+                .rank_cost_of(r.rank as usize, &shape, group, step_imbalance, comm);
             if slowest.is_none_or(|s| c.time_s > s.time_s) {
                 slowest = Some(c);
             }

@@ -221,3 +221,104 @@ pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
     }
     t
 }
+
+/// A step priced under an instance's engine mechanisms.
+#[derive(Clone, Debug)]
+pub struct StepPrice {
+    /// The step's time: serial, or split in two micro-batches where the mechanisms say so.
+    pub time_s: f64,
+    /// The step without micro-batches (shared-expert overlap applied).
+    pub serial_s: f64,
+    /// The step with two micro-batches, when priced (allowed at this size).
+    pub split_s: Option<f64>,
+    /// Whether `time_s` is the split step.
+    pub split_used: bool,
+    /// Seconds of the shared expert hidden under the dispatch and combine by a second stream.
+    pub shared_overlap_s: f64,
+    /// The serial step's ops.
+    pub full: StepCost,
+}
+
+/// Shared-expert seconds a second stream hides under the routed experts' dispatch and combine
+/// (`multistream_overlap_shared_expert`): per MoE layer, the lesser of the two.
+pub fn shared_expert_overlap(step: &StepCost) -> f64 {
+    let mut by_layer: BTreeMap<LayerKind, (f64, f64)> = BTreeMap::new();
+    for o in step.on_path() {
+        let e = by_layer.entry(o.layer).or_default();
+        match o.name {
+            "shared_expert" if o.dies == DieSet::All => e.0 += o.total_s,
+            "dispatch" | "combine" => e.1 += o.total_s,
+            _ => {}
+        }
+    }
+    by_layer.values().map(|(s, c)| s.min(*c)).sum()
+}
+
+/// Prices a step of one DP rank computing `shape` under the instance's mechanisms: the one
+/// rule `explain` and the twin device share. `half` prices the same step with half the batch
+/// (two micro-batches), called only when the mechanisms allow a split at this size.
+pub fn price_step(
+    features: &dstwin_core::features::Resolved,
+    shape: &dstwin_core::batch::BatchShape,
+    cost: &CostModel,
+    full_ops: &[Op],
+    half: impl FnOnce() -> StepCost,
+) -> StepPrice {
+    use dstwin_core::features::TwoMicrobatch;
+    let full = price(full_ops, cost);
+    let shared_overlap_s = if features.shared_expert_overlap {
+        shared_expert_overlap(&full)
+    } else {
+        0.0
+    };
+    let serial_s = full.serial_s - shared_overlap_s;
+    let split_s = features
+        .two_microbatch_allowed(shape.tokens(), shape.prefill_tokens > 0)
+        .then(|| two_microbatch_time(&half(), &cost.params));
+    let (time_s, split_used) = match (features.two_microbatch, split_s) {
+        (TwoMicrobatch::Force, Some(s)) => (s, true),
+        (TwoMicrobatch::Auto, Some(s)) if s < serial_s => (s, true),
+        _ => (serial_s, false),
+    };
+    StepPrice {
+        time_s,
+        serial_s,
+        split_s,
+        split_used,
+        shared_overlap_s,
+        full,
+    }
+}
+
+/// What a report must say about the fabric an instance's all-to-all runs on: one line per
+/// dispatch/combine mode whose fabric level the cost model's all-to-all parameters were not
+/// fitted on (the price there is an extrapolation), empty when every level is fitted.
+pub fn fabric_caveats(ep: u32, cost: &CostModel) -> Vec<String> {
+    use dstwin_hwmodels::{Comm, CommKind};
+    let mut out = Vec::new();
+    for (mode, what) in [
+        (A2aMode::LowLatency, "low-latency (MC2) dispatch/combine"),
+        (A2aMode::Normal, "bulk (all-to-all) dispatch/combine"),
+    ] {
+        let c = Comm {
+            kind: CommKind::Dispatch,
+            bytes: 1.0,
+            group: ep,
+            mode,
+            copies: 0.0,
+        };
+        if let Some(level) = cost.unfitted_level(&c) {
+            let fitted = &cost.params.alltoall.fitted_on;
+            out.push(format!(
+                "{what} of EP{ep} runs over {level}, but the {} all-to-all parameters were fitted on {}: its price is an extrapolation",
+                cost.params.name,
+                if fitted.is_empty() {
+                    "no fabric of this system".to_string()
+                } else {
+                    fitted.join(", ")
+                }
+            ));
+        }
+    }
+    out
+}
