@@ -294,25 +294,38 @@ impl Builder<'_> {
                     (b.prefill_pairs, b.decode_pairs)
                 };
                 if b.prefill_tokens > 0 {
-                    // Prefill form: up-project the latent to per-head K and V, then attend.
+                    // Prefill form: up-project the latent to per-head K and V, then attend. The
+                    // tokens already cached before this chunk (prefix hits, earlier chunks) are
+                    // read back from the latent cache and up-projected again, as MLA's
+                    // chunked-context prefill does; sparse attention attends in the latent space
+                    // and skips this.
+                    let cached = if sparse { 0.0 } else { b.prefill_cached as f64 };
+                    let up_rows = tp_tok + cached;
                     self.gemm(
                         "kv_b_proj",
                         layer,
                         repeat,
-                        tp_tok,
+                        up_rows,
                         kvl,
                         hh * (nope + v),
                         lin,
                         cdt,
                     );
                     let flops = 2.0 * pp as f64 * hh * (nope + rope + v);
-                    let bytes = tp_tok * hh * (2.0 * (nope + rope) + 2.0 * v) * act;
+                    let bytes = up_rows * hh * (2.0 * (nope + rope) + 2.0 * v) * act
+                        + cached * (kvl + rope) * kvb;
                     self.push(
                         "attn_prefill",
                         layer,
                         repeat,
                         DieSet::All,
-                        work(OpClass::Attention, flops, bytes, DType::Bf16, tp_tok * hh),
+                        work(
+                            OpClass::PrefillAttention,
+                            flops,
+                            bytes,
+                            DType::Bf16,
+                            tp_tok * hh,
+                        ),
                     );
                 }
                 if b.decode_tokens > 0 {
@@ -404,17 +417,17 @@ impl Builder<'_> {
                     * f64::from(r > 0)
                     + b.decode_seqs as f64 * w;
                 let bytes = (read_d + tp_tok) * hd * kvb + t * hh * 2.0 * hd * act;
-                let name = if b.decode_tokens > 0 && b.prefill_tokens == 0 {
-                    "attn_decode"
+                let (name, class) = if b.decode_tokens > 0 && b.prefill_tokens == 0 {
+                    ("attn_decode", OpClass::Attention)
                 } else {
-                    "attn_prefill"
+                    ("attn_prefill", OpClass::PrefillAttention)
                 };
                 self.push(
                     name,
                     layer,
                     repeat,
                     DieSet::All,
-                    work(OpClass::Attention, flops, bytes, DType::Bf16, t * hh),
+                    work(class, flops, bytes, DType::Bf16, t * hh),
                 );
                 if r > 0 && Some(r) == csa {
                     let pairs = (b.prefill_pairs + b.decode_pairs) as f64 / r as f64;
@@ -448,12 +461,20 @@ impl Builder<'_> {
         }
         self.elementwise("ffn_norm", layer, repeat, norm_tokens * h);
         if fc1 {
+            // The all-gather runs after the norm and the activations' quantization, so it moves
+            // the quantized hidden state (INT8 under W8A8) instead of BF16.
+            let gathered = match self.s.quant.linear_compute() {
+                DType::Int8 | DType::Int4 | DType::Fp8 => {
+                    h + (h / DISPATCH_SCALE_GROUP).ceil() * SCALE_BYTES
+                }
+                _ => h * act,
+            };
             self.collective(
                 "ffn_all_gather",
                 layer,
                 repeat,
                 CommKind::AllGather,
-                t * h * act,
+                t * gathered,
                 self.s.plan.tp,
             );
         }

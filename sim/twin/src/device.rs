@@ -83,6 +83,7 @@ impl PriceKey {
             code(s.decode_pairs),
             code(s.decode_pairs_capped),
             code(group_tokens),
+            code(s.prefill_cached),
         ];
         let w = |i: usize| {
             c[i..i + 4]
@@ -95,7 +96,14 @@ impl PriceKey {
             MoeCommUsed::AllToAll => 1,
             MoeCommUsed::AllGather => 2,
         };
-        PriceKey([w(0), w(4), c[8] as u64 | (bucket as u64) << 16 | comm << 48])
+        // Word 2: group tokens, the imbalance bucket (below 2^16: the hottest die's load is
+        // clamped to 1,310x the mean), the comm mode, the cached prompt tokens.
+        let bucket = bucket.min(u16::MAX as u32) as u64;
+        PriceKey([
+            w(0),
+            w(4),
+            c[8] as u64 | bucket << 16 | comm << 32 | (c[9] as u64) << 48,
+        ])
     }
 
     fn field(&self, i: usize) -> u64 {
@@ -109,13 +117,14 @@ impl PriceKey {
             prefill_tokens: self.field(1),
             prefill_pairs: self.field(2),
             prefill_pairs_capped: self.field(3),
+            prefill_cached: decode((self.0[2] >> 48) as u16),
             decode_seqs: self.field(4) as u32,
             decode_tokens: self.field(5),
             decode_pairs: self.field(6),
             decode_pairs_capped: self.field(7),
         };
-        let bucket = (self.0[2] >> 16) as u32;
-        let comm = match self.0[2] >> 48 {
+        let bucket = (self.0[2] >> 16) as u16 as u32;
+        let comm = match (self.0[2] >> 32) as u16 {
             0 => MoeCommUsed::Mc2,
             1 => MoeCommUsed::AllToAll,
             _ => MoeCommUsed::AllGather,
@@ -130,6 +139,7 @@ fn half(s: &BatchShape) -> BatchShape {
         prefill_tokens: s.prefill_tokens.div_ceil(2),
         prefill_pairs: s.prefill_pairs.div_ceil(2),
         prefill_pairs_capped: s.prefill_pairs_capped.div_ceil(2),
+        prefill_cached: s.prefill_cached.div_ceil(2),
         decode_seqs: s.decode_seqs.div_ceil(2),
         decode_tokens: s.decode_tokens.div_ceil(2),
         decode_pairs: s.decode_pairs.div_ceil(2),
@@ -148,9 +158,14 @@ pub struct RankCost {
 fn class_times(c: &StepCost, scale: f64) -> ClassTimes {
     let mut t = [0.0; CLASS_SLOTS];
     for o in c.on_path() {
+        // Reports show one attention share, prefill and decode kernels together.
+        let class = match o.class {
+            "prefill_attention" => "attention",
+            c => c,
+        };
         let slot = CLASS_NAMES
             .iter()
-            .position(|n| *n == o.class)
+            .position(|n| *n == class)
             .unwrap_or(OTHER_COMM);
         t[slot] += o.total_s * scale;
     }
@@ -303,7 +318,7 @@ impl StepPricer {
     fn key(shape: &BatchShape, group_tokens: u64, imbalance: f64, comm: MoeCommUsed) -> PriceKey {
         let bucket = (imbalance * IMBALANCE_BUCKETS)
             .round()
-            .clamp(IMBALANCE_BUCKETS, u32::MAX as f64) as u32;
+            .clamp(IMBALANCE_BUCKETS, u16::MAX as f64) as u32;
         PriceKey::new(shape, group_tokens, bucket, comm)
     }
 
@@ -522,15 +537,21 @@ impl Device for SimDevice {
         self.step_imbalance = step_imbalance;
         // The EP group decides its MoE communication on the largest rank's tokens, and a
         // decode-only step under graph capture pads every rank to that rank's capture size.
-        let busy = plan.ranks.iter().filter(|r| !r.shape.is_empty());
+        // One-token prompt chunks (a PD hand-off's recompute) run as decodes, as in vLLM.
+        let spec = self.pricer.spec();
+        let query_len = 1 + spec.mtp_tokens as u64;
+        let busy = plan
+            .ranks
+            .iter()
+            .filter(|r| !r.shape.is_empty())
+            .map(|r| (r.rank, r.shape.short_chunks_as_decode(query_len)));
         let max_tokens = busy
             .clone()
-            .map(|r| r.shape.tokens())
+            .map(|(_, s)| s.tokens())
             .max()
             .unwrap_or(0)
             .max(if idle > 0 { self.dummy.tokens() } else { 0 });
-        let with_prompts = plan.ranks.iter().any(|r| r.shape.prefill_tokens > 0);
-        let spec = self.pricer.spec();
+        let with_prompts = busy.clone().any(|(_, s)| s.prefill_tokens > 0);
         let comm = spec.features.moe_comm(
             max_tokens,
             with_prompts,
@@ -553,16 +574,16 @@ impl Device for SimDevice {
             );
         }
         let mut last: Option<BatchShape> = None;
-        for r in busy {
+        for (rank, shape) in busy {
             // Consecutive ranks with equal shapes cost the same.
-            if last == Some(r.shape) {
+            if last == Some(shape) {
                 continue;
             }
-            last = Some(r.shape);
-            let shape = padded(&r.shape);
+            last = Some(shape);
+            let shape = padded(&shape);
             let c = self
                 .pricer
-                .rank_cost_of(r.rank as usize, &shape, group, step_imbalance, comm);
+                .rank_cost_of(rank as usize, &shape, group, step_imbalance, comm);
             if slowest.is_none_or(|s| c.time_s > s.time_s) {
                 slowest = Some(c);
             }
@@ -635,17 +656,20 @@ mod tests {
             prefill_tokens: 12_345,
             prefill_pairs: 987_654_321,
             prefill_pairs_capped: 0,
+            prefill_cached: 70_000,
             decode_seqs: 65_535,
             decode_tokens: 1 << 24,
             decode_pairs: u64::MAX / 3,
             decode_pairs_capped: 129,
         };
-        let k = PriceKey::new(&s, 4097, 73);
-        let (q, group, imb) = k.shape();
+        let k = PriceKey::new(&s, 4097, 73, MoeCommUsed::AllToAll);
+        let (q, group, imb, comm) = k.shape();
+        assert_eq!(comm, MoeCommUsed::AllToAll);
         assert_eq!(q.prefill_seqs as u64, quantize(3));
         assert_eq!(q.prefill_tokens, quantize(12_345));
         assert_eq!(q.prefill_pairs, quantize(987_654_321));
         assert_eq!(q.prefill_pairs_capped, 0);
+        assert_eq!(q.prefill_cached, quantize(70_000));
         assert_eq!(q.decode_seqs as u64, quantize(65_535));
         assert_eq!(q.decode_tokens, 1 << 24);
         assert_eq!(q.decode_pairs, quantize(u64::MAX / 3));
@@ -661,7 +685,8 @@ mod tests {
                     ..s
                 },
                 4096,
-                73
+                73,
+                MoeCommUsed::AllToAll
             )
         );
         assert_ne!(
@@ -672,10 +697,12 @@ mod tests {
                     ..s
                 },
                 4097,
-                73
+                73,
+                MoeCommUsed::AllToAll
             )
         );
-        assert_ne!(k, PriceKey::new(&s, 4097, 74));
+        assert_ne!(k, PriceKey::new(&s, 4097, 74, MoeCommUsed::AllToAll));
+        assert_ne!(k, PriceKey::new(&s, 4097, 73, MoeCommUsed::Mc2));
         // One code per quantized value, whichever value rounded to it.
         for v in 0..100_000u64 {
             assert_eq!(code(v), code(quantize(v)), "{v}");
