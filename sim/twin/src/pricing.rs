@@ -309,15 +309,17 @@ pub fn fabric_caveats(ep: u32, cost: &CostModel) -> Vec<String> {
         };
         if let Some(level) = cost.unfitted_level(&c) {
             let fitted = &cost.params.alltoall.fitted_on;
-            out.push(format!(
-                "{what} of EP{ep} runs over {level}, but the {} all-to-all parameters were fitted on {}: its price is an extrapolation",
-                cost.params.name,
-                if fitted.is_empty() {
-                    "no fabric of this system".to_string()
-                } else {
+            let name = &cost.params.name;
+            out.push(if fitted.is_empty() {
+                format!(
+                    "{what} of EP{ep} runs over {level}, but no all-to-all microbenchmark of {name} was fitted (its parameters are borrowed): its price is an extrapolation"
+                )
+            } else {
+                format!(
+                    "{what} of EP{ep} runs over {level}, but the {name} all-to-all parameters were fitted on {}: its price is an extrapolation",
                     fitted.join(", ")
-                }
-            ));
+                )
+            });
         }
     }
     out
