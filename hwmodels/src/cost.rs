@@ -18,8 +18,11 @@ pub enum OpClass {
     Gemm,
     /// Grouped expert GEMMs of the MoE layers.
     GroupedGemm,
-    /// Attention core (QK, softmax, AV), prefill and decode forms.
+    /// Attention core (QK, softmax, AV) of decode steps: MLA over the latent cache.
     Attention,
+    /// Attention core of prompt tokens (flash attention over up-projected K and V): a
+    /// different kernel from decode's; a cost file without its own entry uses `attention`'s.
+    PrefillAttention,
     /// Sparse-attention indexers (DeepSeek-V3.2 DSA, V4 compressed attention).
     Indexer,
     /// Norms, activations, rotary, routing top-k, sampling: memory-bound glue.
@@ -27,10 +30,11 @@ pub enum OpClass {
 }
 
 impl OpClass {
-    pub const ALL: [OpClass; 5] = [
+    pub const ALL: [OpClass; 6] = [
         OpClass::Gemm,
         OpClass::GroupedGemm,
         OpClass::Attention,
+        OpClass::PrefillAttention,
         OpClass::Indexer,
         OpClass::Elementwise,
     ];
@@ -39,6 +43,7 @@ impl OpClass {
             OpClass::Gemm => "gemm",
             OpClass::GroupedGemm => "grouped_gemm",
             OpClass::Attention => "attention",
+            OpClass::PrefillAttention => "prefill_attention",
             OpClass::Indexer => "indexer",
             OpClass::Elementwise => "elementwise",
         }
@@ -241,6 +246,14 @@ fn check_nonneg(file: &str, field: &str, v: f64) -> Result<(), HwError> {
 }
 
 impl CostParams {
+    /// The efficiency of an op class (prefill attention falls back to attention's).
+    pub fn efficiency(&self, class: OpClass) -> &Efficiency {
+        match self.efficiency.get(&class) {
+            Some(e) => e,
+            None => &self.efficiency[&OpClass::Attention],
+        }
+    }
+
     /// Two-micro-batch overlap efficiency of steps whose all-to-all runs in `mode`.
     pub fn overlap_efficiency(&self, mode: A2aMode) -> f64 {
         match mode {
@@ -264,6 +277,9 @@ impl CostParams {
             }
         }
         for c in OpClass::ALL {
+            if c == OpClass::PrefillAttention && !self.efficiency.contains_key(&c) {
+                continue;
+            }
             let e = self.efficiency.get(&c).ok_or_else(|| {
                 invalid(
                     file,
@@ -435,7 +451,7 @@ impl CostModel {
     }
 
     fn eff(&self, class: OpClass) -> &Efficiency {
-        &self.params.efficiency[&class]
+        self.params.efficiency(class)
     }
 
     /// Peak FLOP/s per die for a format.

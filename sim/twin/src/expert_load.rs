@@ -35,7 +35,7 @@ const DEFAULT_EPOCH_STEPS: u64 = 1000;
 /// calibrate` to the CloudMatrix384 prefill throughput with default EPLB against perfect
 /// balance (5,655 vs 6,688 tokens/s per NPU), the one published figure that isolates it;
 /// `calibration/tests/fit.rs` checks this value against the fit.
-pub const DEFAULT_CONCENTRATION: f64 = 14.6;
+pub const DEFAULT_CONCENTRATION: f64 = 5.95;
 
 /// The `[expert_load]` table of a scenario.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
