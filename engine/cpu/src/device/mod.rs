@@ -8,27 +8,41 @@
 //! samples), the sampling parameters and the MTP drafts it proposed; the plan's `freed` list
 //! drops them.
 //!
-//! A step, per rank: the inputs of every scheduled request (the known tokens from `computed`,
-//! then the drafts to verify), one batched forward, then per sampling request the verification
-//! of its drafts and the next token ([`crate::sampler`]), EOS, and with MTP the next drafts: the
-//! MTP module runs over the positions whose next token is now known (filling its own KV layer)
-//! and proposes the token after the last one kept. Draft slots the scheduler plans for but the
-//! rank has no proposal for (the first decode step after a PD hand-off) carry the last token
-//! again; verification rejects what the model would not have produced, so output never depends
-//! on it.
+//! The instance's DP ranks form one EP group: each holds the routed-expert slots the EPLB
+//! placement gives it ([`crate::ep::ExpertRanks`]), and a step runs layer by layer across all
+//! of them ([`crate::forward`]): attention per rank, each MoE layer's dispatch, experts and
+//! combine across the ranks. A plan's EPLB layer move is installed before the step by copying
+//! the expert weights into their new slots.
 //!
-//! Ranks of an instance run one after the other; the step's duration is measured.
+//! A step ([`step`]): the inputs of every scheduled request per rank (the known tokens from
+//! `computed`, then the drafts to verify), one forward across the ranks, then per sampling
+//! request the verification of its drafts and the next token ([`crate::sampler`]), EOS, and
+//! with MTP the next drafts: the MTP module runs across the ranks over the positions whose next
+//! token is now known (filling its own KV layer) and proposes the token after the last one
+//! kept. Draft slots the scheduler plans for but the rank has no proposal for (the first decode
+//! step after a PD hand-off) carry the last token again; verification rejects what the model
+//! would not have produced, so output never depends on it.
+//!
+//! The ranks run one after another in this process; the step's duration is measured. With a
+//! [`Profiler`] every op goes to the trace ([`crate::profile`]).
+
+mod fabric;
+mod step;
+
+pub use fabric::CpuFabric;
 
 use crate::attention::AttnPath;
 use crate::cache::PagedKvCache;
-use crate::model::{Model, SeqInput};
-use crate::sampler::{sample, stream_key, Context};
-use candle_core::{DType, Tensor};
+use crate::ep::{ExpertRanks, LayerDispatch};
+use crate::model::Model;
+use crate::profile::{Profiler, TraceSink};
+use candle_core::DType;
 use dstwin_core::device::{
-    Capacity, Device, DeviceError, ExpertHeat, Fabric, FinishReason, InstantFabric, KvTransfer,
-    RankPlan, ReqId, Sampled, SamplingParams, StepOutcome, StepPlan,
+    Capacity, Device, DeviceError, ExpertHeat, ReqId, SamplingParams, StepOutcome, StepPlan,
 };
-use dstwin_core::time::{SimDuration, SimTime};
+use dstwin_core::eplb::{place, EpLayout, Placement, Policy};
+use dstwin_core::time::SimDuration;
+use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -47,6 +61,10 @@ pub struct CpuDeviceConfig {
     pub path: AttnPath,
     /// Seeds the draws of requests that bring no seed.
     pub seed: u64,
+    /// The routed experts' placement over the DP ranks (EPLB's, redundant slots included;
+    /// slot `s` on rank `s / slots_per_die`). `None`: each expert once, the ranks holding
+    /// consecutive experts (DeepSeek's and vLLM's default).
+    pub placement: Option<Placement>,
 }
 
 /// What a rank knows of a request between steps.
@@ -68,36 +86,71 @@ struct Rank {
 /// Proposes the drafts of a request from its tokens so far (see [`CpuDevice::with_drafter`]).
 pub type Drafter = Box<dyn Fn(ReqId, &[u32], usize) -> Vec<u32> + Send>;
 
+/// What EPLB moves have copied since the device started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MoveTotals {
+    pub layers: usize,
+    pub slots: usize,
+    pub bytes: usize,
+}
+
 /// The CPU engine executing one instance's steps.
 pub struct CpuDevice {
     model: Arc<Model>,
     cfg: CpuDeviceConfig,
     ranks: Vec<Rank>,
+    experts: ExpertRanks,
     defaults: Arc<SamplingParams>,
     drafter: Option<Drafter>,
+    profiler: Profiler,
+    /// What each MoE layer run of the last step moved (the main forward's, then the MTP
+    /// passes').
+    dispatch: Vec<LayerDispatch>,
+    moves: MoveTotals,
 }
 
 fn failed(e: impl std::fmt::Display) -> DeviceError {
     DeviceError::Failed(e.to_string())
 }
 
-/// One scheduled request's part of a batch.
-struct Job {
-    req: ReqId,
-    inputs: Vec<u32>,
-    computed: usize,
-    /// Logit rows it asks for (0, or 1 + drafts).
-    rows: usize,
-    drafts: usize,
+/// Each expert once over `ranks` ranks, for every MoE layer of `model`.
+fn default_placement(model: &Model, ranks: u32) -> Result<Placement, DeviceError> {
+    let experts = model.cfg.routed_experts;
+    let layout = EpLayout {
+        slots: experts as u32,
+        dies: ranks,
+        dies_per_node: ranks,
+        groups: 1,
+    };
+    let zeros = vec![vec![0.0; experts]; model.moe_layers().len()];
+    place(Policy::Identity, &zeros, &layout).map_err(|e| {
+        DeviceError::Failed(format!(
+            "{ranks} DP ranks cannot share the {experts} routed experts evenly ({e}); add redundant experts or give a placement"
+        ))
+    })
 }
 
 impl CpuDevice {
-    /// An instance of `model` with a fresh KV pool per DP rank.
+    /// An instance of `model` with a fresh KV pool per DP rank and the routed experts placed
+    /// over its ranks.
     pub fn new(model: Arc<Model>, cfg: CpuDeviceConfig) -> Result<CpuDevice, DeviceError> {
         if cfg.spec_tokens > 0 && model.mtp.is_empty() {
             return Err(DeviceError::Failed(format!(
                 "{} MTP draft tokens per step, but the model has no MTP module (num_nextn_predict_layers = 0)",
                 cfg.spec_tokens
+            )));
+        }
+        let placement = match &cfg.placement {
+            Some(p) => p.clone(),
+            None => default_placement(&model, cfg.dp_ranks)?,
+        };
+        let experts =
+            ExpertRanks::place(&model, &placement, cfg.dp_ranks as usize).map_err(failed)?;
+        if cfg.spec_tokens > 0 && experts.layers() < model.moe_layers().len() {
+            return Err(DeviceError::Failed(format!(
+                "MTP is on, but the expert placement covers {} MoE layers of {} (the MTP modules' are missing)",
+                experts.layers(),
+                model.moe_layers().len()
             )));
         }
         let ranks = (0..cfg.dp_ranks)
@@ -120,8 +173,12 @@ impl CpuDevice {
             model,
             cfg,
             ranks,
+            experts,
             defaults: Arc::new(SamplingParams::default()),
             drafter: None,
+            profiler: Profiler::off(),
+            dispatch: Vec::new(),
+            moves: MoveTotals::default(),
         })
     }
 
@@ -131,6 +188,18 @@ impl CpuDevice {
     /// must all fall, and the output must not change either way.
     pub fn with_drafter(mut self, f: Drafter) -> Self {
         self.drafter = Some(f);
+        self
+    }
+
+    /// Records every op of every step into `sink` as instance `pid` named `name`
+    /// ([`crate::profile`]).
+    pub fn with_profile(mut self, sink: TraceSink, pid: u32, name: &str) -> Self {
+        let classes = dstwin_core::opgraph::vocabulary(
+            &self.model.cfg.model,
+            self.cfg.dp_ranks,
+            self.cfg.spec_tokens,
+        );
+        self.profiler = Profiler::new(sink, pid, name, self.cfg.dp_ranks, classes);
         self
     }
 
@@ -144,176 +213,25 @@ impl CpuDevice {
         self.ranks.iter().map(|r| r.reqs.len()).sum()
     }
 
-    fn run_rank(
-        &mut self,
-        i: usize,
-        rp: &RankPlan,
-        accepted: &mut Vec<u32>,
-        sampled: &mut Vec<Sampled>,
-        heat: &mut Vec<Vec<f64>>,
-    ) -> Result<(), DeviceError> {
-        let model = self.model.clone();
-        let eos = &model.cfg.eos_token_ids;
-        let seed = self.cfg.seed;
-        let defaults = self.defaults.clone();
-        let rank = &mut self.ranks[i];
-        for f in &rp.freed {
-            rank.reqs.remove(f);
-        }
-        let mut jobs = Vec::with_capacity(rp.reqs.len());
-        for r in &rp.reqs {
-            if let Some(ids) = &r.token_ids {
-                let sampling = r.sampling.clone().unwrap_or_else(|| defaults.clone());
-                let key = stream_key(&sampling, seed, r.req);
-                rank.reqs.insert(
-                    r.req,
-                    ReqState {
-                        tokens: ids.to_vec(),
-                        prompt_len: r.prompt_len as usize,
-                        sampling,
-                        key,
-                        drafts: Vec::new(),
-                    },
-                );
-            }
-            let st = rank.reqs.get(&r.req).ok_or_else(|| {
-                DeviceError::Failed(format!(
-                    "request {} is scheduled but the device never got its token ids",
-                    r.req
-                ))
-            })?;
-            let (c, n) = (r.computed as usize, r.new_tokens as usize);
-            let known = st.tokens.len();
-            if c >= known && n > 0 && c + n > known + r.drafts as usize {
-                return Err(DeviceError::Failed(format!(
-                    "request {}: {n} tokens from position {c}, but only {known} are known and {} are drafts",
-                    r.req, r.drafts
-                )));
-            }
-            let mut inputs = st.tokens[c.min(known)..(c + n).min(known)].to_vec();
-            let last = *st.tokens.last().unwrap_or(&0);
-            let mut d = st.drafts.iter().copied();
-            while inputs.len() < n {
-                inputs.push(d.next().unwrap_or(last));
-            }
-            jobs.push(Job {
-                req: r.req,
-                inputs,
-                computed: c,
-                rows: if r.samples { 1 + r.drafts as usize } else { 0 },
-                drafts: r.drafts as usize,
-            });
-        }
-        if jobs.is_empty() {
-            return Ok(());
-        }
-        let mut cache = rank.cache.lock().map_err(failed)?;
-        let seqs: Vec<SeqInput> = jobs
-            .iter()
-            .zip(&rp.reqs)
-            .map(|(j, r)| SeqInput {
-                blocks: &r.blocks,
-                computed: j.computed,
-                tokens: &j.inputs,
-                logits: j.rows,
-            })
-            .collect();
-        let fwd = model
-            .forward(&mut cache, &seqs, self.cfg.path)
-            .map_err(failed)?;
-        for (layer, counts) in fwd.expert_counts.iter().enumerate() {
-            add_heat(heat, layer, counts);
-        }
-        let logits: Vec<Vec<f32>> = fwd.logits.to_vec2().map_err(failed)?;
-        // Verify drafts and sample, request by request in plan order.
-        let mut row = 0;
-        // Per job: tokens now known past `computed` whose successors are known (MTP inputs).
-        let mut valid = Vec::with_capacity(jobs.len());
-        let mut wants_draft = Vec::with_capacity(jobs.len());
-        for j in &jobs {
-            let st = rank.reqs.get_mut(&j.req).expect("inserted above");
-            if j.rows == 0 {
-                // A prompt chunk: every position's successor is a known prompt token.
-                let v = (j.computed + j.inputs.len()).min(st.tokens.len().saturating_sub(1));
-                valid.push(v.saturating_sub(j.computed));
-                wants_draft.push(false);
-                continue;
-            }
-            // The first token produced sits at index `base`.
-            let base = j.computed + j.inputs.len() - j.drafts;
-            st.tokens.truncate(base);
-            let mut kept = Vec::with_capacity(j.drafts + 1);
-            let mut acc = 0;
-            let mut finish = None;
-            for k in 0..=j.drafts {
-                let draft = (k < j.drafts).then(|| j.inputs[j.inputs.len() - j.drafts + k]);
-                let (t, ok) = sample(
-                    &logits[row + k],
-                    &st.sampling,
-                    &Context {
-                        tokens: &st.tokens,
-                        prompt_len: st.prompt_len,
-                        eos,
-                    },
-                    st.key,
-                    base + k,
-                    draft,
-                );
-                kept.push(t);
-                st.tokens.push(t);
-                let output = st.tokens.len().saturating_sub(st.prompt_len);
-                if !st.sampling.ignore_eos
-                    && eos.contains(&t)
-                    && output as u64 >= st.sampling.min_tokens as u64
-                {
-                    finish = Some(FinishReason::Stop);
-                    break;
-                }
-                if !ok {
-                    break;
-                }
-                acc += 1;
-            }
-            row += j.rows;
-            // Accepted drafts: the kept tokens but the last (a finish may cut after a draft).
-            let accepted_drafts = (kept.len() - 1).min(acc);
-            accepted.push(accepted_drafts as u32);
-            // Positions from `computed` whose successors are now known: the inputs up to the
-            // last kept token's predecessor.
-            valid.push(base + kept.len() - 1 - j.computed);
-            wants_draft.push(finish.is_none() && self.cfg.spec_tokens > 0);
-            st.drafts.clear();
-            sampled.push(Sampled {
-                token_ids: kept,
-                finish,
-            });
-        }
-        if self.cfg.spec_tokens > 0 {
-            let k = self.cfg.spec_tokens as usize;
-            propose_drafts(
-                &model,
-                &mut cache,
-                self.cfg.path,
-                self.cfg.spec_tokens as usize,
-                &jobs,
-                &rp.reqs,
-                &valid,
-                &wants_draft,
-                &fwd.hidden,
-                &mut rank.reqs,
-                heat,
-            )?;
-            if let Some(f) = &self.drafter {
-                for (j, &w) in jobs.iter().zip(&wants_draft) {
-                    if w {
-                        let st = rank.reqs.get_mut(&j.req).expect("live");
-                        st.drafts = f(j.req, &st.tokens, k);
-                        st.drafts.truncate(k);
-                    }
-                }
-            }
-        }
-        Ok(())
+    /// The routed experts as the ranks hold them now.
+    pub fn experts(&self) -> &ExpertRanks {
+        &self.experts
+    }
+
+    /// Mutable access to the ranks' expert slots (studies and tests: a poisoned replica shows
+    /// whether it is used).
+    pub fn experts_mut(&mut self) -> &mut ExpertRanks {
+        &mut self.experts
+    }
+
+    /// What each MoE layer run of the last step moved.
+    pub fn last_dispatch(&self) -> &[LayerDispatch] {
+        &self.dispatch
+    }
+
+    /// What EPLB moves have copied so far.
+    pub fn moves(&self) -> MoveTotals {
+        self.moves
     }
 }
 
@@ -325,118 +243,6 @@ fn add_heat(heat: &mut Vec<Vec<f64>>, layer: usize, counts: &[u32]) {
     for (h, &c) in heat[layer].iter_mut().zip(counts) {
         *h += c as f64;
     }
-}
-
-/// Runs the MTP module over the positions whose next token is known (filling its KV layer) and
-/// proposes `k` drafts after the last kept token of each request that wants them.
-#[allow(clippy::too_many_arguments)]
-fn propose_drafts(
-    model: &Model,
-    cache: &mut PagedKvCache,
-    path: AttnPath,
-    k: usize,
-    jobs: &[Job],
-    reqs: &[dstwin_core::device::ScheduledReq],
-    valid: &[usize],
-    wants: &[bool],
-    hidden: &Tensor,
-    states: &mut HashMap<ReqId, ReqState>,
-    heat: &mut Vec<Vec<f64>>,
-) -> Result<(), DeviceError> {
-    // Rows of the main forward's hidden state for the valid positions, and their successors.
-    let mut rows = Vec::new();
-    let mut next: Vec<Vec<u32>> = Vec::with_capacity(jobs.len());
-    let mut start = 0u32;
-    for (j, &v) in jobs.iter().zip(valid) {
-        rows.extend(start..start + v as u32);
-        start += j.inputs.len() as u32;
-        let st = &states[&j.req];
-        next.push(st.tokens[j.computed + 1..j.computed + 1 + v].to_vec());
-    }
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let idx = Tensor::from_slice(&rows, rows.len(), hidden.device()).map_err(failed)?;
-    let h = hidden.index_select(&idx, 0).map_err(failed)?;
-    let seqs: Vec<SeqInput> = jobs
-        .iter()
-        .zip(reqs)
-        .zip(&next)
-        .zip(wants)
-        .filter(|(((_, _), n), _)| !n.is_empty())
-        .map(|(((j, r), n), &w)| SeqInput {
-            blocks: &r.blocks,
-            computed: j.computed,
-            tokens: n,
-            logits: usize::from(w),
-        })
-        .collect();
-    let f = model
-        .mtp_forward(0, cache, &seqs, &h, path)
-        .map_err(failed)?;
-    // The MTP modules' MoE layers follow the decoder's.
-    let mtp_heat = model.cfg.layers - model.cfg.dense_layers;
-    for counts in &f.expert_counts {
-        add_heat(heat, mtp_heat, counts);
-    }
-    let firsts = crate::ops::argmax_rows(&f.logits).map_err(failed)?;
-    // The MTP output hidden row of each drafting request's last position (chained drafts).
-    let mut last_rows = Vec::new();
-    let mut at = 0u32;
-    for ((j, n), &w) in jobs.iter().zip(&next).zip(wants) {
-        if n.is_empty() {
-            continue;
-        }
-        at += n.len() as u32;
-        if w {
-            last_rows.push((j.req, at - 1, j.computed + n.len()));
-        }
-    }
-    for ((req, _, _), &d) in last_rows.iter().zip(&firsts) {
-        states.get_mut(req).expect("live").drafts.push(d);
-    }
-    // Further drafts: the MTP module again (the last module for drafts past the modules), from
-    // its own hidden state and the draft before, one position on.
-    let mut prev = f.hidden;
-    let mut prev_rows: Vec<u32> = last_rows.iter().map(|x| x.1).collect();
-    for step in 1..k {
-        if last_rows.is_empty() {
-            break;
-        }
-        let idx = Tensor::from_slice(&prev_rows, prev_rows.len(), prev.device()).map_err(failed)?;
-        let h = prev.index_select(&idx, 0).map_err(failed)?;
-        let toks: Vec<[u32; 1]> = last_rows
-            .iter()
-            .map(|(req, _, _)| [*states[req].drafts.last().expect("drafted")])
-            .collect();
-        let seqs: Vec<SeqInput> = last_rows
-            .iter()
-            .zip(&toks)
-            .map(|((req, _, pos), t)| {
-                let r = reqs.iter().find(|r| r.req == *req).expect("scheduled");
-                SeqInput {
-                    blocks: &r.blocks,
-                    computed: pos + step - 1,
-                    tokens: t,
-                    logits: 1,
-                }
-            })
-            .collect();
-        let module = step.min(model.mtp.len() - 1);
-        let f = model
-            .mtp_forward(module, cache, &seqs, &h, path)
-            .map_err(failed)?;
-        for counts in &f.expert_counts {
-            add_heat(heat, mtp_heat + module, counts);
-        }
-        let ds = crate::ops::argmax_rows(&f.logits).map_err(failed)?;
-        for ((req, _, _), d) in last_rows.iter().zip(ds) {
-            states.get_mut(req).expect("live").drafts.push(d);
-        }
-        prev = f.hidden;
-        prev_rows = (0..last_rows.len() as u32).collect();
-    }
-    Ok(())
 }
 
 impl Device for CpuDevice {
@@ -461,80 +267,41 @@ impl Device for CpuDevice {
             });
         }
         let t0 = Instant::now();
+        let traced = self.profiler.begin();
+        if let Some(m) = &plan.expert_move {
+            let s = self.profiler.begin();
+            let moved = self
+                .experts
+                .install(m.layer, &m.placement)
+                .map_err(failed)?;
+            self.moves.layers += 1;
+            self.moves.slots += moved.slots;
+            self.moves.bytes += moved.bytes;
+            self.profiler.step_event(
+                s,
+                "eplb_move",
+                || json!({"layer": m.layer, "slots": moved.slots, "bytes": moved.bytes}),
+            );
+        }
         out.accepted.resize_with(plan.ranks.len(), Vec::new);
         out.sampled.resize_with(plan.ranks.len(), Vec::new);
+        out.accepted.iter_mut().for_each(Vec::clear);
+        out.sampled.iter_mut().for_each(Vec::clear);
         let mut heat: Vec<Vec<f64>> = Vec::new();
-        for (k, rp) in plan.ranks.iter().enumerate() {
-            let mut acc = std::mem::take(&mut out.accepted[k]);
-            let mut smp = std::mem::take(&mut out.sampled[k]);
-            acc.clear();
-            smp.clear();
-            self.run_rank(rp.rank as usize, rp, &mut acc, &mut smp, &mut heat)?;
-            out.accepted[k] = acc;
-            out.sampled[k] = smp;
-        }
+        self.dispatch.clear();
+        self.step(plan, out, &mut heat)?;
         out.duration = SimDuration::from_secs_f64(t0.elapsed().as_secs_f64());
         out.class_times = Default::default();
         out.expert_heat = (!heat.is_empty()).then_some(ExpertHeat::Counts(heat));
+        self.profiler.end_step(traced, || {
+            json!({"dp_ranks": plan.dp_ranks, "ranks": plan.ranks.len(),
+                "tokens": plan.tokens(),
+                "seqs": plan.ranks.iter().map(|r| r.reqs.len()).sum::<usize>()})
+        });
         Ok(())
     }
 
     fn wants_requests(&self) -> bool {
         true
-    }
-}
-
-/// Moves KV blocks between CPU instances: a transfer copies the named blocks of every cache
-/// layer from the source rank's pool to the destination's, and is complete at once.
-#[derive(Default)]
-pub struct CpuFabric {
-    /// Per instance, per DP rank, its pool.
-    caches: Vec<Vec<SharedCache>>,
-    done: InstantFabric,
-}
-
-impl CpuFabric {
-    /// Adds the next instance's pools (in deployment order).
-    pub fn add_instance(&mut self, caches: Vec<SharedCache>) {
-        self.caches.push(caches);
-    }
-
-    fn pool(&self, instance: u32, rank: u32) -> Result<&SharedCache, DeviceError> {
-        self.caches
-            .get(instance as usize)
-            .and_then(|c| c.get(rank as usize))
-            .ok_or_else(|| {
-                DeviceError::Failed(format!(
-                    "KV transfer names instance {instance} rank {rank}, which the fabric does not have"
-                ))
-            })
-    }
-}
-
-impl Fabric for CpuFabric {
-    fn start(&mut self, now: SimTime, x: &KvTransfer) -> Result<(), DeviceError> {
-        let from = self.pool(x.from.instance, x.from.rank)?.clone();
-        let to = self.pool(x.to.instance, x.to.rank)?.clone();
-        let len = x.tokens as usize;
-        let rows: Vec<Tensor> = {
-            let src = from.lock().map_err(failed)?;
-            (0..src.layers())
-                .map(|l| src.gather(l, &x.from.blocks, len))
-                .collect::<candle_core::Result<_>>()
-                .map_err(failed)?
-        };
-        let mut dst = to.lock().map_err(failed)?;
-        for (l, r) in rows.iter().enumerate() {
-            dst.write(l, &x.to.blocks, 0, r).map_err(failed)?;
-        }
-        self.done.start(now, x)
-    }
-
-    fn next_event(&self) -> Option<SimTime> {
-        self.done.next_event()
-    }
-
-    fn poll(&mut self, now: SimTime, done: &mut Vec<ReqId>) {
-        self.done.poll(now, done);
     }
 }

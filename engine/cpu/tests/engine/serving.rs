@@ -1,39 +1,44 @@
 //! The engine under dstwin's deployment core (the scheduler, the PD proxy, the KV hand-off):
 //! greedy output is the model's own, token for token, however the scheduler cuts, places and
 //! moves the work: chunk sizes, prefix hits, preemption and recompute, PD vs mixed, MTP on or
-//! off, one DP rank or two; seeded sampling is reproducible across the same changes.
+//! off, one DP rank or two (EP2); seeded sampling is reproducible across the same changes.
+//! The drive loop here ([`serve_on`]) also serves the expert-parallel and profiling tests.
 
 use crate::common::*;
 use dstwin_core::batch::AttnCap;
-use dstwin_core::deploy::{Arrival, Deployment, DeploymentConfig, Effect, InstanceSpec, Note};
-use dstwin_core::device::{Device, FinishReason, SamplingParams, StepOutcome};
+use dstwin_core::deploy::{
+    Arrival, Deployment, DeploymentConfig, Effect, EplbSpec, InstanceSpec, Note,
+};
+use dstwin_core::device::{Device, FinishReason, SamplingParams, StepOutcome, StepPlan};
+use dstwin_core::eplb::Placement;
 use dstwin_core::instance::InstanceConfig;
 use dstwin_core::layout::Role;
 use dstwin_core::pd::Policy;
 use dstwin_core::time::SimTime;
+use dstwin_cpu::device::MoveTotals;
 use dstwin_cpu::{AttnPath, CpuDevice, CpuDeviceConfig, CpuFabric, DType, Model};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-fn shared() -> Arc<Model> {
+pub fn shared() -> Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
     M.get_or_init(|| Arc::new(tiny(DType::F32).clone())).clone()
 }
 
 /// One deployment layout to serve the same requests on.
 #[derive(Clone, Copy, Debug)]
-struct Layout {
-    pd: bool,
-    dp: u32,
+pub struct Layout {
+    pub pd: bool,
+    pub dp: u32,
     /// max_num_batched_tokens: small values chunk the prompts.
-    budget: u32,
-    blocks: u64,
-    spec: u32,
-    prefix: bool,
-    send_back: bool,
+    pub budget: u32,
+    pub blocks: u64,
+    pub spec: u32,
+    pub prefix: bool,
+    pub send_back: bool,
 }
 
-const BASE: Layout = Layout {
+pub const BASE: Layout = Layout {
     pd: false,
     dp: 1,
     budget: 256,
@@ -64,14 +69,27 @@ fn config(l: &Layout, role: Role) -> InstanceConfig {
 
 /// What a run produced: token ids and finish reason per request, and instance totals.
 #[derive(Debug, Default)]
-struct Served {
-    out: BTreeMap<u64, (Vec<u32>, FinishReason)>,
-    preemptions: u64,
-    prefix_hits: u64,
-    sent_back: u64,
-    preempted_notes: u64,
-    accepted_drafts: u64,
-    steps: u64,
+pub struct Served {
+    pub out: BTreeMap<u64, (Vec<u32>, FinishReason)>,
+    pub preemptions: u64,
+    pub prefix_hits: u64,
+    pub sent_back: u64,
+    pub preempted_notes: u64,
+    pub accepted_drafts: u64,
+    pub steps: u64,
+    /// Steps whose plan carried an EPLB layer move, and the index of the first one.
+    pub move_steps: u64,
+    pub first_move_step: Option<u64>,
+    /// What the devices' EPLB moves copied.
+    pub moves: MoveTotals,
+}
+
+/// Where each instance's routed experts live and whether they move (`Default`: each expert
+/// once, consecutive experts per rank, no rebalancing).
+#[derive(Clone, Default)]
+pub struct Experts {
+    pub placement: Option<Placement>,
+    pub eplb: Option<EplbSpec>,
 }
 
 /// Serves `prompts` (request i arrives at step `arrive[i]` of the driver loop) on `l`.
@@ -94,6 +112,31 @@ fn serve_with(
     s: &SamplingParams,
     dress: impl Fn(CpuDevice) -> CpuDevice,
 ) -> Served {
+    serve_on(
+        l,
+        prompts,
+        arrive,
+        max_tokens,
+        s,
+        &Experts::default(),
+        dress,
+        |_, _, _| {},
+    )
+}
+
+/// [`serve_with`] with the experts placed (and moved) as `experts` says, and `observe` called
+/// with each device after each of its steps.
+#[allow(clippy::too_many_arguments)]
+pub fn serve_on(
+    l: Layout,
+    prompts: &[Vec<u32>],
+    arrive: &[u32],
+    max_tokens: u32,
+    s: &SamplingParams,
+    experts: &Experts,
+    dress: impl Fn(CpuDevice) -> CpuDevice,
+    mut observe: impl FnMut(&CpuDevice, &StepPlan, &StepOutcome),
+) -> Served {
     let model = shared();
     let roles: &[Role] = if l.pd {
         &[Role::Prefill, Role::Decode]
@@ -108,7 +151,7 @@ fn serve_with(
             acceptance: None,
             detail: true,
             emissions: true,
-            eplb: None,
+            eplb: experts.eplb.clone(),
         })
         .collect();
     let mut d = Deployment::new(
@@ -131,6 +174,7 @@ fn serve_with(
                     spec_tokens: l.spec,
                     path: AttnPath::Auto,
                     seed: 3,
+                    placement: experts.placement.clone(),
                 },
             )
             .unwrap()
@@ -175,6 +219,11 @@ fn serve_with(
                     steps += 1;
                     let plan = d.plan(inst as usize).clone();
                     devices[inst as usize].execute(&plan, &mut out).unwrap();
+                    observe(&devices[inst as usize], &plan, &out);
+                    if plan.expert_move.is_some() {
+                        served.move_steps += 1;
+                        served.first_move_step.get_or_insert(steps);
+                    }
                     served.accepted_drafts += out
                         .accepted
                         .iter()
@@ -208,6 +257,12 @@ fn serve_with(
     }
     assert_eq!(finished, prompts.len(), "every request finished on {l:?}");
     served.steps = steps;
+    for dev in &devices {
+        let m = dev.moves();
+        served.moves.layers += m.layers;
+        served.moves.slots += m.slots;
+        served.moves.bytes += m.bytes;
+    }
     for i in 0..roles.len() {
         let st = d.instance(i).stats();
         served.preemptions += st.preemptions;
@@ -217,7 +272,7 @@ fn serve_with(
 }
 
 /// The model's own greedy continuation and how it ends.
-fn reference(
+pub fn reference(
     model: &Model,
     prompt: &[u32],
     max_tokens: u32,
@@ -237,7 +292,7 @@ fn reference(
     (out, reason)
 }
 
-fn prompts() -> Vec<Vec<u32>> {
+pub fn prompts() -> Vec<Vec<u32>> {
     vec![prompt(37, 1), prompt(5, 2), prompt(70, 3)]
 }
 
