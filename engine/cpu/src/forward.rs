@@ -358,14 +358,9 @@ impl Model {
         seqs: &[SeqInput],
         path: AttnPath,
     ) -> Result<Forward, ModelError> {
-        let experts = ExpertRanks::local(self)?;
-        let mut b = [RankBatch {
-            rank: 0,
-            cache,
-            seqs,
-        }];
-        let mut f = self.forward_ranks(&mut b, &experts, path, &mut Profiler::off())?;
-        Ok(f.ranks.pop().expect("one rank"))
+        self.one_rank(cache, seqs, |b, ex| {
+            self.forward_ranks(b, ex, path, &mut Profiler::off())
+        })
     }
 
     /// [`Model::mtp_forward_ranks`] of one batch in one process holding every expert.
@@ -377,21 +372,26 @@ impl Model {
         hidden: &Tensor,
         path: AttnPath,
     ) -> Result<Forward, ModelError> {
+        self.one_rank(cache, seqs, |b, ex| {
+            let h = std::slice::from_ref(hidden);
+            self.mtp_forward_ranks(k, b, h, ex, path, &mut Profiler::off())
+        })
+    }
+
+    /// `run` on one rank holding every expert, with `seqs` as its batch.
+    fn one_rank(
+        &self,
+        cache: &mut PagedKvCache,
+        seqs: &[SeqInput],
+        run: impl FnOnce(&mut [RankBatch], &ExpertRanks) -> Result<StepForward, ModelError>,
+    ) -> Result<Forward, ModelError> {
         let experts = ExpertRanks::local(self)?;
         let mut b = [RankBatch {
             rank: 0,
             cache,
             seqs,
         }];
-        let mut f = self.mtp_forward_ranks(
-            k,
-            &mut b,
-            std::slice::from_ref(hidden),
-            &experts,
-            path,
-            &mut Profiler::off(),
-        )?;
-        Ok(f.ranks.pop().expect("one rank"))
+        Ok(run(&mut b, &experts)?.ranks.pop().expect("one rank"))
     }
 
     /// The model's own greedy continuation of `prompt`, one forward per token on a private

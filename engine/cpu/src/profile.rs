@@ -191,8 +191,7 @@ impl Profiler {
         name: &'static str,
         args: impl FnOnce() -> Value,
     ) {
-        if let (Some(r), Some(t0)) = (&mut self.rec, start) {
-            let t1 = Instant::now();
+        if let Some((r, t0, t1)) = self.stop(start) {
             r.op(t0, t1, name, args());
         }
     }
@@ -204,27 +203,28 @@ impl Profiler {
         name: &'static str,
         args: impl FnOnce() -> Value,
     ) {
-        if let (Some(r), Some(t0)) = (&mut self.rec, start) {
-            let t1 = Instant::now();
-            let mut a = object(args());
-            a.insert("step".into(), r.step.into());
-            let ev = r.event(t0, t1, name, "step", r.step_tid, a);
-            r.events.push(ev);
+        if let Some((r, t0, t1)) = self.stop(start) {
+            r.on_step_track(t0, t1, name, args());
         }
     }
 
     /// Ends the step that began at `start`: records it on the step track with `args` and hands
     /// the step's events to the sink.
     pub fn end_step(&mut self, start: Option<Instant>, args: impl FnOnce() -> Value) {
-        if let (Some(r), Some(t0)) = (&mut self.rec, start) {
-            let t1 = Instant::now();
-            let mut a = object(args());
-            a.insert("step".into(), r.step.into());
-            let ev = r.event(t0, t1, "step", "step", r.step_tid, a);
-            r.events.push(ev);
+        if let Some((r, t0, t1)) = self.stop(start) {
+            r.on_step_track(t0, t1, "step", args());
             r.sink.append(&r.events);
             r.events.clear();
             r.step += 1;
+        }
+    }
+
+    /// The recorder, the start and now, for an interval begun while on.
+    #[inline]
+    fn stop(&mut self, start: Option<Instant>) -> Option<(&mut Recorder, Instant, Instant)> {
+        match (&mut self.rec, start) {
+            (Some(r), Some(t0)) => Some((r.as_mut(), t0, Instant::now())),
+            _ => None,
         }
     }
 }
@@ -242,6 +242,13 @@ fn object(v: Value) -> Map<String, Value> {
 }
 
 impl Recorder {
+    fn on_step_track(&mut self, t0: Instant, t1: Instant, name: &str, args: Value) {
+        let mut a = object(args);
+        a.insert("step".into(), self.step.into());
+        let ev = self.event(t0, t1, name, "step", self.step_tid, a);
+        self.events.push(ev);
+    }
+
     fn op(&mut self, t0: Instant, t1: Instant, name: &'static str, args: Value) {
         let class = *self.classes.get(name).unwrap_or_else(|| {
             panic!("the engine names an op '{name}' that the op graph does not have")

@@ -14,7 +14,7 @@
 //! combine across the ranks. A plan's EPLB layer move is installed before the step by copying
 //! the expert weights into their new slots.
 //!
-//! A step ([`step`]): the inputs of every scheduled request per rank (the known tokens from
+//! A step (`step.rs`): the inputs of every scheduled request per rank (the known tokens from
 //! `computed`, then the drafts to verify), one forward across the ranks, then per sampling
 //! request the verification of its drafts and the next token ([`crate::sampler`]), EOS, and
 //! with MTP the next drafts: the MTP module runs across the ranks over the positions whose next

@@ -5,7 +5,9 @@
 //! that move expert weights mid-generation.
 
 use crate::common::*;
-use crate::serving::{prompts, reference, serve_on, shared, Experts, Layout, BASE};
+use crate::serving::{
+    assert_served, greedy_past_eos, prompts, references, serve_on, shared, Experts, Layout, BASE,
+};
 use dstwin_core::deploy::EplbSpec;
 use dstwin_core::device::{ExpertHeat, SamplingParams, StepOutcome};
 use dstwin_core::eplb::cycle::{CycleConfig, Rebalancer};
@@ -136,10 +138,7 @@ fn check_weights(model: &Model, ex: &ExpertRanks) {
 fn greedy_output_is_the_models_own_on_every_dp_ep_layout_and_placement() {
     let ps = prompts();
     let g = SamplingParams::greedy();
-    let want: Vec<_> = ps
-        .iter()
-        .map(|p| reference(&shared(), p, 12, false))
-        .collect();
+    let want = references(&ps, 12, false);
     // Slot s holds expert (5 s + 3) mod 16: no rank holds consecutive experts.
     let scrambled: Vec<u32> = (0..EXPERTS as u32).map(|s| (5 * s + 3) % 16).collect();
     let cases: Vec<(&str, Layout, Experts)> = vec![
@@ -209,23 +208,15 @@ fn greedy_output_is_the_models_own_on_every_dp_ep_layout_and_placement() {
             },
         );
         assert!(steps > 0);
-        for (i, w) in want.iter().enumerate() {
-            assert_eq!(&got.out[&(i as u64)], w, "{name}: request {i}");
-        }
+        assert_served(&got, &want, name);
     }
 }
 
 #[test]
 fn a_dynamic_rebalance_mid_generation_moves_real_weights_and_keeps_the_output() {
     let ps = prompts();
-    let g = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy()
-    };
-    let want: Vec<_> = ps
-        .iter()
-        .map(|p| reference(&shared(), p, 24, true))
-        .collect();
+    let g = greedy_past_eos();
+    let want = references(&ps, 24, true);
     for (l, redundant) in [
         (Layout { dp: 4, ..BASE }, 4),
         (
@@ -292,9 +283,7 @@ fn a_dynamic_rebalance_mid_generation_moves_real_weights_and_keeps_the_output() 
             got.move_steps >= 2 && got.first_move_step.is_some_and(|f| f + 4 < got.steps),
             "{l:?}: the moves happen mid-generation: {got:?}"
         );
-        for (i, w) in want.iter().enumerate() {
-            assert_eq!(&got.out[&(i as u64)], w, "{l:?}: request {i}");
-        }
+        assert_served(&got, &want, &format!("{l:?}"));
     }
 }
 

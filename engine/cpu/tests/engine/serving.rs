@@ -292,6 +292,32 @@ pub fn reference(
     (out, reason)
 }
 
+/// The model's own greedy continuations of `ps`.
+pub fn references(
+    ps: &[Vec<u32>],
+    max_tokens: u32,
+    ignore_eos: bool,
+) -> Vec<(Vec<u32>, FinishReason)> {
+    ps.iter()
+        .map(|p| reference(&shared(), p, max_tokens, ignore_eos))
+        .collect()
+}
+
+/// Greedy, past the end-of-sequence token (every request runs to `max_tokens`).
+pub fn greedy_past_eos() -> SamplingParams {
+    SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+/// Every request produced what `want` says.
+pub fn assert_served(got: &Served, want: &[(Vec<u32>, FinishReason)], what: &str) {
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&got.out[&(i as u64)], w, "{what}: request {i}");
+    }
+}
+
 pub fn prompts() -> Vec<Vec<u32>> {
     vec![prompt(37, 1), prompt(5, 2), prompt(70, 3)]
 }
@@ -300,10 +326,7 @@ pub fn prompts() -> Vec<Vec<u32>> {
 fn greedy_output_is_the_models_own_on_every_layout() {
     let ps = prompts();
     let g = SamplingParams::greedy();
-    let want: Vec<_> = ps
-        .iter()
-        .map(|p| reference(&shared(), p, 12, false))
-        .collect();
+    let want = references(&ps, 12, false);
     let layouts = [
         ("mixed", BASE),
         (
@@ -335,9 +358,7 @@ fn greedy_output_is_the_models_own_on_every_layout() {
     ];
     for (name, l) in layouts {
         let got = serve(l, &ps, &[0, 0, 0], 12, &g);
-        for (i, w) in want.iter().enumerate() {
-            assert_eq!(&got.out[&(i as u64)], w, "{name}: request {i}");
-        }
+        assert_served(&got, &want, name);
     }
 }
 
@@ -345,21 +366,13 @@ fn greedy_output_is_the_models_own_on_every_layout() {
 fn preemption_and_recompute_keep_the_output() {
     let ps = prompts();
     // Past EOS, so that every request holds its blocks to the end.
-    let g = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy()
-    };
-    let want: Vec<_> = ps
-        .iter()
-        .map(|p| reference(&shared(), p, 24, true))
-        .collect();
+    let g = greedy_past_eos();
+    let want = references(&ps, 24, true);
     // 9 blocks of 16 tokens for three requests of up to 94 tokens: someone must give way.
     let tight = Layout { blocks: 9, ..BASE };
     let got = serve(tight, &ps, &[0, 0, 0], 24, &g);
     assert!(got.preemptions > 0, "the layout preempts: {got:?}");
-    for (i, w) in want.iter().enumerate() {
-        assert_eq!(&got.out[&(i as u64)], w, "request {i}");
-    }
+    assert_served(&got, &want, "preemption");
     // On PD, a decode instance short of KV sends requests back to prefill.
     let back = Layout {
         pd: true,
@@ -369,9 +382,7 @@ fn preemption_and_recompute_keep_the_output() {
     };
     let got = serve(back, &ps, &[0, 0, 0], 24, &g);
     assert!(got.sent_back > 0, "the layout sends back");
-    for (i, w) in want.iter().enumerate() {
-        assert_eq!(&got.out[&(i as u64)], w, "send-back: request {i}");
-    }
+    assert_served(&got, &want, "send-back");
 }
 
 #[test]
@@ -420,14 +431,8 @@ fn drafts_are_verified_by_the_model() {
     // that verification keeps exactly the model's tokens: an oracle's drafts all stand (fewer
     // steps), a liar's all fall, and the output is the model's either way.
     let ps = prompts();
-    let g = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy()
-    };
-    let want: Vec<_> = ps
-        .iter()
-        .map(|p| reference(&shared(), p, 16, true))
-        .collect();
+    let g = greedy_past_eos();
+    let want = references(&ps, 16, true);
     let plain = serve(BASE, &ps, &[0, 0, 0], 16, &g);
     for spec in [1, 3] {
         let l = Layout { spec, ..BASE };
