@@ -212,6 +212,45 @@ impl Model {
         Ok(logits)
     }
 
+    /// A rank's checked batch and its rotary tables.
+    fn prepare_rank<'a>(
+        &self,
+        b: &RankBatch<'a>,
+    ) -> Result<(Prepared<'a>, (Tensor, Tensor)), ModelError> {
+        let p = self.prepare(b.cache, b.seqs)?;
+        let rope = self.rope.tables(&p.positions, self.dtype, &self.device)?;
+        Ok((p, rope))
+    }
+
+    /// Each rank's results: the logits its sequences asked for through `head` (final norm, LM
+    /// head), its hidden state and router counts. `mtp`: the MTP module's layer index.
+    fn heads(
+        &self,
+        batches: &[RankBatch],
+        states: Vec<RankState>,
+        head: (&Tensor, &Tensor),
+        mtp: Option<usize>,
+        prof: &mut Profiler,
+    ) -> Result<Vec<Forward>, ModelError> {
+        let part = if mtp.is_some() {
+            LayerKind::Mtp
+        } else {
+            LayerKind::LmHead
+        };
+        let mut ranks = Vec::with_capacity(states.len());
+        for (b, st) in batches.iter().zip(states) {
+            prof.at(b.rank, mtp, part);
+            let rows = logit_rows(b.seqs, &st.spans);
+            let logits = self.head(&st.x, &rows, head.0, head.1, prof)?;
+            ranks.push(Forward {
+                logits,
+                hidden: st.x,
+                expert_counts: st.counts,
+            });
+        }
+        Ok(ranks)
+    }
+
     /// Runs one batch per rank (prompt chunks and decodes mixed) through the whole model:
     /// writes their latents into each rank's cache at their positions and returns the logits
     /// asked for. Every MoE layer runs across the ranks of `experts` (ranks without a batch
@@ -227,14 +266,9 @@ impl Model {
         for b in batches.iter() {
             prof.at(b.rank, None, LayerKind::Embedding);
             let s = prof.begin();
-            let Prepared {
-                spans,
-                positions,
-                ids,
-            } = self.prepare(b.cache, b.seqs)?;
+            let (Prepared { spans, ids, .. }, rope) = self.prepare_rank(b)?;
             let idx = Tensor::from_slice(&ids, ids.len(), &self.device)?;
             let x = self.embed.index_select(&idx, 0)?;
-            let rope = self.rope.tables(&positions, self.dtype, &self.device)?;
             prof.end(
                 s,
                 "embed",
@@ -260,17 +294,7 @@ impl Model {
                 prof,
             )?);
         }
-        let mut ranks = Vec::with_capacity(states.len());
-        for (b, st) in batches.iter().zip(states) {
-            prof.at(b.rank, None, LayerKind::LmHead);
-            let rows = logit_rows(b.seqs, &st.spans);
-            let logits = self.head(&st.x, &rows, &self.norm, &self.lm_head, prof)?;
-            ranks.push(Forward {
-                logits,
-                hidden: st.x,
-                expert_counts: st.counts,
-            });
-        }
+        let ranks = self.heads(batches, states, (&self.norm, &self.lm_head), None, prof)?;
         Ok(StepForward { ranks, dispatch })
     }
 
@@ -294,11 +318,7 @@ impl Model {
         for (b, h) in batches.iter().zip(hidden) {
             prof.at(b.rank, Some(index), LayerKind::Mtp);
             let s = prof.begin();
-            let Prepared {
-                spans,
-                positions,
-                ids,
-            } = self.prepare(b.cache, b.seqs)?;
+            let (Prepared { spans, ids, .. }, rope) = self.prepare_rank(b)?;
             if h.dims2()?.0 != ids.len() {
                 return Err(ModelError::Input {
                     seq: 0,
@@ -309,7 +329,6 @@ impl Model {
             let e = rms_norm(&m.embed.index_select(&idx, 0)?, &m.enorm, eps)?;
             let hn = rms_norm(&h.to_dtype(self.dtype)?, &m.hnorm, eps)?;
             let x = m.eh_proj.forward(&Tensor::cat(&[&e, &hn], D::Minus1)?)?;
-            let rope = self.rope.tables(&positions, self.dtype, &self.device)?;
             prof.end(
                 s,
                 "mtp_eh_proj",
@@ -332,17 +351,7 @@ impl Model {
             path,
             prof,
         )?;
-        let mut ranks = Vec::with_capacity(states.len());
-        for (b, st) in batches.iter().zip(states) {
-            prof.at(b.rank, Some(index), LayerKind::Mtp);
-            let rows = logit_rows(b.seqs, &st.spans);
-            let logits = self.head(&st.x, &rows, &m.head_norm, &m.head, prof)?;
-            ranks.push(Forward {
-                logits,
-                hidden: st.x,
-                expert_counts: st.counts,
-            });
-        }
+        let ranks = self.heads(batches, states, (&m.head_norm, &m.head), Some(index), prof)?;
         Ok(StepForward {
             ranks,
             dispatch: dispatch.into_iter().collect(),
