@@ -419,7 +419,13 @@ fn render(a: &PlanArgs, p: &PlanInput, outcomes: &[Outcome], dies_per_node: u32)
         .take(a.top)
         .enumerate()
     {
-        s += &format!("\n#{} {}\n", i + 1, o.candidate.label());
+        let standing = match (o.standing, o.rank) {
+            (Standing::Tied, _) => " (tied with the best)".to_string(),
+            (Standing::Lower, Some(r)) => format!(" (rank {r})"),
+            (Standing::ScreenedOut, _) => " (screened out at one seed)".to_string(),
+            _ => String::new(),
+        };
+        s += &format!("\n#{} {}{standing}\n", i + 1, o.candidate.label());
         for (role, cmd) in o.candidate.launch_args(p, dies_per_node) {
             s += &format!("# {role}\n{cmd}\n");
         }

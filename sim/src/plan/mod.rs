@@ -414,24 +414,43 @@ pub fn run_level(
     Ok((measure(seed, RunSpan::of(&report), &rows), report.cards))
 }
 
+/// DeepSeek-R1 w8a8 on 32 A3 cards, 3.5K in / 1.5K out, TTFT 2 s and TPOT 50 ms, seeds 1-3.
+#[cfg(test)]
+pub(crate) fn test_input() -> PlanInput {
+    PlanInput {
+        model: "deepseek-r1".into(),
+        quant: "w8a8".into(),
+        hardware: "atlas-800-a3".into(),
+        cards: 32,
+        input_tokens: 3500,
+        output_tokens: 1500,
+        ttft_ms: Some(2000.0),
+        tpot_ms: Some(50.0),
+        acceptance: vec![0.7],
+        seed: 1,
+        seeds: 3,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use dstwin_core::time::SimDuration;
 
     fn input() -> PlanInput {
-        PlanInput {
-            model: "deepseek-r1".into(),
-            quant: "w8a8".into(),
-            hardware: "atlas-800-a3".into(),
-            cards: 32,
-            input_tokens: 3500,
-            output_tokens: 1500,
-            ttft_ms: Some(2000.0),
-            tpot_ms: Some(50.0),
-            acceptance: vec![0.7],
-            seed: 1,
-            seeds: 3,
+        test_input()
+    }
+
+    /// Two prefill and two decode nodes with 32 redundant experts.
+    fn two_by_two(prefill_tp: u32, decode_tp: u32, max_num_seqs: u32, mtp: u32) -> Candidate {
+        Candidate {
+            prefill_nodes: 2,
+            decode_nodes: 2,
+            prefill_tp,
+            decode_tp,
+            max_num_seqs,
+            redundant_experts: 32,
+            mtp,
         }
     }
 
@@ -451,15 +470,7 @@ mod tests {
     #[test]
     fn candidate_scenarios_validate_and_launch_args_match() {
         let p = input();
-        let c = Candidate {
-            prefill_nodes: 2,
-            decode_nodes: 2,
-            prefill_tp: 8,
-            decode_tp: 1,
-            max_num_seqs: 16,
-            redundant_experts: 32,
-            mtp: 1,
-        };
+        let c = two_by_two(8, 1, 16, 1);
         let text = c.scenario(&p, 16, Load::Closed(Generations::new(64)), 1);
         let s = load_str("t", &text, Path::new("."), &[]).expect("valid");
         assert_eq!(s.instances.len(), 2);
@@ -479,15 +490,7 @@ mod tests {
     #[test]
     fn open_loop_scenarios_carry_the_warm_up_and_the_window() {
         let p = input();
-        let c = Candidate {
-            prefill_nodes: 2,
-            decode_nodes: 2,
-            prefill_tp: 16,
-            decode_tp: 2,
-            max_num_seqs: 48,
-            redundant_experts: 32,
-            mtp: 2,
-        };
+        let c = two_by_two(16, 2, 48, 2);
         let window = Window::open_loop(30.0, 4.0);
         let text = c.scenario(&p, 16, Load::Open { rate: 4.0, window }, 7);
         let s = load_str("t", &text, Path::new("."), &[]).expect("valid");

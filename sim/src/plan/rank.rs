@@ -5,7 +5,9 @@
 //! goodput range overlaps the best's is **tied** with it: at this many seeds the two are
 //! statistically indistinguishable, and it shares rank 1. Below that, a layout's rank is one
 //! more than the number of layouts whose whole range lies above its own, so a rank never claims
-//! a loss that is inside the spread: two layouts with the same rank are not told apart.
+//! a loss that is inside the spread: two layouts with the same rank are not told apart. (Ranges
+//! do not order transitively: a layout tied with the best keeps rank 1 even if some other
+//! layout's range lies wholly above its own.)
 //!
 //! Screening keeps the time down: every layout runs with the first seed; those within
 //! [`SCREEN_MARGIN`] of the best one-seed goodput run with the others. Then, with `w` the
@@ -438,17 +440,9 @@ mod tests {
 
     fn input(seeds: u32) -> PlanInput {
         PlanInput {
-            model: "deepseek-r1".into(),
-            quant: "w8a8".into(),
-            hardware: "atlas-800-a3".into(),
-            cards: 32,
-            input_tokens: 3500,
-            output_tokens: 1500,
             ttft_ms: None,
-            tpot_ms: Some(50.0),
-            acceptance: vec![],
-            seed: 1,
             seeds,
+            ..crate::plan::test_input()
         }
     }
 
