@@ -261,7 +261,7 @@ fn more_seeds(p: &PlanInput, outcomes: &mut [Outcome], dies_per_node: u32, quiet
             match r {
                 Ok((m, _)) => outcomes[i].levels[l].runs.push(m),
                 Err(e) if outcomes[i].invalid.is_empty() => {
-                    outcomes[i].invalid = format!("seed {s}: {e}");
+                    outcomes[i].invalid = format!("{e} (seed {s})");
                 }
                 Err(_) => {}
             }

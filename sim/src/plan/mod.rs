@@ -337,6 +337,9 @@ pub fn nodes(hardware: &str, cards: u32) -> Result<(u32, u32), String> {
     Ok((nodes, sys.dies_per_node()))
 }
 
+/// How the reason of a layout whose scenario validated but whose run failed begins.
+pub const RUN_FAILED: &str = "run failed: ";
+
 /// The load levels every candidate is measured at, as fractions of its capacity.
 pub const LOADS: [f64; 2] = [0.6, 0.9];
 
@@ -355,7 +358,7 @@ fn simulate(
     };
     run(&s, opts)
         .map(|r| (r.report, r.requests))
-        .map_err(|e| one_line(&e))
+        .map_err(|e| format!("{RUN_FAILED}{}", one_line(&e)))
 }
 
 /// Screens a candidate with the first seed: measures its capacity and request lifetime with
@@ -369,7 +372,7 @@ pub fn screen(p: &PlanInput, c: &Candidate, dies_per_node: u32) -> Outcome {
     let Some(cap) = cap.filter(|k| k.req_s > 0.0 && k.lifetime_s > 0.0) else {
         return Outcome::failed(
             c.clone(),
-            "too few requests finished at full load to measure a capacity".into(),
+            format!("{RUN_FAILED}too few requests finished at full load to measure a capacity"),
         );
     };
     let mut o = Outcome::failed(c.clone(), String::new());

@@ -17,7 +17,7 @@
 //! more than any spread that was measured; that is the only loss claimed for it.
 
 use super::steady::{Measurement, SteadyRule, Window, RULE};
-use super::{Candidate, PlanInput};
+use super::{Candidate, PlanInput, RUN_FAILED};
 use serde::Serialize;
 
 /// Layouts whose one-seed goodput is within this share of the best one run with every seed.
@@ -118,8 +118,8 @@ pub enum Standing {
     Invalid,
 }
 
-/// Why a layout is not among the best: a category (`memory`, `layout`, `TPOT`, `TTFT`,
-/// `lower goodput`, `no goodput`) and the figures behind it.
+/// Why a layout is not among the best: a category (`memory`, `layout`, `run failed`, `TPOT`,
+/// `TTFT`, `lower goodput`, `no goodput`) and the figures behind it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Loss {
     pub reason: &'static str,
@@ -319,7 +319,9 @@ pub fn rank(outcomes: &mut [Outcome], p: &PlanInput) {
     let best = ranges.first().copied();
     for (i, o) in outcomes.iter_mut().enumerate() {
         let (standing, rank, loss) = if !o.invalid.is_empty() {
-            let reason = if o.invalid.contains("does not fit") || o.invalid.contains("HBM") {
+            let reason = if o.invalid.starts_with(RUN_FAILED) {
+                "run failed"
+            } else if o.invalid.contains("does not fit") || o.invalid.contains("HBM") {
                 "memory"
             } else {
                 "layout"
@@ -618,10 +620,23 @@ mod tests {
                 "instance 'decode': does not fit in HBM".into(),
             ),
             layout(1, &[0.1, 0.1], 40.0),
+            Outcome::failed(
+                candidates(4, 16)[2].clone(),
+                format!("{RUN_FAILED}deadlock (seed 2)"),
+            ),
         ];
         rank(&mut v, &p);
         assert_eq!(v[0].standing, Standing::Best);
-        assert_eq!(v[1].standing, Standing::Invalid);
-        assert_eq!(v[1].loses_because.as_ref().unwrap().reason, "memory");
+        let reasons: Vec<_> = v[1..]
+            .iter()
+            .map(|o| (o.standing, o.loses_because.as_ref().unwrap().reason))
+            .collect();
+        assert_eq!(
+            reasons,
+            vec![
+                (Standing::Invalid, "memory"),
+                (Standing::Invalid, "run failed")
+            ]
+        );
     }
 }
