@@ -64,6 +64,11 @@ fn plan_sizes_and_acceptances_are_checked_first() {
             "{bad}: {e}"
         );
     }
+    // A spread needs two seeds; the count has a ceiling.
+    for n in ["0", "1", "65"] {
+        let e = refused(&["plan", "--seeds", n]);
+        assert!(e.contains(&format!("--seeds {n}: between 2 and 64")), "{e}");
+    }
 }
 
 #[test]

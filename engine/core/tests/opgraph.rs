@@ -123,3 +123,34 @@ fn a_prefill_chunk_after_cached_tokens_up_projects_their_latent_again() {
     assert!(kv_b(&v32, 0) > 0.0);
     assert_eq!(kv_b(&v32, 7168), kv_b(&v32, 0));
 }
+
+#[test]
+fn the_vocabulary_names_every_op_with_its_class() {
+    use dstwin_core::opgraph::vocabulary;
+    let m = builtin("deepseek-v3").unwrap();
+    let one = vocabulary(&m, 1, 0);
+    for (name, class) in [
+        ("embed", "elementwise"),
+        ("attn_norm", "elementwise"),
+        ("q_a_proj", "gemm"),
+        ("kv_b_proj", "gemm"),
+        ("attn_prefill", "prefill_attention"),
+        ("attn_decode", "attention"),
+        ("q_absorb", "gemm"),
+        ("ffn_gate_up", "gemm"),
+        ("router", "gemm"),
+        ("router_topk", "elementwise"),
+        ("experts", "grouped_gemm"),
+        ("shared_expert", "grouped_gemm"),
+        ("lm_head", "gemm"),
+        ("sample", "elementwise"),
+    ] {
+        assert_eq!(one.get(name), Some(&class), "{name}");
+    }
+    // One die moves no tokens; an EP group does; MTP adds its projection.
+    assert!(!one.contains_key("dispatch") && !one.contains_key("mtp_eh_proj"));
+    let ep = vocabulary(&m, 4, 1);
+    assert_eq!(ep.get("dispatch"), Some(&"dispatch"));
+    assert_eq!(ep.get("combine"), Some(&"combine"));
+    assert_eq!(ep.get("mtp_eh_proj"), Some(&"gemm"));
+}
