@@ -141,10 +141,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     let targets = parse_targets(&file, &text).map_err(|e| Failure::Input(e.into()))?;
     let on: Vec<_> = targets
         .iter()
-        .filter(|t| {
-            t.base_cost()
-                .is_ok_and(|c| c.params.name == a.cost_model)
-        })
+        .filter(|t| t.base_cost().is_ok_and(|c| c.params.name == a.cost_model))
         .cloned()
         .collect();
     if on.is_empty() {

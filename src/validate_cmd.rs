@@ -110,9 +110,7 @@ fn assumptions(p: &CostParams) -> Vec<(String, f64, String, fn(&mut CostParams, 
             OpClass::Gemm => |p, v| eff_mut(p, OpClass::Gemm).compute = v,
             OpClass::GroupedGemm => |p, v| eff_mut(p, OpClass::GroupedGemm).compute = v,
             OpClass::Attention => |p, v| eff_mut(p, OpClass::Attention).compute = v,
-            OpClass::PrefillAttention => {
-                |p, v| eff_mut(p, OpClass::PrefillAttention).compute = v
-            }
+            OpClass::PrefillAttention => |p, v| eff_mut(p, OpClass::PrefillAttention).compute = v,
             OpClass::Indexer => |p, v| eff_mut(p, OpClass::Indexer).compute = v,
             OpClass::Elementwise => |p, v| eff_mut(p, OpClass::Elementwise).compute = v,
         };
@@ -124,7 +122,12 @@ fn assumptions(p: &CostParams) -> Vec<(String, f64, String, fn(&mut CostParams, 
             OpClass::Indexer => |p, v| eff_mut(p, OpClass::Indexer).memory = v,
             OpClass::Elementwise => |p, v| eff_mut(p, OpClass::Elementwise).memory = v,
         };
-        out.push((format!("efficiency.{name}.compute"), e.compute, src.clone(), set_c));
+        out.push((
+            format!("efficiency.{name}.compute"),
+            e.compute,
+            src.clone(),
+            set_c,
+        ));
         out.push((format!("efficiency.{name}.memory"), e.memory, src, set_m));
     }
     out.push((
@@ -262,7 +265,9 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
     for t in &targets {
         let other = t.base_cost().is_ok_and(|c| c.params.name != cost_model);
         if other && !simulated.contains(&t.anchor.as_str()) {
-            let predicted = t.predict(t.base_cost().map_err(runtime)?).map_err(runtime)?;
+            let predicted = t
+                .predict(t.base_cost().map_err(runtime)?)
+                .map_err(runtime)?;
             rows.push(Row {
                 id: t.id.clone(),
                 metric: t.metric.name().to_string(),

@@ -28,7 +28,10 @@ fn calibrate_names_unknown_parameters_and_cost_models() {
         "{e}"
     );
     let e = refused(&["calibrate", "--cost-model", "nope"]);
-    assert!(e.contains("--cost-model nope") && e.contains("ascend-910c"), "{e}");
+    assert!(
+        e.contains("--cost-model nope") && e.contains("ascend-910c"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -33,7 +33,7 @@ fn builtin_anchors_stay_within_their_documented_bounds() {
             "{id} missing"
         );
     }
-    for prefix in ["cann-r1-", "cann-v32-", "sglang-a3-lowlat"] {
+    for prefix in ["cann-r1-", "cann-v32-", "sglang-lowlat-"] {
         assert!(
             oos.iter().any(|r| r["id"].as_str().unwrap().starts_with(prefix)
                 && r["how"] == "steady step"),
@@ -69,10 +69,18 @@ fn builtin_anchors_stay_within_their_documented_bounds() {
             b * 100.0
         );
     }
-    let mae = |section: &str| v[section]["summary"]["mean_absolute_error"].as_f64().unwrap();
+    let mae = |section: &str| {
+        v[section]["summary"]["mean_absolute_error"]
+            .as_f64()
+            .unwrap()
+    };
     // Regression guards at the levels docs/validation.md reports (with a little room): a change
     // that makes the predictions worse fails here.
-    assert!(mae("out_of_sample") > 0.0 && mae("out_of_sample") < 0.14, "{}", mae("out_of_sample"));
+    assert!(
+        mae("out_of_sample") > 0.0 && mae("out_of_sample") < 0.14,
+        "{}",
+        mae("out_of_sample")
+    );
     assert!(mae("fit") < 0.08, "{}", mae("fit"));
     assert!(mae("micro") < 0.06, "{}", mae("micro"));
     assert_eq!(v["runs"].as_array().unwrap().len(), 5);
@@ -89,7 +97,10 @@ fn tpot_limited_anchors_run_the_largest_batch_under_the_limit() {
         ("huawei-a2-decode.toml", SEQS_A2, 100.0),
     ];
     for (file, seqs, _) in cases {
-        let path = format!("{}/sim/scenarios/anchors/{file}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!(
+            "{}/sim/scenarios/anchors/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        );
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(
             text.contains(&format!("max_num_seqs = {seqs}\n")),
@@ -98,7 +109,9 @@ fn tpot_limited_anchors_run_the_largest_batch_under_the_limit() {
     }
     let handles: Vec<_> = cases
         .iter()
-        .flat_map(|&(file, seqs, limit)| [(file, seqs, limit, true), (file, seqs + 1, limit, false)])
+        .flat_map(|&(file, seqs, limit)| {
+            [(file, seqs, limit, true), (file, seqs + 1, limit, false)]
+        })
         .map(|(file, seqs, limit, under)| {
             std::thread::spawn(move || {
                 let path = format!(

@@ -312,7 +312,8 @@ pub fn fit(
         values: at(&u),
     };
     let r = residuals(&on, cost_model, &values)?;
-    let rms_error = (r.iter().map(|x| x.error * x.error).sum::<f64>() / r.len().max(1) as f64).sqrt();
+    let rms_error =
+        (r.iter().map(|x| x.error * x.error).sum::<f64>() / r.len().max(1) as f64).sqrt();
     Ok(Fit {
         cost_model: cost_model.to_string(),
         values,

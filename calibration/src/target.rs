@@ -1,7 +1,7 @@
 //! Calibration targets and their evaluation.
 
-use dstwin_core::layout::{Layout, Role};
 use dstwin_core::features::Features;
+use dstwin_core::layout::{Layout, Role};
 use dstwin_core::model::{builtin, Quant};
 use dstwin_hwmodels::{Catalog, CostModel, DType};
 use dstwin_twin::explain::{explain, BatchSpec, Explain, ExplainInput, Mtp};
@@ -358,5 +358,4 @@ mod tests {
             );
         }
     }
-
 }

@@ -121,7 +121,11 @@ fn leave_one_out_refits_without_the_anchor_it_predicts() {
     use dstwin_calibration::globals::{fit, leave_one_out, param};
     // Three anchors and two parameters keep this quick in a debug build.
     let all = parse_targets("targets.toml", TARGETS).unwrap();
-    let keep = ["cm384-decode-b96", "cann-recipes-r1-decode-a3-ep128", "sglang-a3-r1-w8a8-lowlat-32"];
+    let keep = [
+        "cm384-decode-b96",
+        "cann-recipes-r1-decode-a3-ep128",
+        "sglang-a3-r1-w8a8-lowlat-32",
+    ];
     let targets: Vec<_> = all
         .into_iter()
         .filter(|t| keep.contains(&t.anchor.as_str()))
@@ -146,5 +150,7 @@ fn leave_one_out_refits_without_the_anchor_it_predicts() {
         assert_eq!(f.values.values, h.values.values, "{}", h.anchor);
     }
     // Leaving different anchors out gives different fits.
-    assert!(held.windows(2).any(|w| w[0].values.values != w[1].values.values));
+    assert!(held
+        .windows(2)
+        .any(|w| w[0].values.values != w[1].values.values));
 }

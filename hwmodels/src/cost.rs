@@ -290,7 +290,11 @@ impl CostParams {
             })?;
             check_frac(file, format!("efficiency.{}.compute", c.name()), e.compute)?;
             check_frac(file, format!("efficiency.{}.memory", c.name()), e.memory)?;
-            check_nonneg(file, &format!("efficiency.{}.rows_pad", c.name()), e.rows_pad)?;
+            check_nonneg(
+                file,
+                &format!("efficiency.{}.rows_pad", c.name()),
+                e.rows_pad,
+            )?;
             if let Some(f) = e.fixed_us {
                 check_nonneg(file, &format!("efficiency.{}.fixed_us", c.name()), f)?;
             }
@@ -461,7 +465,10 @@ impl CostModel {
 
     /// Fixed cost of one kernel of `class`, seconds.
     pub fn fixed_s(&self, class: OpClass) -> f64 {
-        self.eff(class).fixed_us.unwrap_or(self.params.op_overhead_us) * 1e-6
+        self.eff(class)
+            .fixed_us
+            .unwrap_or(self.params.op_overhead_us)
+            * 1e-6
     }
 
     /// Roofline time of `w` on one die: max(compute, memory) at the class's efficiency (compute
@@ -506,7 +513,8 @@ impl CostModel {
 
     /// The level a dispatch or combine's slowest transfers cross.
     fn a2a_level(&self, c: &Comm) -> &FabricLevel {
-        let outer = c.mode == A2aMode::LowLatency && self.params.alltoall.low_latency_uses_outer_level;
+        let outer =
+            c.mode == A2aMode::LowLatency && self.params.alltoall.low_latency_uses_outer_level;
         if outer {
             self.system
                 .fabric
@@ -540,7 +548,11 @@ impl CostModel {
             };
         }
         let a2a = matches!(c.kind, CommKind::Dispatch | CommKind::Combine);
-        let level = if a2a { self.a2a_level(c) } else { self.level(g) };
+        let level = if a2a {
+            self.a2a_level(c)
+        } else {
+            self.level(g)
+        };
         let bw = level.bw_gb_s_per_die * 1e9;
         let gf = g as f64;
         let lat = level.latency_us * 1e-6;
@@ -591,7 +603,11 @@ impl CostModel {
     fn a2a_transfer_s(&self, c: &Comm, level: &FabricLevel, remote: f64, eff: f64) -> f64 {
         let bw = level.bw_gb_s_per_die * 1e9;
         let per_node = self.system.dies_per_node().max(1);
-        let inner = self.system.fabric.first().expect("validated: at least one level");
+        let inner = self
+            .system
+            .fabric
+            .first()
+            .expect("validated: at least one level");
         let spans_nodes = c.group > per_node && level.scope > Scope::Node;
         if c.mode != A2aMode::Normal || c.copies <= 1.0 || !spans_nodes || inner.name == level.name
         {

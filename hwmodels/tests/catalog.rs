@@ -39,8 +39,8 @@ fn cloudmatrix384_is_384_npus_of_two_dies_on_one_ub_plane() {
     assert_eq!(s.span(2), Scope::Package);
     assert_eq!(s.span(16), Scope::Node);
     assert_eq!(s.span(320), Scope::Supernode);
-    // One UB level serves the node and the whole supernode.
-    assert_eq!(s.level_for(16).name, "UB");
+    // HCCS inside a node, the UB plane across the supernode (the same bandwidth).
+    assert_eq!(s.level_for(16).name, "HCCS");
     assert_eq!(s.level_for(320).name, "UB");
 }
 

@@ -9,7 +9,7 @@
 
 use crate::batch::BatchShape;
 use crate::features::{MoeCommUsed, Resolved};
-use crate::layout::Plan;
+use crate::layout::{Plan, Role};
 use crate::model::{self, Attention, Indexer, ModelConfig, Quant};
 use dstwin_hwmodels::{A2aMode, Comm, CommKind, DType, OpClass, Work};
 use serde::Serialize;

@@ -129,7 +129,12 @@ impl PriceKey {
             1 => MoeCommUsed::AllToAll,
             _ => MoeCommUsed::AllGather,
         };
-        (shape, self.field(8), bucket as f64 / IMBALANCE_BUCKETS, comm)
+        (
+            shape,
+            self.field(8),
+            bucket as f64 / IMBALANCE_BUCKETS,
+            comm,
+        )
     }
 }
 
@@ -332,10 +337,7 @@ impl StepPricer {
         let ops = self.ops(&shape, group, imb, comm);
         let p = price_step(&self.spec.features, &shape, &self.spec.cost, &ops, || {
             let h = half(&shape);
-            crate::pricing::price(
-                &self.ops(&h, group.div_ceil(2), imb, comm),
-                &self.spec.cost,
-            )
+            crate::pricing::price(&self.ops(&h, group.div_ceil(2), imb, comm), &self.spec.cost)
         });
         let time_s = p.time_s;
         let classes = class_times(&p.full, time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
@@ -568,10 +570,7 @@ impl Device for SimDevice {
         let mut slowest: Option<RankCost> = None;
         if idle > 0 {
             let dummy = padded(&self.dummy);
-            slowest = Some(
-                self.pricer
-                    .rank_cost(&dummy, group, step_imbalance, comm),
-            );
+            slowest = Some(self.pricer.rank_cost(&dummy, group, step_imbalance, comm));
         }
         let mut last: Option<BatchShape> = None;
         for (rank, shape) in busy {

@@ -426,9 +426,9 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
             )
         };
         let p = price_step(&features, &full, &inp.cost, &ops, half_cost);
-        let split = p.split_s.unwrap_or_else(|| {
-            crate::pricing::two_microbatch_time(&half_cost(), &inp.cost.params)
-        });
+        let split = p
+            .split_s
+            .unwrap_or_else(|| crate::pricing::two_microbatch_time(&half_cost(), &inp.cost.params));
         (p, split)
     };
     let (priced, tmb) = step_at(imbalance);
