@@ -16,7 +16,7 @@
 //!   router and summed per token in expert-id order — the order one process sums them in, so
 //!   the result does not depend on where the experts ran.
 //!
-//! With one rank nothing moves: the row gather, the expert GEMMs and the weighted sum are one
+//! With one rank nothing moves: the dispatch, the expert GEMMs and the weighted sum are one
 //! `experts` op (the op graph has no dispatch on one die).
 //!
 //! [`ExpertRanks::install`] carries out an EPLB layer move: every slot whose expert changes
