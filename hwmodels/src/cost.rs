@@ -533,7 +533,7 @@ impl CostModel {
         }
         let level = self.a2a_level(c);
         let fitted = &self.params.alltoall.fitted_on;
-        (!fitted.iter().any(|f| *f == level.name)).then_some(level.name.as_str())
+        (!fitted.contains(&level.name)).then_some(level.name.as_str())
     }
 
     /// Time of one collective as one die sees it. A group of one die costs nothing.
