@@ -90,10 +90,13 @@ struct Builtin {
     sensitivity: Vec<Sensitivity>,
 }
 
+/// An unfitted number of a cost file: name, value, source and how to set it.
+type Assumption = (String, f64, String, fn(&mut CostParams, f64));
+
 /// The assumption-marked numbers of a cost file whose effect is reported: every class
 /// efficiency, fixed cost and padding not in the fit, and the collective parameters.
-fn assumptions(p: &CostParams) -> Vec<(String, f64, String, fn(&mut CostParams, f64))> {
-    let mut out: Vec<(String, f64, String, fn(&mut CostParams, f64))> = Vec::new();
+fn assumptions(p: &CostParams) -> Vec<Assumption> {
+    let mut out: Vec<Assumption> = Vec::new();
     let classes = [
         OpClass::Gemm,
         OpClass::GroupedGemm,

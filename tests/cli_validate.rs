@@ -58,7 +58,12 @@ fn builtin_anchors_stay_within_their_documented_bounds() {
         };
         assert!((expected - e).abs() < 1e-9, "{r}");
     }
-    for r in &micro {
+    // Points the parameters were fitted to stay within their bounds; a point shown but not
+    // fitted (DeepSeek-V3's own MTP acceptance) is a comparison, not a guard.
+    for r in micro
+        .iter()
+        .filter(|r| !r["metric"].as_str().unwrap().contains("not fitted"))
+    {
         let (e, b) = (r["error"].as_f64().unwrap(), r["bound"].as_f64().unwrap());
         assert!(
             e.abs() <= b,
