@@ -667,23 +667,15 @@ impl Builder<'_> {
         // reduce-scatters the combined outputs back (vllm-ascend's ALLGATHER).
         let gathered = load.group_tokens as f64 / p.tp as f64 * h * act;
         let allgather = load.comm == MoeCommUsed::AllGather;
-        if allgather {
-            self.push(
-                "moe_all_gather",
-                layer,
-                repeat,
-                DieSet::All,
-                comm(CommKind::AllGather, gathered),
-            );
+        let (name, into_experts) = if allgather {
+            ("moe_all_gather", comm(CommKind::AllGather, gathered))
         } else {
-            self.push(
+            (
                 "dispatch",
-                layer,
-                repeat,
-                DieSet::All,
                 comm(CommKind::Dispatch, own * fanout * per_token * skew),
-            );
-        }
+            )
+        };
+        self.push(name, layer, repeat, DieSet::All, into_experts);
         // Routed experts: tokens per routed die under perfect balance, times the imbalance.
         let slots = (m.routed_experts + p.redundant_experts as u64) as f64;
         let mean = load.group_tokens as f64 * m.top_k as f64 / slots * p.slots_per_die as f64;
@@ -726,23 +718,18 @@ impl Builder<'_> {
             sdies,
             work(OpClass::GroupedGemm, flops, bytes, ec, stok),
         );
-        if allgather {
-            self.push(
+        let (name, out_of_experts) = if allgather {
+            (
                 "moe_reduce_scatter",
-                layer,
-                repeat,
-                DieSet::All,
                 comm(CommKind::ReduceScatter, gathered),
-            );
+            )
         } else {
-            self.push(
+            (
                 "combine",
-                layer,
-                repeat,
-                DieSet::All,
                 comm(CommKind::Combine, own * fanout * h * act * skew),
-            );
-        }
+            )
+        };
+        self.push(name, layer, repeat, DieSet::All, out_of_experts);
     }
 
     fn lm_head(&mut self, layer: LayerKind, repeat: u64, logit_tokens: f64) {

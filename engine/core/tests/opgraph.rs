@@ -6,9 +6,10 @@ use dstwin_core::model::{self, builtin, ModelConfig, Quant};
 use dstwin_core::opgraph::{step_ops, total_flops, MoeLoad, StepSpec};
 use dstwin_hwmodels::{Catalog, DType};
 
-fn flops_per_token(m: &ModelConfig, shape: &BatchShape, mtp: u32) -> f64 {
+/// The ops of one step of `shape` on one die holding every expert: no communication, every
+/// FLOP on it.
+fn one_die_ops(m: &ModelConfig, shape: &BatchShape, mtp: u32) -> Vec<dstwin_core::opgraph::Op> {
     let sys = Catalog::builtin().system("cloudmatrix384").unwrap();
-    // One die holding every expert: no communication, every FLOP on it.
     let plan = Layout::dp_ep(Role::Mixed, 1).validate(m, sys).unwrap();
     let features = dstwin_core::features::Resolved::plain("ascend-910c");
     let spec = StepSpec {
@@ -24,7 +25,11 @@ fn flops_per_token(m: &ModelConfig, shape: &BatchShape, mtp: u32) -> f64 {
         imbalance: 1.0,
         comm: dstwin_core::features::MoeCommUsed::Mc2,
     };
-    total_flops(&step_ops(spec, shape, &load)) / shape.tokens() as f64
+    step_ops(spec, shape, &load)
+}
+
+fn flops_per_token(m: &ModelConfig, shape: &BatchShape, mtp: u32) -> f64 {
+    total_flops(&one_die_ops(m, shape, mtp)) / shape.tokens() as f64
 }
 
 #[test]
@@ -91,23 +96,7 @@ fn a_prefill_chunk_after_cached_tokens_up_projects_their_latent_again() {
         let mut shape = BatchShape::default();
         shape.add_prefill(1024, cached, m.attn_cap());
         assert_eq!(shape.prefill_cached, cached);
-        let sys = Catalog::builtin().system("cloudmatrix384").unwrap();
-        let plan = Layout::dp_ep(Role::Mixed, 1).validate(m, sys).unwrap();
-        let features = dstwin_core::features::Resolved::plain("ascend-910c");
-        let spec = StepSpec {
-            model: m,
-            quant: Quant::Bf16,
-            kv_dtype: DType::Bf16,
-            plan: &plan,
-            mtp_tokens: 0,
-            features: &features,
-        };
-        let load = MoeLoad {
-            group_tokens: shape.tokens(),
-            imbalance: 1.0,
-            comm: dstwin_core::features::MoeCommUsed::Mc2,
-        };
-        let ops: Vec<_> = step_ops(spec, &shape, &load)
+        let ops: Vec<_> = one_die_ops(m, &shape, 0)
             .into_iter()
             .filter(|o| o.name == "kv_b_proj")
             .collect();
