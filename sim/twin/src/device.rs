@@ -71,25 +71,33 @@ impl std::hash::Hash for PriceKey {
 }
 
 impl PriceKey {
+    #[cfg(test)]
     fn new(s: &BatchShape, group_tokens: u64, bucket: u32) -> Self {
-        let c = [
-            code(s.prefill_seqs as u64),
-            code(s.prefill_tokens),
-            code(s.prefill_pairs),
-            code(s.prefill_pairs_capped),
-            code(s.decode_seqs as u64),
-            code(s.decode_tokens),
-            code(s.decode_pairs),
-            code(s.decode_pairs_capped),
-            code(group_tokens),
-        ];
-        let w = |i: usize| {
-            c[i..i + 4]
-                .iter()
-                .rev()
-                .fold(0u64, |a, &x| a << 16 | x as u64)
+        Self::with_load(s, StepLoad::from_bucket(group_tokens, bucket))
+    }
+
+    fn with_load(s: &BatchShape, load: StepLoad) -> Self {
+        let w = |a: u64, b: u64, c: u64, d: u64| {
+            code(a) as u64
+                | (code(b) as u64) << 16
+                | (code(c) as u64) << 32
+                | (code(d) as u64) << 48
         };
-        PriceKey([w(0), w(4), c[8] as u64 | (bucket as u64) << 16])
+        PriceKey([
+            w(
+                s.prefill_seqs as u64,
+                s.prefill_tokens,
+                s.prefill_pairs,
+                s.prefill_pairs_capped,
+            ),
+            w(
+                s.decode_seqs as u64,
+                s.decode_tokens,
+                s.decode_pairs,
+                s.decode_pairs_capped,
+            ),
+            load.0,
+        ])
     }
 
     fn field(&self, i: usize) -> u64 {
@@ -110,6 +118,27 @@ impl PriceKey {
         };
         let bucket = (self.0[2] >> 16) as u32;
         (shape, self.field(8), bucket as f64 / IMBALANCE_BUCKETS)
+    }
+}
+
+/// The part of a price key every rank of a step shares: the EP group's tokens (quantized) and
+/// the imbalance bucket, computed once per step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepLoad(u64);
+
+impl StepLoad {
+    /// The EP group computes `group_tokens` with the hottest routed die carrying `imbalance`
+    /// times the mean (priced, like the shapes, at the quantized value: steps of 2%, so a
+    /// drifting load revisits cached prices).
+    pub fn new(group_tokens: u64, imbalance: f64) -> Self {
+        let bucket = (imbalance * IMBALANCE_BUCKETS)
+            .round()
+            .clamp(IMBALANCE_BUCKETS, u32::MAX as f64) as u32;
+        Self::from_bucket(group_tokens, bucket)
+    }
+
+    fn from_bucket(group_tokens: u64, bucket: u32) -> Self {
+        StepLoad(code(group_tokens) as u64 | (bucket as u64) << 16)
     }
 }
 
@@ -237,23 +266,14 @@ impl StepPricer {
         price(&step_ops(spec, shape, &load), &s.cost)
     }
 
-    /// The price of one rank computing `shape` while the EP group computes `group_tokens` with
-    /// the hottest routed die carrying `imbalance` times the mean (priced, like the shapes, at
-    /// the quantized value: steps of 2%, so a drifting load revisits cached prices).
-    pub fn rank_cost(&mut self, shape: &BatchShape, group_tokens: u64, imbalance: f64) -> RankCost {
-        let key = Self::key(shape, group_tokens, imbalance);
-        self.cost_of(key)
+    /// The price of one rank computing `shape` under the step's `load`.
+    pub fn rank_cost(&mut self, shape: &BatchShape, load: StepLoad) -> RankCost {
+        self.cost_of(PriceKey::with_load(shape, load))
     }
 
     /// [`StepPricer::rank_cost`] for DP rank `rank`, checking first what that rank priced last.
-    pub fn rank_cost_of(
-        &mut self,
-        rank: usize,
-        shape: &BatchShape,
-        group_tokens: u64,
-        imbalance: f64,
-    ) -> RankCost {
-        let key = Self::key(shape, group_tokens, imbalance);
+    pub fn rank_cost_of(&mut self, rank: usize, shape: &BatchShape, load: StepLoad) -> RankCost {
+        let key = PriceKey::with_load(shape, load);
         if rank >= self.recent.len() {
             self.recent.resize(rank + 1, None);
         }
@@ -271,13 +291,6 @@ impl StepPricer {
     /// Time by op class on the critical path of a price this pricer returned.
     pub fn class_times(&self, c: RankCost) -> ClassTimes {
         self.classes[c.at as usize]
-    }
-
-    fn key(shape: &BatchShape, group_tokens: u64, imbalance: f64) -> PriceKey {
-        let bucket = (imbalance * IMBALANCE_BUCKETS)
-            .round()
-            .clamp(IMBALANCE_BUCKETS, u32::MAX as f64) as u32;
-        PriceKey::new(shape, group_tokens, bucket)
     }
 
     fn cost_of(&mut self, key: PriceKey) -> RankCost {
@@ -494,9 +507,10 @@ impl Device for SimDevice {
             _ => self.imbalance,
         };
         self.step_imbalance = step_imbalance;
+        let load = StepLoad::new(group, step_imbalance);
         let mut slowest: Option<RankCost> = None;
         if idle > 0 {
-            slowest = Some(self.pricer.rank_cost(&self.dummy, group, step_imbalance));
+            slowest = Some(self.pricer.rank_cost(&self.dummy, load));
         }
         let mut last: Option<BatchShape> = None;
         for r in plan.ranks.iter().filter(|r| !r.shape.is_empty()) {
@@ -505,9 +519,7 @@ impl Device for SimDevice {
                 continue;
             }
             last = Some(r.shape);
-            let c = self
-                .pricer
-                .rank_cost_of(r.rank as usize, &r.shape, group, step_imbalance);
+            let c = self.pricer.rank_cost_of(r.rank as usize, &r.shape, load);
             if slowest.is_none_or(|s| c.time_s > s.time_s) {
                 slowest = Some(c);
             }

@@ -231,9 +231,14 @@ impl Instance {
 
     /// Adds a request to the least-loaded DP rank; returns the rank.
     pub fn add_request(&mut self, r: NewRequest<'_>, _now: SimTime) -> u32 {
-        let rank = (0..self.loads.len())
-            .min_by_key(|&i| (self.loads[i], i))
-            .expect("at least one rank") as u32;
+        // The lowest index of the smallest load (two passes that vectorize, over one small
+        // array).
+        let least = *self.loads.iter().min().expect("at least one rank");
+        let rank = self
+            .loads
+            .iter()
+            .position(|&l| l == least)
+            .expect("the least load is there") as u32;
         let slot = self.ranks[rank as usize].add(r);
         self.loads[rank as usize] += 1;
         self.owner.insert(r.id, (rank, slot));

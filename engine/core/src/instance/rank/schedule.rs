@@ -374,7 +374,7 @@ impl RankScheduler {
         // Steady requests sampled in this step and in the one before.
         if !self.tokens.is_empty() {
             for r in 0..self.regimes {
-                let i = self.at(p, r);
+                let i = Self::at(p, r);
                 let tk = std::mem::take(&mut self.tokens[i]) as u64;
                 sum.tokens += tk;
                 self.sums.pending[r] += tk;

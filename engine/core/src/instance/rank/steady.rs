@@ -24,6 +24,7 @@ use std::cmp::Reverse;
 
 /// Ring cells: steps a steady window can span (at most `RING - 2`).
 pub(super) const RING: usize = 128;
+const _: () = assert!(RING.is_power_of_two(), "ring cells are indexed by a mask");
 /// Steps a rank stays exact after a step whose budget could bind.
 pub const COOLDOWN: u64 = 64;
 
@@ -56,10 +57,59 @@ pub(super) struct WindowEnd {
     from: u32,
 }
 
+/// A steady window's scan: from plan step `q0` with `o0` tokens out, the window ends before the
+/// step that would start past `o_limit` tokens out, finish the request (reach `max_o`) or reach
+/// step `end`. A step emits 1 to `most` tokens.
+struct Window {
+    q0: u64,
+    end: u64,
+    o0: u32,
+    o_limit: u32,
+    max_o: u32,
+    most: u32,
+}
+
+impl Window {
+    /// Draws each step's tokens with `emit` and adds them to the ring until the window ends;
+    /// returns the step it ends at and the tokens out then. Steps that cannot reach a limit
+    /// even emitting `most` each run without checks, in runs.
+    #[inline]
+    fn scan(&self, ring: &mut [u32; RING], mut emit: impl FnMut() -> u32) -> (u64, u32) {
+        let (mut q, mut o) = (self.q0, self.o0);
+        let most = self.most as u64;
+        loop {
+            let o64 = o as u64;
+            // Steps i = 0..n all start within o_limit and end below max_o.
+            let by_limit = (self.o_limit as u64 + 1).saturating_sub(o64).div_ceil(most);
+            let by_finish = (self.max_o as u64).saturating_sub(o64 + 1) / most;
+            let n = (self.end - q).min(by_limit).min(by_finish);
+            if n == 0 {
+                if q >= self.end || o > self.o_limit {
+                    return (q, o);
+                }
+                let e = emit();
+                if o + e >= self.max_o {
+                    return (q, o);
+                }
+                ring[q as usize & (RING - 1)] += e;
+                o += e;
+                q += 1;
+                continue;
+            }
+            for _ in 0..n {
+                let e = emit();
+                ring[q as usize & (RING - 1)] += e;
+                o += e;
+                q += 1;
+            }
+        }
+    }
+}
+
 impl RankScheduler {
-    /// Ring index of `step`'s cell for `regime`.
-    pub(super) fn at(&self, step: u64, regime: usize) -> usize {
-        (step % RING as u64) as usize * self.regimes + regime
+    /// Ring index of `step`'s cell for `regime` (each regime's cells are contiguous).
+    pub(super) fn at(step: u64, regime: usize) -> usize {
+        regime * RING + (step as usize & (RING - 1))
     }
 
     /// Inserts a running request into the running list at its place in the running order.
@@ -160,25 +210,24 @@ impl RankScheduler {
         if (s.computed as u64) > c_limit {
             return false;
         }
-        let draws = acc.request(s.id);
-        let max_o = s.max_output;
-        let j0 = s.samples;
-        let mut o = s.output;
-        let mut q = q0;
-        let w = (RING - 2) as u64;
-        let regimes = self.regimes;
-        let tokens = &mut self.tokens;
-        // The next step would allocate a block, be clipped by max_model_len, have queries past
-        // the cap, or finish the request: then the window ends.
-        while q - q0 < w && o <= o_limit {
-            let e = 1 + draws.accepted(j0 + (q - q0) as u32, k);
-            if o + e >= max_o {
-                break;
-            }
-            tokens[(q % RING as u64) as usize * regimes + regime] += e;
-            o += e;
-            q += 1;
-        }
+        let mut draws = acc.request(s.id).from_step(s.samples);
+        let ring: &mut [u32; RING] = (&mut self.tokens[regime * RING..][..RING])
+            .try_into()
+            .expect("a ring per regime");
+        let w = Window {
+            q0,
+            end: q0 + (RING - 2) as u64,
+            o0: s.output,
+            o_limit,
+            max_o: s.max_output,
+            most: t as u32,
+        };
+        // One draw per step; a single draft (the common MTP setting) without the loop.
+        let (q, o) = if k == 1 {
+            w.scan(ring, || 1 + draws.next_one())
+        } else {
+            w.scan(ring, || 1 + draws.next(k))
+        };
         let c = o + offset;
         if q == q0 {
             return false;
@@ -219,19 +268,18 @@ impl RankScheduler {
             "plan step {p} inside the window"
         );
         let r = s.regime as usize;
-        let draws = acc.request(s.id);
+        let j0 = s.samples - (s.until - s.from) as u32;
+        let mut draws = acc.request(s.id).from_step(j0);
         let (mut c, mut o) = (s.base_computed, s.base_output);
         let mut at_p = (c, o);
-        let j0 = s.samples - (s.until - s.from) as u32;
         for q in s.from..s.until {
             // Inside a window every step emits 1 + accepted.
-            let emitted = 1 + draws.accepted(j0 + (q - s.from) as u32, k);
+            let emitted = 1 + draws.next(k);
             if q == p {
                 at_p = (c, o);
             }
             if q >= p {
-                let i = (q % RING as u64) as usize * self.regimes + r;
-                self.tokens[i] -= emitted;
+                self.tokens[Self::at(q, r)] -= emitted;
             }
             c += emitted;
             o += emitted;
