@@ -192,7 +192,10 @@ pub struct PricerSpec {
 pub struct StepPricer {
     spec: PricerSpec,
     cache: HashMap<PriceKey, RankCost, BuildHasherDefault<KeyHasher>>,
-    /// Time by op class of each cached price (`RankCost::at`).
+    /// Each cached price's key and where its time by op class is (`RankCost::at`), once
+    /// computed: only the slowest rank's are read, and a two-micro-batch price needs the
+    /// whole shape priced for them, which its time does not.
+    priced: Vec<(PriceKey, u32)>,
     classes: Vec<ClassTimes>,
     /// Per DP rank, the last key it priced and its cost: a rank's quantized shape stays the
     /// same for many steps, and this small array stays in cache where the map does not.
@@ -239,6 +242,7 @@ impl StepPricer {
         StepPricer {
             spec,
             cache: HashMap::default(),
+            priced: Vec::new(),
             classes: Vec::new(),
             recent: Vec::new(),
             hits: 0,
@@ -289,8 +293,17 @@ impl StepPricer {
     }
 
     /// Time by op class on the critical path of a price this pricer returned.
-    pub fn class_times(&self, c: RankCost) -> ClassTimes {
-        self.classes[c.at as usize]
+    pub fn class_times(&mut self, c: RankCost) -> ClassTimes {
+        let (key, at) = self.priced[c.at as usize];
+        if at != NOT_YET {
+            return self.classes[at as usize];
+        }
+        let (shape, group, imb) = key.shape();
+        let full = self.price_shape(&shape, group, imb);
+        let t = class_times(&full, c.time_s / full.serial_s.max(f64::MIN_POSITIVE));
+        self.priced[c.at as usize].1 = self.classes.len() as u32;
+        self.classes.push(t);
+        t
     }
 
     fn cost_of(&mut self, key: PriceKey) -> RankCost {
@@ -300,26 +313,35 @@ impl StepPricer {
         }
         self.misses += 1;
         let (shape, group, imb) = key.shape();
-        let full = self.price_shape(&shape, group, imb);
-        let (time_s, classes) = if self.spec.two_microbatch {
-            let h = self.price_shape(&half(&shape), group.div_ceil(2), imb);
-            let t = two_microbatch_time(&h, &self.spec.cost.params);
-            (
-                t,
-                class_times(&full, t / full.serial_s.max(f64::MIN_POSITIVE)),
-            )
-        } else {
-            (full.serial_s, class_times(&full, 1.0))
-        };
         let cost = RankCost {
-            time_s,
-            at: self.classes.len() as u32,
+            time_s: 0.0,
+            at: self.priced.len() as u32,
         };
-        self.classes.push(classes);
+        let cost = if self.spec.two_microbatch {
+            // The time needs only the half batch priced; the whole one waits for
+            // `class_times`.
+            let h = self.price_shape(&half(&shape), group.div_ceil(2), imb);
+            self.priced.push((key, NOT_YET));
+            RankCost {
+                time_s: two_microbatch_time(&h, &self.spec.cost.params),
+                ..cost
+            }
+        } else {
+            let full = self.price_shape(&shape, group, imb);
+            self.priced.push((key, self.classes.len() as u32));
+            self.classes.push(class_times(&full, 1.0));
+            RankCost {
+                time_s: full.serial_s,
+                ..cost
+            }
+        };
         self.cache.insert(key, cost);
         cost
     }
 }
+
+/// `StepPricer::priced`: times by op class not computed yet.
+const NOT_YET: u32 = u32::MAX;
 
 /// The twin's device for one instance.
 #[derive(Clone, Debug)]

@@ -49,6 +49,9 @@ pub struct StepCost {
     pub comm_s: f64,
     /// The step at 100% of peak with no overhead and no communication: a lower bound.
     pub roofline_s: f64,
+    /// The expert die set that sets the pace, found once ([`StepCost::slow_set`]).
+    #[serde(skip)]
+    slow: DieSet,
 }
 
 impl StepCost {
@@ -69,7 +72,7 @@ impl StepCost {
 
     /// Ops on the critical path.
     pub fn on_path(&self) -> impl Iterator<Item = &PricedOp> {
-        let slow = self.slow_set();
+        let slow = self.slow;
         self.ops
             .iter()
             .filter(move |o| o.dies == DieSet::All || o.dies == slow)
@@ -77,9 +80,12 @@ impl StepCost {
 
     /// The expert die set that sets the pace.
     pub fn slow_set(&self) -> DieSet {
+        self.slow
+    }
+
+    fn find_slow_set(ops: &[PricedOp]) -> DieSet {
         let sum = |d| {
-            self.ops
-                .iter()
+            ops.iter()
                 .filter(|o| o.dies == d)
                 .map(|o| o.total_s)
                 .sum::<f64>()
@@ -147,6 +153,7 @@ pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
         })
         .collect();
     let mut step = StepCost {
+        slow: StepCost::find_slow_set(&priced),
         ops: priced,
         serial_s: 0.0,
         compute_s: 0.0,
