@@ -6,8 +6,8 @@
 //! 1 + k tokens per step, needs no allocation, and samples every step. Its contribution to the
 //! rank's batch shape comes from per-rank sums (steady requests and their contexts, per
 //! attention regime); the tokens it keeps each step are written into a ring indexed by step, and
-//! the sums advance by one ring cell per step. Its window end sits in a small heap with the
-//! context it will have then. At its event step the request rejoins the running list and that
+//! the sums advance by one ring cell per step. Its window end is a list of the requests whose
+//! windows end at that step, one list per ring cell (a window is shorter than the ring). At its event step the request rejoins the running list and that
 //! step is scheduled exactly. The result is the same schedule, the same shapes and the same events as stepping
 //! every request (a property test compares the two), with per-step work independent of the
 //! number of steady requests.
@@ -20,7 +20,6 @@
 //! requests every step.
 
 use super::{RankScheduler, State};
-use std::cmp::Reverse;
 
 /// Ring cells: steps a steady window can span (at most `RING - 2`).
 pub(super) const RING: usize = 128;
@@ -46,16 +45,8 @@ pub(super) struct SteadySums {
     entering_context: [i64; 2],
 }
 
-/// A steady window's end (16 bytes): the plan step it ends at, and the slot and start step that
-/// identify the window (a slot is reused only by a request admitted after its window started, so
-/// a window that ended early is recognised and skipped). Its regime and context are the
-/// request's own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct WindowEnd {
-    step: u64,
-    slot: u32,
-    from: u32,
-}
+/// The end of the lists of window ends ([`RankScheduler::due`]).
+pub(super) const NIL: u32 = u32::MAX;
 
 /// A steady window's scan: from plan step `q0` with `o0` tokens out, the window ends before the
 /// step that would start past `o_limit` tokens out, finish the request (reach `max_o`) or reach
@@ -145,27 +136,43 @@ impl RankScheduler {
                 + std::mem::take(&mut sm.entering_context[r]);
             sm.seqs[r] += std::mem::take(&mut sm.entering[r]);
         }
-        if self.next_due > p {
+        // Every window in step p's list ends at p (windows are shorter than the ring).
+        let cell = p as usize & (RING - 1);
+        let mut slot = std::mem::replace(&mut self.due[cell], NIL);
+        while slot != NIL {
+            let s = Self::seq_mut(&mut self.slab, slot);
+            debug_assert_eq!(s.until, p, "slot {slot} in the list of step {p}");
+            let next = s.due_next;
+            let (r, context) = (s.regime as usize, s.computed);
+            self.sums.seqs[r] -= 1;
+            self.sums.context[r] -= context as i64;
+            self.leave_steady(slot);
+            self.insert_running(slot);
+            slot = next;
+        }
+    }
+
+    /// Takes `slot`, whose window ends at `until`, off that step's list.
+    fn unlist(&mut self, slot: u32, until: u64) {
+        let cell = until as usize & (RING - 1);
+        let next = self.seq(slot).due_next;
+        if self.due[cell] == slot {
+            self.due[cell] = next;
             return;
         }
-        while let Some(&Reverse(w)) = self.due.peek() {
-            if w.step > p {
-                break;
+        let mut at = self.due[cell];
+        loop {
+            let s = Self::seq_mut(&mut self.slab, at);
+            if s.due_next == slot {
+                s.due_next = next;
+                return;
             }
-            self.due.pop();
-            // A window ended early (preemption, a binding budget) left its entry behind.
-            let ends = self.slab[w.slot as usize]
-                .as_ref()
-                .filter(|s| s.until == p && s.from as u32 == w.from)
-                .map(|s| (s.regime as usize, s.computed));
-            if let Some((r, context)) = ends {
-                self.sums.seqs[r] -= 1;
-                self.sums.context[r] -= context as i64;
-                self.leave_steady(w.slot);
-                self.insert_running(w.slot);
-            }
+            debug_assert_ne!(
+                s.due_next, NIL,
+                "slot {slot} is in the list of step {until}"
+            );
+            at = s.due_next;
         }
-        self.next_due = self.due.peek().map_or(u64::MAX, |e| e.0.step);
     }
 
     /// Scans a request that has just sampled in plan step `q0 - 1` ahead to its next event and,
@@ -235,12 +242,8 @@ impl RankScheduler {
         // It joins the sums when step q0 is planned and leaves them at q.
         self.sums.entering[regime] += 1;
         self.sums.entering_context[regime] += s.computed as i64;
-        self.due.push(Reverse(WindowEnd {
-            step: q,
-            slot,
-            from: q0 as u32,
-        }));
-        self.next_due = self.next_due.min(q);
+        let cell = q as usize & (RING - 1);
+        s.due_next = std::mem::replace(&mut self.due[cell], slot);
         s.base_computed = s.computed;
         s.base_output = s.output;
         s.from = q0;
@@ -284,13 +287,14 @@ impl RankScheduler {
             c += emitted;
             o += emitted;
         }
-        // Its entry in `due` is left behind and skipped when it comes up.
         self.sums.seqs[r] -= 1;
         self.sums.context[r] -= at_p.0 as i64;
         debug_assert_eq!(c, s.computed, "the rescan lands where the window ends");
         (s.computed, s.output) = at_p;
         s.samples = j0 + (p - s.from) as u32;
         s.last_step = p;
+        let until = s.until;
+        self.unlist(slot, until);
         self.leave_steady(slot);
     }
 
