@@ -136,6 +136,31 @@ impl RankScheduler {
         self.entries.clear();
         let p = self.step;
         self.advance(p);
+        // Only steady requests (the common case in a long decode): the step is their sums,
+        // unless their demand alone could bind the budget.
+        if self.running.is_empty()
+            && self.waiting.is_empty()
+            && self.phantoms.is_empty()
+            && self.steady.len() as u64 * (1 + self.cfg.num_spec_tokens as u64)
+                <= self.cfg.max_num_batched_tokens as u64
+        {
+            self.add_steady(plan);
+            #[cfg(debug_assertions)]
+            self.check();
+            return;
+        }
+        self.schedule_exact(plan, p, started, pulls, events);
+    }
+
+    /// [`RankScheduler::schedule`] request by request: running requests, then waiting ones.
+    fn schedule_exact(
+        &mut self,
+        plan: &mut RankPlan,
+        p: u64,
+        started: &mut Vec<ReqId>,
+        pulls: &mut Vec<ReqId>,
+        events: &mut Vec<InstEvent>,
+    ) {
         let cfg = self.cfg;
         let bs = cfg.block_size;
         let k = cfg.num_spec_tokens;
@@ -327,17 +352,23 @@ impl RankScheduler {
             self.running.push(slot);
             budget -= new;
         }
-        // The steady requests' share, from their sums: each computes t = 1 + k query tokens
-        // after its context c, t*c + t(t+1)/2 pairs (capped: t*cap once c >= cap).
+        self.add_steady(plan);
+        #[cfg(debug_assertions)]
+        self.check();
+    }
+
+    /// Adds the steady requests' share to the plan, from their sums: each computes t = 1 + k
+    /// query tokens after its context c, t*c + t(t+1)/2 pairs (capped: t*cap once c >= cap).
+    fn add_steady(&mut self, plan: &mut RankPlan) {
         let n = self.steady.len() as u64;
         let sm = self.sums;
         debug_assert_eq!(sm.seqs[LIN] + sm.seqs[SAT], n as i64, "steady count");
         if n > 0 {
-            let t = 1 + k as u64;
+            let t = 1 + self.cfg.num_spec_tokens as u64;
             let tri = t * (t + 1) / 2;
             let (lin, sat) = (sm.seqs[LIN] as u64, sm.seqs[SAT] as u64);
             let (clin, csat) = (sm.context[LIN] as u64, sm.context[SAT] as u64);
-            let capped_sat = cap.0.map_or(0, |c| sat * t * c);
+            let capped_sat = self.cfg.attn_cap.0.map_or(0, |c| sat * t * c);
             plan.shape.add_decode_sums(
                 n,
                 n * t,
@@ -348,8 +379,6 @@ impl RankScheduler {
         self.planned_steady = n;
         self.stats.steady_steps += n;
         self.stats.exact_steps += self.entries.len() as u64;
-        #[cfg(debug_assertions)]
-        self.check();
     }
 
     /// Applies a step's outcome: `accepted[j]` drafts for the j-th sampling entry. Adds the
@@ -380,6 +409,12 @@ impl RankScheduler {
                 self.sums.pending[r] += tk;
             }
             sum.continuing += self.planned_steady;
+        }
+        if self.entries.is_empty() {
+            // Only steady requests computed: nothing finished, stopped or turned steady.
+            #[cfg(debug_assertions)]
+            self.check();
+            return;
         }
         let mut j = 0;
         for e in &self.entries {
