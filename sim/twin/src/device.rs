@@ -515,11 +515,10 @@ impl Device for SimDevice {
                 expected: self.capacity.dp_ranks,
             });
         }
-        // Idle ranks run a one-token dummy batch: priced once, whatever their number.
-        let idle = plan.dummy_ranks();
-        // Every token of every rank enters the MoE layers once (TP dies split a rank's tokens);
-        // the dummy batch is `DUMMY_TOKENS` long.
-        let group = plan.routed_tokens();
+        // Idle ranks run a one-token dummy batch: priced once, whatever their number. Every
+        // token of every rank enters the MoE layers once (TP dies split a rank's tokens); the
+        // dummy batch is `DUMMY_TOKENS` long.
+        let (group, idle) = plan.routing();
         // The batch's own routing strays from the mean the placement was made for.
         let step_imbalance = match &self.experts {
             Some(e) if e.concentration > 0.0 => {
@@ -534,10 +533,18 @@ impl Device for SimDevice {
         if idle > 0 {
             slowest = Some(self.pricer.rank_cost(&self.dummy, load));
         }
+        // One pass over the ranks: their prices and their sequences' acceptances.
         let mut last: Option<BatchShape> = None;
-        for r in plan.ranks.iter().filter(|r| !r.shape.is_empty()) {
+        out.accepted.resize_with(plan.ranks.len(), Vec::new);
+        for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
+            acc.clear();
+            acc.extend(
+                r.decode
+                    .iter()
+                    .map(|d| self.mtp.accepted(d.req, d.step, d.drafts)),
+            );
             // Consecutive ranks with equal shapes cost the same.
-            if last == Some(r.shape) {
+            if r.shape.is_empty() || last == Some(r.shape) {
                 continue;
             }
             last = Some(r.shape);
@@ -562,15 +569,6 @@ impl Device for SimDevice {
             Some(e) if e.reports_heat => Some(ExpertHeat::Shares(e.load.shares_arc().clone())),
             _ => None,
         };
-        out.accepted.resize_with(plan.ranks.len(), Vec::new);
-        for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
-            acc.clear();
-            acc.extend(
-                r.decode
-                    .iter()
-                    .map(|d| self.mtp.accepted(d.req, d.step, d.drafts)),
-            );
-        }
         // Expert weights moving in this step are not overlapped with it.
         let device_s = slowest.map_or(0.0, |c| c.time_s) + extra_s;
         // The slowest rank's host work: added to the step, or hidden behind it (async).
