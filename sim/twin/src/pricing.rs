@@ -199,14 +199,15 @@ pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
         memory: f64,
         layers: u64,
     }
-    // Decoder layers and the MTP module, each spread evenly over its layer count.
-    let mut groups: BTreeMap<bool, Group> = BTreeMap::new();
+    // Decoder layers and the MTP module (in that order), each spread evenly over its layer
+    // count; a group without ops adds nothing.
+    let mut groups: [Option<Group>; 2] = [None, None];
     let mut once = 0.0;
     for o in half.on_path() {
         match o.layer {
             LayerKind::Embedding | LayerKind::LmHead => once += 2.0 * o.total_s,
             _ => {
-                let g = groups.entry(o.layer == LayerKind::Mtp).or_default();
+                let g = groups[usize::from(o.layer == LayerKind::Mtp)].get_or_insert_default();
                 if o.bound == Bound::Communication || o.dies != DieSet::All {
                     g.moe += o.total_s;
                 } else {
@@ -219,7 +220,7 @@ pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
         }
     }
     let mut t = once;
-    for g in groups.into_values() {
+    for g in groups.into_iter().flatten() {
         let n = g.layers.max(1) as f64;
         let (a, m) = (g.attention / n, g.moe / n);
         let best = 2.0 * a.max(m).max(g.compute / n).max(g.memory / n);
