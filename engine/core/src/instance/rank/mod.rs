@@ -367,14 +367,15 @@ impl RankScheduler {
             State::Waiting => self.waiting.retain(|&x| x != slot),
             State::Pulling => self.pulling -= 1,
             State::Running => {
-                if self.seq(slot).until != 0 {
+                let until = self.seq(slot).until;
+                if until != 0 {
                     // Bring the sums to the coming step, then take it out of its window.
                     let p = self.step;
                     self.advance(p);
-                    if self.seq(slot).until != 0 {
-                        self.unsteady(slot, p);
+                    if until == p {
+                        self.end_window(slot);
                     } else {
-                        self.running.retain(|&x| x != slot);
+                        self.unsteady(slot, p);
                     }
                 } else {
                     self.running.retain(|&x| x != slot);

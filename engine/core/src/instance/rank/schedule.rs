@@ -12,9 +12,14 @@ use crate::layout::Role;
 
 impl RankScheduler {
     /// Makes a request's KV hold `tokens` tokens.
-    fn ensure_slots(pool: &mut BlockPool, s: &mut Seq, tokens: u64, bs: u32) -> bool {
-        let need = blocks_for(tokens, bs).saturating_sub(s.blocks.len() as u64);
+    pub(super) fn ensure_slots(pool: &mut BlockPool, s: &mut Seq, tokens: u64, bs: u32) -> bool {
+        let need = Self::blocks_short(s, tokens, bs);
         need == 0 || pool.allocate(need, &mut s.blocks)
+    }
+
+    /// Blocks request `s` lacks to hold `tokens` tokens.
+    pub(super) fn blocks_short(s: &Seq, tokens: u64, bs: u32) -> u64 {
+        blocks_for(tokens, bs).saturating_sub(s.blocks.len() as u64)
     }
 
     /// Frees a request's blocks and resets it for recompute (or hands it back).
@@ -79,7 +84,7 @@ impl RankScheduler {
 
     /// Tokens a running request would compute this step before the budget, and whether it is
     /// decoding (only its last sampled token is not in KV yet).
-    fn demand(cfg: &InstanceConfig, s: &Seq) -> (u64, bool) {
+    pub(super) fn demand(cfg: &InstanceConfig, s: &Seq) -> (u64, bool) {
         // Tokens whose ids are known: the prompt and what was sampled. A request decodes when
         // only the last sampled token is not in KV yet; otherwise it (re)computes known tokens.
         let known = s.prompt + s.output;
@@ -136,6 +141,7 @@ impl RankScheduler {
         self.entries.clear();
         let p = self.step;
         self.advance(p);
+        self.end_windows(p);
         // Only steady requests (the common case in a long decode): the step is their sums,
         // unless their demand alone could bind the budget.
         if self.running.is_empty()

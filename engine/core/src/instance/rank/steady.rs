@@ -1,16 +1,19 @@
 //! Steady decoding in aggregate. When the device's MTP acceptance is a known function of
-//! (request, output position) ([`Acceptance`](crate::mtp::Acceptance), the twin's model), a request that is simply
-//! decoding is not touched every step. After a step, such a request is scanned ahead to its next
-//! event: the step that needs a new KV block, the step it finishes in, the step `max_model_len`
-//! would clip it, or the end of the lookahead window. Until then it is *steady*: it computes
-//! 1 + k tokens per step, needs no allocation, and samples every step. Its contribution to the
-//! rank's batch shape comes from per-rank sums (steady requests and their contexts, per
-//! attention regime); the tokens it keeps each step are written into a ring indexed by step, and
-//! the sums advance by one ring cell per step. Its window end is a list of the requests whose
-//! windows end at that step, one list per ring cell (a window is shorter than the ring). At its event step the request rejoins the running list and that
-//! step is scheduled exactly. The result is the same schedule, the same shapes and the same events as stepping
-//! every request (a property test compares the two), with per-step work independent of the
-//! number of steady requests.
+//! (request, output position) ([`Acceptance`](crate::mtp::Acceptance), the twin's model), a
+//! request that is simply decoding is not touched every step. After a step, such a request is
+//! scanned ahead to its next event: the step that needs a new KV block, the step it finishes in,
+//! the step `max_model_len` would clip it, or the end of the lookahead window. Until then it is
+//! *steady*: it computes 1 + k tokens per step, needs no allocation, and samples every step. Its
+//! contribution to the rank's batch shape comes from per-rank sums (steady requests and their
+//! contexts, per attention regime); the tokens it keeps each step are written into a ring
+//! indexed by step, and the sums advance by one ring cell per step. Its window end is a list of
+//! the requests whose windows end at that step, one list per ring cell (a window is shorter than
+//! the ring). At its event step the request rejoins the running list and that step is scheduled
+//! exactly, except where the window ended only for a new KV block or the ring's end and the step
+//! cannot run short of budget or blocks: the block is then allocated at once and a new window
+//! starts ([`RankScheduler::end_windows`]). The result is the same schedule, the same shapes and
+//! the same events as stepping every request (a property test compares the two), with per-step
+//! work independent of the number of steady requests.
 //!
 //! Order is kept: every running request has an admission order; the running list holds the
 //! non-steady ones in that order, and preemption takes the newest of both sets. When the token
@@ -20,6 +23,7 @@
 //! requests every step.
 
 use super::{RankScheduler, State};
+use crate::instance::InstanceConfig;
 
 /// Ring cells: steps a steady window can span (at most `RING - 2`).
 pub(super) const RING: usize = 128;
@@ -123,8 +127,8 @@ impl RankScheduler {
         }
     }
 
-    /// Advances the steady sums to plan step `p` (once per step) and returns the requests whose
-    /// steady window ends at `p` to the running list.
+    /// Advances the steady sums to plan step `p` (once per step). The windows ending at `p`
+    /// are still in them: [`RankScheduler::end_windows`] settles those when `p` is scheduled.
     pub(super) fn advance(&mut self, p: u64) {
         if self.tokens.is_empty() || self.advanced > p {
             return;
@@ -136,20 +140,100 @@ impl RankScheduler {
                 + std::mem::take(&mut sm.entering_context[r]);
             sm.seqs[r] += std::mem::take(&mut sm.entering[r]);
         }
-        // Every window in step p's list ends at p (windows are shorter than the ring).
-        let cell = p as usize & (RING - 1);
-        let mut slot = std::mem::replace(&mut self.due[cell], NIL);
+    }
+
+    /// Settles the windows ending at plan step `p` (when `p` is scheduled, after `advance`).
+    /// A window that ended at the ring's end or because the next step needs a KV block goes
+    /// on from `p` in a new window, the block allocated here, as the step would. That is done
+    /// only when the step can neither run short of blocks (the free blocks cover the ending
+    /// windows' blocks and the running requests' whole demand) nor of token budget: then
+    /// every request of the step gets what it asks for, and the order the step allocates in
+    /// changes only which block numbers each request holds, which nothing reads while steps are
+    /// aggregated (detailed plans, which carry block tables, step every request). Otherwise, and for the other ends (the request would finish, or
+    /// reach `max_model_len` or the attention cap), the request returns to the running list
+    /// and the step schedules it exactly.
+    pub(super) fn end_windows(&mut self, p: u64) {
+        let Some(head) = self.due.get_mut(p as usize & (RING - 1)) else {
+            return;
+        };
+        let head = std::mem::replace(head, NIL);
+        if head == NIL {
+            return;
+        }
+        let room = self.step_fits(head);
+        let mut slot = head;
         while slot != NIL {
-            let s = Self::seq_mut(&mut self.slab, slot);
+            let s = self.seq(slot);
             debug_assert_eq!(s.until, p, "slot {slot} in the list of step {p}");
             let next = s.due_next;
-            let (r, context) = (s.regime as usize, s.computed);
-            self.sums.seqs[r] -= 1;
-            self.sums.context[r] -= context as i64;
-            self.leave_steady(slot);
-            self.insert_running(slot);
+            if !(room && self.go_on(slot, p)) {
+                self.leave_window(slot);
+                self.insert_running(slot);
+            }
             slot = next;
         }
+    }
+
+    /// Whether the coming step gives every request all it asks for: the token budget covers
+    /// every demand (steady requests, async phantoms, the running requests' whole demand) and
+    /// the free blocks every allocation (the next block of each window in the list from
+    /// `head`, ending at this step, and the running requests' blocks).
+    fn step_fits(&self, head: u32) -> bool {
+        let cfg = &self.cfg;
+        let (bs, k) = (cfg.block_size, cfg.num_spec_tokens as u64);
+        let need =
+            |s: &super::Seq, new: u64| Self::blocks_short(s, s.computed as u64 + new + k, bs);
+        let mut tokens = (self.steady.len() + self.phantoms.len()) as u64 * (1 + k);
+        let mut blocks = 0;
+        let mut slot = head;
+        while slot != NIL {
+            let s = self.seq(slot);
+            blocks += need(s, Self::demand(cfg, s).0);
+            slot = s.due_next;
+        }
+        for &x in &self.running {
+            let s = self.seq(x);
+            let demand = Self::demand(cfg, s).0;
+            tokens += demand;
+            blocks += need(s, demand);
+        }
+        tokens <= cfg.max_num_batched_tokens as u64 && blocks <= self.pool.free()
+    }
+
+    /// Continues steady request `slot`, whose window ends at `p`, in a new window from `p`
+    /// (its state is its state at `p`; it stays in the sums and the steady list), allocating
+    /// the block step `p` needs. False if it cannot go on steadily from `p`.
+    fn go_on(&mut self, slot: u32, p: u64) -> bool {
+        if p < self.exact_until {
+            return false;
+        }
+        let (bs, k) = (self.cfg.block_size, self.cfg.num_spec_tokens as u64);
+        let s = Self::seq_mut(&mut self.slab, slot);
+        if Self::regime(&self.cfg, s.computed).0 != s.regime as usize {
+            return false;
+        }
+        // What the step would allocate for it (its demand is all it asks for).
+        let new = Self::demand(&self.cfg, s).0;
+        let ok = Self::ensure_slots(&mut self.pool, s, s.computed as u64 + new + k, bs);
+        assert!(ok, "request {}: the step's blocks were counted", s.id);
+        self.window_from(slot, p).is_some()
+    }
+
+    /// Takes steady request `slot` out of its window where it ends (its state is already its
+    /// state there): off its list, out of the sums and the steady list.
+    pub(super) fn end_window(&mut self, slot: u32) {
+        let until = self.seq(slot).until;
+        self.unlist(slot, until);
+        self.leave_window(slot);
+    }
+
+    /// [`RankScheduler::end_window`] for a request already off its list.
+    fn leave_window(&mut self, slot: u32) {
+        let s = self.seq(slot);
+        let (r, context) = (s.regime as usize, s.computed);
+        self.sums.seqs[r] -= 1;
+        self.sums.context[r] -= context as i64;
+        self.leave_steady(slot);
     }
 
     /// Takes `slot`, whose window ends at `until`, off that step's list.
@@ -178,17 +262,11 @@ impl RankScheduler {
     /// Scans a request that has just sampled in plan step `q0 - 1` ahead to its next event and,
     /// if it stays simply decoding for at least one step, makes it steady until then.
     pub(super) fn try_steady(&mut self, slot: u32, q0: u64) -> bool {
-        let Some(acc) = self.acceptance else {
-            return false;
-        };
-        if q0 < self.exact_until || self.report_emissions {
+        if self.acceptance.is_none() || q0 < self.exact_until || self.report_emissions {
             return false;
         }
-        let cfg = self.cfg;
-        let bs = cfg.block_size;
-        let k = cfg.num_spec_tokens;
-        let t = 1 + k as u64;
-        let s = self.slab[slot as usize].as_mut().expect("live slot");
+        let bs = self.cfg.block_size;
+        let s = self.seq(slot);
         let full = ((s.prompt / bs) as usize).min(s.hashes.len());
         if s.state != State::Running
             || s.until != 0
@@ -200,12 +278,39 @@ impl RankScheduler {
         {
             return false;
         }
-        // Keys per query: all of them below the cap, the cap above it.
-        let (regime, lin_limit) = match cfg.attn_cap.0 {
-            None => (LIN, u64::MAX),
-            Some(c) if s.computed as u64 >= c => (SAT, u64::MAX),
-            Some(c) => (LIN, c),
+        let base = s.computed;
+        let Some(regime) = self.window_from(slot, q0) else {
+            return false;
         };
+        // It joins the sums when step q0 is planned.
+        self.sums.entering[regime] += 1;
+        self.sums.entering_context[regime] += base as i64;
+        Self::seq_mut(&mut self.slab, slot).steady_idx = self.steady.len() as u32;
+        self.steady.push(slot);
+        true
+    }
+
+    /// Keys per query of a request with `computed` tokens in KV: its regime, and the context
+    /// below which every key counts (all of them below the cap, the cap above it).
+    fn regime(cfg: &InstanceConfig, computed: u32) -> (usize, u64) {
+        match cfg.attn_cap.0 {
+            None => (LIN, u64::MAX),
+            Some(c) if computed as u64 >= c => (SAT, u64::MAX),
+            Some(c) => (LIN, c),
+        }
+    }
+
+    /// Scans request `slot` from plan step `q0` (its state is its state there) to its next
+    /// event and sets its window `q0..q`, listed under `q`; returns its regime. `None`, with
+    /// nothing changed, if not even step `q0` is simply decoding.
+    fn window_from(&mut self, slot: u32, q0: u64) -> Option<usize> {
+        let acc = self.acceptance.as_ref()?;
+        let cfg = self.cfg;
+        let bs = cfg.block_size;
+        let k = cfg.num_spec_tokens;
+        let t = 1 + k as u64;
+        let s = self.slab[slot as usize].as_mut().expect("live slot");
+        let (regime, lin_limit) = Self::regime(&cfg, s.computed);
         // In a window c - o stays fixed (c = prompt + o - 1): one bound on o covers the block
         // capacity, max_model_len and the cap for the next step.
         let capacity = s.blocks.len() as u64 * bs as u64;
@@ -215,7 +320,7 @@ impl RankScheduler {
         let offset = s.computed - s.output;
         let o_limit = c_limit.saturating_sub(offset as u64).min(u32::MAX as u64) as u32;
         if (s.computed as u64) > c_limit {
-            return false;
+            return None;
         }
         let mut draws = acc.request(s.id).from_step(s.samples);
         let ring: &mut [u32; RING] = (&mut self.tokens[regime * RING..][..RING])
@@ -235,13 +340,9 @@ impl RankScheduler {
         } else {
             w.scan(ring, || 1 + draws.next(k))
         };
-        let c = o + offset;
         if q == q0 {
-            return false;
+            return None;
         }
-        // It joins the sums when step q0 is planned and leaves them at q.
-        self.sums.entering[regime] += 1;
-        self.sums.entering_context[regime] += s.computed as i64;
         let cell = q as usize & (RING - 1);
         s.due_next = std::mem::replace(&mut self.due[cell], slot);
         s.base_computed = s.computed;
@@ -249,14 +350,12 @@ impl RankScheduler {
         s.from = q0;
         s.until = q;
         s.regime = regime as u8;
-        s.computed = c;
+        s.computed = o + offset;
         s.output = o;
         s.samples += (q - q0) as u32;
         // It samples in every step of the window; the last is plan step q - 1.
         s.last_step = q;
-        s.steady_idx = self.steady.len() as u32;
-        self.steady.push(slot);
-        true
+        Some(regime)
     }
 
     /// Takes steady request `slot` out of its window at plan step `p` (`from <= p < until`,
