@@ -3,14 +3,14 @@
 //! acceptance per sequence.
 
 use crate::expert_load::{effective_requests, fluctuation, imbalance, ExpertLoad};
-use crate::pricing::{price_step, StepCost};
+use crate::pricing::{price, price_step, two_microbatch_time, StepCost};
 use dstwin_core::batch::BatchShape;
 use dstwin_core::device::{
     Capacity, ClassTimes, Device, DeviceError, ExpertHeat, ExpertMove, StepOutcome, StepPlan,
     TransferOutcome, CLASS_NAMES, CLASS_SLOTS, DUMMY_TOKENS, HOST, OTHER_COMM,
 };
 use dstwin_core::eplb::Placement;
-use dstwin_core::features::{MoeCommUsed, Resolved};
+use dstwin_core::features::{MoeCommUsed, Resolved, TwoMicrobatch};
 use dstwin_core::layout::Plan;
 use dstwin_core::model::{ModelConfig, Quant};
 use dstwin_core::mtp::Acceptance;
@@ -72,37 +72,34 @@ impl std::hash::Hash for PriceKey {
 }
 
 impl PriceKey {
+    #[cfg(test)]
     fn new(s: &BatchShape, group_tokens: u64, bucket: u32, comm: MoeCommUsed) -> Self {
-        let c = [
-            code(s.prefill_seqs as u64),
-            code(s.prefill_tokens),
-            code(s.prefill_pairs),
-            code(s.prefill_pairs_capped),
-            code(s.decode_seqs as u64),
-            code(s.decode_tokens),
-            code(s.decode_pairs),
-            code(s.decode_pairs_capped),
-            code(group_tokens),
-            code(s.prefill_cached),
-        ];
-        let w = |i: usize| {
-            c[i..i + 4]
-                .iter()
-                .rev()
-                .fold(0u64, |a, &x| a << 16 | x as u64)
+        Self::with_load(s, StepLoad::from_bucket(group_tokens, bucket, comm))
+    }
+
+    fn with_load(s: &BatchShape, load: StepLoad) -> Self {
+        let w = |a: u64, b: u64, c: u64, d: u64| {
+            code(a) as u64
+                | (code(b) as u64) << 16
+                | (code(c) as u64) << 32
+                | (code(d) as u64) << 48
         };
-        let comm = match comm {
-            MoeCommUsed::Mc2 => 0u64,
-            MoeCommUsed::AllToAll => 1,
-            MoeCommUsed::AllGather => 2,
-        };
-        // Word 2: group tokens, the imbalance bucket (below 2^16: the hottest die's load is
-        // clamped to 1,310x the mean), the comm mode, the cached prompt tokens.
-        let bucket = bucket.min(u16::MAX as u32) as u64;
+        // Word 2: the step's load (group tokens, imbalance bucket, comm mode) and the cached
+        // prompt tokens.
         PriceKey([
-            w(0),
-            w(4),
-            c[8] as u64 | bucket << 16 | comm << 32 | (c[9] as u64) << 48,
+            w(
+                s.prefill_seqs as u64,
+                s.prefill_tokens,
+                s.prefill_pairs,
+                s.prefill_pairs_capped,
+            ),
+            w(
+                s.decode_seqs as u64,
+                s.decode_tokens,
+                s.decode_pairs,
+                s.decode_pairs_capped,
+            ),
+            load.0 | (code(s.prefill_cached) as u64) << 48,
         ])
     }
 
@@ -135,6 +132,34 @@ impl PriceKey {
             bucket as f64 / IMBALANCE_BUCKETS,
             comm,
         )
+    }
+}
+
+/// The part of a price key every rank of a step shares: the EP group's tokens (quantized) and
+/// the imbalance bucket, computed once per step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepLoad(u64);
+
+impl StepLoad {
+    /// The EP group computes `group_tokens` with the hottest routed die carrying `imbalance`
+    /// times the mean (priced, like the shapes, at the quantized value: steps of 2%, so a
+    /// drifting load revisits cached prices), its MoE layers communicating by `comm`.
+    pub fn new(group_tokens: u64, imbalance: f64, comm: MoeCommUsed) -> Self {
+        // The bucket is kept below 2^16: the hottest die's load is clamped to 1,310x the mean.
+        let bucket = (imbalance * IMBALANCE_BUCKETS)
+            .round()
+            .clamp(IMBALANCE_BUCKETS, u16::MAX as f64) as u32;
+        Self::from_bucket(group_tokens, bucket, comm)
+    }
+
+    fn from_bucket(group_tokens: u64, bucket: u32, comm: MoeCommUsed) -> Self {
+        let comm = match comm {
+            MoeCommUsed::Mc2 => 0u64,
+            MoeCommUsed::AllToAll => 1,
+            MoeCommUsed::AllGather => 2,
+        };
+        let bucket = bucket.min(u16::MAX as u32) as u64;
+        StepLoad(code(group_tokens) as u64 | bucket << 16 | comm << 32)
     }
 }
 
@@ -195,7 +220,10 @@ pub struct PricerSpec {
 pub struct StepPricer {
     spec: PricerSpec,
     cache: HashMap<PriceKey, RankCost, BuildHasherDefault<KeyHasher>>,
-    /// Time by op class of each cached price (`RankCost::at`).
+    /// Each cached price's key and where its time by op class is (`RankCost::at`), once
+    /// computed: only the slowest rank's are read, and a two-micro-batch price needs the
+    /// whole shape priced for them, which its time does not.
+    priced: Vec<(PriceKey, u32)>,
     classes: Vec<ClassTimes>,
     /// Per DP rank, the last key it priced and its cost: a rank's quantized shape stays the
     /// same for many steps, and this small array stays in cache where the map does not.
@@ -242,6 +270,7 @@ impl StepPricer {
         StepPricer {
             spec,
             cache: HashMap::default(),
+            priced: Vec::new(),
             classes: Vec::new(),
             recent: Vec::new(),
             hits: 0,
@@ -251,6 +280,19 @@ impl StepPricer {
 
     pub fn spec(&self) -> &PricerSpec {
         &self.spec
+    }
+
+    fn price_shape(
+        &self,
+        shape: &BatchShape,
+        group_tokens: u64,
+        imbalance: f64,
+        comm: MoeCommUsed,
+    ) -> StepCost {
+        price(
+            &self.ops(shape, group_tokens, imbalance, comm),
+            &self.spec.cost,
+        )
     }
 
     fn ops(
@@ -277,30 +319,14 @@ impl StepPricer {
         step_ops(spec, shape, &load)
     }
 
-    /// The price of one rank computing `shape` while the EP group computes `group_tokens` with
-    /// the hottest routed die carrying `imbalance` times the mean (priced, like the shapes, at
-    /// the quantized value: steps of 2%, so a drifting load revisits cached prices).
-    pub fn rank_cost(
-        &mut self,
-        shape: &BatchShape,
-        group_tokens: u64,
-        imbalance: f64,
-        comm: MoeCommUsed,
-    ) -> RankCost {
-        let key = Self::key(shape, group_tokens, imbalance, comm);
-        self.cost_of(key)
+    /// The price of one rank computing `shape` under the step's `load`.
+    pub fn rank_cost(&mut self, shape: &BatchShape, load: StepLoad) -> RankCost {
+        self.cost_of(PriceKey::with_load(shape, load))
     }
 
     /// [`StepPricer::rank_cost`] for DP rank `rank`, checking first what that rank priced last.
-    pub fn rank_cost_of(
-        &mut self,
-        rank: usize,
-        shape: &BatchShape,
-        group_tokens: u64,
-        imbalance: f64,
-        comm: MoeCommUsed,
-    ) -> RankCost {
-        let key = Self::key(shape, group_tokens, imbalance, comm);
+    pub fn rank_cost_of(&mut self, rank: usize, shape: &BatchShape, load: StepLoad) -> RankCost {
+        let key = PriceKey::with_load(shape, load);
         if rank >= self.recent.len() {
             self.recent.resize(rank + 1, None);
         }
@@ -316,15 +342,17 @@ impl StepPricer {
     }
 
     /// Time by op class on the critical path of a price this pricer returned.
-    pub fn class_times(&self, c: RankCost) -> ClassTimes {
-        self.classes[c.at as usize]
-    }
-
-    fn key(shape: &BatchShape, group_tokens: u64, imbalance: f64, comm: MoeCommUsed) -> PriceKey {
-        let bucket = (imbalance * IMBALANCE_BUCKETS)
-            .round()
-            .clamp(IMBALANCE_BUCKETS, u16::MAX as f64) as u32;
-        PriceKey::new(shape, group_tokens, bucket, comm)
+    pub fn class_times(&mut self, c: RankCost) -> ClassTimes {
+        let (key, at) = self.priced[c.at as usize];
+        if at != NOT_YET {
+            return self.classes[at as usize];
+        }
+        let (shape, group, imb, comm) = key.shape();
+        let full = self.price_shape(&shape, group, imb, comm);
+        let t = class_times(&full, c.time_s / full.serial_s.max(f64::MIN_POSITIVE));
+        self.priced[c.at as usize].1 = self.classes.len() as u32;
+        self.classes.push(t);
+        t
     }
 
     fn cost_of(&mut self, key: PriceKey) -> RankCost {
@@ -334,22 +362,35 @@ impl StepPricer {
         }
         self.misses += 1;
         let (shape, group, imb, comm) = key.shape();
-        let ops = self.ops(&shape, group, imb, comm);
-        let p = price_step(&self.spec.features, &shape, &self.spec.cost, &ops, || {
-            let h = half(&shape);
-            crate::pricing::price(&self.ops(&h, group.div_ceil(2), imb, comm), &self.spec.cost)
-        });
-        let time_s = p.time_s;
-        let classes = class_times(&p.full, time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
+        let f = &self.spec.features;
+        let split = f.two_microbatch_allowed(shape.tokens(), shape.prefill_tokens > 0);
+        let time_s = if split && f.two_microbatch == TwoMicrobatch::Force {
+            // A forced split's time needs only the half batch priced; the whole one waits for
+            // `class_times`.
+            let h = self.price_shape(&half(&shape), group.div_ceil(2), imb, comm);
+            self.priced.push((key, NOT_YET));
+            two_microbatch_time(&h, &self.spec.cost.params)
+        } else {
+            let ops = self.ops(&shape, group, imb, comm);
+            let p = price_step(f, &shape, &self.spec.cost, &ops, || {
+                self.price_shape(&half(&shape), group.div_ceil(2), imb, comm)
+            });
+            let t = class_times(&p.full, p.time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
+            self.priced.push((key, self.classes.len() as u32));
+            self.classes.push(t);
+            p.time_s
+        };
         let cost = RankCost {
             time_s,
-            at: self.classes.len() as u32,
+            at: self.priced.len() as u32 - 1,
         };
-        self.classes.push(classes);
         self.cache.insert(key, cost);
         cost
     }
 }
+
+/// `StepPricer::priced`: times by op class not computed yet.
+const NOT_YET: u32 = u32::MAX;
 
 /// The twin's device for one instance.
 #[derive(Clone, Debug)]
@@ -523,11 +564,10 @@ impl Device for SimDevice {
                 expected: self.capacity.dp_ranks,
             });
         }
-        // Idle ranks run a one-token dummy batch: priced once, whatever their number.
-        let idle = plan.dummy_ranks();
-        // Every token of every rank enters the MoE layers once (TP dies split a rank's tokens);
-        // the dummy batch is `DUMMY_TOKENS` long.
-        let group = plan.routed_tokens();
+        // Idle ranks run a one-token dummy batch: priced once, whatever their number. Every
+        // token of every rank enters the MoE layers once (TP dies split a rank's tokens); the
+        // dummy batch is `DUMMY_TOKENS` long.
+        let (group, idle) = plan.routing();
         // The batch's own routing strays from the mean the placement was made for.
         let step_imbalance = match &self.experts {
             Some(e) if e.concentration > 0.0 => {
@@ -546,14 +586,14 @@ impl Device for SimDevice {
             .ranks
             .iter()
             .filter(|r| !r.shape.is_empty())
-            .map(|r| (r.rank, r.shape.short_chunks_as_decode(query_len)));
+            .map(|r| r.shape.short_chunks_as_decode(query_len));
         let max_tokens = busy
             .clone()
-            .map(|(_, s)| s.tokens())
+            .map(|s| s.tokens())
             .max()
             .unwrap_or(0)
             .max(if idle > 0 { self.dummy.tokens() } else { 0 });
-        let with_prompts = busy.clone().any(|(_, s)| s.prefill_tokens > 0);
+        let with_prompts = busy.clone().any(|s| s.prefill_tokens > 0);
         let comm = spec.features.moe_comm(
             max_tokens,
             with_prompts,
@@ -567,22 +607,33 @@ impl Device for SimDevice {
         };
         let mtp_tokens = spec.mtp_tokens;
         let padded = move |s: &BatchShape| pad.map_or(*s, |p| s.padded_to(p, mtp_tokens));
+        let load = StepLoad::new(group, step_imbalance, comm);
         let mut slowest: Option<RankCost> = None;
         if idle > 0 {
-            let dummy = padded(&self.dummy);
-            slowest = Some(self.pricer.rank_cost(&dummy, group, step_imbalance, comm));
+            slowest = Some(self.pricer.rank_cost(&padded(&self.dummy), load));
         }
+        // One pass over the ranks: their prices and their sequences' acceptances.
         let mut last: Option<BatchShape> = None;
-        for (rank, shape) in busy {
+        out.accepted.resize_with(plan.ranks.len(), Vec::new);
+        for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
+            acc.clear();
+            acc.extend(
+                r.decode
+                    .iter()
+                    .map(|d| self.mtp.accepted(d.req, d.step, d.drafts)),
+            );
+            if r.shape.is_empty() {
+                continue;
+            }
             // Consecutive ranks with equal shapes cost the same.
+            let shape = r.shape.short_chunks_as_decode(query_len);
             if last == Some(shape) {
                 continue;
             }
             last = Some(shape);
-            let shape = padded(&shape);
             let c = self
                 .pricer
-                .rank_cost_of(rank as usize, &shape, group, step_imbalance, comm);
+                .rank_cost_of(r.rank as usize, &padded(&shape), load);
             if slowest.is_none_or(|s| c.time_s > s.time_s) {
                 slowest = Some(c);
             }
@@ -603,15 +654,6 @@ impl Device for SimDevice {
             Some(e) if e.reports_heat => Some(ExpertHeat::Shares(e.load.shares_arc().clone())),
             _ => None,
         };
-        out.accepted.resize_with(plan.ranks.len(), Vec::new);
-        for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
-            acc.clear();
-            acc.extend(
-                r.decode
-                    .iter()
-                    .map(|d| self.mtp.accepted(d.req, d.step, d.drafts)),
-            );
-        }
         // Expert weights moving in this step are not overlapped with it.
         let device_s = slowest.map_or(0.0, |c| c.time_s) + extra_s;
         // The slowest rank's host work: added to the step, or hidden behind it (async).

@@ -49,6 +49,9 @@ pub struct StepCost {
     pub comm_s: f64,
     /// The step at 100% of peak with no overhead and no communication: a lower bound.
     pub roofline_s: f64,
+    /// The expert die set that sets the pace, found once ([`StepCost::slow_set`]).
+    #[serde(skip)]
+    slow: DieSet,
 }
 
 impl StepCost {
@@ -69,7 +72,7 @@ impl StepCost {
 
     /// Ops on the critical path.
     pub fn on_path(&self) -> impl Iterator<Item = &PricedOp> {
-        let slow = self.slow_set();
+        let slow = self.slow;
         self.ops
             .iter()
             .filter(move |o| o.dies == DieSet::All || o.dies == slow)
@@ -77,9 +80,12 @@ impl StepCost {
 
     /// The expert die set that sets the pace.
     pub fn slow_set(&self) -> DieSet {
+        self.slow
+    }
+
+    fn find_slow_set(ops: &[PricedOp]) -> DieSet {
         let sum = |d| {
-            self.ops
-                .iter()
+            ops.iter()
                 .filter(|o| o.dies == d)
                 .map(|o| o.total_s)
                 .sum::<f64>()
@@ -147,6 +153,7 @@ pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
         })
         .collect();
     let mut step = StepCost {
+        slow: StepCost::find_slow_set(&priced),
         ops: priced,
         serial_s: 0.0,
         compute_s: 0.0,
@@ -192,14 +199,15 @@ pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
         memory: f64,
         layers: u64,
     }
-    // Decoder layers and the MTP module, each spread evenly over its layer count.
-    let mut groups: BTreeMap<bool, Group> = BTreeMap::new();
+    // Decoder layers and the MTP module (in that order), each spread evenly over its layer
+    // count; a group without ops adds nothing.
+    let mut groups: [Option<Group>; 2] = [None, None];
     let mut once = 0.0;
     for o in half.on_path() {
         match o.layer {
             LayerKind::Embedding | LayerKind::LmHead => once += 2.0 * o.total_s,
             _ => {
-                let g = groups.entry(o.layer == LayerKind::Mtp).or_default();
+                let g = groups[usize::from(o.layer == LayerKind::Mtp)].get_or_insert_default();
                 if o.bound == Bound::Communication || o.dies != DieSet::All {
                     g.moe += o.total_s;
                 } else {
@@ -212,7 +220,7 @@ pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
         }
     }
     let mut t = once;
-    for g in groups.into_values() {
+    for g in groups.into_iter().flatten() {
         let n = g.layers.max(1) as f64;
         let (a, m) = (g.attention / n, g.moe / n);
         let best = 2.0 * a.max(m).max(g.compute / n).max(g.memory / n);
