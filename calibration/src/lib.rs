@@ -23,6 +23,7 @@
 pub mod anchors;
 pub mod expert_load;
 pub mod fit;
+pub mod globals;
 pub mod measured;
 pub mod micro;
 pub mod target;

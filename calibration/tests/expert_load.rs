@@ -3,12 +3,12 @@
 //! their documented errors.
 
 use dstwin_calibration::expert_load::{self, Params, Problem};
-use dstwin_calibration::target::{parse_targets, CLOUDMATRIX384};
+use dstwin_calibration::target::{parse_targets, TARGETS};
 use dstwin_hwmodels::Catalog;
 
 /// The shipped problem on the shipped cost model.
 fn shipped_problem() -> Problem {
-    let targets = parse_targets("cloudmatrix384.toml", CLOUDMATRIX384).unwrap();
+    let targets = parse_targets("targets.toml", TARGETS).unwrap();
     let cat = Catalog::builtin();
     let cost = cat
         .cost_model(cat.system("cloudmatrix384").unwrap(), None)

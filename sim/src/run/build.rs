@@ -82,6 +82,7 @@ fn experts_for(
             bytes: expert_bytes,
             group: plan.ep,
             mode: A2aMode::Normal,
+            copies: 0.0,
         })
         .time_s
         + 2.0 * expert_bytes / s.system().chip.hbm_bytes_per_s();
@@ -144,6 +145,9 @@ pub struct BuiltInstance {
     pub device: SimDevice,
     /// Its rebalance cycle (dynamic EPLB), run by the deployment core.
     pub eplb: Option<EplbSpec>,
+    /// The expert placement it starts with (the scenario's EPLB policy on its expected load, or
+    /// its placement file); `None` under perfect balance. A real engine places its experts so.
+    pub placement: Option<Placement>,
 }
 
 /// KV bytes one context token takes across the model's layers (with MTP layers when MTP is on):
@@ -176,7 +180,7 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                 kv_dtype: s.kv_dtype,
                 plan: setup.plan.clone(),
                 mtp_tokens: s.mtp.tokens,
-                two_microbatch: setup.two_microbatch,
+                features: setup.features.clone(),
                 cost: s.cost.clone(),
             });
             // Acceptance is a property of the request and its sampling step, the same on every
@@ -196,6 +200,7 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                     (Some(e), eplb)
                 }
             };
+            let placement = experts.as_ref().map(|e| e.placement.clone());
             let sc = &setup.scheduler;
             let device = SimDevice::new(pricer, mtp, capacity, experts)
                 .with_host(HostOverhead {
@@ -214,6 +219,7 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                 config: instance_config(setup, s),
                 device,
                 eplb,
+                placement,
             });
         }
     }
