@@ -3,6 +3,7 @@
 
 use crate::fixture;
 use crate::mutate::{apply, config, edits};
+use dstwin_traces::profile::{ascend, chrome, communication, Profile};
 use dstwin_traces::{azure, mooncake};
 use proptest::prelude::*;
 
@@ -16,6 +17,26 @@ fn transform(w: dstwin_traces::Workload) {
     let _ = w.clone().scale_to_rate(10.0);
     let _ = w.clone().truncate_requests(5);
     let _ = w.truncate_duration(1_000_000_000);
+}
+
+/// What is read is then used as calibration uses it (sums, ends, steps).
+fn use_profile(p: Profile) {
+    let _ = p.kernel_time_ns();
+    for k in &p.kernels {
+        let _ = k.end_ns();
+    }
+    for s in &p.steps {
+        let _ = s.end_ns();
+    }
+}
+
+/// The first events of the Kineto slice, closed again: a mutation case small enough to be fast.
+fn kineto_head() -> String {
+    let text = read("kineto_h800_train_slice.json");
+    let mut lines: Vec<&str> = text.lines().take(40).collect();
+    let last = lines.pop().unwrap().trim_end_matches(',');
+    lines.push(last);
+    format!("{}\n]}}", lines.join("\n"))
 }
 
 proptest! {
@@ -38,8 +59,46 @@ proptest! {
     }
 
     #[test]
+    fn mutated_chrome_traces_read_or_fail_cleanly(seed in 0usize..3, e in edits(4)) {
+        let text = match seed {
+            0 => kineto_head(),
+            1 => read("trace_view.json"),
+            _ => read("cpu_engine_profile.json"),
+        };
+        if let Ok(p) = chrome::from_reader(apply(&text, &e).as_bytes(), "t.json") {
+            use_profile(p);
+        }
+    }
+
+    #[test]
+    fn mutated_ascend_tables_read_or_fail_cleanly(seed in 0usize..4, e in edits(4)) {
+        let name = ["kernel_details_block_dim.csv", "kernel_details_block_num.csv", "op_summary_msprof.csv", "op_statistic.csv"][seed];
+        let text = apply(&read(name), &e);
+        let read = if seed == 3 {
+            ascend::op_statistic_from_reader(text.as_bytes(), name)
+        } else {
+            ascend::kernel_details_from_reader(text.as_bytes(), name)
+        };
+        if let Ok(p) = read {
+            use_profile(p);
+        }
+    }
+
+    #[test]
+    fn mutated_communication_json_reads_or_fails_cleanly(e in edits(4)) {
+        let text = apply(&read("communication.json"), &e);
+        if let Ok(p) = communication::from_reader(text.as_bytes(), "c.json") {
+            use_profile(p);
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_read_or_fail_cleanly(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
         let _ = mooncake::from_reader(&bytes[..], "m.jsonl");
         let _ = azure::from_reader(&bytes[..], "a.csv");
+        let _ = chrome::from_reader(&bytes[..], "t.json");
+        let _ = communication::from_reader(&bytes[..], "c.json");
+        let _ = ascend::kernel_details_from_reader(&bytes[..], "k.csv");
+        let _ = ascend::op_statistic_from_reader(&bytes[..], "s.csv");
     }
 }
