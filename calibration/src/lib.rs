@@ -12,12 +12,14 @@
 //! - [`anchors`]: the end-to-end anchors as shipped scenarios (`sim/scenarios/anchors/`), the
 //!   figures each is compared on and their regression bounds (`data/anchor-scenarios.toml`).
 //! - [`measured`]: a team's `vllm bench serve` results against a simulation of the same run.
-//!
-//! Not built yet: mapping profiler kernels (msprof `kernel_details.csv`, Kineto traces) onto the
-//! op graph's op names to fit per-class efficiencies.
+//! - [`kernels`]: profiler kernels (read by `dstwin_traces::profile`) mapped onto the op graph's
+//!   ops and classes by per-backend rule files (`data/kernels/*.toml`).
+//! - `lsq`: the bounded linear least squares the fits share.
 
 pub mod anchors;
 pub mod fit;
+pub mod kernels;
+mod lsq;
 pub mod measured;
 pub mod micro;
 pub mod target;
