@@ -14,6 +14,8 @@
 //! - [`measured`]: a team's `vllm bench serve` results against a simulation of the same run.
 //! - [`kernels`]: profiler kernels (read by `dstwin_traces::profile`) mapped onto the op graph's
 //!   ops and classes by per-backend rule files (`data/kernels/*.toml`).
+//! - [`tracefit`]: from mapped kernels, per-class efficiency curves, collective alpha-beta fits,
+//!   host overhead per step, and the cost file that carries them.
 //! - `lsq`: the bounded linear least squares the fits share.
 
 pub mod anchors;
@@ -23,3 +25,4 @@ mod lsq;
 pub mod measured;
 pub mod micro;
 pub mod target;
+pub mod tracefit;
