@@ -2,54 +2,81 @@
 //! Gauss-Jordan elimination (a handful of unknowns), and every way of holding parameters at
 //! their bounds tried (exact for box bounds at this size).
 
-/// Least squares of `rows` (features, target) over the free columns; fixed columns keep their
-/// value. Returns None when the free columns are not independent.
-pub(crate) fn lstsq(rows: &[(Vec<f64>, f64)], fixed: &[Option<f64>]) -> Option<Vec<f64>> {
-    let n = fixed.len();
-    let free: Vec<usize> = (0..n).filter(|&j| fixed[j].is_none()).collect();
-    let m = free.len();
-    let mut a = vec![vec![0.0; m + 1]; m];
-    for (x, y) in rows {
-        let rest = y
-            - (0..n)
-                .filter_map(|j| fixed[j].map(|v| v * x[j]))
-                .sum::<f64>();
+/// The normal equations of `rows` (features, target): X^T X and X^T y.
+struct Gram {
+    xtx: Vec<Vec<f64>>,
+    xty: Vec<f64>,
+}
+
+impl Gram {
+    fn new(rows: &[(Vec<f64>, f64)], n: usize) -> Gram {
+        let mut xtx = vec![vec![0.0; n]; n];
+        let mut xty = vec![0.0; n];
+        for (x, y) in rows {
+            for i in 0..n {
+                for j in 0..n {
+                    xtx[i][j] += x[i] * x[j];
+                }
+                xty[i] += x[i] * y;
+            }
+        }
+        Gram { xtx, xty }
+    }
+
+    /// Least squares over the free columns; fixed columns keep their value. None when the free
+    /// columns are not independent.
+    fn solve(&self, fixed: &[Option<f64>]) -> Option<Vec<f64>> {
+        let n = fixed.len();
+        let free: Vec<usize> = (0..n).filter(|&j| fixed[j].is_none()).collect();
+        let m = free.len();
+        let mut a = vec![vec![0.0; m + 1]; m];
         for (r, &i) in free.iter().enumerate() {
             for (c, &j) in free.iter().enumerate() {
-                a[r][c] += x[i] * x[j];
+                a[r][c] = self.xtx[i][j];
             }
-            a[r][m] += x[i] * rest;
+            a[r][m] = self.xty[i]
+                - (0..n)
+                    .filter_map(|k| fixed[k].map(|v| v * self.xtx[i][k]))
+                    .sum::<f64>();
         }
-    }
-    // Gauss-Jordan with partial pivoting on the normal equations (at most four unknowns).
-    for c in 0..m {
-        let p = (c..m).max_by(|&i, &j| a[i][c].abs().total_cmp(&a[j][c].abs()))?;
-        if a[p][c].abs() < 1e-12 {
-            return None;
-        }
-        a.swap(c, p);
-        let pivot = a[c].clone();
-        for (r, row) in a.iter_mut().enumerate() {
-            if r != c {
-                let f = row[c] / pivot[c];
-                for (x, p) in row.iter_mut().zip(&pivot).skip(c) {
-                    *x -= f * p;
+        // Gauss-Jordan with partial pivoting (at most four unknowns).
+        for c in 0..m {
+            let p = (c..m).max_by(|&i, &j| a[i][c].abs().total_cmp(&a[j][c].abs()))?;
+            if a[p][c].abs() < 1e-12 {
+                return None;
+            }
+            a.swap(c, p);
+            let pivot = a[c].clone();
+            for (r, row) in a.iter_mut().enumerate() {
+                if r != c {
+                    let f = row[c] / pivot[c];
+                    for (x, p) in row.iter_mut().zip(&pivot).skip(c) {
+                        *x -= f * p;
+                    }
                 }
             }
         }
+        let mut out: Vec<f64> = fixed.iter().map(|f| f.unwrap_or(0.0)).collect();
+        for (r, &j) in free.iter().enumerate() {
+            out[j] = a[r][m] / a[r][r];
+        }
+        Some(out)
     }
-    let mut out: Vec<f64> = fixed.iter().map(|f| f.unwrap_or(0.0)).collect();
-    for (r, &j) in free.iter().enumerate() {
-        out[j] = a[r][m] / a[r][r];
-    }
-    Some(out)
+}
+
+/// Least squares of `rows` (features, target) over the free columns; fixed columns keep their
+/// value. Returns None when the free columns are not independent.
+pub(crate) fn lstsq(rows: &[(Vec<f64>, f64)], fixed: &[Option<f64>]) -> Option<Vec<f64>> {
+    Gram::new(rows, fixed.len()).solve(fixed)
 }
 
 /// Least squares with each parameter held inside `[lo, hi]` (each side may be infinite): every
 /// way of holding some parameters at a finite limit is solved, and the feasible solution with
 /// the smallest squared residual wins (exact for box bounds; at most four parameters here).
+/// The normal equations are formed once for all the ways.
 pub(crate) fn bounded_lstsq(rows: &[(Vec<f64>, f64)], lo: &[f64], hi: &[f64]) -> Option<Vec<f64>> {
     let n = lo.len();
+    let gram = Gram::new(rows, n);
     let sse = |x: &[f64]| -> f64 {
         rows.iter()
             .map(|(f, y)| (f.iter().zip(x).map(|(a, b)| a * b).sum::<f64>() - y).powi(2))
@@ -78,7 +105,7 @@ pub(crate) fn bounded_lstsq(rows: &[(Vec<f64>, f64)], lo: &[f64], hi: &[f64]) ->
         if !possible {
             continue;
         }
-        let Some(x) = lstsq(rows, &fixed) else {
+        let Some(x) = gram.solve(&fixed) else {
             continue;
         };
         if (0..n).all(|j| lo[j] - 1e-12 <= x[j] && x[j] <= hi[j] + 1e-12) {

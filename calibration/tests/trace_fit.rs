@@ -118,6 +118,20 @@ fn what_the_samples_cannot_see_keeps_the_prior() {
     assert_eq!(f.params.compute, PRIOR.compute);
     assert_eq!(f.params.rows_half, PRIOR.rows_half);
     assert!(close(f.params.memory, TRUTH.memory, 1e-3), "{f:?}");
+    // Two kernels of one compute-bound shape: time cannot split into a fixed part and a rate,
+    // so fixed_us keeps the prior and compute takes the rest.
+    let big: Vec<Sample> = gemm_samples(TRUTH, |_| 1.0)
+        .into_iter()
+        .filter(|s| s.rows == Some(8192.0) && s.flops == 2.0 * 8192.0 * 7168.0 * 1536.0)
+        .collect();
+    let twice = [big[0], big[0]];
+    let f = fit_class(&twice, PRIOR).unwrap();
+    assert!(
+        !f.determined.fixed_us && !f.determined.rows_half && f.determined.compute,
+        "{f:?}"
+    );
+    assert_eq!(f.params.fixed_us, PRIOR.fixed_us);
+    assert!(f.rms_error < 1e-9, "{f:?}");
     // No usable sample at all.
     assert!(fit_class(&[], PRIOR).is_none());
 }

@@ -22,7 +22,8 @@
 //!
 //! **What the samples determine.** A parameter the samples cannot see keeps the prior value (the
 //! shipped cost file's) and is reported as not determined: `compute` and `rows_half` need
-//! compute-bound samples (`rows_half` at two row counts or more), `memory` a memory-bound one.
+//! compute-bound samples (`rows_half` at two row counts or more), `memory` a memory-bound one,
+//! `fixed_us` one distinct kernel shape more than the other parameters fitted.
 
 use crate::lsq::bounded_lstsq;
 use serde::Serialize;
@@ -303,7 +304,7 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
     let mut params = prior;
     // Decide what the samples determine, refitting until that settles (at most once per
     // parameter).
-    for _ in 0..4 {
+    for _ in 0..5 {
         let problem = Problem::new(&samples, holds);
         params = problem.fit(&weights, None)?;
         let assign = problem.assign(&params);
@@ -326,10 +327,35 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
         if assign.iter().all(|c| *c) {
             next.memory = Some(prior.memory);
         }
+        // fixed_us is an offset shared by every sample: it needs one distinct point more than
+        // the slopes fitted with it (two kernels of one shape cannot split time into a fixed
+        // part and a rate).
+        let mut points: Vec<(bool, u64, u64)> = problem
+            .x
+            .iter()
+            .zip(&assign)
+            .map(|(&(a, b, d, _), &c)| {
+                if c {
+                    (true, a.to_bits(), b.to_bits())
+                } else {
+                    (false, d.to_bits(), 0)
+                }
+            })
+            .collect();
+        points.sort_unstable();
+        points.dedup();
+        let slopes = [next.compute, next.rows_half, next.memory]
+            .iter()
+            .filter(|h| h.is_none())
+            .count();
+        if points.len() <= slopes {
+            next.fixed_us = Some(prior.fixed_us);
+        }
         let same = |a: Option<f64>, b: Option<f64>| a.is_some() == b.is_some();
         if same(next.compute, holds.compute)
             && same(next.memory, holds.memory)
             && same(next.rows_half, holds.rows_half)
+            && same(next.fixed_us, holds.fixed_us)
         {
             break;
         }
