@@ -1,4 +1,5 @@
-//! `dstwin calibrate`: fits the global cost-model parameters to published figures.
+//! `dstwin calibrate`: fits the global cost-model parameters to published figures, or (with
+//! `--trace`, src/calibrate_trace_cmd.rs) the cost model to profiler traces.
 
 use crate::output::outln;
 use crate::Failure;
@@ -9,6 +10,7 @@ use dstwin_calibration::fit::{
 };
 use dstwin_calibration::micro;
 use dstwin_calibration::target::{parse_targets, CLOUDMATRIX384};
+use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(
@@ -18,13 +20,44 @@ bandwidth efficiencies of the low-latency and normal modes) to the built-in disp
 default of a scenario's mtp.acceptance) to the measured acceptance figures in the same file. Step 2 fits in_situ_efficiency and the two overlap efficiencies (low-latency and normal all-to-all) of a hardware's cost model by least squares over the \
 relative errors of every target (a deployment and a published figure), then prints the fitted values, \
 the residuals of the fit and of the parameters shipped in hwmodels/data/costs. Paste the printed lines \
-into the cost file to adopt a new fit.\n\nExamples:\n  dstwin calibrate\n      the built-in CloudMatrix384 targets\n  dstwin calibrate --targets my-cluster-targets.toml --json"
+into the cost file to adopt a new fit.\n\nWith --trace, calibrates from profiler traces instead (docs/calibration.md): kernels are mapped onto the op graph's ops and classes by per-backend rules (calibration/data/kernels/*.toml, extended with --rules), the time by class and by op is printed with what could not be mapped, and the cost model is fitted to the mapped kernels: per-class efficiency curves where kernels carry their work, alpha-beta per collective and group size where they carry bytes, host overhead per step from the gaps between device steps. --out writes a cost file with the fits.\n\nExamples:\n  dstwin calibrate\n      the built-in CloudMatrix384 targets\n  dstwin calibrate --targets my-cluster-targets.toml --json\n  dstwin calibrate --trace prof/ASCEND_PROFILER_OUTPUT --hardware atlas-800-a3 --out my-a3.toml --system-out my-a3-system.toml\n      a torch_npu profile: mapping, fits, and a system file for --hardware\n  dstwin calibrate --trace trace.json --backend cuda --hardware nvidia-h800-8\n      a PyTorch (Kineto) GPU trace"
 )]
 pub struct CalibrateArgs {
     /// Target file (TOML, `[[target]]` tables like calibration/data/cloudmatrix384.toml); default: the
     /// built-in CloudMatrix384 targets.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace")]
     targets: Option<String>,
+    /// Calibrate from profiler traces instead: Kineto / Chrome JSON, torch_npu trace_view.json,
+    /// kernel_details.csv, op_summary_*.csv, op_statistic.csv, communication.json, a torch_npu
+    /// output directory, or the CPU engine's profile.
+    #[arg(long, num_args = 1.., value_name = "TRACE")]
+    trace: Vec<PathBuf>,
+    /// Backend of the traces: ascend, cuda or cpu (default: detected per trace).
+    #[arg(long, requires = "trace")]
+    backend: Option<String>,
+    /// Your own kernel rules (TOML like calibration/data/kernels/*.toml), tried before the
+    /// built-in ones.
+    #[arg(long, requires = "trace")]
+    rules: Option<PathBuf>,
+    /// The system the traces ran on (catalog name or system TOML): its peaks, bandwidth and
+    /// fabric price the fits, its cost file is kept where the traces say nothing. Default:
+    /// nvidia-h800-8 for CUDA traces, atlas-800-a3 for Ascend ones, none for the CPU engine.
+    #[arg(long, requires = "trace")]
+    hardware: Option<String>,
+    /// Write a cost file with the fits (needs the hardware).
+    #[arg(long, requires = "trace")]
+    out: Option<PathBuf>,
+    /// Also write a system file (the hardware's, using the --out cost file) for --hardware and
+    /// scenarios.
+    #[arg(long, requires = "out")]
+    system_out: Option<PathBuf>,
+    /// Gaps between device steps longer than this many times the median are idle time, not
+    /// host overhead [default: 5].
+    #[arg(long, requires = "trace")]
+    idle_factor: Option<f64>,
+    /// Rows printed per table of the trace report (all of them in --json).
+    #[arg(long, default_value_t = 25)]
+    top: usize,
     /// Grid step of the coarse coordinate search (refined at a tenth of it around the optimum).
     #[arg(long, default_value_t = 0.02)]
     step: f64,
@@ -60,6 +93,19 @@ fn table(title: &str, g: Globals, r: &[Residual]) -> Result<(), Failure> {
 }
 
 pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
+    if !a.trace.is_empty() {
+        return crate::calibrate_trace_cmd::run(crate::calibrate_trace_cmd::TraceArgs {
+            traces: a.trace,
+            backend: a.backend,
+            rules: a.rules,
+            hardware: a.hardware,
+            out: a.out,
+            system_out: a.system_out,
+            idle_factor: a.idle_factor,
+            top: a.top,
+            json: a.json,
+        });
+    }
     let (lo, hi) = dstwin_calibration::target::STEP_RANGE;
     if !(lo..=hi).contains(&a.step) {
         return Err(Failure::Input(anyhow!(

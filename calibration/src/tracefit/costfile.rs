@@ -90,11 +90,14 @@ pub fn cost_file(
     if let Some(Value::Table(eff)) = t.get_mut("efficiency") {
         for (_, e) in eff.iter_mut() {
             let Value::Table(e) = e else { continue };
-            if let Some(k) = in_situ {
+            if let Some(k) = in_situ.filter(|k| *k != 1.0) {
                 for field in ["compute", "memory"] {
                     if let Some(v) = e.get(field).and_then(Value::as_float) {
                         e.insert(field.into(), Value::Float(sig(v * k)));
                     }
+                }
+                if let Some(Value::String(src)) = e.get_mut("source") {
+                    src.push_str(&format!(" (times in_situ_efficiency {k}, folded in)"));
                 }
             }
             e.entry("rows_half").or_insert(Value::Float(0.0));
@@ -205,8 +208,13 @@ fn header(cal: &TraceCalibration, base: &str) -> String {
     for t in &cal.traces {
         let _ = writeln!(
             h,
-            "# trace {} ({:?}, {} backend): {} kernels, {:.3} ms of kernel time, {} step markers",
-            t.origin, t.format, t.backend, t.kernels, t.kernel_time_ms, t.steps
+            "# trace {} ({}, {} backend): {} kernels, {:.3} ms of kernel time, step markers: {}",
+            t.origin,
+            t.format.name(),
+            t.backend,
+            t.kernels,
+            t.kernel_time_ms,
+            t.steps
         );
     }
     let _ = writeln!(

@@ -47,6 +47,18 @@ pub enum ProfileFormat {
     AscendProfilerOutput,
 }
 
+impl ProfileFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProfileFormat::ChromeJson => "chrome_json",
+            ProfileFormat::KernelDetailsCsv => "kernel_details_csv",
+            ProfileFormat::OpStatisticCsv => "op_statistic_csv",
+            ProfileFormat::CommunicationJson => "communication_json",
+            ProfileFormat::AscendProfilerOutput => "ascend_profiler_output",
+        }
+    }
+}
+
 /// A collective as the trace describes it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct CommRecord {
