@@ -227,15 +227,7 @@ fn print(
     defaulted: bool,
 ) -> Result<(), Failure> {
     for t in &cal.traces {
-        outln!(
-            "trace {}: {}, {} backend, {} kernels, {:.3} ms of kernel time, step markers: {}",
-            t.origin,
-            t.format.name(),
-            t.backend,
-            t.kernels,
-            t.kernel_time_ms,
-            t.steps
-        )?;
+        outln!("trace {}", t.line())?;
         if !t.notes.is_empty() {
             let notes: Vec<String> = t.notes.iter().map(|(k, v)| format!("{k} = {v}")).collect();
             outln!("  says: {}", notes.join("; "))?;

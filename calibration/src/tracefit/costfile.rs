@@ -206,16 +206,7 @@ fn header(cal: &TraceCalibration, base: &str) -> String {
         "# Cost model calibrated from profiler traces by `dstwin calibrate --trace`, on {base}."
     );
     for t in &cal.traces {
-        let _ = writeln!(
-            h,
-            "# trace {} ({}, {} backend): {} kernels, {:.3} ms of kernel time, step markers: {}",
-            t.origin,
-            t.format.name(),
-            t.backend,
-            t.kernels,
-            t.kernel_time_ms,
-            t.steps
-        );
+        let _ = writeln!(h, "# trace {}", t.line());
     }
     let _ = writeln!(
         h,

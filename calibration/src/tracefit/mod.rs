@@ -60,6 +60,21 @@ pub struct TraceSummary {
     pub skipped: BTreeMap<String, u64>,
 }
 
+impl TraceSummary {
+    /// One line: the trace, its format and backend, kernels, kernel time and step markers.
+    pub fn line(&self) -> String {
+        format!(
+            "{} ({}, {} backend): {} kernels, {:.3} ms of kernel time, step markers: {}",
+            self.origin,
+            self.format.name(),
+            self.backend,
+            self.kernels,
+            self.kernel_time_ms,
+            self.steps
+        )
+    }
+}
+
 /// One op class: its kernels and, when they carry their work and the hardware is known, its fit.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ClassReport {

@@ -115,26 +115,18 @@ pub fn gemm_work(shapes: &[Vec<u64>], types: &[ElemType]) -> Option<KernelWork> 
         return None;
     }
     let f = |x: u64| x as f64;
-    let k_a = f(a[a.len() - 1]);
+    let k_a = a[a.len() - 1];
+    // B's dimension that is not K: [K, N] or a weight stored transposed, [N, K].
+    let n_of = |b0: u64, b1: u64| match (b0 == k_a, b1 == k_a) {
+        (true, _) => Some(f(b1)),
+        (false, true) => Some(f(b0)),
+        _ => None,
+    };
     let (batch, m, k, n) = if b.len() == 2 {
         let m: f64 = a[..a.len() - 1].iter().map(|&x| f(x)).product();
-        let n = if f(b[0]) == k_a {
-            f(b[1])
-        } else if f(b[1]) == k_a {
-            f(b[0])
-        } else {
-            return None;
-        };
-        (1.0, m, k_a, n)
+        (1.0, m, f(k_a), n_of(b[0], b[1])?)
     } else if b.len() == 3 && a.len() == 3 && a[0] == b[0] {
-        let n = if f(b[1]) == k_a {
-            f(b[2])
-        } else if f(b[2]) == k_a {
-            f(b[1])
-        } else {
-            return None;
-        };
-        (f(a[0]), f(a[1]), k_a, n)
+        (f(a[0]), f(a[1]), f(k_a), n_of(b[1], b[2])?)
     } else {
         return None;
     };
