@@ -1,10 +1,10 @@
-//! Trace readers: whatever the bytes, reading returns a workload or an error naming the line,
-//! never panics. Longer runs: docs/robustness.md.
+//! Trace readers: whatever the bytes, reading returns a workload (a profile) or an error naming
+//! the line, never panics. Longer runs: docs/robustness.md.
 
 use crate::fixture;
 use crate::mutate::{apply, config, edits};
 use dstwin_traces::profile::{ascend, chrome, communication, Profile};
-use dstwin_traces::{azure, mooncake};
+use dstwin_traces::{azure, mooncake, TraceError};
 use proptest::prelude::*;
 
 fn read(name: &str) -> String {
@@ -17,6 +17,16 @@ fn transform(w: dstwin_traces::Workload) {
     let _ = w.clone().scale_to_rate(10.0);
     let _ = w.clone().truncate_requests(5);
     let _ = w.truncate_duration(1_000_000_000);
+}
+
+/// A profile reader's error says where: a line (the header counts as line 1) and the file.
+fn located(e: &TraceError, origin: &str) -> bool {
+    let at_line = match e {
+        TraceError::Syntax { line, .. } | TraceError::BadField { line, .. } => *line >= 1,
+        TraceError::MissingColumn { .. } => true,
+        _ => false,
+    };
+    at_line && e.to_string().contains(origin)
 }
 
 /// What is read is then used as calibration uses it (sums, ends, steps).
@@ -65,8 +75,9 @@ proptest! {
             1 => read("trace_view.json"),
             _ => read("cpu_engine_profile.json"),
         };
-        if let Ok(p) = chrome::from_reader(apply(&text, &e).as_bytes(), "t.json") {
-            use_profile(p);
+        match chrome::from_reader(apply(&text, &e).as_bytes(), "t.json") {
+            Ok(p) => use_profile(p),
+            Err(err) => prop_assert!(located(&err, "t.json"), "{err}"),
         }
     }
 
@@ -79,16 +90,18 @@ proptest! {
         } else {
             ascend::kernel_details_from_reader(text.as_bytes(), name)
         };
-        if let Ok(p) = read {
-            use_profile(p);
+        match read {
+            Ok(p) => use_profile(p),
+            Err(err) => prop_assert!(located(&err, name), "{err}"),
         }
     }
 
     #[test]
     fn mutated_communication_json_reads_or_fails_cleanly(e in edits(4)) {
         let text = apply(&read("communication.json"), &e);
-        if let Ok(p) = communication::from_reader(text.as_bytes(), "c.json") {
-            use_profile(p);
+        match communication::from_reader(text.as_bytes(), "c.json") {
+            Ok(p) => use_profile(p),
+            Err(err) => prop_assert!(located(&err, "c.json"), "{err}"),
         }
     }
 
@@ -96,9 +109,15 @@ proptest! {
     fn arbitrary_bytes_read_or_fail_cleanly(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
         let _ = mooncake::from_reader(&bytes[..], "m.jsonl");
         let _ = azure::from_reader(&bytes[..], "a.csv");
-        let _ = chrome::from_reader(&bytes[..], "t.json");
-        let _ = communication::from_reader(&bytes[..], "c.json");
-        let _ = ascend::kernel_details_from_reader(&bytes[..], "k.csv");
-        let _ = ascend::op_statistic_from_reader(&bytes[..], "s.csv");
+        for (read, origin) in [
+            (chrome::from_reader(&bytes[..], "t.json"), "t.json"),
+            (communication::from_reader(&bytes[..], "c.json"), "c.json"),
+            (ascend::kernel_details_from_reader(&bytes[..], "k.csv"), "k.csv"),
+            (ascend::op_statistic_from_reader(&bytes[..], "s.csv"), "s.csv"),
+        ] {
+            if let Err(err) = read {
+                prop_assert!(located(&err, origin), "{err}");
+            }
+        }
     }
 }
