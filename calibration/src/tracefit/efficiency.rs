@@ -229,8 +229,9 @@ impl<'a> Problem<'a> {
         best.map(|b| b.1)
     }
 
-    /// The best converged fit over the starts.
-    fn fit(&self, weights: &[f64], extra: Option<Vec<bool>>) -> Option<ClassParams> {
+    /// The best converged fit over the starts; `first` is tried first and wins ties (with a
+    /// sample or two, either branch can fit exactly: the prior's branches are the better guess).
+    fn fit(&self, weights: &[f64], first: Vec<bool>) -> Option<ClassParams> {
         let n = self.x.len();
         let intensity: Vec<f64> = self
             .x
@@ -240,18 +241,21 @@ impl<'a> Problem<'a> {
         let mut sorted = intensity.clone();
         sorted.sort_by(f64::total_cmp);
         sorted.dedup();
-        let mut starts = vec![vec![true; n], vec![false; n]];
+        let mut starts = vec![first, vec![true; n], vec![false; n]];
         let cuts = sorted.len().saturating_sub(1).min(MAX_CUTS);
         for c in 1..=cuts {
             let thr = sorted[c * (sorted.len() - 1) / cuts.max(1)];
             starts.push(intensity.iter().map(|&i| i >= thr).collect());
         }
-        starts.extend(extra);
+        // A later start must be better by more than rounding to displace an earlier one.
         starts
             .into_iter()
             .filter_map(|s| self.converge(s, weights))
             .map(|p| (self.loss(&p, weights), p))
-            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .fold(None, |best: Option<(f64, ClassParams)>, c| match best {
+                Some(b) if c.0 >= b.0 * (1.0 - 1e-9) - 1e-18 => Some(b),
+                _ => Some(c),
+            })
             .map(|b| b.1)
     }
 }
@@ -306,7 +310,7 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
     // parameter).
     for _ in 0..5 {
         let problem = Problem::new(&samples, holds);
-        params = problem.fit(&weights, None)?;
+        params = problem.fit(&weights, problem.assign(&prior))?;
         let assign = problem.assign(&params);
         let compute_rows: Vec<f64> = samples
             .iter()
@@ -378,7 +382,7 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
             })
             .collect();
         let start = problem.assign(&params);
-        let next = problem.fit(&weights, Some(start))?;
+        let next = problem.fit(&weights, start)?;
         let moved = (next.compute / params.compute - 1.0).abs()
             + (next.memory / params.memory - 1.0).abs()
             + (next.rows_half - params.rows_half).abs() / (1.0 + params.rows_half)
