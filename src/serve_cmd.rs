@@ -36,7 +36,7 @@ pub enum QuantArg {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin serve\n      the built-in A3 2P1D deployment in real time on 127.0.0.1:8000\n  dstwin init-weights --preset tiny --seed 1 --out m && dstwin serve --device cpu --model m\n      the real (random-weight) tiny model on the CPU: one mixed instance, one DP rank\n  dstwin serve tests/data/cpu-pd.toml --device cpu --model m\n      the same model served PD: a prefill and a decode instance, KV copied between them\n  dstwin serve sim/scenarios/cm384-pd.toml --time-scale 0.1 --port 8080\n  curl localhost:8000/v1/completions -d '{\"model\":\"deepseek-v3.1\",\"prompt\":\"hi\",\"max_tokens\":8}'\n\nEndpoints: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,\nGET /health, GET /metrics (vLLM metric names). The deployment (instances, scheduler knobs,\nMTP, expert load) comes from the scenario; its [workload] is ignored. Ctrl-C or SIGTERM: new\nrequests get 503 while the ones in flight finish, then the process exits."
+    after_help = "Examples:\n  dstwin serve\n      the built-in A3 2P1D deployment in real time on 127.0.0.1:8000\n  dstwin init-weights --preset tiny --seed 1 --out m && dstwin serve --device cpu --model m\n      the real (random-weight) tiny model on the CPU: one mixed instance, one DP rank\n  dstwin serve tests/data/cpu-pd.toml --device cpu --model m\n      the same model served PD: a prefill and a decode instance, KV copied between them\n  dstwin serve tests/data/cpu-ep.toml --device cpu --model m --profile trace.json\n      four DP ranks sharing the experts (EP4, redundant experts, dynamic EPLB), every op traced\n  dstwin serve sim/scenarios/cm384-pd.toml --time-scale 0.1 --port 8080\n  curl localhost:8000/v1/completions -d '{\"model\":\"deepseek-v3.1\",\"prompt\":\"hi\",\"max_tokens\":8}'\n\nEndpoints: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,\nGET /health, GET /metrics (vLLM metric names). The deployment (instances, scheduler knobs,\nMTP, expert load) comes from the scenario; its [workload] is ignored. Ctrl-C or SIGTERM: new\nrequests get 503 while the ones in flight finish, then the process exits."
 )]
 pub struct ServeArgs {
     /// Scenario file (TOML) describing the deployment; without it, the built-in default.
@@ -95,6 +95,11 @@ pub struct ServeArgs {
     /// Request bodies larger than this get 413.
     #[arg(long, default_value_t = 32 << 20, value_name = "BYTES")]
     max_body_bytes: usize,
+    /// Write a Chrome / Perfetto trace of every op the CPU engine runs to FILE (JSON; one
+    /// process per instance, one thread per DP rank, a track of whole steps; ops named as
+    /// `dstwin explain` names them). The file is complete after every step.
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
 }
 
 pub fn run(a: ServeArgs) -> Result<(), Failure> {
@@ -125,6 +130,11 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         .transpose()
         .map_err(|e| Failure::Input(e.into()))?;
     let cpu = matches!(a.device, DeviceKind::Cpu);
+    if a.profile.is_some() && !cpu {
+        return Err(Failure::Input(anyhow!(
+            "--profile traces the CPU engine's ops: add --device cpu --model DIR"
+        )));
+    }
     if cpu != a.model.is_some() {
         return Err(Failure::Input(anyhow!(if cpu {
             "--device cpu needs --model DIR (a checkpoint, e.g. from `dstwin init-weights`)"
@@ -176,15 +186,18 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             Some(dir) => dir.display().to_string(),
             None => s.model.name.clone(),
         });
-    let engine = match &a.model {
-        Some(dir) => Some(cpu_engine(&s, dir, &a)?),
-        None => None,
+    let (engine, trace) = match &a.model {
+        Some(dir) => {
+            let (built, devices, fabric, trace) = cpu_engine(&s, dir, &a)?;
+            (Some((built, devices, fabric)), trace)
+        }
+        None => (None, None),
     };
     let device_name = if cpu { "CPU engine" } else { "twin device" };
     let tokio = tokio::runtime::Runtime::new()
         .context("starting the async runtime")
         .map_err(Failure::Runtime)?;
-    tokio.block_on(async move {
+    let served = tokio.block_on(async move {
         let t = TwinServe {
             model,
             time_scale: a.time_scale,
@@ -235,7 +248,13 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             .await
             .context("serving")
             .map_err(Failure::Runtime)
-    })
+    });
+    if let Some(e) = trace.and_then(|t| t.error()) {
+        return Err(Failure::Runtime(anyhow!(
+            "--profile: the trace stopped at a write error: {e}"
+        )));
+    }
+    served
 }
 
 /// The default deployment of `--device cpu`.
@@ -245,16 +264,18 @@ type Engine = (
     Vec<dstwin_sim::run::BuiltInstance>,
     Vec<Box<dyn dstwin_core::device::Device + Send>>,
     Box<dyn dstwin_core::device::Fabric + Send>,
+    Option<dstwin_cpu::TraceSink>,
 );
 
-/// Loads the checkpoint and builds the scenario's instances, a CPU device for each, joined by
-/// a fabric that copies KV blocks.
+/// Loads the checkpoint and builds the scenario's instances, a CPU device for each (its routed
+/// experts placed as the scenario's EPLB placed them), joined by a fabric that copies KV
+/// blocks; with `--profile`, the trace they write.
 fn cpu_engine(
     s: &dstwin_sim::scenario::Scenario,
     dir: &std::path::Path,
     a: &ServeArgs,
 ) -> Result<Engine, Failure> {
-    use dstwin_cpu::{AttnPath, CpuDevice, CpuDeviceConfig, CpuFabric, DType, Model};
+    use dstwin_cpu::{AttnPath, CpuDevice, CpuDeviceConfig, CpuFabric, DType, Model, TraceSink};
     for setup in &s.instances {
         if setup.plan.tp != 1 {
             return Err(Failure::Input(anyhow!(
@@ -263,11 +284,6 @@ fn cpu_engine(
                 setup.plan.tp
             )));
         }
-    }
-    if s.eplb.dynamic {
-        return Err(Failure::Input(anyhow!(
-            "eplb.dynamic = true: the CPU engine does not move expert weights yet; set it to false"
-        )));
     }
     if a.kv_blocks == 0 {
         return Err(Failure::Input(anyhow!("--kv-blocks must be at least 1")));
@@ -288,10 +304,17 @@ fn cpu_engine(
     }
     let model = std::sync::Arc::new(model);
     let built = dstwin_sim::run::build_instances(s).map_err(|e| Failure::Input(e.into()))?;
+    let trace = match &a.profile {
+        Some(path) => Some(
+            TraceSink::create(path)
+                .map_err(|e| Failure::Input(anyhow!("--profile {}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
     let mut devices: Vec<Box<dyn dstwin_core::device::Device + Send>> = Vec::new();
     let mut fabric = CpuFabric::default();
-    for b in &built {
-        let dev = CpuDevice::new(
+    for (i, b) in built.iter().enumerate() {
+        let mut dev = CpuDevice::new(
             model.clone(),
             CpuDeviceConfig {
                 dp_ranks: b.config.dp_ranks,
@@ -300,13 +323,17 @@ fn cpu_engine(
                 spec_tokens: s.mtp.tokens,
                 path: AttnPath::Auto,
                 seed: s.seed,
+                placement: b.placement.clone(),
             },
         )
         .map_err(|e| Failure::Input(anyhow!("instance '{}': {e}", b.name)))?;
+        if let Some(t) = &trace {
+            dev = dev.with_profile(t.clone(), i as u32, &b.name);
+        }
         fabric.add_instance(dev.caches());
         devices.push(Box::new(dev));
     }
-    Ok((built, devices, Box::new(fabric)))
+    Ok((built, devices, Box::new(fabric), trace))
 }
 
 async fn shutdown_signal() {

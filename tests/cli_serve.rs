@@ -1257,6 +1257,83 @@ fn bench_serve_runs_against_the_cpu_engine_and_pd_copies_real_kv() {
 }
 
 #[test]
+fn the_cpu_engine_serves_ep4_with_dynamic_eplb_and_traces_every_op() {
+    use dstwin_cpu::{DType, Device, Model};
+    let dir = tiny_model("ep");
+    let trace = dir.join("trace.json");
+    // Four DP ranks sharing the experts (EP4, 4 redundant slots), re-placed from real counts.
+    let srv = Server::start(&[
+        &data("cpu-ep.toml"),
+        "--device",
+        "cpu",
+        "--model",
+        dir.to_str().unwrap(),
+        "--profile",
+        trace.to_str().unwrap(),
+    ]);
+    let m = Model::load(&dir, DType::F32, &Device::Cpu).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..4u32)
+        .map(|i| (0..20).map(|j| 2 + (i * 31 + j * 7) % 300).collect())
+        .collect();
+    // Concurrent requests land on different ranks; each is the model's own continuation.
+    let texts: Vec<serde_json::Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let a = srv.addr.clone();
+                let model = dir.to_str().unwrap().to_string();
+                sc.spawn(move || {
+                    post(
+                        &a,
+                        "/v1/completions",
+                        serde_json::json!({"model": model, "prompt": p, "max_tokens": 24,
+                            "temperature": 0, "ignore_eos": true}),
+                    )
+                    .json()["choices"][0]["text"]
+                        .clone()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let tok = dstwin_runtime::prompt::Counter::from_file(&dir.join("tokenizer.json")).unwrap();
+    for (p, text) in prompts.iter().zip(&texts) {
+        let ids = m.greedy(p, 24, true).unwrap();
+        let want = tok.tokenizer().unwrap().decode(&ids, true).unwrap();
+        assert_eq!(text.as_str(), Some(want.as_str()));
+    }
+    // The trace is complete after every step: ops by their op-graph names on the four ranks'
+    // tracks, whole steps on the fifth, and the weight moves of the rebalance.
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let vocab = dstwin_core::opgraph::vocabulary(&m.cfg.model, 4, 0);
+    let mut names = std::collections::BTreeSet::new();
+    let mut ranks = std::collections::BTreeSet::new();
+    let (mut steps, mut moves) = (0, 0);
+    for e in v["traceEvents"].as_array().unwrap() {
+        if e["ph"] != "X" {
+            continue;
+        }
+        let name = e["name"].as_str().unwrap();
+        match name {
+            "step" => steps += 1,
+            "eplb_move" => moves += 1,
+            op => {
+                assert_eq!(e["args"]["class"].as_str(), vocab.get(op).copied(), "{op}");
+                ranks.insert(e["tid"].as_u64().unwrap());
+                names.insert(op.to_string());
+            }
+        }
+    }
+    assert!(steps >= 24, "{steps} steps");
+    assert!(moves > 0, "dynamic EPLB moved expert weights");
+    assert_eq!(ranks.len(), 4, "every rank computes: {ranks:?}");
+    for op in ["dispatch", "experts", "combine", "attn_decode", "sample"] {
+        assert!(names.contains(op), "{op} in {names:?}");
+    }
+}
+
+#[test]
 fn openai_python_client_against_the_cpu_engine() {
     if !openai_installed() {
         return;
@@ -1298,6 +1375,7 @@ fn the_cpu_engine_refuses_what_it_cannot_run() {
             vec!["--device", "cpu", "--model", "/nonexistent/model"],
             "config.json",
         ),
+        (vec!["--profile", "trace.json"], "--device cpu"),
         (
             vec![
                 "--device",

@@ -74,6 +74,13 @@ pub fn start_on(
         let mut spec = b.spec(true, true);
         spec.config.num_kv_blocks = cap.kv_blocks_per_rank;
         spec.detail = device.wants_requests();
+        if spec.detail {
+            // An engine's rebalance cycle runs on its routers' counts, not on the twin's
+            // expected shares (recording both would count every step twice).
+            if let Some(e) = spec.eplb.as_mut() {
+                e.shares = None;
+            }
+        }
         instances.push(ServeInstance { spec, device });
     }
     Ok(Runtime::start(

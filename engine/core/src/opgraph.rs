@@ -12,6 +12,7 @@ use crate::layout::{Plan, Role};
 use crate::model::{self, Attention, Indexer, ModelConfig, Quant};
 use dstwin_hwmodels::{A2aMode, Comm, CommKind, DType, OpClass, Work};
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// Bytes of per-group scales added to each quantized dispatched token (one fp32 per 128 values).
 const DISPATCH_SCALE_GROUP: f64 = 128.0;
@@ -70,6 +71,17 @@ pub struct Op {
     pub repeat: u64,
     pub dies: DieSet,
     pub kind: OpKind,
+}
+
+impl Op {
+    /// The op's class as reports name it: its compute class (`gemm`, `grouped_gemm`,
+    /// `attention`, `indexer`, `elementwise`) or its collective (`dispatch`, `combine`, ...).
+    pub fn class_name(&self) -> &'static str {
+        match self.kind {
+            OpKind::Compute(w) => w.class.name(),
+            OpKind::Comm(c) => c.kind.name(),
+        }
+    }
 }
 
 /// Routed-expert load across the EP group.
@@ -712,6 +724,52 @@ pub fn step_ops(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad) -> Vec<Op> {
         }
     }
     bld.ops
+}
+
+/// The ops the graph names for `model` on an instance of `ep` single-die DP ranks (tp 1, the
+/// routed experts spread over all of them), in a step that both computes prompt tokens and
+/// decodes with `mtp_tokens` drafts: op name -> class name ([`Op::class_name`]). The vocabulary
+/// a real engine's profiler names its ops in, so that its traces map onto the graph the twin
+/// prices. Dispatch and combine appear only when `ep > 1` (one die moves no tokens).
+pub fn vocabulary(
+    model: &ModelConfig,
+    ep: u32,
+    mtp_tokens: u32,
+) -> BTreeMap<&'static str, &'static str> {
+    let ep = ep.max(1);
+    let plan = Plan {
+        role: Role::Mixed,
+        dies: ep,
+        dp: ep,
+        tp: 1,
+        ep,
+        dense_tp: 1,
+        redundant_experts: 0,
+        shared_expert_dies: 0,
+        routed_dies: ep,
+        slots_per_die: (model.routed_experts as u32).div_ceil(ep).max(1),
+    };
+    let spec = StepSpec {
+        model,
+        quant: Quant::Bf16,
+        kv_dtype: DType::Bf16,
+        plan: &plan,
+        mtp_tokens,
+    };
+    let cap = model.attn_cap();
+    let mut b = BatchShape::default();
+    b.add_prefill(16, 0, cap);
+    for _ in 0..2 {
+        b.add_decode(1 + mtp_tokens as u64, 16, cap);
+    }
+    let load = MoeLoad {
+        group_tokens: b.tokens() * ep as u64,
+        imbalance: 1.0,
+    };
+    step_ops(spec, &b, &load)
+        .iter()
+        .map(|o| (o.name, o.class_name()))
+        .collect()
 }
 
 /// Total FLOPs of an op list per die (each op times its repeat count); expert ops count once per

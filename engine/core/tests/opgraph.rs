@@ -80,3 +80,34 @@ fn mtp_adds_one_layer_and_a_head_per_draft() {
         "{with:.3e} vs {without:.3e}"
     );
 }
+
+#[test]
+fn the_vocabulary_names_every_op_with_its_class() {
+    use dstwin_core::opgraph::vocabulary;
+    let m = builtin("deepseek-v3").unwrap();
+    let one = vocabulary(&m, 1, 0);
+    for (name, class) in [
+        ("embed", "elementwise"),
+        ("attn_norm", "elementwise"),
+        ("q_a_proj", "gemm"),
+        ("kv_b_proj", "gemm"),
+        ("attn_prefill", "attention"),
+        ("attn_decode", "attention"),
+        ("q_absorb", "gemm"),
+        ("ffn_gate_up", "gemm"),
+        ("router", "gemm"),
+        ("router_topk", "elementwise"),
+        ("experts", "grouped_gemm"),
+        ("shared_expert", "grouped_gemm"),
+        ("lm_head", "gemm"),
+        ("sample", "elementwise"),
+    ] {
+        assert_eq!(one.get(name), Some(&class), "{name}");
+    }
+    // One die moves no tokens; an EP group does; MTP adds its projection.
+    assert!(!one.contains_key("dispatch") && !one.contains_key("mtp_eh_proj"));
+    let ep = vocabulary(&m, 4, 1);
+    assert_eq!(ep.get("dispatch"), Some(&"dispatch"));
+    assert_eq!(ep.get("combine"), Some(&"combine"));
+    assert_eq!(ep.get("mtp_eh_proj"), Some(&"gemm"));
+}

@@ -1,20 +1,59 @@
 //! Prefill and decode throughput of the CPU engine on a checkpoint, batch by batch, as JSON
-//! lines: `cargo run --release -p dstwin-cpu --example bench -- DIR [BATCH...]`.
+//! lines: `cargo run --release -p dstwin-cpu --example bench -- DIR [BATCH...] [--profile FILE]`.
 //! Each batch size B: B prompts of 128 tokens in one forward (prefill tokens/s), then 32 decode
 //! steps of all B sequences (decode tokens/s), greedy, f32. The same measurement with HF
 //! transformers eager on the same weights: `engine/cpu/benches/hf_eager.py DIR [BATCH...]`.
+//! `--profile FILE` also writes the op trace of every forward (docs/cpu-engine.md, "Profiling";
+//! one step per forward, batch B as instance B), which slows the run slightly.
 
-use dstwin_cpu::{AttnPath, DType, Device, Model, PagedKvCache, SeqInput};
+use dstwin_cpu::ep::ExpertRanks;
+use dstwin_cpu::{
+    AttnPath, DType, Device, Model, PagedKvCache, Profiler, RankBatch, SeqInput, TraceSink,
+};
 use std::time::Instant;
+
+/// One forward of `seqs` on one rank holding every expert, traced into `prof`.
+fn forward(
+    m: &Model,
+    experts: &ExpertRanks,
+    cache: &mut PagedKvCache,
+    seqs: &[SeqInput],
+    prof: &mut Profiler,
+) -> Vec<u32> {
+    let s = prof.begin();
+    let mut b = [RankBatch {
+        rank: 0,
+        cache,
+        seqs,
+    }];
+    let f = m
+        .forward_ranks(&mut b, experts, AttnPath::Auto, prof)
+        .expect("forward");
+    let next = dstwin_cpu::ops::argmax_rows(&f.ranks[0].logits).expect("argmax");
+    prof.end_step(s, || serde_json::json!({"seqs": seqs.len()}));
+    next
+}
 
 const PROMPT: usize = 128;
 const DECODE: usize = 32;
 const BS: usize = 16;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let trace = match args.iter().position(|a| a == "--profile") {
+        Some(i) if i + 1 < args.len() => {
+            let path = args.remove(i + 1);
+            args.remove(i);
+            Some(TraceSink::create(std::path::Path::new(&path)).expect("--profile FILE"))
+        }
+        Some(_) => {
+            eprintln!("--profile needs a FILE");
+            std::process::exit(2);
+        }
+        None => None,
+    };
     let Some(dir) = args.first() else {
-        eprintln!("usage: bench DIR [BATCH...]");
+        eprintln!("usage: bench DIR [BATCH...] [--profile FILE]");
         std::process::exit(2);
     };
     let batches: Vec<usize> = if args.len() > 1 {
@@ -26,8 +65,14 @@ fn main() {
         vec![1, 4, 16]
     };
     let m = Model::load(std::path::Path::new(dir), DType::F32, &Device::Cpu).expect("model");
+    let experts = ExpertRanks::local(&m).expect("experts");
+    let vocab = dstwin_core::opgraph::vocabulary(&m.cfg.model, 1, 0);
     let per_seq = (PROMPT + DECODE).div_ceil(BS);
     for &b in &batches {
+        let mut prof = match &trace {
+            Some(t) => Profiler::new(t.clone(), b as u32, &format!("batch {b}"), 1, vocab.clone()),
+            None => Profiler::off(),
+        };
         let mut cache =
             PagedKvCache::new(&m.cfg, per_seq * b, BS, m.dtype, &Device::Cpu).expect("cache");
         let tables: Vec<Vec<u32>> = (0..b)
@@ -49,11 +94,8 @@ fn main() {
             })
             .collect();
         let t = Instant::now();
-        let f = m
-            .forward(&mut cache, &seqs, AttnPath::Auto)
-            .expect("prefill");
+        let mut next = forward(&m, &experts, &mut cache, &seqs, &mut prof);
         let prefill_s = t.elapsed().as_secs_f64();
-        let mut next = dstwin_cpu::ops::argmax_rows(&f.logits).expect("argmax");
         let t = Instant::now();
         for step in 0..DECODE {
             let toks: Vec<[u32; 1]> = next.iter().map(|&x| [x]).collect();
@@ -65,10 +107,7 @@ fn main() {
                     logits: 1,
                 })
                 .collect();
-            let f = m
-                .forward(&mut cache, &seqs, AttnPath::Auto)
-                .expect("decode");
-            next = dstwin_cpu::ops::argmax_rows(&f.logits).expect("argmax");
+            next = forward(&m, &experts, &mut cache, &seqs, &mut prof);
         }
         let decode_s = t.elapsed().as_secs_f64();
         println!(

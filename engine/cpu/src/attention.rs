@@ -11,8 +11,10 @@ use crate::cache::PagedKvCache;
 use crate::config::EngineConfig;
 use crate::linear::Linear;
 use crate::ops::{rms_norm, softmax_last};
+use crate::profile::Profiler;
 use crate::rope;
 use candle_core::{DType, Result, Tensor, D};
+use serde_json::json;
 
 /// Which attention computation a forward pass uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,7 +85,12 @@ impl Mla {
     }
 
     /// `x [T, hidden]` (already normed) for the sequences in `spans`; writes each token's
-    /// latent to `cache` layer `layer` and returns `[T, hidden]`.
+    /// latent to `cache` layer `layer` and returns `[T, hidden]`. Its ops are timed as the op
+    /// graph names them: `q_a_proj` (the query LoRA down-projection), `q_b_proj` (its norm,
+    /// up-projection and rotary; the one `q_proj` without a query LoRA), `kv_a_proj` (the latent,
+    /// its norm and rotary key, written to the cache), per sequence either `kv_b_proj` (the
+    /// cached latents gathered and up-projected) and `attn_prefill`, or `q_absorb`,
+    /// `attn_decode` (over the gathered latents) and `v_absorb`; then `o_proj`.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -95,8 +102,9 @@ impl Mla {
         layer: usize,
         spans: &[SeqSpan],
         path: AttnPath,
+        prof: &mut Profiler,
     ) -> Result<Tensor> {
-        let t = x.dims2()?.0;
+        let (t, hidden) = x.dims2()?;
         let (h, nope, rd, kvl) = (
             cfg.heads,
             cfg.qk_nope_dim,
@@ -104,13 +112,34 @@ impl Mla {
             cfg.kv_lora_rank,
         );
         let eps = cfg.rms_norm_eps;
+        let qk = h * (nope + rd);
         let q = match &self.q {
-            QProj::Lora { a, norm, b } => b.forward(&rms_norm(&a.forward(x)?, norm, eps)?)?,
-            QProj::Full(p) => p.forward(x)?,
-        }
-        .reshape((t, h, nope + rd))?;
-        let q_nope = q.narrow(D::Minus1, 0, nope)?;
-        let q_pe = rope::apply(&q.narrow(D::Minus1, nope, rd)?.contiguous()?, cos, sin)?;
+            QProj::Lora { a, norm, b } => {
+                let s = prof.begin();
+                let qa = a.forward(x)?;
+                prof.end(
+                    s,
+                    "q_a_proj",
+                    || json!({"tokens": t, "k": hidden, "n": a.out_dim()}),
+                );
+                let s = prof.begin();
+                let q = self.q_rope(&b.forward(&rms_norm(&qa, norm, eps)?)?, cfg, cos, sin)?;
+                prof.end(
+                    s,
+                    "q_b_proj",
+                    || json!({"tokens": t, "k": a.out_dim(), "n": qk}),
+                );
+                q
+            }
+            QProj::Full(p) => {
+                let s = prof.begin();
+                let q = self.q_rope(&p.forward(x)?, cfg, cos, sin)?;
+                prof.end(s, "q_b_proj", || json!({"tokens": t, "k": hidden, "n": qk}));
+                q
+            }
+        };
+        let (q_nope, q_pe) = q;
+        let s = prof.begin();
         let kv = self.kv_a.forward(x)?;
         let c_kv = rms_norm(
             &kv.narrow(D::Minus1, 0, kvl)?.contiguous()?,
@@ -124,62 +153,81 @@ impl Mla {
         )?
         .reshape((t, rd))?;
         let latent = Tensor::cat(&[&c_kv, &k_pe], D::Minus1)?;
-        let scale = cfg.softmax_scale();
-        let mut outs = Vec::with_capacity(spans.len());
-        for s in spans {
+        for sp in spans {
             cache.write(
                 layer,
-                s.blocks,
-                s.computed,
-                &latent.narrow(0, s.start, s.len)?,
+                sp.blocks,
+                sp.computed,
+                &latent.narrow(0, sp.start, sp.len)?,
             )?;
-            let ctx = cache
-                .gather(layer, s.blocks, s.computed + s.len)?
-                .to_dtype(DType::F32)?;
-            let c = ctx.narrow(D::Minus1, 0, kvl)?.contiguous()?;
-            let kpe = ctx.narrow(D::Minus1, kvl, rd)?.contiguous()?;
-            // [h, n, d] per head, f32.
-            let qn = q_nope
-                .narrow(0, s.start, s.len)?
-                .to_dtype(DType::F32)?
-                .transpose(0, 1)?
-                .contiguous()?;
-            let qp = q_pe
-                .narrow(0, s.start, s.len)?
-                .to_dtype(DType::F32)?
-                .transpose(0, 1)?
-                .contiguous()?;
+        }
+        prof.end(
+            s,
+            "kv_a_proj",
+            || json!({"tokens": t, "k": hidden, "n": kvl + rd}),
+        );
+        let scale = cfg.softmax_scale();
+        let mut outs = Vec::with_capacity(spans.len());
+        for sp in spans {
             let absorbed = match path {
                 AttnPath::Absorbed => true,
                 AttnPath::Prefill => false,
-                AttnPath::Auto => s.len <= 8,
+                AttnPath::Auto => sp.len <= 8,
+            };
+            let q = SeqQuery {
+                span: sp,
+                q_nope: &q_nope,
+                q_pe: &q_pe,
             };
             let o = if absorbed {
-                self.attend_absorbed(cfg, &qn, &qp, &c, &kpe, s.computed, scale)?
+                self.attend_absorbed(cfg, cache, layer, &q, scale, prof)?
             } else {
-                self.attend_prefill(cfg, &qn, &qp, &c, &kpe, s.computed, scale)?
+                self.attend_prefill(cfg, cache, layer, &q, scale, prof)?
             };
             outs.push(o.to_dtype(x.dtype())?);
         }
+        let s = prof.begin();
         let o = Tensor::cat(&outs, 0)?;
-        self.o.forward(&o)
+        let y = self.o.forward(&o)?;
+        prof.end(
+            s,
+            "o_proj",
+            || json!({"tokens": t, "k": h * cfg.v_head_dim, "n": hidden, "seqs": spans.len()}),
+        );
+        Ok(y)
     }
 
-    /// Up-projects the context: `[h, n, v]` -> `[n, h * v]`.
-    #[allow(clippy::too_many_arguments)]
+    /// Queries `[T, heads * (nope + rope)]` -> the no-position part and the rotated part,
+    /// `[T, heads, *]` each.
+    fn q_rope(
+        &self,
+        q: &Tensor,
+        cfg: &EngineConfig,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let (h, nope, rd) = (cfg.heads, cfg.qk_nope_dim, cfg.qk_rope_dim);
+        let q = q.reshape((q.dims2()?.0, h, nope + rd))?;
+        let q_nope = q.narrow(D::Minus1, 0, nope)?;
+        let q_pe = rope::apply(&q.narrow(D::Minus1, nope, rd)?.contiguous()?, cos, sin)?;
+        Ok((q_nope, q_pe))
+    }
+
+    /// The prefill path for one sequence: `kv_b_proj` (its cached latents gathered and
+    /// up-projected to per-head keys and values), then `attn_prefill`; -> `[n, h * v]`.
     fn attend_prefill(
         &self,
         cfg: &EngineConfig,
-        qn: &Tensor,
-        qp: &Tensor,
-        c: &Tensor,
-        kpe: &Tensor,
-        computed: usize,
+        cache: &PagedKvCache,
+        layer: usize,
+        q: &SeqQuery,
         scale: f64,
+        prof: &mut Profiler,
     ) -> Result<Tensor> {
-        let (h, nope, v) = (cfg.heads, cfg.qk_nope_dim, cfg.v_head_dim);
+        let (h, nope, v, kvl) = (cfg.heads, cfg.qk_nope_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+        let s = prof.begin();
+        let (c, kpe) = q.context(cfg, cache, layer)?;
         let ctx = c.dims2()?.0;
-        let n = qn.dims3()?.1;
         // Keys and values from the latents in the layer's dtype, as HF's `kv_b_proj` does.
         let kv = self
             .kv_b
@@ -187,6 +235,14 @@ impl Mla {
             .to_dtype(DType::F32)?
             .reshape((ctx, h, nope + v))?
             .transpose(0, 1)?;
+        prof.end(
+            s,
+            "kv_b_proj",
+            || json!({"tokens": ctx, "k": kvl, "n": h * (nope + v)}),
+        );
+        let s = prof.begin();
+        let (qn, qp) = q.per_head()?;
+        let n = qn.dims3()?.1;
         let k_nope = kv.narrow(D::Minus1, 0, nope)?.contiguous()?;
         let val = kv.narrow(D::Minus1, nope, v)?.contiguous()?;
         let kpe_t = kpe.t()?.contiguous()?;
@@ -197,35 +253,103 @@ impl Mla {
         // In bf16, round where HF's eager attention holds bf16 tensors: the scores, the scaled
         // scores and the probabilities.
         let r = |t: Tensor| round_to(t, self.kv_a_norm.dtype());
-        let p = r(softmax_last(&causal(r((r(scores)? * scale)?)?, computed)?)?)?;
-        let o = p.matmul(&val)?; // [h, n, v]
-        o.transpose(0, 1)?.reshape((n, h * v))
+        let p = r(softmax_last(&causal(
+            r((r(scores)? * scale)?)?,
+            q.span.computed,
+        )?)?)?;
+        let o = p.matmul(&val)?.transpose(0, 1)?.reshape((n, h * v))?; // [h, n, v] -> [n, h * v]
+        prof.end(
+            s,
+            "attn_prefill",
+            || json!({"tokens": n, "context": ctx, "heads": h}),
+        );
+        Ok(o)
     }
 
-    /// Attends against the latents: `[h, n, v]` -> `[n, h * v]`.
-    #[allow(clippy::too_many_arguments)]
+    /// The absorbed path for one sequence, against its latents: `q_absorb`, `attn_decode`
+    /// (the cached latents gathered, scores, softmax, weighted sum), `v_absorb`; -> `[n, h * v]`.
     fn attend_absorbed(
         &self,
         cfg: &EngineConfig,
-        qn: &Tensor,
-        qp: &Tensor,
-        c: &Tensor,
-        kpe: &Tensor,
-        computed: usize,
+        cache: &PagedKvCache,
+        layer: usize,
+        q: &SeqQuery,
         scale: f64,
+        prof: &mut Profiler,
     ) -> Result<Tensor> {
-        let (h, v, kvl) = (cfg.heads, cfg.v_head_dim, cfg.kv_lora_rank);
-        let ctx = c.dims2()?.0;
+        let (h, nope, v, kvl) = (cfg.heads, cfg.qk_nope_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+        let s = prof.begin();
+        let (qn, qp) = q.per_head()?;
         let n = qn.dims3()?.1;
         let q_lat = qn.matmul(&self.w_uk)?; // [h, n, kvl]
+        prof.end(
+            s,
+            "q_absorb",
+            || json!({"tokens": n, "heads": h, "k": nope, "n": kvl}),
+        );
+        let s = prof.begin();
+        let (c, kpe) = q.context(cfg, cache, layer)?;
+        let ctx = c.dims2()?.0;
         let scores = (q_lat.reshape((h * n, kvl))?.matmul(&c.t()?.contiguous()?)?
             + qp.reshape((h * n, kpe.dims2()?.1))?
                 .matmul(&kpe.t()?.contiguous()?)?)?
         .reshape((h, n, ctx))?;
-        let p = softmax_last(&causal((scores * scale)?, computed)?)?;
-        let o_lat = p.reshape((h * n, ctx))?.matmul(c)?.reshape((h, n, kvl))?;
-        let o = o_lat.matmul(&self.w_uv_t)?; // [h, n, v]
-        o.transpose(0, 1)?.reshape((n, h * v))
+        let p = softmax_last(&causal((scores * scale)?, q.span.computed)?)?;
+        let o_lat = p.reshape((h * n, ctx))?.matmul(&c)?.reshape((h, n, kvl))?;
+        prof.end(
+            s,
+            "attn_decode",
+            || json!({"tokens": n, "context": ctx, "heads": h}),
+        );
+        let s = prof.begin();
+        let o = o_lat
+            .matmul(&self.w_uv_t)?
+            .transpose(0, 1)?
+            .reshape((n, h * v))?;
+        prof.end(
+            s,
+            "v_absorb",
+            || json!({"tokens": n, "heads": h, "k": kvl, "n": v}),
+        );
+        Ok(o)
+    }
+}
+
+/// One sequence's queries within the batch's.
+struct SeqQuery<'a> {
+    span: &'a SeqSpan<'a>,
+    /// `[T, h, nope]` and `[T, h, rope]` for the whole batch.
+    q_nope: &'a Tensor,
+    q_pe: &'a Tensor,
+}
+
+impl SeqQuery<'_> {
+    /// This sequence's query parts as `[h, n, *]` f32.
+    fn per_head(&self) -> Result<(Tensor, Tensor)> {
+        let f = |q: &Tensor| -> Result<Tensor> {
+            q.narrow(0, self.span.start, self.span.len)?
+                .to_dtype(DType::F32)?
+                .transpose(0, 1)?
+                .contiguous()
+        };
+        Ok((f(self.q_nope)?, f(self.q_pe)?))
+    }
+
+    /// Its context's cached latents `[ctx, kv_lora]` and rotary keys `[ctx, rope]`, f32.
+    fn context(
+        &self,
+        cfg: &EngineConfig,
+        cache: &PagedKvCache,
+        layer: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let ctx = cache
+            .gather(layer, self.span.blocks, self.span.computed + self.span.len)?
+            .to_dtype(DType::F32)?;
+        Ok((
+            ctx.narrow(D::Minus1, 0, cfg.kv_lora_rank)?.contiguous()?,
+            ctx.narrow(D::Minus1, cfg.kv_lora_rank, cfg.qk_rope_dim)?
+                .contiguous()?,
+        ))
     }
 }
 

@@ -62,6 +62,9 @@ pub enum ModelError {
     Token { token: u32, vocab: usize },
     #[error("layer {layer}: expert {expert} is routed to but not in this expert table")]
     ExpertMissing { layer: usize, expert: usize },
+    /// The expert placement does not fit the model or the instance (the message says how).
+    #[error("expert placement: {0}")]
+    Placement(String),
     #[error("the model has no MTP module (num_nextn_predict_layers = 0)")]
     NoMtp,
     #[error("tensor library: {0}")]

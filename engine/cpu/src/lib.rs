@@ -4,9 +4,17 @@
 //! - [`config`]: HF config.json -> [`EngineConfig`] (sizes through `dstwin_core`'s parser,
 //!   plus norm, RoPE/YaRN, router and special-token fields);
 //! - [`weights`]: HF safetensors checkpoints (single or sharded), shape checks naming fields;
-//! - [`model`]: the model, its loading, the batched forward over paged sequences, MTP;
+//! - [`model`]: the model and its loading from a checkpoint;
+//! - [`forward`]: the batched forward over paged sequences across the DP ranks of an
+//!   instance (attention per rank, MoE across ranks), MTP;
 //! - [`attention`]: MLA, prefill (up-projected) and absorbed (latent) paths;
-//! - [`moe`]: DeepSeekMoE routing (`noaux_tc`), the expert table, combine;
+//! - [`moe`]: DeepSeekMoE routing (`noaux_tc`), the checkpoint's expert table;
+//! - [`ep`]: expert parallelism: the routed experts spread over the ranks as the EPLB
+//!   placement says, dispatch / experts / combine, EPLB weight moves;
+//! - [`device`]: the engine as a dstwin `Device` (the scheduler's plans, sampling, MTP drafts)
+//!   and the fabric that copies KV between instances;
+//! - [`profile`]: the op trace (`--profile`), Chrome / Perfetto JSON;
+//! - [`sampler`]: sampling and draft verification;
 //! - [`cache`]: the paged latent KV pool;
 //! - [`rope`]: RoPE with YaRN; [`linear`]: dense and W8A8 projections; [`ops`]: norms, softmax;
 //! - [`init`] and [`tokenizer`]: deterministic random checkpoints and their tokenizer;
@@ -21,12 +29,15 @@ pub mod attention;
 pub mod cache;
 pub mod config;
 pub mod device;
+pub mod ep;
 pub mod error;
+pub mod forward;
 pub mod init;
 pub mod linear;
 pub mod model;
 pub mod moe;
 pub mod ops;
+pub mod profile;
 pub mod rope;
 pub mod sampler;
 pub mod tokenizer;
@@ -37,6 +48,9 @@ pub use cache::PagedKvCache;
 pub use candle_core::{DType, Device, Tensor};
 pub use config::EngineConfig;
 pub use device::{CpuDevice, CpuDeviceConfig, CpuFabric};
+pub use ep::ExpertRanks;
 pub use error::{LoadError, ModelError};
+pub use forward::RankBatch;
 pub use init::init_weights;
 pub use model::{Forward, Model, SeqInput};
+pub use profile::{Profiler, TraceSink};

@@ -106,6 +106,22 @@ impl Linear {
         }
     }
 
+    /// A copy in storage of its own.
+    pub fn deep_copy(&self) -> Result<Linear> {
+        Ok(match self {
+            Linear::Dense(w) => Linear::Dense(w.copy()?),
+            Linear::W8A8(q) => Linear::W8A8(q.clone()),
+        })
+    }
+
+    /// Bytes of the weight (with its scales under W8A8).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Linear::Dense(w) => w.elem_count() * w.dtype().size_in_bytes(),
+            Linear::W8A8(q) => q.weight.len() + 4 * q.scale.len(),
+        }
+    }
+
     /// This layer in W8A8 (unchanged if it already is).
     pub fn to_w8a8(&self) -> Result<Linear> {
         Ok(match self {

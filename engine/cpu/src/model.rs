@@ -1,17 +1,15 @@
 //! The DeepSeek-V3 model: embedding, decoder layers (MLA + dense FFN or DeepSeekMoE), final
-//! norm and LM head, and the MTP modules; loading from a HF checkpoint and the batched forward
-//! over paged sequences.
+//! norm and LM head, and the MTP modules; loading from a HF checkpoint. The forward pass is in
+//! [`crate::forward`].
 
-use crate::attention::{AttnPath, Mla, QProj, SeqSpan};
-use crate::cache::PagedKvCache;
+use crate::attention::{Mla, QProj};
 use crate::config::EngineConfig;
-use crate::error::{LoadError, ModelError};
+use crate::error::LoadError;
 use crate::linear::Linear;
 use crate::moe::{ExpertTable, Ffn, Mlp, Moe, RouteSpec, Router};
-use crate::ops::{argmax_rows, rms_norm};
 use crate::rope::Rope;
 use crate::weights::{Checkpoint, Dim};
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -41,13 +39,6 @@ pub struct Forward {
     /// Tokens routed to each expert, per MoE layer (index `i` is decoder layer
     /// `first_k_dense_replace + i`; for an MTP pass, its one layer): the EPLB heat.
     pub expert_counts: Vec<Vec<u32>>,
-}
-
-/// A checked batch: each sequence's span of rows, every row's position and token id.
-struct Prepared<'a> {
-    spans: Vec<SeqSpan<'a>>,
-    positions: Vec<usize>,
-    ids: Vec<u32>,
 }
 
 /// A decoder layer.
@@ -368,222 +359,16 @@ impl Model {
         Ok(())
     }
 
-    /// Checks a batch against the model and the cache; returns the spans and positions.
-    fn prepare<'a>(
-        &self,
-        cache: &PagedKvCache,
-        seqs: &[SeqInput<'a>],
-    ) -> Result<Prepared<'a>, ModelError> {
-        let mut spans = Vec::with_capacity(seqs.len());
-        let mut positions = Vec::new();
-        let mut ids = Vec::new();
-        for (i, s) in seqs.iter().enumerate() {
-            if s.tokens.is_empty() {
-                return Err(ModelError::Input {
-                    seq: i,
-                    message: "no tokens to compute".into(),
-                });
-            }
-            if s.logits > s.tokens.len() {
-                return Err(ModelError::Input {
-                    seq: i,
-                    message: format!(
-                        "{} logit rows asked of {} new tokens",
-                        s.logits,
-                        s.tokens.len()
-                    ),
-                });
-            }
-            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
-                return Err(ModelError::Token {
-                    token: t,
-                    vocab: self.cfg.vocab,
-                });
-            }
-            cache.check_table(i, s.blocks, s.computed + s.tokens.len())?;
-            spans.push(SeqSpan {
-                blocks: s.blocks,
-                computed: s.computed,
-                start: ids.len(),
-                len: s.tokens.len(),
-            });
-            positions.extend(s.computed..s.computed + s.tokens.len());
-            ids.extend_from_slice(s.tokens);
-        }
-        Ok(Prepared {
-            spans,
-            positions,
-            ids,
-        })
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn run_layer(
-        &self,
-        layer: &Layer,
-        index: usize,
-        cache_layer: usize,
-        x: &Tensor,
-        rope: &(Tensor, Tensor),
-        cache: &mut PagedKvCache,
-        spans: &[SeqSpan],
-        path: AttnPath,
-    ) -> Result<(Tensor, Option<Vec<u32>>), ModelError> {
-        let eps = self.cfg.rms_norm_eps;
-        let h = rms_norm(x, &layer.input_norm, eps)?;
-        let a = layer.attn.forward(
-            &self.cfg,
-            &h,
-            &rope.0,
-            &rope.1,
-            cache,
-            cache_layer,
-            spans,
-            path,
-        )?;
-        let x = (x + a)?;
-        let (y, counts) = layer.ffn.forward(index, &x, &layer.post_norm, eps)?;
-        Ok(((x + y)?, counts))
-    }
-
-    /// The rows of each sequence's last `logits` positions.
-    fn logit_rows(&self, seqs: &[SeqInput], spans: &[SeqSpan]) -> Vec<u32> {
-        seqs.iter()
-            .zip(spans)
-            .flat_map(|(s, sp)| (sp.start + sp.len - s.logits..sp.start + sp.len).map(|r| r as u32))
+    /// Every MoE layer in order: the decoder's, then each MTP module's (the order of EPLB
+    /// placements and heat).
+    pub fn moe_layers(&self) -> Vec<&Moe> {
+        self.layers
+            .iter()
+            .chain(self.mtp.iter().map(|m| &m.layer))
+            .filter_map(|l| match &l.ffn {
+                Ffn::Moe(m) => Some(m),
+                Ffn::Dense(_) => None,
+            })
             .collect()
-    }
-
-    fn head(
-        &self,
-        x: &Tensor,
-        rows: &[u32],
-        norm: &Tensor,
-        head: &Tensor,
-    ) -> candle_core::Result<Tensor> {
-        let idx = Tensor::from_slice(rows, rows.len(), x.device())?;
-        let h = rms_norm(&x.index_select(&idx, 0)?, norm, self.cfg.rms_norm_eps)?;
-        h.matmul(&head.t()?)?.to_dtype(DType::F32)
-    }
-
-    /// Runs a batch of sequences (prompt chunks and decodes mixed): writes their latents into
-    /// `cache` at their positions and returns the logits asked for.
-    pub fn forward(
-        &self,
-        cache: &mut PagedKvCache,
-        seqs: &[SeqInput],
-        path: AttnPath,
-    ) -> Result<Forward, ModelError> {
-        let Prepared {
-            spans,
-            positions,
-            ids,
-        } = self.prepare(cache, seqs)?;
-        let idx = Tensor::from_slice(&ids, ids.len(), &self.device)?;
-        let mut x = self.embed.index_select(&idx, 0)?;
-        let rope = self.rope.tables(&positions, self.dtype, &self.device)?;
-        let mut expert_counts = Vec::new();
-        for (i, layer) in self.layers.iter().enumerate() {
-            let (y, counts) = self.run_layer(layer, i, i, &x, &rope, cache, &spans, path)?;
-            x = y;
-            expert_counts.extend(counts);
-        }
-        let rows = self.logit_rows(seqs, &spans);
-        let logits = self.head(&x, &rows, &self.norm, &self.lm_head)?;
-        Ok(Forward {
-            logits,
-            hidden: x,
-            expert_counts,
-        })
-    }
-
-    /// Runs MTP module `k` over a batch: each sequence's `tokens` are the tokens *after* the
-    /// positions it covers (position `p` takes token `p + 1`), `hidden` the main model's
-    /// [`Forward::hidden`] rows for the same positions. The module's latents go to cache layer
-    /// `num_hidden_layers + k`; the logits predict the token after next.
-    pub fn mtp_forward(
-        &self,
-        k: usize,
-        cache: &mut PagedKvCache,
-        seqs: &[SeqInput],
-        hidden: &Tensor,
-        path: AttnPath,
-    ) -> Result<Forward, ModelError> {
-        let m = self.mtp.get(k).ok_or(ModelError::NoMtp)?;
-        let Prepared {
-            spans,
-            positions,
-            ids,
-        } = self.prepare(cache, seqs)?;
-        if hidden.dims2()?.0 != ids.len() {
-            return Err(ModelError::Input {
-                seq: 0,
-                message: format!("{} hidden rows for {} tokens", hidden.dims2()?.0, ids.len()),
-            });
-        }
-        let eps = self.cfg.rms_norm_eps;
-        let idx = Tensor::from_slice(&ids, ids.len(), &self.device)?;
-        let e = rms_norm(&m.embed.index_select(&idx, 0)?, &m.enorm, eps)?;
-        let hn = rms_norm(&hidden.to_dtype(self.dtype)?, &m.hnorm, eps)?;
-        let x = m.eh_proj.forward(&Tensor::cat(&[&e, &hn], D::Minus1)?)?;
-        let rope = self.rope.tables(&positions, self.dtype, &self.device)?;
-        let index = self.cfg.layers + k;
-        let (x, counts) = self.run_layer(&m.layer, index, index, &x, &rope, cache, &spans, path)?;
-        let rows = self.logit_rows(seqs, &spans);
-        let logits = self.head(&x, &rows, &m.head_norm, &m.head)?;
-        Ok(Forward {
-            logits,
-            hidden: x,
-            expert_counts: counts.into_iter().collect(),
-        })
-    }
-
-    /// The model's own greedy continuation of `prompt`, one forward per token on a private
-    /// cache: up to `max_tokens` tokens, ending after an end-of-sequence token unless
-    /// `ignore_eos`. The reference the scheduler-driven engine is checked against.
-    pub fn greedy(
-        &self,
-        prompt: &[u32],
-        max_tokens: usize,
-        ignore_eos: bool,
-    ) -> Result<Vec<u32>, ModelError> {
-        const BS: usize = 16;
-        let n = (prompt.len() + max_tokens).div_ceil(BS).max(1);
-        let mut cache = PagedKvCache::new(&self.cfg, n, BS, self.dtype, &self.device)?;
-        let blocks: Vec<u32> = (0..n as u32).collect();
-        let (mut out, mut input, mut computed) = (Vec::new(), prompt.to_vec(), 0);
-        while out.len() < max_tokens {
-            let f = self.forward(
-                &mut cache,
-                &[SeqInput {
-                    blocks: &blocks,
-                    computed,
-                    tokens: &input,
-                    logits: 1,
-                }],
-                AttnPath::Auto,
-            )?;
-            let t = argmax_rows(&f.logits)?[0];
-            computed += input.len();
-            out.push(t);
-            if !ignore_eos && self.cfg.eos_token_ids.contains(&t) {
-                break;
-            }
-            input = vec![t];
-        }
-        Ok(out)
-    }
-
-    /// Greedy draft tokens of MTP module 0, one per logit row asked for.
-    pub fn draft(
-        &self,
-        cache: &mut PagedKvCache,
-        seqs: &[SeqInput],
-        hidden: &Tensor,
-        path: AttnPath,
-    ) -> Result<Vec<u32>, ModelError> {
-        Ok(argmax_rows(
-            &self.mtp_forward(0, cache, seqs, hidden, path)?.logits,
-        )?)
     }
 }

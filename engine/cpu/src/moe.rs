@@ -1,14 +1,15 @@
 //! DeepSeekMoE: sigmoid router with `noaux_tc` group-limited top-k, routed experts addressed
 //! by id through an [`ExpertTable`], shared experts.
 //!
-//! A layer runs in three explicit stages so that expert parallelism can later cut between them:
-//! [`Router::route`] (per token: experts and weights), [`group_by_expert`] (per expert: its
-//! tokens and weights — what a dispatch sends), and the combine (each expert's output weighted
-//! and summed back per token, in expert-id order).
+//! A layer runs in explicit stages so that expert parallelism cuts between them
+//! ([`crate::ep`]): [`Router::route`] (per token: experts and weights), [`group_by_expert`]
+//! (per expert: its tokens and weights — what a dispatch sends), the experts, and the combine
+//! (each expert's output weighted and summed back per token, in expert-id order).
 
 use crate::linear::Linear;
-use crate::ops::rms_norm;
+use crate::profile::Profiler;
 use candle_core::{DType, Result, Tensor};
+use serde_json::json;
 use std::sync::Arc;
 
 /// SwiGLU FFN: `down(silu(gate(x)) * up(x))` (dense layers, routed and shared experts).
@@ -21,8 +22,33 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate.forward(x)?.silu()?;
-        self.down.forward(&(g * self.up.forward(x)?)?)
+        self.forward_profiled(x, &mut Profiler::off())
+    }
+
+    /// [`Mlp::forward`] with its three ops timed as the op graph names a dense FFN's:
+    /// `ffn_gate_up`, `ffn_act`, `ffn_down`.
+    pub fn forward_profiled(&self, x: &Tensor, prof: &mut Profiler) -> Result<Tensor> {
+        let (tokens, hidden) = x.dims2()?;
+        let ffn = self.gate.out_dim();
+        let s = prof.begin();
+        let g = self.gate.forward(x)?;
+        let u = self.up.forward(x)?;
+        prof.end(
+            s,
+            "ffn_gate_up",
+            || json!({"tokens": tokens, "k": hidden, "n": 2 * ffn}),
+        );
+        let s = prof.begin();
+        let a = (g.silu()? * u)?;
+        prof.end(s, "ffn_act", || json!({"tokens": tokens, "n": ffn}));
+        let s = prof.begin();
+        let y = self.down.forward(&a)?;
+        prof.end(
+            s,
+            "ffn_down",
+            || json!({"tokens": tokens, "k": ffn, "n": hidden}),
+        );
+        Ok(y)
     }
 
     pub fn to_w8a8(&self) -> Result<Mlp> {
@@ -31,6 +57,29 @@ impl Mlp {
             up: self.up.to_w8a8()?,
             down: self.down.to_w8a8()?,
         })
+    }
+
+    /// A copy in storage of its own (what a rank receiving this expert holds).
+    pub fn deep_copy(&self) -> Result<Mlp> {
+        Ok(Mlp {
+            gate: self.gate.deep_copy()?,
+            up: self.up.deep_copy()?,
+            down: self.down.deep_copy()?,
+        })
+    }
+
+    /// Bytes of its weights (scales included).
+    pub fn bytes(&self) -> usize {
+        self.gate.bytes() + self.up.bytes() + self.down.bytes()
+    }
+
+    /// Its weights as f32 values, gate then up then down (tests compare replicas).
+    pub fn weights_f32(&self) -> Result<Vec<f32>> {
+        let mut v = Vec::new();
+        for l in [&self.gate, &self.up, &self.down] {
+            v.extend(l.weight_f32()?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok(v)
     }
 }
 
@@ -117,12 +166,33 @@ pub struct Router {
 impl Router {
     /// Routes every row of `x [T, hidden]` (scores in f32, as HF computes them).
     pub fn route(&self, x: &Tensor) -> Result<Vec<Route>> {
+        self.route_profiled(x, &mut Profiler::off())
+    }
+
+    /// [`Router::route`] with its two ops timed as the op graph names them: `router` (the
+    /// gate's scores) and `router_topk` (the group-limited selection).
+    pub fn route_profiled(&self, x: &Tensor, prof: &mut Profiler) -> Result<Vec<Route>> {
+        let (tokens, hidden) = x.dims2()?;
+        let experts = self.spec.experts;
+        let s = prof.begin();
         let logits = x.to_dtype(DType::F32)?.matmul(&self.weight.t()?)?;
         let scores = (logits.neg()?.exp()? + 1.0)?.recip()?.to_vec2::<f32>()?;
-        Ok(scores
+        prof.end(
+            s,
+            "router",
+            || json!({"tokens": tokens, "k": hidden, "n": experts}),
+        );
+        let s = prof.begin();
+        let routes = scores
             .iter()
             .map(|s| route(s, &self.bias, &self.spec))
-            .collect())
+            .collect();
+        prof.end(
+            s,
+            "router_topk",
+            || json!({"tokens": tokens, "experts": experts, "top_k": self.spec.top_k}),
+        );
+        Ok(routes)
     }
 }
 
@@ -138,8 +208,9 @@ pub fn group_by_expert(routes: &[Route], experts: usize) -> Vec<(Vec<u32>, Vec<f
     groups
 }
 
-/// The routed experts this process holds, addressed by expert id. An EP rank holds a subset;
-/// EPLB's redundant replicas are further `Arc`s of the same weights.
+/// The checkpoint's routed experts of one layer, addressed by expert id. A single process runs
+/// them as they are; the ranks of an EP instance hold copies of the slots the placement gives
+/// them ([`crate::ep::ExpertRanks`]).
 #[derive(Clone, Debug, Default)]
 pub struct ExpertTable {
     slots: Vec<Option<Arc<Mlp>>>,
@@ -182,7 +253,9 @@ impl ExpertTable {
     }
 }
 
-/// One MoE layer.
+/// One MoE layer: its router, the checkpoint's routed experts (an EP rank runs copies of some
+/// of them, [`crate::ep::ExpertRanks`]) and the shared experts every rank runs for its own
+/// tokens.
 #[derive(Clone, Debug)]
 pub struct Moe {
     pub router: Router,
@@ -190,75 +263,11 @@ pub struct Moe {
     pub shared: Option<Mlp>,
 }
 
-impl Moe {
-    /// `x [T, hidden]` -> (`[T, hidden]`, tokens routed to each expert).
-    pub fn forward(
-        &self,
-        layer: usize,
-        x: &Tensor,
-    ) -> std::result::Result<(Tensor, Vec<u32>), crate::error::ModelError> {
-        let routes = self.router.route(x)?;
-        let groups = group_by_expert(&routes, self.router.spec.experts);
-        let counts = groups.iter().map(|g| g.0.len() as u32).collect();
-        // Every expert's weighted output, then one scatter-add into the tokens' rows (adding
-        // expert by expert would copy the whole output once per expert).
-        let mut ys = Vec::new();
-        let mut all_rows = Vec::new();
-        for (e, (rows, weights)) in groups.iter().enumerate() {
-            if rows.is_empty() {
-                continue;
-            }
-            let expert = self
-                .experts
-                .get(e)
-                .ok_or(crate::error::ModelError::ExpertMissing { layer, expert: e })?;
-            let idx = Tensor::from_slice(rows, rows.len(), x.device())?;
-            let y = expert.forward(&x.index_select(&idx, 0)?)?;
-            let w = Tensor::from_slice(weights, (rows.len(), 1), x.device())?;
-            ys.push(
-                y.to_dtype(DType::F32)?
-                    .broadcast_mul(&w)?
-                    .to_dtype(x.dtype())?,
-            );
-            all_rows.extend_from_slice(rows);
-        }
-        let mut out = x.zeros_like()?;
-        if !ys.is_empty() {
-            let idx = Tensor::from_slice(&all_rows, all_rows.len(), x.device())?;
-            out = out.index_add(&idx, &Tensor::cat(&ys, 0)?, 0)?;
-        }
-        if let Some(shared) = &self.shared {
-            out = (out + shared.forward(x)?)?;
-        }
-        Ok((out, counts))
-    }
-}
-
-/// RMSNorm then FFN: a dense layer's or an MoE layer's.
+/// A decoder layer's FFN: dense, or MoE.
 #[derive(Clone, Debug)]
 pub enum Ffn {
     Dense(Mlp),
     Moe(Moe),
-}
-
-impl Ffn {
-    /// Returns the output and, for MoE, the per-expert token counts.
-    pub fn forward(
-        &self,
-        layer: usize,
-        x: &Tensor,
-        norm: &Tensor,
-        eps: f64,
-    ) -> std::result::Result<(Tensor, Option<Vec<u32>>), crate::error::ModelError> {
-        let h = rms_norm(x, norm, eps)?;
-        Ok(match self {
-            Ffn::Dense(m) => (m.forward(&h)?, None),
-            Ffn::Moe(m) => {
-                let (y, c) = m.forward(layer, &h)?;
-                (y, Some(c))
-            }
-        })
-    }
 }
 
 #[cfg(test)]

@@ -137,6 +137,9 @@ pub struct BuiltInstance {
     pub device: SimDevice,
     /// Its rebalance cycle (dynamic EPLB), run by the deployment core.
     pub eplb: Option<EplbSpec>,
+    /// The expert placement it starts with (the scenario's EPLB policy on its expected load, or
+    /// its placement file); `None` under perfect balance. A real engine places its experts so.
+    pub placement: Option<Placement>,
 }
 
 /// KV bytes one context token takes across the model's layers (with MTP layers when MTP is on):
@@ -189,6 +192,7 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                     (Some(e), eplb)
                 }
             };
+            let placement = experts.as_ref().map(|e| e.placement.clone());
             let sc = &setup.scheduler;
             let device = SimDevice::new(pricer, mtp, capacity, experts)
                 .with_host(HostOverhead {
@@ -207,6 +211,7 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                 config: instance_config(setup, s),
                 device,
                 eplb,
+                placement,
             });
         }
     }

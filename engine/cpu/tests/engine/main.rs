@@ -3,10 +3,12 @@
 mod bad_input;
 mod common;
 mod config;
+mod expert_parallel;
 mod init_weights;
 mod mla;
 mod mtp;
 mod paged_cache;
 mod parity;
+mod profile;
 mod serving;
 mod w8a8;

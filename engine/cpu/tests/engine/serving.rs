@@ -1,39 +1,44 @@
 //! The engine under dstwin's deployment core (the scheduler, the PD proxy, the KV hand-off):
 //! greedy output is the model's own, token for token, however the scheduler cuts, places and
 //! moves the work: chunk sizes, prefix hits, preemption and recompute, PD vs mixed, MTP on or
-//! off, one DP rank or two; seeded sampling is reproducible across the same changes.
+//! off, one DP rank or two (EP2); seeded sampling is reproducible across the same changes.
+//! The drive loop here ([`serve_on`]) also serves the expert-parallel and profiling tests.
 
 use crate::common::*;
 use dstwin_core::batch::AttnCap;
-use dstwin_core::deploy::{Arrival, Deployment, DeploymentConfig, Effect, InstanceSpec, Note};
-use dstwin_core::device::{Device, FinishReason, SamplingParams, StepOutcome};
+use dstwin_core::deploy::{
+    Arrival, Deployment, DeploymentConfig, Effect, EplbSpec, InstanceSpec, Note,
+};
+use dstwin_core::device::{Device, FinishReason, SamplingParams, StepOutcome, StepPlan};
+use dstwin_core::eplb::Placement;
 use dstwin_core::instance::InstanceConfig;
 use dstwin_core::layout::Role;
 use dstwin_core::pd::Policy;
 use dstwin_core::time::SimTime;
+use dstwin_cpu::device::MoveTotals;
 use dstwin_cpu::{AttnPath, CpuDevice, CpuDeviceConfig, CpuFabric, DType, Model};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-fn shared() -> Arc<Model> {
+pub fn shared() -> Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
     M.get_or_init(|| Arc::new(tiny(DType::F32).clone())).clone()
 }
 
 /// One deployment layout to serve the same requests on.
 #[derive(Clone, Copy, Debug)]
-struct Layout {
-    pd: bool,
-    dp: u32,
+pub struct Layout {
+    pub pd: bool,
+    pub dp: u32,
     /// max_num_batched_tokens: small values chunk the prompts.
-    budget: u32,
-    blocks: u64,
-    spec: u32,
-    prefix: bool,
-    send_back: bool,
+    pub budget: u32,
+    pub blocks: u64,
+    pub spec: u32,
+    pub prefix: bool,
+    pub send_back: bool,
 }
 
-const BASE: Layout = Layout {
+pub const BASE: Layout = Layout {
     pd: false,
     dp: 1,
     budget: 256,
@@ -64,14 +69,27 @@ fn config(l: &Layout, role: Role) -> InstanceConfig {
 
 /// What a run produced: token ids and finish reason per request, and instance totals.
 #[derive(Debug, Default)]
-struct Served {
-    out: BTreeMap<u64, (Vec<u32>, FinishReason)>,
-    preemptions: u64,
-    prefix_hits: u64,
-    sent_back: u64,
-    preempted_notes: u64,
-    accepted_drafts: u64,
-    steps: u64,
+pub struct Served {
+    pub out: BTreeMap<u64, (Vec<u32>, FinishReason)>,
+    pub preemptions: u64,
+    pub prefix_hits: u64,
+    pub sent_back: u64,
+    pub preempted_notes: u64,
+    pub accepted_drafts: u64,
+    pub steps: u64,
+    /// Steps whose plan carried an EPLB layer move, and the index of the first one.
+    pub move_steps: u64,
+    pub first_move_step: Option<u64>,
+    /// What the devices' EPLB moves copied.
+    pub moves: MoveTotals,
+}
+
+/// Where each instance's routed experts live and whether they move (`Default`: each expert
+/// once, consecutive experts per rank, no rebalancing).
+#[derive(Clone, Default)]
+pub struct Experts {
+    pub placement: Option<Placement>,
+    pub eplb: Option<EplbSpec>,
 }
 
 /// Serves `prompts` (request i arrives at step `arrive[i]` of the driver loop) on `l`.
@@ -94,6 +112,31 @@ fn serve_with(
     s: &SamplingParams,
     dress: impl Fn(CpuDevice) -> CpuDevice,
 ) -> Served {
+    serve_on(
+        l,
+        prompts,
+        arrive,
+        max_tokens,
+        s,
+        &Experts::default(),
+        dress,
+        |_, _, _| {},
+    )
+}
+
+/// [`serve_with`] with the experts placed (and moved) as `experts` says, and `observe` called
+/// with each device after each of its steps.
+#[allow(clippy::too_many_arguments)]
+pub fn serve_on(
+    l: Layout,
+    prompts: &[Vec<u32>],
+    arrive: &[u32],
+    max_tokens: u32,
+    s: &SamplingParams,
+    experts: &Experts,
+    dress: impl Fn(CpuDevice) -> CpuDevice,
+    mut observe: impl FnMut(&CpuDevice, &StepPlan, &StepOutcome),
+) -> Served {
     let model = shared();
     let roles: &[Role] = if l.pd {
         &[Role::Prefill, Role::Decode]
@@ -108,7 +151,7 @@ fn serve_with(
             acceptance: None,
             detail: true,
             emissions: true,
-            eplb: None,
+            eplb: experts.eplb.clone(),
         })
         .collect();
     let mut d = Deployment::new(
@@ -131,6 +174,7 @@ fn serve_with(
                     spec_tokens: l.spec,
                     path: AttnPath::Auto,
                     seed: 3,
+                    placement: experts.placement.clone(),
                 },
             )
             .unwrap()
@@ -175,6 +219,11 @@ fn serve_with(
                     steps += 1;
                     let plan = d.plan(inst as usize).clone();
                     devices[inst as usize].execute(&plan, &mut out).unwrap();
+                    observe(&devices[inst as usize], &plan, &out);
+                    if plan.expert_move.is_some() {
+                        served.move_steps += 1;
+                        served.first_move_step.get_or_insert(steps);
+                    }
                     served.accepted_drafts += out
                         .accepted
                         .iter()
@@ -208,6 +257,12 @@ fn serve_with(
     }
     assert_eq!(finished, prompts.len(), "every request finished on {l:?}");
     served.steps = steps;
+    for dev in &devices {
+        let m = dev.moves();
+        served.moves.layers += m.layers;
+        served.moves.slots += m.slots;
+        served.moves.bytes += m.bytes;
+    }
     for i in 0..roles.len() {
         let st = d.instance(i).stats();
         served.preemptions += st.preemptions;
@@ -217,7 +272,7 @@ fn serve_with(
 }
 
 /// The model's own greedy continuation and how it ends.
-fn reference(
+pub fn reference(
     model: &Model,
     prompt: &[u32],
     max_tokens: u32,
@@ -237,7 +292,33 @@ fn reference(
     (out, reason)
 }
 
-fn prompts() -> Vec<Vec<u32>> {
+/// The model's own greedy continuations of `ps`.
+pub fn references(
+    ps: &[Vec<u32>],
+    max_tokens: u32,
+    ignore_eos: bool,
+) -> Vec<(Vec<u32>, FinishReason)> {
+    ps.iter()
+        .map(|p| reference(&shared(), p, max_tokens, ignore_eos))
+        .collect()
+}
+
+/// Greedy, past the end-of-sequence token (every request runs to `max_tokens`).
+pub fn greedy_past_eos() -> SamplingParams {
+    SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+/// Every request produced what `want` says.
+pub fn assert_served(got: &Served, want: &[(Vec<u32>, FinishReason)], what: &str) {
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&got.out[&(i as u64)], w, "{what}: request {i}");
+    }
+}
+
+pub fn prompts() -> Vec<Vec<u32>> {
     vec![prompt(37, 1), prompt(5, 2), prompt(70, 3)]
 }
 
@@ -245,10 +326,7 @@ fn prompts() -> Vec<Vec<u32>> {
 fn greedy_output_is_the_models_own_on_every_layout() {
     let ps = prompts();
     let g = SamplingParams::greedy();
-    let want: Vec<_> = ps
-        .iter()
-        .map(|p| reference(&shared(), p, 12, false))
-        .collect();
+    let want = references(&ps, 12, false);
     let layouts = [
         ("mixed", BASE),
         (
@@ -280,9 +358,7 @@ fn greedy_output_is_the_models_own_on_every_layout() {
     ];
     for (name, l) in layouts {
         let got = serve(l, &ps, &[0, 0, 0], 12, &g);
-        for (i, w) in want.iter().enumerate() {
-            assert_eq!(&got.out[&(i as u64)], w, "{name}: request {i}");
-        }
+        assert_served(&got, &want, name);
     }
 }
 
@@ -290,21 +366,13 @@ fn greedy_output_is_the_models_own_on_every_layout() {
 fn preemption_and_recompute_keep_the_output() {
     let ps = prompts();
     // Past EOS, so that every request holds its blocks to the end.
-    let g = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy()
-    };
-    let want: Vec<_> = ps
-        .iter()
-        .map(|p| reference(&shared(), p, 24, true))
-        .collect();
+    let g = greedy_past_eos();
+    let want = references(&ps, 24, true);
     // 9 blocks of 16 tokens for three requests of up to 94 tokens: someone must give way.
     let tight = Layout { blocks: 9, ..BASE };
     let got = serve(tight, &ps, &[0, 0, 0], 24, &g);
     assert!(got.preemptions > 0, "the layout preempts: {got:?}");
-    for (i, w) in want.iter().enumerate() {
-        assert_eq!(&got.out[&(i as u64)], w, "request {i}");
-    }
+    assert_served(&got, &want, "preemption");
     // On PD, a decode instance short of KV sends requests back to prefill.
     let back = Layout {
         pd: true,
@@ -314,9 +382,7 @@ fn preemption_and_recompute_keep_the_output() {
     };
     let got = serve(back, &ps, &[0, 0, 0], 24, &g);
     assert!(got.sent_back > 0, "the layout sends back");
-    for (i, w) in want.iter().enumerate() {
-        assert_eq!(&got.out[&(i as u64)], w, "send-back: request {i}");
-    }
+    assert_served(&got, &want, "send-back");
 }
 
 #[test]
@@ -365,14 +431,8 @@ fn drafts_are_verified_by_the_model() {
     // that verification keeps exactly the model's tokens: an oracle's drafts all stand (fewer
     // steps), a liar's all fall, and the output is the model's either way.
     let ps = prompts();
-    let g = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy()
-    };
-    let want: Vec<_> = ps
-        .iter()
-        .map(|p| reference(&shared(), p, 16, true))
-        .collect();
+    let g = greedy_past_eos();
+    let want = references(&ps, 16, true);
     let plain = serve(BASE, &ps, &[0, 0, 0], 16, &g);
     for spec in [1, 3] {
         let l = Layout { spec, ..BASE };
