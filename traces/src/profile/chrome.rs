@@ -11,11 +11,13 @@
 //!   `Ascend Hardware` (its threads are streams); collectives are the `hcom_*` events of the
 //!   `HCCL` / `Communication` processes; process names come from `process_name` metadata events,
 //!   which may follow the events they name. `ts` may be a decimal string with a ns fraction.
-//! - **The CPU engine** (`serve --device cpu --profile`): one complete event per op, named as
-//!   the op graph names it, with `args.op_class` and, where known, `args.layer`, `args.step`,
-//!   `args.flops`, `args.bytes`, `args.rows`, `args.shapes`, `args.dtype`, and for collectives
-//!   `args.group_size`; one complete event per device step, named `step...`, with `args.step`
-//!   and, where known, `args.seqs` and `args.tokens`. `pid` is the instance, `tid` the DP rank.
+//! - **The CPU engine** (`serve --device cpu --profile`, docs/cpu-engine.md "Profiling"): one
+//!   complete event per op, named as the op graph names it, with `args.class` (its class there),
+//!   `args.step`, `args.layer` (inside a layer), `args.part` and the op's shapes (`tokens`, a
+//!   GEMM's `k` and `n`, `seqs`, `context`, `heads`, `rows_per_expert`, `rows_to_rank`, ...),
+//!   kept as the record's shapes; `pid` is the instance, `tid` the DP rank. The step track
+//!   (category `step`) holds one `step` event per device step (`args.step`, `tokens`, `seqs`)
+//!   and the EPLB weight moves (`eplb_move`, with `bytes`), kept as records of their own.
 //!
 //! Other events (host ops, runtime calls, flows, counters) are counted by category in
 //! [`Profile::skipped`]. The file is streamed: memory holds one event at a time plus what is
@@ -43,6 +45,10 @@ const DEVICE_CATEGORIES: &[&str] = &["kernel", "gpu_memcpy", "gpu_memset"];
 const NPU_PROCESS: &str = "Ascend Hardware";
 /// torch_npu's processes of collectives.
 const COMM_PROCESSES: &[&str] = &["HCCL", "Communication"];
+/// The CPU engine's step track.
+const STEP_TRACK: &str = "step";
+/// The CPU engine's op arguments that place an op rather than shape it.
+const ENGINE_PLACE_ARGS: &[&str] = &["step", "layer", "class", "part"];
 /// Kineto's step annotation prefix.
 const PROFILER_STEP: &str = "ProfilerStep#";
 /// Host-side Kineto / torch_npu categories, skipped as soon as read.
@@ -255,13 +261,14 @@ impl State {
         if DEVICE_CATEGORIES.contains(&cat.as_str()) {
             return self.kineto_kernel(&e, name);
         }
-        if args.is_some_and(|a| a.contains_key("op_class")) {
+        if arg("class").is_some_and(Value::is_string) {
             return self.engine_op(&e, name);
         }
-        if name.to_ascii_lowercase().starts_with("step") {
-            if let Some(step) = arg("step").and_then(value_count) {
-                return self.step(&e, step, true, name);
-            }
+        if cat == STEP_TRACK {
+            return match (name, arg("step").and_then(value_count)) {
+                ("step", Some(step)) => self.step(&e, step, true, name),
+                _ => self.engine_step_work(&e, name),
+            };
         }
         if HOST_CATEGORIES.contains(&cat.as_str()) {
             self.profile.skip(&cat);
@@ -357,27 +364,42 @@ impl State {
         let mut k = self.record(e, name)?;
         k.device = numeric_id(e.pid.as_ref());
         k.stream = numeric_id(e.tid.as_ref());
-        k.op_class = arg("op_class").and_then(Value::as_str).map(str::to_owned);
+        k.op_class = arg("class").and_then(Value::as_str).map(str::to_owned);
         k.step = arg("step").and_then(value_count);
         k.layer = arg("layer")
             .and_then(value_count)
             .and_then(|l| u32::try_from(l).ok());
-        k.flops = arg("flops").and_then(value_amount);
-        k.bytes = arg("bytes").and_then(value_amount);
-        k.rows = arg("rows").and_then(value_amount);
-        k.shapes = arg("shapes").map(Value::to_string);
-        k.dtypes = arg("dtype").map(|v| match v {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        });
-        if let Some(g) = arg("group_size").and_then(value_count) {
+        if let Some(a) = args {
+            let shapes: Map<String, Value> = a
+                .iter()
+                .filter(|(key, _)| !ENGINE_PLACE_ARGS.contains(&key.as_str()))
+                .map(|(key, v)| (key.clone(), v.clone()))
+                .collect();
+            if !shapes.is_empty() {
+                k.shapes = Some(Value::Object(shapes).to_string());
+            }
+        }
+        // Dispatch and combine list the rows per destination rank: the EP group's size.
+        if let Some(Value::Array(ranks)) = arg("rows_to_rank") {
             k.comm = Some(CommRecord {
                 collective: k.op_class.clone(),
-                group: arg("group").and_then(Value::as_str).map(str::to_owned),
-                group_size: u32::try_from(g).ok(),
-                bytes: k.bytes,
+                group: None,
+                group_size: u32::try_from(ranks.len()).ok(),
+                bytes: None,
             });
         }
+        self.profile.kernels.push(k);
+        Ok(())
+    }
+
+    /// Work on the engine's step track that is not a step (an EPLB weight move).
+    fn engine_step_work(&mut self, e: &RawEvent, name: &str) -> Result<(), TraceError> {
+        let args = e.args.as_ref();
+        let mut k = self.record(e, name)?;
+        k.device = numeric_id(e.pid.as_ref());
+        k.stream = numeric_id(e.tid.as_ref());
+        k.step = args.and_then(|a| a.get("step")).and_then(value_count);
+        k.bytes = args.and_then(|a| a.get("bytes")).and_then(value_amount);
         self.profile.kernels.push(k);
         Ok(())
     }

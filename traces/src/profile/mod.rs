@@ -94,15 +94,13 @@ pub struct KernelRecord {
     pub layer: Option<u32>,
     /// Op class, when the trace says (the CPU engine does).
     pub op_class: Option<String>,
-    /// Input shapes as written (`"4096,7168;7168,2048"`, `[[4096, 7168], [7168, 2048]]`).
+    /// Input shapes as written (`"4096,7168;7168,2048"`, `[[4096, 7168], [7168, 2048]]`; the
+    /// CPU engine's shape arguments as a JSON object, `{"tokens":37,"k":256,"n":64}`).
     pub shapes: Option<String>,
     /// Input data types as written (`"DT_BF16;DT_BF16"`, `["c10::BFloat16", ...]`).
     pub dtypes: Option<String>,
-    /// Work the trace states directly (the CPU engine does): FLOPs, HBM bytes, and rows (the
-    /// GEMM M dimension).
-    pub flops: Option<f64>,
+    /// Bytes the kernel moved, when the trace says (the CPU engine's EPLB weight moves).
     pub bytes: Option<f64>,
-    pub rows: Option<f64>,
     pub comm: Option<CommRecord>,
     /// 1-based line of the file the record was read from (its end, for JSON events).
     pub line: u64,
@@ -124,9 +122,7 @@ impl KernelRecord {
             op_class: None,
             shapes: None,
             dtypes: None,
-            flops: None,
             bytes: None,
-            rows: None,
             comm: None,
             line,
         }

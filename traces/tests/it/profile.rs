@@ -3,10 +3,10 @@
 //!
 //! `kineto_h800_train_slice.json` is a slice of a real trace (tests/data/README.md). The Ascend
 //! samples (`kernel_details_block_dim.csv`, `kernel_details_block_num.csv`,
-//! `op_summary_msprof.csv`, `op_statistic.csv`, `communication.json`, `trace_view.json`) and the
-//! CPU engine's profile (`cpu_engine_profile.json`) are written by hand from the formats'
-//! documentation (the CANN profiling guide's field tables, torch_npu's csv headers, the CPU
-//! engine's profile format in docs/calibration.md): no real file of them is at hand.
+//! `op_summary_msprof.csv`, `op_statistic.csv`, `communication.json`, `trace_view.json`) are
+//! written by hand from the formats' documentation (the CANN profiling guide's field tables,
+//! torch_npu's csv headers and output layout): no real file of them is at hand.
+//! `cpu_engine_profile.json` is a slice of a real trace of the CPU engine.
 
 use crate::fixture;
 use dstwin_traces::profile::{ascend, chrome, communication, read_path, ProfileFormat};
@@ -215,21 +215,30 @@ fn a_torch_npu_directory_is_one_profile_with_joined_communication() {
 }
 
 #[test]
-fn the_cpu_engine_profile_gives_ops_with_their_work_and_steps() {
+fn the_cpu_engine_profile_gives_ops_with_their_shapes_and_steps() {
     let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
-    assert_eq!(p.steps.len(), 6);
-    assert!(p.steps.iter().all(|s| s.on_device));
-    assert_eq!(p.steps[2].seqs, Some(4));
-    assert_eq!(p.kernels.len(), 6);
+    // 14 step events, the ops of steps 0 and 10 and step 10's EPLB weight move.
+    assert_eq!(p.steps.len(), 14);
+    assert!(p.steps.iter().all(|s| s.on_device && s.device == Some(0)));
+    assert_eq!(
+        (p.steps[1].step, p.steps[1].seqs, p.steps[1].tokens),
+        (1, Some(4), Some(145))
+    );
+    assert_eq!(p.kernels.len(), 311);
+    // 143,145.390 µs of ops and a 2,033.393 µs move.
+    assert_eq!(p.kernel_time_ns(), 145_178_783);
     let q = p.kernels.iter().find(|k| &*k.name == "q_a_proj").unwrap();
     assert_eq!(q.op_class.as_deref(), Some("gemm"));
-    assert_eq!((q.layer, q.step, q.rows), (Some(0), Some(1), Some(2.0)));
-    assert_eq!(q.flops, Some(2.0 * 2.0 * 7168.0 * 1536.0));
-    assert_eq!(q.dtypes.as_deref(), Some("f32"));
-    assert_eq!(q.dur_ns, 40_500);
+    assert_eq!((q.layer, q.step, q.stream), (Some(0), Some(0), Some(0)));
+    assert_eq!(q.shapes.as_deref(), Some(r#"{"k":256,"n":64,"tokens":48}"#));
+    assert_eq!(q.dur_ns, 11_217_064);
     let d = p.kernels.iter().find(|k| &*k.name == "dispatch").unwrap();
-    let c = d.comm.as_ref().unwrap();
-    assert_eq!((c.group_size, c.bytes), (Some(2), Some(28672.0)));
+    assert_eq!(d.comm.as_ref().unwrap().group_size, Some(4));
+    let m = p.kernels.iter().find(|k| &*k.name == "eplb_move").unwrap();
+    assert_eq!(
+        (m.step, m.bytes, m.op_class.as_deref()),
+        (Some(10), Some(3_735_552.0), None)
+    );
 }
 
 #[test]
