@@ -51,6 +51,10 @@ pub struct CalibrateArgs {
     /// scenarios.
     #[arg(long, requires = "out")]
     system_out: Option<PathBuf>,
+    /// The format the engine computed in (bf16, fp16, fp32, ...), for traces that do not say:
+    /// the CPU engine's GEMM shapes need it to count bytes.
+    #[arg(long, requires = "trace")]
+    dtype: Option<String>,
     /// Gaps between device steps longer than this many times the median are idle time, not
     /// host overhead [default: 5].
     #[arg(long, requires = "trace")]
@@ -102,6 +106,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             out: a.out,
             system_out: a.system_out,
             idle_factor: a.idle_factor,
+            dtype: a.dtype,
             top: a.top,
             json: a.json,
         });

@@ -9,7 +9,7 @@ use dstwin_calibration::tracefit::costfile::{cost_file, system_file};
 use dstwin_calibration::tracefit::{
     calibrate, TraceCalibration, TraceOptions, DEFAULT_IDLE_FACTOR,
 };
-use dstwin_hwmodels::{Catalog, CostModel};
+use dstwin_hwmodels::{Catalog, CostModel, DType};
 use std::path::{Path, PathBuf};
 
 /// What the trace mode of `calibrate` was given.
@@ -21,6 +21,7 @@ pub struct TraceArgs {
     pub out: Option<PathBuf>,
     pub system_out: Option<PathBuf>,
     pub idle_factor: Option<f64>,
+    pub dtype: Option<String>,
     pub top: usize,
     pub json: bool,
 }
@@ -51,6 +52,13 @@ pub fn run(a: TraceArgs) -> Result<(), Failure> {
             "--idle-factor {idle_factor}: must be a number above 1 (gaps this many times the median are idle)"
         )));
     }
+    let dtype = match &a.dtype {
+        None => None,
+        Some(d) => Some(
+            d.parse::<DType>()
+                .map_err(|e| input(anyhow!("--dtype {d}: {e}")))?,
+        ),
+    };
     if a.system_out.is_some() && a.out.is_none() {
         return Err(input(anyhow!(
             "--system-out needs --out (the cost file it uses)"
@@ -98,6 +106,7 @@ pub fn run(a: TraceArgs) -> Result<(), Failure> {
         rules,
         cost: cost.as_ref().map(|c| c.0.clone()),
         idle_factor,
+        dtype,
     };
     let cal = calibrate(&profiles, &opts);
     if cal.mapping.kernels == 0 {

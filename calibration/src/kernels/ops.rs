@@ -1,15 +1,15 @@
 //! The op graph's op names and what each is: the names calibration maps kernels onto.
 //!
-//! Read off the op graph itself (`dstwin_core::opgraph::step_ops`), not listed here: every
-//! built-in model, on a layout with attention TP, dense TP and EP all above one (so that every
-//! collective appears), for a decode, a prefill and a mixed step with MTP. An op keeps one kind
-//! everywhere (a test checks it), so a name says its class.
+//! Read off the op graph itself: the union over the built-in models of
+//! `dstwin_core::opgraph::vocabulary` (the names an engine's profiler may write, the CPU
+//! engine's among them) on an EP group of two with MTP, so that dispatch, combine and the MTP
+//! ops appear. Tensor-parallel collectives (`attn_all_reduce`, `ffn_all_reduce`,
+//! `logits_gather`) are not in it: profilers name them by collective, which rules map by class.
+//! An op keeps one class in every model (a test checks it), so a name says its class.
 
-use dstwin_core::batch::BatchShape;
-use dstwin_core::layout::{Layout, Role};
-use dstwin_core::model::{builtin, Quant, BUILTIN_MODELS};
-use dstwin_core::opgraph::{step_ops, MoeLoad, OpKind, StepSpec};
-use dstwin_hwmodels::{Catalog, CommKind, DType, OpClass};
+use dstwin_core::model::{builtin, BUILTIN_MODELS};
+use dstwin_core::opgraph::vocabulary;
+use dstwin_hwmodels::{CommKind, OpClass};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -66,60 +66,17 @@ pub const COMM_KINDS: [CommKind; 6] = [
 /// The op graph's op names, each with its kind.
 pub fn op_catalog() -> &'static BTreeMap<&'static str, OpKindName> {
     static OPS: OnceLock<BTreeMap<&'static str, OpKindName>> = OnceLock::new();
-    OPS.get_or_init(build)
-}
-
-/// The kind of an op graph op.
-pub fn kind_of(kind: &OpKind) -> OpKindName {
-    match kind {
-        OpKind::Compute(w) => OpKindName::Compute(w.class),
-        OpKind::Comm(c) => OpKindName::Comm(c.kind),
-    }
-}
-
-fn build() -> BTreeMap<&'static str, OpKindName> {
-    let system = Catalog::builtin()
-        .system("cloudmatrix384")
-        .expect("built-in system");
-    let layout = Layout {
-        role: Role::Mixed,
-        dies: 4,
-        dp: 2,
-        tp: 2,
-        ep: 4,
-        dense_tp: Some(2),
-        redundant_experts: 0,
-        shared_expert_dies: 0,
-    };
-    let mut ops = BTreeMap::new();
-    for name in BUILTIN_MODELS {
-        let model = builtin(name).expect("built-in model");
-        let plan = layout
-            .validate(&model, system)
-            .expect("a four-die layout fits every built-in model");
-        let cap = model.attn_cap();
-        let decode = BatchShape::uniform_decode(8, 2, 2048, cap);
-        let prefill = BatchShape::uniform_prefill(2, 1024, cap);
-        let mut mixed = decode;
-        mixed.add_prefill(512, 256, cap);
-        for shape in [decode, prefill, mixed] {
-            let spec = StepSpec {
-                model: &model,
-                quant: Quant::Fp8,
-                kv_dtype: DType::Bf16,
-                plan: &plan,
-                mtp_tokens: 2,
-            };
-            let load = MoeLoad {
-                group_tokens: shape.tokens() * 2,
-                imbalance: 1.0,
-            };
-            for op in step_ops(spec, &shape, &load) {
-                ops.entry(op.name).or_insert(kind_of(&op.kind));
+    OPS.get_or_init(|| {
+        let mut ops = BTreeMap::new();
+        for name in BUILTIN_MODELS {
+            let model = builtin(name).expect("built-in model");
+            for (op, class) in vocabulary(&model, 2, 2) {
+                let kind = OpKindName::parse(class).expect("the op graph's classes parse");
+                ops.entry(op).or_insert(kind);
             }
         }
-    }
-    ops
+        ops
+    })
 }
 
 #[cfg(test)]
@@ -138,35 +95,17 @@ mod tests {
             ("router_topk", OpKindName::Compute(OpClass::Elementwise)),
             ("dispatch", OpKindName::Comm(CommKind::Dispatch)),
             ("combine", OpKindName::Comm(CommKind::Combine)),
-            ("attn_all_reduce", OpKindName::Comm(CommKind::AllReduce)),
-            ("logits_gather", OpKindName::Comm(CommKind::AllGather)),
             ("mtp_eh_proj", OpKindName::Compute(OpClass::Gemm)),
         ] {
             assert_eq!(ops.get(name), Some(&kind), "{name}");
         }
-        // No name changes kind between models or batches.
-        let system = Catalog::builtin().system("cloudmatrix384").unwrap();
+        // No name changes kind between models.
         for model in BUILTIN_MODELS {
-            let m = builtin(model).unwrap();
-            let plan = Layout::dp_ep(Role::Mixed, 4).validate(&m, system).unwrap();
-            let shape = BatchShape::uniform_decode(4, 1, 512, m.attn_cap());
-            let spec = StepSpec {
-                model: &m,
-                quant: Quant::Bf16,
-                kv_dtype: DType::Bf16,
-                plan: &plan,
-                mtp_tokens: 1,
-            };
-            let load = MoeLoad {
-                group_tokens: 16,
-                imbalance: 1.0,
-            };
-            for op in step_ops(spec, &shape, &load) {
+            for (op, class) in vocabulary(&builtin(model).unwrap(), 4, 1) {
                 assert_eq!(
-                    ops.get(op.name),
-                    Some(&kind_of(&op.kind)),
-                    "{model} {}",
-                    op.name
+                    ops.get(op).map(|k| k.label()),
+                    OpKindName::parse(class).map(|k| k.label()),
+                    "{model} {op}"
                 );
             }
         }

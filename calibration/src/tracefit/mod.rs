@@ -1,7 +1,7 @@
 //! Calibration from profiler traces: kernels mapped onto the op graph ([`crate::kernels`]), then
 //! what the mapped kernels can tell the cost model.
 //!
-//! - [`work`]: a kernel's FLOPs, bytes and rows, stated by the trace or read off GEMM shapes.
+//! - [`work`]: a GEMM's FLOPs, bytes and rows, read off the shapes its trace gives.
 //! - [`efficiency`]: per op class, `compute`, `memory`, `rows_half`, `fixed_us` fitted to the
 //!   kernels with known work (robust bounded least squares over relative errors).
 //! - [`comm`]: alpha-beta per collective kind and group size, and the cost file's ring-collective
@@ -45,6 +45,8 @@ pub struct TraceOptions {
     pub cost: Option<CostModel>,
     /// Gaps between steps longer than this many times the median are idling.
     pub idle_factor: f64,
+    /// The format the engine computed in, for traces that do not say (the CPU engine's).
+    pub dtype: Option<DType>,
 }
 
 /// One trace as read.
@@ -168,7 +170,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                 if k.calls != 1 {
                     continue;
                 }
-                if let Some(w) = kernel_work(k, class == OpClass::Gemm) {
+                if let Some(w) = kernel_work(k, class == OpClass::Gemm, opts.dtype) {
                     samples.entry(class).or_default().push(Sample {
                         flops: w.flops,
                         bytes: w.bytes,

@@ -1,16 +1,17 @@
 //! The work of a kernel, for the efficiency fits: FLOPs, HBM bytes, rows (the GEMM M dimension)
-//! and the format its math runs in.
+//! and the format its math runs in, read off the shapes of kernels mapped to the `gemm` class:
 //!
-//! Where from, in order:
-//! 1. the trace states it (the CPU engine writes `flops`, `bytes`, `rows` and `dtype` per op);
-//! 2. a GEMM's input shapes (Kineto `Input Dims` with `record_shapes`, Ascend `Input Shapes`),
-//!    for kernels mapped to the `gemm` class: A = [.., M, K] (leading dimensions fold into M),
-//!    B = [K, N] or [N, K] (a weight stored transposed), or both batched [b, M, K] x [b, K, N];
-//!    FLOPs 2·b·M·K·N, bytes b·(M·K·|A| + K·N·|B| + M·N·|C|) with |C| = |A| for 16- and 32-bit
-//!    activations and 2 bytes (a bf16 result) for 8-bit ones; the math runs in A's format.
+//! - Kineto `Input Dims` (with `record_shapes`) and Ascend `Input Shapes`, with their data
+//!   types: A = [.., M, K] (leading dimensions fold into M), B = [K, N] or [N, K] (a weight
+//!   stored transposed), or both batched [b, M, K] x [b, K, N]; FLOPs 2·b·M·K·N, bytes
+//!   b·(M·K·|A| + K·N·|B| + M·N·|C|) with |C| = |A| for 16- and 32-bit activations and 2 bytes
+//!   (a bf16 result) for 8-bit ones; the math runs in A's format.
+//! - the CPU engine's shape arguments `{"tokens": M, "k": K, "n": N}` (and `heads`, a batch of
+//!   per-head GEMMs, for the absorbed attention projections); its trace does not say the format
+//!   it computes in, so the caller gives it (`calibrate --dtype`), for operands and result alike.
 //!
-//! Other kernels (attention, grouped GEMMs, glue) carry no work a trace can show without the
-//! engine saying it: they are counted as "without work" in the report, not guessed.
+//! Other kernels (attention, grouped GEMMs, glue) carry no shapes a fit can price without the
+//! model's dimensions: they are counted as "without work" in the report, not guessed.
 
 use dstwin_hwmodels::DType;
 use dstwin_traces::profile::{elem_type, ElemType, KernelRecord, NumberKind};
@@ -40,30 +41,41 @@ pub fn dtype_of(t: ElemType) -> Option<DType> {
     })
 }
 
-/// The work of `k`: stated by the trace, or from its GEMM shapes when `gemm` says it is one.
-pub fn kernel_work(k: &KernelRecord, gemm: bool) -> Option<KernelWork> {
-    let first_dtype = k
-        .dtypes
-        .as_deref()
-        .and_then(|d| parse_dtypes(d).into_iter().next())
-        .and_then(|t| elem_type(&t));
-    if let (Some(flops), Some(bytes)) = (k.flops, k.bytes) {
-        return (flops > 0.0 || bytes > 0.0).then_some(KernelWork {
-            flops,
-            bytes,
-            rows: k.rows.filter(|r| *r > 0.0),
-            dtype: first_dtype.and_then(dtype_of),
-        });
-    }
+/// The work of `k` when `gemm` says it is a GEMM and its shapes show it; `dtype` is the
+/// format of the math where the trace does not say.
+pub fn kernel_work(k: &KernelRecord, gemm: bool, dtype: Option<DType>) -> Option<KernelWork> {
     if !gemm {
         return None;
     }
-    let shapes = parse_shapes(k.shapes.as_deref()?)?;
+    let text = k.shapes.as_deref()?;
+    if let Ok(Value::Object(engine)) = serde_json::from_str::<Value>(text) {
+        return engine_gemm_work(&engine, dtype?);
+    }
+    let shapes = parse_shapes(text)?;
     let types: Vec<ElemType> = parse_dtypes(k.dtypes.as_deref()?)
         .iter()
         .map(|t| elem_type(t))
         .collect::<Option<_>>()?;
     gemm_work(&shapes, &types)
+}
+
+/// A GEMM as the CPU engine describes it: `tokens` x `k` by `k` x `n`, `heads` of them.
+fn engine_gemm_work(args: &serde_json::Map<String, Value>, dtype: DType) -> Option<KernelWork> {
+    let dim = |key: &str| {
+        args.get(key)
+            .and_then(Value::as_u64)
+            .filter(|d| *d > 0)
+            .map(|d| d as f64)
+    };
+    let (m, k, n) = (dim("tokens")?, dim("k")?, dim("n")?);
+    let batch = dim("heads").unwrap_or(1.0);
+    let e = dtype.bytes();
+    Some(KernelWork {
+        flops: 2.0 * batch * m * k * n,
+        bytes: batch * (m * k + k * n + m * n) * e,
+        rows: Some(m),
+        dtype: Some(dtype),
+    })
 }
 
 /// Shapes as written: a JSON list of lists (`[[4096, 7168], [7168, 2048], []]`) or Ascend's
@@ -186,5 +198,23 @@ mod tests {
             );
         }
         assert!(parse_shapes("a,b;c").is_none());
+    }
+
+    #[test]
+    fn the_cpu_engines_gemm_shapes_need_the_format_it_computed_in() {
+        let mut k = KernelRecord::new("q_absorb".into(), Some(0), 1000, 1);
+        k.shapes = Some(r#"{"tokens":4,"heads":16,"k":128,"n":512}"#.into());
+        assert!(kernel_work(&k, true, None).is_none());
+        let w = kernel_work(&k, true, Some(DType::Fp32)).unwrap();
+        assert_eq!(w.flops, 2.0 * 16.0 * 4.0 * 128.0 * 512.0);
+        assert_eq!(
+            w.bytes,
+            16.0 * (4.0 * 128.0 + 128.0 * 512.0 + 4.0 * 512.0) * 4.0
+        );
+        assert_eq!((w.rows, w.dtype), (Some(4.0), Some(DType::Fp32)));
+        // Not a GEMM's shapes (attention: context and heads, no k and n).
+        k.shapes = Some(r#"{"tokens":4,"context":900,"heads":16}"#.into());
+        assert!(kernel_work(&k, true, Some(DType::Fp32)).is_none());
+        assert!(kernel_work(&k, false, Some(DType::Fp32)).is_none());
     }
 }
