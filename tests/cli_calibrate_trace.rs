@@ -108,7 +108,7 @@ fn an_npu_profile_writes_a_cost_file_and_a_system_file_using_it() {
     let t: toml::Table = toml::from_str(&text).unwrap();
     assert_eq!(t["name"].as_str(), Some("my-a3"));
     let gemm = t["efficiency"]["gemm"].as_table().unwrap();
-    for field in ["compute", "memory", "rows_half", "fixed_us"] {
+    for field in ["compute", "memory", "rows_pad", "fixed_us"] {
         assert!(gemm[field].as_float().is_some(), "{field}: {gemm:?}");
     }
     assert!(
@@ -120,7 +120,7 @@ fn an_npu_profile_writes_a_cost_file_and_a_system_file_using_it() {
     );
     // Unfitted classes keep the shipped values, in the per-class form.
     let att = t["efficiency"]["attention"].as_table().unwrap();
-    assert!(att["rows_half"].as_float().is_some() && att["fixed_us"].as_float().is_some());
+    assert!(att["rows_pad"].as_float().is_some() && att["fixed_us"].as_float().is_some());
     // Two steps of kernels: the host table.
     assert!(t["host"]["step_us"].as_float().unwrap() > 0.0, "{text}");
     let sys: toml::Table = toml::from_str(&std::fs::read_to_string(&system).unwrap()).unwrap();

@@ -21,7 +21,7 @@ fn fixture(name: &str) -> String {
 const PRIOR: ClassParams = ClassParams {
     compute: 0.7,
     memory: 0.8,
-    rows_half: 0.0,
+    rows_pad: 0.0,
     fixed_us: 1.0,
 };
 
@@ -73,7 +73,7 @@ proptest! {
                 let p = f.params;
                 prop_assert!(p.compute > 0.0 && p.compute <= 1.0 + 1e-9, "{p:?}");
                 prop_assert!(p.memory > 0.0 && p.memory <= 1.0 + 1e-9, "{p:?}");
-                prop_assert!(p.rows_half >= -1e-9 && p.rows_half.is_finite(), "{p:?}");
+                prop_assert!(p.rows_pad >= -1e-9 && p.rows_pad.is_finite(), "{p:?}");
                 prop_assert!(p.fixed_us >= -1e-9 && p.fixed_us.is_finite(), "{p:?}");
                 prop_assert!(f.rms_error.is_finite());
             }

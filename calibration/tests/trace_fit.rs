@@ -24,13 +24,13 @@ fn fixture(name: &str) -> PathBuf {
 const TRUTH: ClassParams = ClassParams {
     compute: 0.72,
     memory: 0.81,
-    rows_half: 48.0,
+    rows_pad: 48.0,
     fixed_us: 6.0,
 };
 const PRIOR: ClassParams = ClassParams {
     compute: 0.5,
     memory: 0.5,
-    rows_half: 0.0,
+    rows_pad: 0.0,
     fixed_us: 1.0,
 };
 
@@ -69,11 +69,11 @@ fn the_efficiency_fit_recovers_exact_parameters() {
     let p = f.params;
     assert!(close(p.compute, TRUTH.compute, 1e-6), "{p:?}");
     assert!(close(p.memory, TRUTH.memory, 1e-6), "{p:?}");
-    assert!(close(p.rows_half, TRUTH.rows_half, 1e-5), "{p:?}");
+    assert!(close(p.rows_pad, TRUTH.rows_pad, 1e-5), "{p:?}");
     assert!(close(p.fixed_us, TRUTH.fixed_us, 1e-5), "{p:?}");
     assert!(f.rms_error < 1e-9, "{f:?}");
     assert!(f.compute_bound > 0 && f.memory_bound > 0);
-    assert!(f.determined.compute && f.determined.memory && f.determined.rows_half);
+    assert!(f.determined.compute && f.determined.memory && f.determined.rows_pad);
 }
 
 #[test]
@@ -87,7 +87,7 @@ fn the_efficiency_fit_tolerates_noise_and_outliers() {
     let p = f.params;
     assert!(close(p.compute, TRUTH.compute, 0.03), "{p:?}");
     assert!(close(p.memory, TRUTH.memory, 0.03), "{p:?}");
-    assert!((p.rows_half - TRUTH.rows_half).abs() < 15.0, "{p:?}");
+    assert!((p.rows_pad - TRUTH.rows_pad).abs() < 15.0, "{p:?}");
     assert!((p.fixed_us - TRUTH.fixed_us).abs() < 1.5, "{p:?}");
     assert!(f.rms_error < 0.03, "{f:?}");
     // Every seventh kernel twice as slow (contention the model does not see): the robust fit
@@ -105,18 +105,18 @@ fn the_efficiency_fit_tolerates_noise_and_outliers() {
 
 #[test]
 fn what_the_samples_cannot_see_keeps_the_prior() {
-    // Only memory-bound kernels: compute and rows_half are not determined.
+    // Only memory-bound kernels: compute and rows_pad are not determined.
     let small: Vec<Sample> = gemm_samples(TRUTH, |_| 1.0)
         .into_iter()
         .filter(|s| s.rows.unwrap() <= 4.0)
         .collect();
     let f = fit_class(&small, PRIOR).unwrap();
     assert!(
-        !f.determined.compute && !f.determined.rows_half && f.determined.memory,
+        !f.determined.compute && !f.determined.rows_pad && f.determined.memory,
         "{f:?}"
     );
     assert_eq!(f.params.compute, PRIOR.compute);
-    assert_eq!(f.params.rows_half, PRIOR.rows_half);
+    assert_eq!(f.params.rows_pad, PRIOR.rows_pad);
     assert!(close(f.params.memory, TRUTH.memory, 1e-3), "{f:?}");
     // Two kernels of one compute-bound shape: time cannot split into a fixed part and a rate,
     // so fixed_us keeps the prior and compute takes the rest.
@@ -127,7 +127,7 @@ fn what_the_samples_cannot_see_keeps_the_prior() {
     let twice = [big[0], big[0]];
     let f = fit_class(&twice, PRIOR).unwrap();
     assert!(
-        !f.determined.fixed_us && !f.determined.rows_half && f.determined.compute,
+        !f.determined.fixed_us && !f.determined.rows_pad && f.determined.compute,
         "{f:?}"
     );
     assert_eq!(f.params.fixed_us, PRIOR.fixed_us);

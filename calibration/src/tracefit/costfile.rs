@@ -3,7 +3,7 @@
 //! residuals, and a comment header with the mapping shares, the alpha-beta fits and what could
 //! not be fitted.
 //!
-//! The per-class form is the cost model's `[efficiency.<class>] compute, memory, rows_half,
+//! The per-class form is the cost model's `[efficiency.<class>] compute, memory, rows_pad,
 //! fixed_us, source` and `[host] step_us, per_seq_us, source`. Values the model applies to every
 //! class are folded into the classes so that the file prices exactly what was fitted: the
 //! in-situ factor multiplies each class's efficiencies (and is then 1), the per-op launch
@@ -42,7 +42,7 @@ fn class_source(r: &ClassReport, traces: &str, base: &str) -> Option<String> {
     let kept: Vec<&str> = [
         ("compute", d.compute),
         ("memory", d.memory),
-        ("rows_half", d.rows_half),
+        ("rows_pad", d.rows_pad),
         ("fixed_us", d.fixed_us),
     ]
     .iter()
@@ -100,7 +100,7 @@ pub fn cost_file(
                     src.push_str(&format!(" (times in_situ_efficiency {k}, folded in)"));
                 }
             }
-            e.entry("rows_half").or_insert(Value::Float(0.0));
+            e.entry("rows_pad").or_insert(Value::Float(0.0));
             e.entry("fixed_us")
                 .or_insert(Value::Float(overhead.unwrap_or(0.0)));
         }
@@ -120,7 +120,7 @@ pub fn cost_file(
             let mut e = Table::new();
             e.insert("compute".into(), Value::Float(sig(f.params.compute)));
             e.insert("memory".into(), Value::Float(sig(f.params.memory)));
-            e.insert("rows_half".into(), Value::Float(sig(f.params.rows_half)));
+            e.insert("rows_pad".into(), Value::Float(sig(f.params.rows_pad)));
             e.insert("fixed_us".into(), Value::Float(sig(f.params.fixed_us)));
             e.insert("source".into(), Value::String(source));
             eff.insert(r.class.name().into(), Value::Table(e));

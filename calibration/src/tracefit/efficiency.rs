@@ -2,15 +2,15 @@
 //! and R rows (the GEMM M dimension) on a chip with peak P and bandwidth W,
 //!
 //! ```text
-//! time = fixed_us + max( F / (P * compute) * (R + rows_half) / R ,  B / (W * memory) )
+//! time = fixed_us + max( F / (P * compute) * (R + rows_pad) / R ,  B / (W * memory) )
 //! ```
 //!
 //! (the cost model's form per op class; without R the factor is 1).
 //!
-//! **Fit.** With `u = 1/compute`, `w = rows_half/compute`, `v = 1/memory`, each branch of the max
+//! **Fit.** With `u = 1/compute`, `w = rows_pad/compute`, `v = 1/memory`, each branch of the max
 //! is linear: the compute branch `(F/P)·u + (F/(P·R))·w`, the memory branch `(B/W)·v`. For a given
 //! assignment of samples to branches the fit is a bounded linear least squares over relative
-//! errors (`fixed_us >= 0`, `compute, memory <= 1`, `rows_half >= 0`; [`crate::lsq`]). The
+//! errors (`fixed_us >= 0`, `compute, memory <= 1`, `rows_pad >= 0`; [`crate::lsq`]). The
 //! assignment is found by alternating (fit, re-assign each sample to its larger branch) from
 //! several starts: everything compute-bound, everything memory-bound, and cuts along the samples'
 //! arithmetic intensity; the start whose converged fit has the smallest error under the true
@@ -21,8 +21,8 @@
 //! see (contention, a cold cache) do not pull it; they are counted as outliers.
 //!
 //! **What the samples determine.** A parameter the samples cannot see keeps the prior value (the
-//! shipped cost file's) and is reported as not determined: `compute` and `rows_half` need
-//! compute-bound samples (`rows_half` at two row counts or more), `memory` a memory-bound one,
+//! shipped cost file's) and is reported as not determined: `compute` and `rows_pad` need
+//! compute-bound samples (`rows_pad` at two row counts or more), `memory` a memory-bound one,
 //! `fixed_us` one distinct kernel shape more than the other parameters fitted.
 
 use crate::lsq::bounded_lstsq;
@@ -66,7 +66,7 @@ impl Sample {
 pub struct ClassParams {
     pub compute: f64,
     pub memory: f64,
-    pub rows_half: f64,
+    pub rows_pad: f64,
     pub fixed_us: f64,
 }
 
@@ -74,7 +74,7 @@ impl ClassParams {
     /// The compute and memory branches, µs.
     pub fn branches_us(&self, s: &Sample) -> (f64, f64) {
         let (a, b, d) = s.features();
-        ((a + b * self.rows_half) / self.compute, d / self.memory)
+        ((a + b * self.rows_pad) / self.compute, d / self.memory)
     }
 
     /// Predicted duration, µs.
@@ -89,7 +89,7 @@ impl ClassParams {
 pub struct Determined {
     pub compute: bool,
     pub memory: bool,
-    pub rows_half: bool,
+    pub rows_pad: bool,
     pub fixed_us: bool,
 }
 
@@ -109,17 +109,17 @@ pub struct EfficiencyFit {
     pub outliers: usize,
 }
 
-/// Unknowns in the linear form: fixed, 1/compute, rows_half/compute, 1/memory.
+/// Unknowns in the linear form: fixed, 1/compute, rows_pad/compute, 1/memory.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Linear([f64; 4]);
 
 impl Linear {
-    fn params(self, rows_half: Option<f64>) -> ClassParams {
+    fn params(self, rows_pad: Option<f64>) -> ClassParams {
         let [f, u, w, v] = self.0;
         ClassParams {
             compute: 1.0 / u,
             memory: 1.0 / v,
-            rows_half: rows_half.unwrap_or(w / u),
+            rows_pad: rows_pad.unwrap_or(w / u),
             fixed_us: f,
         }
     }
@@ -130,7 +130,7 @@ impl Linear {
 struct Holds {
     compute: Option<f64>,
     memory: Option<f64>,
-    rows_half: Option<f64>,
+    rows_pad: Option<f64>,
     fixed_us: Option<f64>,
 }
 
@@ -164,9 +164,9 @@ impl<'a> Problem<'a> {
             .map(|((&(a, b, d, t), &c), &wt)| {
                 let s = wt.sqrt() / t;
                 let row = if c {
-                    // With rows_half held, its term folds into the compute column.
-                    let a = a + h.rows_half.map_or(0.0, |r| b * r);
-                    let b = if h.rows_half.is_some() { 0.0 } else { b };
+                    // With rows_pad held, its term folds into the compute column.
+                    let a = a + h.rows_pad.map_or(0.0, |r| b * r);
+                    let b = if h.rows_pad.is_some() { 0.0 } else { b };
                     vec![s, a * s, b * s, 0.0]
                 } else {
                     vec![s, 0.0, 0.0, d * s]
@@ -185,11 +185,11 @@ impl<'a> Problem<'a> {
         };
         hold(0, h.fixed_us);
         hold(1, h.compute.map(|c| 1.0 / c));
-        hold(2, h.rows_half.map(|_| 0.0));
+        hold(2, h.rows_pad.map(|_| 0.0));
         hold(3, h.memory.map(|m| 1.0 / m));
         let x = bounded_lstsq(&rows, &lo, &hi)?;
         let x = Linear([x[0], x[1], x[2], x[3]]);
-        Some(x.params(h.rows_half))
+        Some(x.params(h.rows_pad))
     }
 
     fn assign(&self, p: &ClassParams) -> Vec<bool> {
@@ -301,7 +301,7 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
     let mut holds = Holds {
         compute: None,
         memory: None,
-        rows_half: None,
+        rows_pad: None,
         fixed_us: (n < 2).then_some(prior.fixed_us),
     };
     let mut weights = vec![1.0; n];
@@ -324,9 +324,9 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
         let mut next = holds;
         if !assign.iter().any(|c| *c) {
             next.compute = Some(prior.compute);
-            next.rows_half = Some(prior.rows_half);
+            next.rows_pad = Some(prior.rows_pad);
         } else if distinct.len() < 2 {
-            next.rows_half = Some(prior.rows_half);
+            next.rows_pad = Some(prior.rows_pad);
         }
         if assign.iter().all(|c| *c) {
             next.memory = Some(prior.memory);
@@ -348,7 +348,7 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
             .collect();
         points.sort_unstable();
         points.dedup();
-        let slopes = [next.compute, next.rows_half, next.memory]
+        let slopes = [next.compute, next.rows_pad, next.memory]
             .iter()
             .filter(|h| h.is_none())
             .count();
@@ -358,7 +358,7 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
         let same = |a: Option<f64>, b: Option<f64>| a.is_some() == b.is_some();
         if same(next.compute, holds.compute)
             && same(next.memory, holds.memory)
-            && same(next.rows_half, holds.rows_half)
+            && same(next.rows_pad, holds.rows_pad)
             && same(next.fixed_us, holds.fixed_us)
         {
             break;
@@ -385,7 +385,7 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
         let next = problem.fit(&weights, start)?;
         let moved = (next.compute / params.compute - 1.0).abs()
             + (next.memory / params.memory - 1.0).abs()
-            + (next.rows_half - params.rows_half).abs() / (1.0 + params.rows_half)
+            + (next.rows_pad - params.rows_pad).abs() / (1.0 + params.rows_pad)
             + (next.fixed_us - params.fixed_us).abs() / (1.0 + params.fixed_us);
         params = next;
         if moved < 1e-9 {
@@ -400,7 +400,7 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
         determined: Determined {
             compute: holds.compute.is_none(),
             memory: holds.memory.is_none(),
-            rows_half: holds.rows_half.is_none(),
+            rows_pad: holds.rows_pad.is_none(),
             fixed_us: holds.fixed_us.is_none(),
         },
         samples: n,

@@ -2,7 +2,7 @@
 //! what the mapped kernels can tell the cost model.
 //!
 //! - [`work`]: a GEMM's FLOPs, bytes and rows, read off the shapes its trace gives.
-//! - [`efficiency`]: per op class, `compute`, `memory`, `rows_half`, `fixed_us` fitted to the
+//! - [`efficiency`]: per op class, `compute`, `memory`, `rows_pad`, `fixed_us` fitted to the
 //!   kernels with known work (robust bounded least squares over relative errors).
 //! - [`comm`]: alpha-beta per collective kind and group size, and the cost file's ring-collective
 //!   parameters, from kernels that carry their bytes.
@@ -113,7 +113,7 @@ pub struct TraceCalibration {
 }
 
 /// The shipped parameters of a class in the fitted form: today's cost model has no small-batch
-/// term (rows_half 0), a launch overhead per op (fixed_us) and an in-situ factor on both
+/// term (rows_pad 0), a launch overhead per op (fixed_us) and an in-situ factor on both
 /// efficiencies.
 pub fn prior_params(cm: &CostModel, class: OpClass) -> ClassParams {
     let p = &cm.params;
@@ -121,7 +121,7 @@ pub fn prior_params(cm: &CostModel, class: OpClass) -> ClassParams {
     ClassParams {
         compute: e.compute * p.in_situ_efficiency,
         memory: e.memory * p.in_situ_efficiency,
-        rows_half: 0.0,
+        rows_pad: 0.0,
         fixed_us: p.op_overhead_us,
     }
 }
