@@ -1,15 +1,14 @@
-//! `dstwin calibrate`: fits the global cost-model parameters to published figures, or (with
-//! `--trace`, src/calibrate_trace_cmd.rs) the cost model to profiler traces.
+//! `dstwin calibrate`: fits the cost-model parameters to published figures, or (with `--trace`,
+//! src/calibrate_trace_cmd.rs) the cost model to profiler traces.
 
 use crate::output::outln;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
-use dstwin_calibration::fit::{
-    fit, fit_concentration, parse_eplb_gap, residuals, Globals, Residual, EXPERT_LOAD,
-};
+use dstwin_calibration::fit::{fit_concentration, parse_eplb_gap, EXPERT_LOAD};
+use dstwin_calibration::globals::{self, param, Param, Residual, Values};
 use dstwin_calibration::micro;
-use dstwin_calibration::target::{parse_targets, CLOUDMATRIX384};
+use dstwin_calibration::target::{parse_targets, TARGETS};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -17,16 +16,28 @@ use std::path::PathBuf;
     after_help = "Step 1 fits each cost model's all-to-all parameters (dispatch/combine base, per-doubling latency, \
 bandwidth efficiencies of the low-latency and normal modes) to the built-in dispatch/combine microbenchmarks \
 (calibration/data/microbenchmarks.toml), and the MTP acceptance (one probability per draft position, the \
-default of a scenario's mtp.acceptance) to the measured acceptance figures in the same file. Step 2 fits in_situ_efficiency and the two overlap efficiencies (low-latency and normal all-to-all) of a hardware's cost model by least squares over the \
-relative errors of every target (a deployment and a published figure), then prints the fitted values, \
-the residuals of the fit and of the parameters shipped in hwmodels/data/costs. Paste the printed lines \
-into the cost file to adopt a new fit.\n\nWith --trace, calibrates from profiler traces instead (docs/calibration.md): kernels are mapped onto the op graph's ops and classes by per-backend rules (calibration/data/kernels/*.toml, extended with --rules), the time by class and by op is printed with what could not be mapped, and the cost model is fitted to the mapped kernels: per-class efficiency curves where kernels carry their work, alpha-beta per collective and group size where they carry bytes, host overhead per step from the gaps between device steps. --out writes a cost file with the fits.\n\nExamples:\n  dstwin calibrate\n      the built-in CloudMatrix384 targets\n  dstwin calibrate --targets my-cluster-targets.toml --json\n  dstwin calibrate --trace prof/ASCEND_PROFILER_OUTPUT --hardware atlas-800-a3 --out my-a3.toml --system-out my-a3-system.toml\n      a torch_npu profile: mapping, fits, and a system file for --hardware\n  dstwin calibrate --trace trace.json --backend cuda --hardware nvidia-h800-8\n      a PyTorch (Kineto) GPU trace"
+default of a scenario's mtp.acceptance) to the measured acceptance figures in the same file. Step 2 fits the \
+parameters a cost file lists in its `fit = [...]` (or those given with --fit) to the steady-step targets of \
+every end-to-end anchor on that cost model (calibration/data/targets.toml), by least squares over relative \
+errors with each anchor weighing one, and prints the fitted values, the residuals of the fit and of the \
+shipped values. Paste the printed lines into the cost file to adopt a new fit. `dstwin validate` shows how the \
+fit predicts each anchor it was not fitted to (leave-one-out).\n\nWith --trace, calibrates from profiler traces instead (docs/calibration.md): kernels are mapped onto the op graph's ops and classes by per-backend rules (calibration/data/kernels/*.toml, extended with --rules), the time by class and by op is printed with what could not be mapped, and the cost model is fitted to the mapped kernels: per-class efficiency curves where kernels carry their work, alpha-beta per collective and group size where they carry bytes, host overhead per step from the gaps between device steps. --out writes a cost file with the fits.\n\nExamples:\n  dstwin calibrate\n      the built-in targets, the Ascend 910C cost model\n  dstwin calibrate --fit op_overhead_us,overlap_efficiency_normal\n      fit another parameter list\n  dstwin calibrate --targets my-cluster-targets.toml --json\n  dstwin calibrate --trace prof/ASCEND_PROFILER_OUTPUT --hardware atlas-800-a3 --out my-a3.toml --system-out my-a3-system.toml\n      a torch_npu profile: mapping, fits, and a system file for --hardware\n  dstwin calibrate --trace trace.json --backend cuda --hardware nvidia-h800-8\n      a PyTorch (Kineto) GPU trace"
 )]
 pub struct CalibrateArgs {
-    /// Target file (TOML, `[[target]]` tables like calibration/data/cloudmatrix384.toml); default: the
-    /// built-in CloudMatrix384 targets.
+    /// Target file (TOML, `[[target]]` tables like calibration/data/targets.toml); default: the
+    /// built-in targets of every end-to-end anchor.
     #[arg(long, conflicts_with = "trace")]
     targets: Option<String>,
+    /// Cost model whose parameters are fitted (a name from hwmodels/data/costs).
+    #[arg(long, default_value = "ascend-910c", conflicts_with = "trace")]
+    cost_model: String,
+    /// Parameters to fit, comma-separated (default: the cost file's `fit` list). Known: the
+    /// names `dstwin calibrate --list-params` prints.
+    #[arg(long, value_delimiter = ',', conflicts_with = "trace")]
+    fit: Vec<String>,
+    /// Print the parameters the fit can set, with their search ranges, and exit.
+    #[arg(long, conflicts_with = "trace")]
+    list_params: bool,
     /// Calibrate from profiler traces instead: Kineto / Chrome JSON, torch_npu trace_view.json,
     /// kernel_details.csv, op_summary_*.csv, op_statistic.csv, communication.json, a torch_npu
     /// output directory, or the CPU engine's profile.
@@ -62,23 +73,21 @@ pub struct CalibrateArgs {
     /// Rows printed per table of the trace report (all of them in --json).
     #[arg(long, default_value_t = 25)]
     top: usize,
-    /// Grid step of the coarse coordinate search (refined at a tenth of it around the optimum).
-    #[arg(long, default_value_t = 0.02)]
-    step: f64,
     /// Print JSON.
     #[arg(long)]
     json: bool,
 }
 
-fn table(title: &str, g: Globals, r: &[Residual]) -> Result<(), Failure> {
-    let params: Vec<String> = Globals::NAMES
+fn table(title: &str, v: &Values, r: &[Residual]) -> Result<(), Failure> {
+    let params: Vec<String> = v
+        .names
         .iter()
-        .zip(g.values())
+        .zip(&v.values)
         .map(|(n, v)| format!("{n} = {v:.3}"))
         .collect();
     outln!("{title}: {}", params.join(", "))?;
     outln!(
-        "  {:<34} {:>12} {:>12} {:>8}",
+        "  {:<38} {:>12} {:>12} {:>8}",
         "target",
         "published",
         "predicted",
@@ -86,7 +95,7 @@ fn table(title: &str, g: Globals, r: &[Residual]) -> Result<(), Failure> {
     )?;
     for x in r {
         outln!(
-            "  {:<34} {:>12.3} {:>12.3} {:>+7.1}%",
+            "  {:<38} {:>12.3} {:>12.3} {:>+7.1}%",
             x.id,
             x.published,
             x.predicted,
@@ -94,6 +103,50 @@ fn table(title: &str, g: Globals, r: &[Residual]) -> Result<(), Failure> {
         )?;
     }
     Ok(())
+}
+
+/// The parameters to fit: `names`, or the cost file's list.
+pub fn fit_params(
+    names: &[String],
+    shipped: &dstwin_hwmodels::CostParams,
+) -> Result<Vec<&'static Param>, Failure> {
+    let names = if names.is_empty() {
+        &shipped.fit
+    } else {
+        names
+    };
+    names
+        .iter()
+        .map(|n| {
+            param(n).ok_or_else(|| {
+                Failure::Input(anyhow!(
+                    "--fit {n}: unknown parameter (known: {})",
+                    globals::PARAMS
+                        .iter()
+                        .map(|p| p.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The shipped cost model named `name`.
+pub fn shipped_cost(name: &str) -> Result<dstwin_hwmodels::CostParams, Failure> {
+    let cat = dstwin_hwmodels::Catalog::builtin();
+    cat.cost_sets()
+        .find(|c| c.name == name)
+        .cloned()
+        .ok_or_else(|| {
+            Failure::Input(anyhow!(
+                "--cost-model {name}: unknown (known: {})",
+                cat.cost_sets()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
 }
 
 pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
@@ -111,12 +164,11 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             json: a.json,
         });
     }
-    let (lo, hi) = dstwin_calibration::target::STEP_RANGE;
-    if !(lo..=hi).contains(&a.step) {
-        return Err(Failure::Input(anyhow!(
-            "--step {}: must be in [{lo}, {hi}] (the search refines at a tenth of the step; finer grids only take longer)",
-            a.step
-        )));
+    if a.list_params {
+        for p in globals::PARAMS {
+            outln!("{:<40} [{}, {}]", p.name, p.lo, p.hi)?;
+        }
+        return Ok(());
     }
     let (file, text) = match &a.targets {
         Some(p) => (
@@ -125,11 +177,10 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
                 .with_context(|| format!("reading {p}"))
                 .map_err(Failure::Input)?,
         ),
-        None => (
-            "cloudmatrix384.toml".to_string(),
-            CLOUDMATRIX384.to_string(),
-        ),
+        None => ("targets.toml".to_string(), TARGETS.to_string()),
     };
+    let shipped_params = shipped_cost(&a.cost_model)?;
+    let params = fit_params(&a.fit, &shipped_params)?;
     let bench = micro::builtin().map_err(|e| Failure::Runtime(e.into()))?;
     let a2a = micro::fit(&bench).map_err(|e| Failure::Runtime(e.into()))?;
     let a2a_fit = micro::residuals(&bench, &a2a).map_err(|e| Failure::Runtime(e.into()))?;
@@ -139,22 +190,35 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     let mtp_fit = micro::mtp_residuals(&bench, acceptance.unwrap_or(shipped_acceptance));
     let mtp_shipped = micro::mtp_residuals(&bench, shipped_acceptance);
     let targets = parse_targets(&file, &text).map_err(|e| Failure::Input(e.into()))?;
-    if targets.is_empty() {
-        return Err(Failure::Input(anyhow!("{file}: no [[target]] tables")));
+    let on: Vec<_> = targets
+        .iter()
+        .filter(|t| t.base_cost().is_ok_and(|c| c.params.name == a.cost_model))
+        .cloned()
+        .collect();
+    if on.is_empty() {
+        return Err(Failure::Input(anyhow!(
+            "{file}: no [[target]] runs on cost model {}",
+            a.cost_model
+        )));
     }
-    let base = targets[0]
-        .base_cost()
+    let shipped = Values::of(&params, &shipped_params);
+    let f = globals::fit(&on, &a.cost_model, &params, &shipped_params)
         .map_err(|e| Failure::Input(e.into()))?;
-    let shipped = Globals::of(&base);
-    let f = fit(&targets, a.step).map_err(|e| Failure::Input(e.into()))?;
-    let shipped_r = residuals(&targets, shipped).map_err(|e| Failure::Input(e.into()))?;
+    let shipped_r =
+        globals::residuals(&on, &a.cost_model, &shipped).map_err(|e| Failure::Input(e.into()))?;
     // The per-request routing concentration, fitted to the one figure that isolates it, with
-    // the fitted globals (only for the built-in targets, which hold its base deployment).
-    let conc = if a.targets.is_none() {
+    // the fitted parameters (only for the built-in targets, which hold its base deployment).
+    let conc = if a.targets.is_none() && a.cost_model == "ascend-910c" {
         let gap = parse_eplb_gap("expert-load.toml", EXPERT_LOAD)
             .map_err(|e| Failure::Input(e.into()))?;
+        let base = on
+            .iter()
+            .find(|t| t.id == gap.base)
+            .ok_or_else(|| Failure::Runtime(anyhow!("target {} not found", gap.base)))?
+            .base_cost()
+            .map_err(|e| Failure::Input(e.into()))?;
         Some(
-            fit_concentration(&gap, &targets, &f.globals.apply(&base))
+            fit_concentration(&gap, &on, &f.values.apply(&base))
                 .map_err(|e| Failure::Input(e.into()))?,
         )
     } else {
@@ -173,9 +237,9 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
                 "residuals_of_fit": mtp_fit,
                 "residuals_of_shipped": mtp_shipped,
             },
-            "cost_model": base.params.name,
+            "cost_model": a.cost_model,
             "fit": f,
-            "shipped": { "globals": shipped, "residuals": shipped_r },
+            "shipped": { "values": shipped, "residuals": shipped_r },
             "expert_load_concentration": conc,
         });
         outln!(
@@ -188,17 +252,17 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     print_mtp(acceptance, &mtp_fit, &mtp_shipped)?;
     outln!(
         "cost model {} ({} targets, {} parameter sets evaluated)",
-        base.params.name,
-        targets.len(),
+        a.cost_model,
+        on.len(),
         f.evaluated
     )?;
-    table("fit", f.globals, &f.residuals)?;
+    table("fit", &f.values, &f.residuals)?;
     outln!("  rms error {:.1}%", f.rms_error * 100.0)?;
     outln!()?;
-    table("shipped", shipped, &shipped_r)?;
+    table("shipped", &shipped, &shipped_r)?;
     outln!()?;
-    outln!("# for hwmodels/data/costs/{}.toml", base.params.name)?;
-    for (n, v) in Globals::NAMES.iter().zip(f.globals.values()) {
+    outln!("# for hwmodels/data/costs/{}.toml", a.cost_model)?;
+    for (n, v) in f.values.names.iter().zip(&f.values.values) {
         outln!("{n} = {v:.3}")?;
     }
     if let Some(c) = conc {

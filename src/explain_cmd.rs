@@ -92,9 +92,57 @@ pub struct ExplainArgs {
     /// Per-rank token budget the workspace is sized for (default: the batch's tokens).
     #[arg(long)]
     max_tokens: Option<u64>,
+    /// Two-micro-batch overlap: off, auto (split a step of at least 32 decode / 512 prompt
+    /// tokens per rank when the split is faster) or force (split whatever it costs).
+    #[arg(long, default_value = "auto")]
+    two_microbatch: dstwin_core::features::TwoMicrobatch,
+    /// Run the shared expert on a second stream under the dispatch and combine (vllm-ascend
+    /// multistream_overlap_shared_expert).
+    #[arg(long)]
+    shared_expert_overlap: bool,
+    /// MoE communication: auto (vllm-ascend's rule on Ascend, DeepEP's elsewhere), mc2,
+    /// alltoall, allgather.
+    #[arg(long, default_value = "auto", value_parser = parse_moe_comm)]
+    moe_comm: dstwin_core::features::MoeComm,
+    /// Graph capture of decode steps: NONE or FULL_DECODE_ONLY (pads each decode step to the next
+    /// capture size).
+    #[arg(long, default_value = "NONE", value_parser = parse_graph_mode)]
+    cudagraph_mode: dstwin_core::features::CudagraphMode,
+    /// Capture sizes in tokens per DP rank, comma-separated (default: vLLM's list up to
+    /// min(seqs x (1 + MTP), 512)); needs --cudagraph-mode FULL_DECODE_ONLY.
+    #[arg(long, value_delimiter = ',')]
+    cudagraph_capture_sizes: Vec<u32>,
+    /// FLASHCOMM1: attention TP's all-reduce as reduce-scatter + all-gather.
+    #[arg(long)]
+    flashcomm1: bool,
+    /// MLAPO: the MLA pre-processing of decode steps as one fused kernel.
+    #[arg(long)]
+    mlapo: bool,
     /// Print the full report as JSON.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_moe_comm(s: &str) -> Result<dstwin_core::features::MoeComm, String> {
+    use dstwin_core::features::MoeComm;
+    [
+        MoeComm::Auto,
+        MoeComm::Mc2,
+        MoeComm::AllToAll,
+        MoeComm::AllGather,
+    ]
+    .into_iter()
+    .find(|m| m.name() == s)
+    .ok_or_else(|| format!("{s:?}: expected auto, mc2, alltoall or allgather"))
+}
+
+fn parse_graph_mode(s: &str) -> Result<dstwin_core::features::CudagraphMode, String> {
+    use dstwin_core::features::CudagraphMode;
+    match s {
+        "NONE" | "none" => Ok(CudagraphMode::None),
+        "FULL_DECODE_ONLY" | "full_decode_only" => Ok(CudagraphMode::FullDecodeOnly),
+        _ => Err(format!("{s:?}: expected NONE or FULL_DECODE_ONLY")),
+    }
 }
 
 fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
@@ -158,6 +206,16 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
         },
         expert_concentration: a.concentration,
         max_tokens_per_step: a.max_tokens,
+        features: dstwin_core::features::Features {
+            two_microbatch: a.two_microbatch,
+            shared_expert_overlap: a.shared_expert_overlap,
+            moe_comm: a.moe_comm,
+            cudagraph_mode: a.cudagraph_mode,
+            cudagraph_capture_sizes: (!a.cudagraph_capture_sizes.is_empty())
+                .then(|| a.cudagraph_capture_sizes.clone()),
+            flashcomm1: a.flashcomm1,
+            mlapo: a.mlapo,
+        },
     })
 }
 

@@ -5,7 +5,11 @@ use crate::output::{out, outln};
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
-use dstwin_sim::plan::{candidates, evaluate, nodes, rank, Load, Outcome, PlanInput};
+use dstwin_sim::plan::steady::{MEASURED_LIFETIMES, WARMUP_LIFETIMES};
+use dstwin_sim::plan::{
+    candidates, nodes, rank, run_level, screen, to_seed, Generations, Load, Outcome, PlanInput,
+    PlanReport, Standing,
+};
 use dstwin_sim::plot;
 use dstwin_sim::sweep::{knee, pareto};
 use rayon::prelude::*;
@@ -14,7 +18,7 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example:\n  dstwin plan --model deepseek-r1 --quant w8a8 --hardware atlas-800-a3 --cards 32 \\\n      --input 3500 --output 1500 --slo tpot=50ms,ttft=2s --out plan-out\n\nSearches prefill/decode splits by node, prefill and decode TP, the decode batch cap,\nredundant experts and MTP depth (docs/what-if.md). Each layout is simulated closed-loop at a\nquarter, half and all of its decode slots; goodput per card counts requests meeting every SLO.\nPrints the best layouts, why the others lose, and `vllm serve` arguments for the winners."
+    after_help = "Example:\n  dstwin plan --model deepseek-r1 --quant w8a8 --hardware atlas-800-a3 --cards 32 \\\n      --input 3500 --output 1500 --slo tpot=50ms,ttft=2s --out plan-out\n\nSearches prefill/decode splits by node, prefill and decode TP, the decode batch cap,\nredundant experts and MTP depth (docs/what-if.md). Each layout's capacity is measured\nclosed-loop with every decode slot busy, then it runs open-loop at 60% and 90% of it; every\nrun leaves out a warm-up and measures a steady window, both counted in the layout's request\nlifetimes. Layouts within reach of the best run with --seeds seeds; goodput per card (requests\nmeeting every SLO) is reported as mean and min-max over them, and layouts whose ranges overlap\nthe best's are reported as tied with it. Prints the best layouts, why the others lose, and\n`vllm serve` arguments for the winners."
 )]
 pub struct PlanArgs {
     /// Built-in model name (`dstwin catalog`).
@@ -50,12 +54,19 @@ pub struct PlanArgs {
     /// Also write plan.json and the throughput-vs-TPOT front (SVG, PNG) here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The first seed; the others follow it (seed, seed + 1, ...).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Seeds each layout within reach of the best runs with; spreads are over them (2 to 64).
+    #[arg(long, default_value_t = 3)]
+    seeds: u32,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
 }
+
+/// Most seeds a plan runs each layout with.
+const MAX_SEEDS: u32 = 64;
 
 fn parse_slo(s: &str) -> Result<(Option<f64>, Option<f64>), Failure> {
     let (mut ttft, mut tpot) = (None, None);
@@ -122,6 +133,12 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
             )));
         }
     }
+    if !(2..=MAX_SEEDS).contains(&a.seeds) {
+        return Err(Failure::Input(anyhow!(
+            "--seeds {}: between 2 and {MAX_SEEDS} (a spread needs at least two seeds)",
+            a.seeds
+        )));
+    }
     let (n, dies_per_node) = nodes(&a.hardware, a.cards).map_err(|e| Failure::Input(anyhow!(e)))?;
     if let Some(dir) = &a.out {
         crate::output::check_dir(dir, "--out")?;
@@ -137,9 +154,15 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         tpot_ms,
         acceptance: a.mtp_accept.clone(),
         seed: a.seed,
+        seeds: a.seeds,
     };
     // The model and quantization must exist before a thousand candidates say so.
-    let probe = candidates(n, dies_per_node)[0].scenario(&p, dies_per_node, Load::Closed(1));
+    let probe = candidates(n, dies_per_node)[0].scenario(
+        &p,
+        dies_per_node,
+        Load::Closed(Generations::new(1)),
+        p.seed,
+    );
     if let Err(e) = dstwin_sim::scenario::load_str("plan", &probe, std::path::Path::new("."), &[]) {
         let msg = e.to_string();
         if msg.contains("model") || msg.contains("quant") || msg.contains("acceptance") {
@@ -150,18 +173,19 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
     let bar = crate::progress::bar(
         Some(cands.len() as u64),
         a.quiet,
-        "{bar:40} {pos}/{len} layouts [{elapsed_precise}, eta {eta}]",
+        "{bar:40} {pos}/{len} layouts screened [{elapsed_precise}, eta {eta}]",
     );
     let mut outcomes: Vec<Outcome> = cands
         .par_iter()
         .map(|c| {
-            let o = evaluate(&p, c, dies_per_node);
+            let o = screen(&p, c, dies_per_node);
             bar.inc(1);
             o
         })
         .collect();
     bar.finish_and_clear();
-    rank(&mut outcomes);
+    more_seeds(&p, &mut outcomes, dies_per_node, a.quiet);
+    rank(&mut outcomes, &p);
     // Every layout invalid: there is no plan, only the reasons.
     if outcomes.iter().all(|o| !o.invalid.is_empty()) {
         let mut why: BTreeMap<&str, (usize, &Outcome)> = BTreeMap::new();
@@ -183,13 +207,14 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
             reasons.join("\n")
         )));
     }
+    let report = PlanReport::new(&p, &outcomes);
     if let Some(dir) = &a.out {
-        write_outputs(dir, &outcomes)?;
+        write_outputs(dir, &report)?;
     }
     if a.json {
         outln!(
             "{}",
-            serde_json::to_string_pretty(&outcomes).map_err(|e| Failure::Runtime(e.into()))?
+            serde_json::to_string_pretty(&report).map_err(|e| Failure::Runtime(e.into()))?
         )?;
         return Ok(());
     }
@@ -197,7 +222,58 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn write_outputs(dir: &std::path::Path, outcomes: &[Outcome]) -> Result<(), Failure> {
+/// Runs the layouts within reach of the best with the rest of the seeds, in rounds, until no
+/// more are within reach (`plan::rank` module docs).
+fn more_seeds(p: &PlanInput, outcomes: &mut [Outcome], dies_per_node: u32, quiet: bool) {
+    let seeds = p.seed_list();
+    loop {
+        let pick = to_seed(outcomes, seeds.len());
+        if pick.is_empty() {
+            return;
+        }
+        // One job per (layout, level, seed) not yet run.
+        let mut jobs: Vec<(usize, usize, u64)> = Vec::new();
+        for &i in &pick {
+            for (l, level) in outcomes[i].levels.iter().enumerate() {
+                for &s in &seeds {
+                    if level.runs.iter().all(|m| m.seed != s) {
+                        jobs.push((i, l, s));
+                    }
+                }
+            }
+        }
+        let bar = crate::progress::bar(
+            Some(jobs.len() as u64),
+            quiet,
+            "{bar:40} {pos}/{len} runs with more seeds [{elapsed_precise}, eta {eta}]",
+        );
+        let done: Vec<_> = jobs
+            .par_iter()
+            .map(|&(i, l, s)| {
+                let o = &outcomes[i];
+                let r = run_level(p, &o.candidate, dies_per_node, &o.levels[l], s);
+                bar.inc(1);
+                (i, l, s, r)
+            })
+            .collect();
+        bar.finish_and_clear();
+        for (i, l, s, r) in done {
+            match r {
+                Ok((m, _)) => outcomes[i].levels[l].runs.push(m),
+                Err(e) if outcomes[i].invalid.is_empty() => {
+                    outcomes[i].invalid = format!("{e} (seed {s})");
+                }
+                Err(_) => {}
+            }
+        }
+        for i in pick {
+            outcomes[i].settle();
+        }
+    }
+}
+
+fn write_outputs(dir: &std::path::Path, report: &PlanReport) -> Result<(), Failure> {
+    let outcomes = report.layouts;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating {}", dir.display()))
         .map_err(Failure::Runtime)?;
@@ -208,13 +284,18 @@ fn write_outputs(dir: &std::path::Path, outcomes: &[Outcome]) -> Result<(), Fail
     };
     w(
         "plan.json",
-        &serde_json::to_vec_pretty(outcomes).map_err(|e| Failure::Runtime(e.into()))?,
+        &serde_json::to_vec_pretty(report).map_err(|e| Failure::Runtime(e.into()))?,
     )?;
+    // Mean over the seeds each layout ran with.
+    let point = |o: &Outcome| {
+        o.result
+            .as_ref()
+            .map(|r| (r.tpot_p50_ms.mean, r.output_tok_s_per_card.mean))
+    };
     let valid: Vec<(f64, f64, usize)> = outcomes
         .iter()
         .enumerate()
-        .filter(|(_, o)| o.invalid.is_empty())
-        .map(|(i, o)| (o.tpot_p50_ms, o.output_tok_s_per_card, i))
+        .filter_map(|(i, o)| point(o).map(|(x, y)| (x, y, i)))
         .collect();
     let front = pareto(&valid);
     let k = knee(&front).map(|i| front[i].2);
@@ -224,12 +305,9 @@ fn write_outputs(dir: &std::path::Path, outcomes: &[Outcome]) -> Result<(), Fail
         y_label: "output tok/s per card".into(),
         points: valid.iter().map(|p| (p.0, p.1)).collect(),
         front: front.iter().map(|p| (p.0, p.1)).collect(),
-        knee: k.map(|i| {
+        knee: k.and_then(|i| {
             let o = &outcomes[i];
-            (
-                (o.tpot_p50_ms, o.output_tok_s_per_card),
-                format!("knee: {}", o.candidate.label()),
-            )
+            point(o).map(|xy| (xy, format!("knee: {}", o.candidate.label())))
         }),
     };
     w("plan_tpot.svg", plot::svg(&pl).as_bytes())?;
@@ -237,9 +315,22 @@ fn write_outputs(dir: &std::path::Path, outcomes: &[Outcome]) -> Result<(), Fail
     Ok(())
 }
 
+fn range(s: &dstwin_sim::plan::Spread, digits: usize) -> String {
+    format!("{:.d$} ({:.d$}-{:.d$})", s.mean, s.min, s.max, d = digits)
+}
+
 fn render(a: &PlanArgs, p: &PlanInput, outcomes: &[Outcome], dies_per_node: u32) -> String {
+    let seeds = p.seed_list();
+    let seeded = outcomes.iter().filter(|o| o.rank.is_some()).count();
+    let tied = outcomes
+        .iter()
+        .filter(|o| o.standing == Standing::Tied)
+        .count();
     let mut s = format!(
-        "plan: {} {} on {} cards of {} ({} in / {} out), SLO{}{}\n{} layouts simulated\n\n",
+        "plan: {} {} on {} cards of {} ({} in / {} out), SLO{}{}\n\
+         {} layouts screened with seed {}; {seeded} within reach of the best run with seeds {}-{}\n\
+         every run: {WARMUP_LIFETIMES} request lifetimes of warm-up left out, {MEASURED_LIFETIMES} or more measured\n\
+         figures: mean (min-max) over the seeds; goodput ranges that overlap the best's are tied with it\n\n",
         a.model,
         a.quant,
         a.cards,
@@ -250,52 +341,91 @@ fn render(a: &PlanArgs, p: &PlanInput, outcomes: &[Outcome], dies_per_node: u32)
             .map_or(String::new(), |x| format!(" TTFT p50 <= {x} ms")),
         p.tpot_ms
             .map_or(String::new(), |x| format!(" TPOT p50 <= {x} ms")),
-        outcomes.len()
+        outcomes.len(),
+        seeds[0],
+        seeds[0],
+        seeds[seeds.len() - 1],
     );
-    s += "rank  goodput/card  out tok/s/card  SLO met  TTFT p50  TPOT p50  req/s (cap)  layout\n";
-    for (i, o) in outcomes.iter().take(a.top.max(10)).enumerate() {
-        if !o.invalid.is_empty() {
-            break;
+    if seeded == 0 {
+        s += "no layout met every SLO at 60% or 90% of its capacity\n";
+    } else {
+        s += "rank  goodput/card (min-max)    out tok/s/card  SLO met  TTFT p50 ms (min-max)  TPOT p50 ms (min-max)  req/s (cap)    life  layout\n";
+        // Every layout ranked, then the best of those screened out at one seed, unranked.
+        let rows = a.top.max(10).max(tied + 1);
+        let mut screened_shown = false;
+        for o in outcomes.iter().filter(|o| o.result.is_some()).take(rows) {
+            let r = o.result.as_ref().expect("filtered");
+            let one = o.rank.is_none();
+            screened_shown |= one;
+            let rank = match (o.standing, tied) {
+                (Standing::Best | Standing::Tied, t) if t > 0 => "=1".to_string(),
+                _ => o.rank.map_or("-".to_string(), |k| k.to_string()),
+            };
+            let spread = |x: &dstwin_sim::plan::Spread, d: usize| {
+                if one {
+                    format!("{:.d$} (1 seed)", x.mean, d = d)
+                } else {
+                    range(x, d)
+                }
+            };
+            s += &format!(
+                "{rank:>4}  {:<24}  {:>14.1}  {:>6.1}%  {:<21}  {:<21}  {:>4.1} ({:>4.1})  {:>5.1}s  {}\n",
+                spread(&r.goodput_per_card, 4),
+                r.output_tok_s_per_card.mean,
+                r.slo_attainment.mean * 100.0,
+                spread(&r.ttft_p50_ms, 0),
+                spread(&r.tpot_p50_ms, 1),
+                r.rate_req_s,
+                o.capacity_req_s,
+                o.lifetime_s,
+                o.candidate.label()
+            );
         }
-        s += &format!(
-            "{:>4}  {:>12.4}  {:>14.1}  {:>6.1}%  {:>6.0}ms  {:>6.1}ms  {:>4.1} ({:>4.1})  {}\n",
-            i + 1,
-            o.goodput_per_card,
-            o.output_tok_s_per_card,
-            o.slo_attainment * 100.0,
-            o.ttft_p50_ms,
-            o.tpot_p50_ms,
-            o.rate_req_s,
-            o.capacity_req_s,
-            o.candidate.label()
-        );
-    }
-    // Why the rest lose.
-    let mut why: BTreeMap<String, (usize, Option<&Outcome>)> = BTreeMap::new();
-    for o in outcomes.iter().skip(a.top) {
-        let e = why.entry(o.verdict(p)).or_insert((0, None));
-        e.0 += 1;
-        e.1.get_or_insert(o);
-    }
-    s += "\nwhy the others lose:\n";
-    for (reason, (count, ex)) in &why {
-        let detail = match (reason.as_str(), ex) {
-            ("memory" | "layout", Some(o)) => o.invalid.clone(),
-            ("TPOT", Some(o)) => format!("TPOT p50 {:.1} ms over the SLO", o.tpot_p50_ms),
-            ("TTFT", Some(o)) => format!("TTFT p50 {:.0} ms over the SLO", o.ttft_p50_ms),
-            (_, Some(o)) => format!("{:.4} req/s per card", o.goodput_per_card),
-            _ => String::new(),
+        s += &if tied > 0 {
+            format!(
+                "\n=1: the best and {tied} layout{} whose goodput range overlaps its range: statistically \
+                 indistinguishable over {} seeds; benchmark them all\n",
+                if tied == 1 { "" } else { "s" },
+                seeds.len()
+            )
+        } else {
+            format!(
+                "\n1: no other layout's goodput range overlaps the best's over {} seeds\n",
+                seeds.len()
+            )
         };
+        if screened_shown {
+            s += " -: screened out at one seed, below the best's lowest seed by more than any spread measured\n";
+        }
+    }
+    // Why the rest lose: only losses outside the spread are claimed.
+    let mut why: BTreeMap<&str, (usize, &Outcome)> = BTreeMap::new();
+    for o in outcomes {
+        if let Some(l) = &o.loses_because {
+            why.entry(l.reason).or_insert((0, o)).0 += 1;
+        }
+    }
+    s += "\nwhy the others lose (outside the spread):\n";
+    for (reason, (count, ex)) in &why {
+        let detail = ex.loses_because.as_ref().map_or("", |l| l.detail.as_str());
         s += &format!(
             "  {reason:<14} {count:>4} layouts, e.g. {}: {detail}\n",
-            ex.map_or(String::new(), |o| o.candidate.label())
+            ex.candidate.label()
         );
     }
-    for (i, o) in outcomes.iter().take(a.top).enumerate() {
-        if !o.invalid.is_empty() {
-            break;
-        }
-        s += &format!("\n#{} {}\n", i + 1, o.candidate.label());
+    for (i, o) in outcomes
+        .iter()
+        .filter(|o| o.result.is_some())
+        .take(a.top)
+        .enumerate()
+    {
+        let standing = match (o.standing, o.rank) {
+            (Standing::Tied, _) => " (tied with the best)".to_string(),
+            (Standing::Lower, Some(r)) => format!(" (rank {r})"),
+            (Standing::ScreenedOut, _) => " (screened out at one seed)".to_string(),
+            _ => String::new(),
+        };
+        s += &format!("\n#{} {}{standing}\n", i + 1, o.candidate.label());
         for (role, cmd) in o.candidate.launch_args(p, dies_per_node) {
             s += &format!("# {role}\n{cmd}\n");
         }

@@ -21,21 +21,23 @@ fn tmp(name: &str) -> std::path::PathBuf {
 }
 
 #[test]
-fn calibrate_steps_outside_the_range_are_named() {
-    // 1e-20 overflowed a Vec's capacity; 1e-10 tried to allocate tens of GB.
-    for step in ["1e-20", "1e-10", "0", "nan", "0.6"] {
-        let e = refused(&["calibrate", "--step", step]);
-        assert!(
-            e.contains("--step") && e.contains("[0.001, 0.5]"),
-            "{step}: {e}"
-        );
-    }
+fn calibrate_names_unknown_parameters_and_cost_models() {
+    let e = refused(&["calibrate", "--fit", "op_overhead_us,bogus"]);
+    assert!(
+        e.contains("--fit bogus") && e.contains("op_overhead_us"),
+        "{e}"
+    );
+    let e = refused(&["calibrate", "--cost-model", "nope"]);
+    assert!(
+        e.contains("--cost-model nope") && e.contains("ascend-910c"),
+        "{e}"
+    );
 }
 
 #[test]
 fn calibrate_targets_need_positive_published_figures() {
     let dir = tmp("targets");
-    let shipped = include_str!("../calibration/data/cloudmatrix384.toml");
+    let shipped = include_str!("../calibration/data/targets.toml");
     let line = shipped
         .lines()
         .find(|l| l.trim_start().starts_with("published"))
@@ -64,6 +66,11 @@ fn plan_sizes_and_acceptances_are_checked_first() {
             e.contains("--mtp-accept: value 2") && e.contains("[0, 1]"),
             "{bad}: {e}"
         );
+    }
+    // A spread needs two seeds; the count has a ceiling.
+    for n in ["0", "1", "65"] {
+        let e = refused(&["plan", "--seeds", n]);
+        assert!(e.contains(&format!("--seeds {n}: between 2 and 64")), "{e}");
     }
 }
 

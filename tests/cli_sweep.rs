@@ -1,24 +1,13 @@
-//! `dstwin sweep`, `dstwin report` and `dstwin plan` end to end.
+//! `dstwin sweep` and `dstwin report` end to end.
 
 mod common;
-use common::{data, dstwin};
+use common::{data, dstwin, read, stderr_text as err};
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dstwin-sweep-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn err(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    common::tmp_dir("sweep", name)
 }
 
 /// Two batch caps x two DP shapes, one of which does not divide the dies: 4 points, 2 invalid.
@@ -217,60 +206,4 @@ fn bad_axes_and_shards_exit_2_naming_them() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", err(&o));
         assert!(err(&o).contains(needle), "{args:?}: {}", err(&o));
     }
-}
-
-#[test]
-fn plan_ranks_layouts_and_prints_launch_arguments() {
-    let out = tmp("plan");
-    let o = dstwin(&[
-        "plan",
-        "--model",
-        "deepseek-r1",
-        "--hardware",
-        "atlas-800-a3",
-        "--cards",
-        "16",
-        "--input",
-        "400",
-        "--output",
-        "24",
-        "--slo",
-        "tpot=50ms,ttft=5s",
-        "--top",
-        "2",
-        "--out",
-        out.to_str().unwrap(),
-        "-q",
-    ]);
-    assert!(o.status.success(), "{}", err(&o));
-    let s = String::from_utf8_lossy(&o.stdout);
-    assert!(s.contains("rank  goodput/card"), "{s}");
-    assert!(s.contains("why the others lose:"), "{s}");
-    assert!(s.contains("#1 1P1D nodes"), "{s}");
-    for flag in [
-        "--data-parallel-size",
-        "--tensor-parallel-size",
-        "--enable-expert-parallel",
-        "--max-num-seqs",
-        "--max-num-batched-tokens",
-        "--additional-config",
-        "eplb_config",
-        "\"kv_role\": \"kv_producer\"",
-        "\"kv_role\": \"kv_consumer\"",
-    ] {
-        assert!(s.contains(flag), "launch arguments lack {flag}");
-    }
-    let plan: serde_json::Value = serde_json::from_str(&read(&out.join("plan.json"))).unwrap();
-    let first = &plan[0];
-    assert!(first["goodput_per_card"].as_f64().unwrap() > 0.0);
-    assert!(first["tpot_p50_ms"].as_f64().unwrap() <= 50.0);
-    assert!(
-        read(&out.join("plan_tpot.svg")).contains("knee") || plan.as_array().unwrap().len() < 3
-    );
-    // Cards that do not fill whole nodes are refused.
-    let o = dstwin(&["plan", "--cards", "12", "-q"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(err(&o).contains("--cards 12"));
-    let o = dstwin(&["plan", "--slo", "tpot=fast", "-q"]);
-    assert_eq!(o.status.code(), Some(2));
 }

@@ -147,7 +147,21 @@ impl AnchorRun {
 
     /// Simulates the run and reads its figures.
     pub fn evaluate(&self) -> Result<Evaluated, AnchorError> {
-        let s = self.scenario()?;
+        self.evaluate_with(None)
+    }
+
+    /// Simulates the run with `values` applied to its cost model when it is the one named, and
+    /// reads its figures.
+    pub fn evaluate_with(
+        &self,
+        values: Option<(&str, &crate::globals::Values)>,
+    ) -> Result<Evaluated, AnchorError> {
+        let mut s = self.scenario()?;
+        if let Some((name, v)) = values {
+            if s.cost.params.name == name {
+                s.cost = v.apply(&s.cost);
+            }
+        }
         let r = simulate(&s, RunOptions::default()).map_err(|e| AnchorError::Run {
             run: self.label(),
             message: e.to_string(),

@@ -6,9 +6,10 @@
 //! - [`micro`]: the all-to-all parameters of each cost model fitted to the dispatch/combine
 //!   microbenchmarks (`data/microbenchmarks.toml`), the MTP acceptance fitted to the measured
 //!   acceptance figures in the same file, and their residuals.
-//! - [`fit`]: the coordinate-search fit of the global parameters (in-situ efficiency, overlap
-//!   efficiencies) that minimizes the squared relative errors over all targets of one hardware,
-//!   and the per-request routing concentration fitted to the EPLB gap.
+//! - [`globals`]: the cost parameters a cost file lists in `fit` (per-class kernel
+//!   efficiencies, fixed kernel cost, overlap) fitted jointly to the steady-step figures of every
+//!   end-to-end anchor, each anchor weighing 1, and its leave-one-anchor-out test.
+//! - [`fit`]: the per-request routing concentration fitted to the EPLB gap.
 //! - [`anchors`]: the end-to-end anchors as shipped scenarios (`sim/scenarios/anchors/`), the
 //!   figures each is compared on and their regression bounds (`data/anchor-scenarios.toml`).
 //! - [`measured`]: a team's `vllm bench serve` results against a simulation of the same run.
@@ -20,6 +21,7 @@
 
 pub mod anchors;
 pub mod fit;
+pub mod globals;
 pub mod kernels;
 mod lsq;
 pub mod measured;

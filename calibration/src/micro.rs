@@ -237,6 +237,8 @@ pub struct A2aFit {
     /// Normal mode, combine (the dispatch pair where the points cannot fit their own).
     pub normal_combine_bw_eff_at_ep8: f64,
     pub normal_combine_bw_eff_per_doubling: f64,
+    /// The fabric levels the fitted points ran on, sorted.
+    pub fitted_on: Vec<String>,
 }
 
 impl A2aFit {
@@ -252,13 +254,14 @@ impl A2aFit {
         a.normal_bw_eff_per_doubling = self.normal_bw_eff_per_doubling;
         a.normal_combine_bw_eff_at_ep8 = Some(self.normal_combine_bw_eff_at_ep8);
         a.normal_combine_bw_eff_per_doubling = Some(self.normal_combine_bw_eff_per_doubling);
+        a.fitted_on = self.fitted_on.clone();
         CostModel::new(cm.system.clone(), p)
     }
 
     /// The lines to paste into the cost model's data file.
     pub fn toml(&self) -> String {
         format!(
-            "dispatch_base_us = {:.1}\ncombine_base_us = {:.1}\nper_doubling_us = {:.2}\nlow_latency_bw_eff = {:.2}\nnormal_bw_eff_at_ep8 = {:.3}\nnormal_bw_eff_per_doubling = {:.3}\nnormal_combine_bw_eff_at_ep8 = {:.3}\nnormal_combine_bw_eff_per_doubling = {:.3}",
+            "dispatch_base_us = {:.1}\ncombine_base_us = {:.1}\nper_doubling_us = {:.2}\nlow_latency_bw_eff = {:.2}\nnormal_bw_eff_at_ep8 = {:.3}\nnormal_bw_eff_per_doubling = {:.3}\nnormal_combine_bw_eff_at_ep8 = {:.3}\nnormal_combine_bw_eff_per_doubling = {:.3}\nfitted_on = {:?}",
             self.dispatch_base_us,
             self.combine_base_us,
             self.per_doubling_us,
@@ -266,7 +269,8 @@ impl A2aFit {
             self.normal_bw_eff_at_ep8,
             self.normal_bw_eff_per_doubling,
             self.normal_combine_bw_eff_at_ep8,
-            self.normal_combine_bw_eff_per_doubling
+            self.normal_combine_bw_eff_per_doubling,
+            self.fitted_on
         )
     }
 }
@@ -302,16 +306,21 @@ fn ll_bytes(b: &LowLatencyBlock, kind: Kind) -> f64 {
 }
 
 /// The level a low-latency all-to-all of `ep` dies runs on under `cm`.
-fn ll_level(cm: &CostModel, ep: u32) -> (f64, f64) {
-    let level = if cm.params.alltoall.low_latency_uses_outer_level {
+fn ll_fabric(cm: &CostModel, ep: u32) -> &dstwin_hwmodels::FabricLevel {
+    if cm.params.alltoall.low_latency_uses_outer_level {
         cm.system
             .fabric
             .last()
             .expect("validated: at least one level")
     } else {
         cm.level(ep)
-    };
-    (level.latency_us, level.bw_gb_s_per_die * 1e3) // bytes per µs
+    }
+}
+
+/// Latency (µs) and bandwidth (bytes per µs) of [`ll_fabric`].
+fn ll_level(cm: &CostModel, ep: u32) -> (f64, f64) {
+    let level = ll_fabric(cm, ep);
+    (level.latency_us, level.bw_gb_s_per_die * 1e3)
 }
 
 /// Fits every cost model the microbenchmarks cover.
@@ -334,6 +343,7 @@ pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
     for base in bases {
         let name = &base.params.name;
         let a = &base.params.alltoall;
+        let mut fitted_on: Vec<String> = Vec::new();
         // Low latency: columns dispatch base, combine base, per doubling, 1 / efficiency.
         let mut rows = Vec::new();
         for (b, cm) in m.low_latency.iter().zip(&ll_models) {
@@ -341,6 +351,7 @@ pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
                 continue;
             }
             for p in &b.points {
+                fitted_on.push(ll_fabric(cm, p.ep).name.clone());
                 let (lat, bw) = ll_level(cm, p.ep);
                 let g = p.ep as f64;
                 let remote = ll_bytes(b, p.kind) * (g - 1.0) / g;
@@ -380,6 +391,7 @@ pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
                 continue;
             }
             for p in &b.points {
+                fitted_on.push(cm.level(p.ep).name.clone());
                 let bw = cm.level(p.ep).bw_gb_s_per_die;
                 // Relative least squares, as above.
                 let w = bw / p.gb_s;
@@ -412,6 +424,11 @@ pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
             normal_bw_eff_per_doubling: dispatch.1,
             normal_combine_bw_eff_at_ep8: combine.0,
             normal_combine_bw_eff_per_doubling: combine.1,
+            fitted_on: {
+                fitted_on.sort();
+                fitted_on.dedup();
+                fitted_on
+            },
         });
     }
     Ok(fits)
@@ -437,6 +454,7 @@ pub fn residuals(m: &Microbenchmarks, fits: &[A2aFit]) -> Result<Vec<MicroResidu
                 bytes: ll_bytes(b, p.kind),
                 group: p.ep,
                 mode: A2aMode::LowLatency,
+                copies: 0.0,
             };
             let predicted = cm.comm(&c).time_s * 1e6;
             out.push(MicroResidual {

@@ -107,11 +107,12 @@ proptest! {
     /// `calibrate --targets`: a mutated target file parses and prices, or fails with an error.
     #[test]
     fn mutated_target_files_price_or_fail_cleanly(e in edits(3)) {
-        use dstwin_calibration::fit::{residuals, Globals};
-        use dstwin_calibration::target::{parse_targets, CLOUDMATRIX384};
-        if let Ok(targets) = parse_targets("t.toml", &apply(CLOUDMATRIX384, &e)) {
+        use dstwin_calibration::globals::{param, residuals, Values};
+        use dstwin_calibration::target::{parse_targets, TARGETS};
+        if let Ok(targets) = parse_targets("t.toml", &apply(TARGETS, &e)) {
             if let Some(Ok(base)) = targets.first().map(|t| t.base_cost()) {
-                let _ = residuals(&targets, Globals::of(&base));
+                let list: Vec<_> = base.params.fit.iter().filter_map(|n| param(n)).collect();
+                let _ = residuals(&targets, &base.params.name, &Values::of(&list, &base.params));
             }
         }
     }

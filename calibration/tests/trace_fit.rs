@@ -199,6 +199,7 @@ fn the_collective_fit_recovers_the_cost_models_own_parameters() {
                 bytes: mb * 1e6,
                 group: g,
                 mode: A2aMode::Normal,
+                copies: 0.0,
             };
             samples.push(CommSample {
                 kind,
@@ -260,12 +261,12 @@ fn host_overhead_comes_from_the_gaps_between_device_steps() {
     assert!((f.per_seq_us.unwrap() - 10.0).abs() < 1e-9, "{f:?}");
     assert!(f.rms_us < 1e-9);
     // The CPU engine's real trace: 13 gaps, none idle; more sequences did not take longer
-    // (per_seq_us held at its bound 0), so step_us is the mean gap, 72,191.477 / 13 µs.
+    // (per_seq_us held at its bound 0), so step_us is the mean gap, 8,152.418 / 13 µs.
     let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
     let f = fit_host(&p, DEFAULT_IDLE_FACTOR).unwrap();
     assert_eq!((f.steps, f.gaps, f.idle_gaps), (14, 13, 0));
     assert_eq!(f.per_seq_us, Some(0.0));
-    assert!((f.step_us - 72_191.477 / 13.0).abs() < 1e-6, "{f:?}");
+    assert!((f.step_us - 8_152.418 / 13.0).abs() < 1e-6, "{f:?}");
     // Kernel step ids stand in for markers (Ascend tables); one device, two steps: one gap.
     let p = read_path(fixture("kernel_details_block_dim.csv")).unwrap();
     let f = fit_host(&p, DEFAULT_IDLE_FACTOR).unwrap();

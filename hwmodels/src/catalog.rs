@@ -16,6 +16,10 @@ const SYSTEMS: &[(&str, &str)] = &[
         include_str!("../data/systems/cloudmatrix384.toml"),
     ),
     (
+        "systems/atlas-a3-superpod.toml",
+        include_str!("../data/systems/atlas-a3-superpod.toml"),
+    ),
+    (
         "systems/atlas-800-a3.toml",
         include_str!("../data/systems/atlas-800-a3.toml"),
     ),

@@ -6,7 +6,7 @@
 
 use crate::dtype::DType;
 use crate::error::{invalid, HwError};
-use crate::system::{FabricLevel, System};
+use crate::system::{FabricLevel, Scope, System};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -18,8 +18,11 @@ pub enum OpClass {
     Gemm,
     /// Grouped expert GEMMs of the MoE layers.
     GroupedGemm,
-    /// Attention core (QK, softmax, AV), prefill and decode forms.
+    /// Attention core (QK, softmax, AV) of decode steps: MLA over the latent cache.
     Attention,
+    /// Attention core of prompt tokens (flash attention over up-projected K and V): a
+    /// different kernel from decode's; a cost file without its own entry uses `attention`'s.
+    PrefillAttention,
     /// Sparse-attention indexers (DeepSeek-V3.2 DSA, V4 compressed attention).
     Indexer,
     /// Norms, activations, rotary, routing top-k, sampling: memory-bound glue.
@@ -27,10 +30,11 @@ pub enum OpClass {
 }
 
 impl OpClass {
-    pub const ALL: [OpClass; 5] = [
+    pub const ALL: [OpClass; 6] = [
         OpClass::Gemm,
         OpClass::GroupedGemm,
         OpClass::Attention,
+        OpClass::PrefillAttention,
         OpClass::Indexer,
         OpClass::Elementwise,
     ];
@@ -39,6 +43,7 @@ impl OpClass {
             OpClass::Gemm => "gemm",
             OpClass::GroupedGemm => "grouped_gemm",
             OpClass::Attention => "attention",
+            OpClass::PrefillAttention => "prefill_attention",
             OpClass::Indexer => "indexer",
             OpClass::Elementwise => "elementwise",
         }
@@ -82,12 +87,44 @@ pub enum A2aMode {
     Normal,
 }
 
-/// Achieved fraction of peak, compute-bound and memory-bound, for one op class.
+/// How one op class performs as a function of its shape: achieved fractions of peak when
+/// compute-bound and memory-bound, the rows a kernel computes whatever its shape asks (tile
+/// padding of small-M matrices), and a fixed cost per kernel.
+///
+/// An op of `F` FLOPs, `B` HBM bytes and `R` rows (the GEMM M dimension: tokens for dense
+/// GEMMs, tokens per expert for grouped GEMMs, query rows for attention) takes
+/// `fixed_us + max(F / (peak x compute) x (R + rows_pad) / R, B / (HBM x memory))`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Efficiency {
     pub compute: f64,
     pub memory: f64,
+    /// Rows added to every op's own by tile padding: a GEMM of 4 tokens on a 16-row tile
+    /// computes as if it had 16 rows, which `rows_pad` = 12 averages. 0: no such effect.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rows_pad: f64,
+    /// Fixed cost of one kernel of this class, µs: launch, pipeline fill and drain, the
+    /// synchronization ending it. Absent: the file's `op_overhead_us`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fixed_us: Option<f64>,
+    pub source: String,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
+/// Host (CPU) time of one engine step, outside the device's kernels: scheduling, input
+/// preparation, graph launch, output processing. Synchronous scheduling adds it to every step;
+/// asynchronous scheduling hides it behind the device step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostParams {
+    /// Per step, µs.
+    pub step_us: f64,
+    /// Per scheduled sequence, µs.
+    #[serde(default)]
+    pub per_seq_us: f64,
     pub source: String,
 }
 
@@ -120,6 +157,11 @@ pub struct AllToAllParams {
     pub normal_combine_bw_eff_per_doubling: Option<f64>,
     /// Normal mode: the fraction never falls below this.
     pub normal_bw_eff_min: f64,
+    /// Names of the fabric levels the microbenchmarks these parameters were fitted to ran on
+    /// (e.g. "HCCS", "UB"): a dispatch or combine priced on any other level is an
+    /// extrapolation, and reports say so.
+    #[serde(default)]
+    pub fitted_on: Vec<String>,
     pub source: String,
 }
 
@@ -156,10 +198,12 @@ pub struct CollectiveParams {
 pub struct CostParams {
     pub name: String,
     pub source: String,
-    /// Launch/dispatch overhead per op in graph mode, µs.
+    /// Fixed cost per kernel in graph mode, µs, for classes that give no `fixed_us` of their own.
     pub op_overhead_us: f64,
     /// Fraction of their isolated-microbenchmark efficiency that kernels reach inside a full
     /// model step (shapes, cache and core contention); multiplies every class's efficiencies.
+    /// 1.0 (the default) where the classes' own efficiencies are in-step figures.
+    #[serde(default = "one")]
     pub in_situ_efficiency: f64,
     /// How close two-micro-batch overlap comes to its best case (1.0) from running the two halves
     /// one after the other (0.0), in steps whose all-to-all runs in low-latency mode (decode).
@@ -171,6 +215,18 @@ pub struct CostParams {
     pub efficiency: BTreeMap<OpClass, Efficiency>,
     pub alltoall: AllToAllParams,
     pub collective: CollectiveParams,
+    /// Host time per step (absent: none, or what a scenario gives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostParams>,
+    /// The parameters `dstwin calibrate` fits to the end-to-end anchors (names such as
+    /// "op_overhead_us" or "efficiency.attention.compute"); every other number is read from a
+    /// microbenchmark or is an assumption, as its comment says.
+    #[serde(default)]
+    pub fit: Vec<String>,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 fn check_frac(file: &str, field: String, v: f64) -> Result<(), HwError> {
@@ -190,6 +246,14 @@ fn check_nonneg(file: &str, field: &str, v: f64) -> Result<(), HwError> {
 }
 
 impl CostParams {
+    /// The efficiency of an op class (prefill attention falls back to attention's).
+    pub fn efficiency(&self, class: OpClass) -> &Efficiency {
+        match self.efficiency.get(&class) {
+            Some(e) => e,
+            None => &self.efficiency[&OpClass::Attention],
+        }
+    }
+
     /// Two-micro-batch overlap efficiency of steps whose all-to-all runs in `mode`.
     pub fn overlap_efficiency(&self, mode: A2aMode) -> f64 {
         match mode {
@@ -213,6 +277,9 @@ impl CostParams {
             }
         }
         for c in OpClass::ALL {
+            if c == OpClass::PrefillAttention && !self.efficiency.contains_key(&c) {
+                continue;
+            }
             let e = self.efficiency.get(&c).ok_or_else(|| {
                 invalid(
                     file,
@@ -223,6 +290,18 @@ impl CostParams {
             })?;
             check_frac(file, format!("efficiency.{}.compute", c.name()), e.compute)?;
             check_frac(file, format!("efficiency.{}.memory", c.name()), e.memory)?;
+            check_nonneg(
+                file,
+                &format!("efficiency.{}.rows_pad", c.name()),
+                e.rows_pad,
+            )?;
+            if let Some(f) = e.fixed_us {
+                check_nonneg(file, &format!("efficiency.{}.fixed_us", c.name()), f)?;
+            }
+        }
+        if let Some(h) = &self.host {
+            check_nonneg(file, "host.step_us", h.step_us)?;
+            check_nonneg(file, "host.per_seq_us", h.per_seq_us)?;
         }
         let a = &self.alltoall;
         check_nonneg(file, "alltoall.dispatch_base_us", a.dispatch_base_us)?;
@@ -322,6 +401,9 @@ pub struct Work {
     pub bytes: f64,
     /// The format the math runs in (sets the peak).
     pub dtype: DType,
+    /// Rows of the op's varying matrix side (tokens of a GEMM, tokens per expert of a grouped
+    /// GEMM, query rows of attention); 0 when the op has none (tile padding then does not apply).
+    pub rows: f64,
 }
 
 /// A collective as one die sees it.
@@ -334,6 +416,11 @@ pub struct Comm {
     /// Dies in the group.
     pub group: u32,
     pub mode: A2aMode,
+    /// Dispatch and combine: copies of each token the payload holds (top-k, plus one for a
+    /// shared-expert die). Bulk (normal-mode) kernels send a token once to each other node that
+    /// needs it and fan it out inside the node (DeepEP normal, MC2 hierarchical); 0 when
+    /// unknown (no deduplication).
+    pub copies: f64,
 }
 
 /// A priced op.
@@ -368,7 +455,7 @@ impl CostModel {
     }
 
     fn eff(&self, class: OpClass) -> &Efficiency {
-        &self.params.efficiency[&class]
+        self.params.efficiency(class)
     }
 
     /// Peak FLOP/s per die for a format.
@@ -376,16 +463,30 @@ impl CostModel {
         self.peaks[d.index()]
     }
 
-    /// Roofline time of `w` on one die: max(compute, memory) at the class's efficiency, plus the
-    /// per-op launch overhead when the op does anything.
+    /// Fixed cost of one kernel of `class`, seconds.
+    pub fn fixed_s(&self, class: OpClass) -> f64 {
+        self.eff(class)
+            .fixed_us
+            .unwrap_or(self.params.op_overhead_us)
+            * 1e-6
+    }
+
+    /// Roofline time of `w` on one die: max(compute, memory) at the class's efficiency (compute
+    /// on the rows tile padding makes the kernel compute), plus the class's fixed cost per
+    /// kernel when the op does anything.
     pub fn compute(&self, w: &Work) -> Cost {
         let chip = &self.system.chip;
         let e = self.eff(w.class);
         let k = self.params.in_situ_efficiency;
-        let compute_s = w.flops / (self.peaks[w.dtype.index()] * e.compute * k);
+        let padding = if w.rows > 0.0 {
+            (w.rows + e.rows_pad) / w.rows
+        } else {
+            1.0
+        };
+        let compute_s = w.flops * padding / (self.peaks[w.dtype.index()] * e.compute * k);
         let memory_s = w.bytes / (chip.hbm_bytes_per_s() * e.memory * k);
         let overhead_s = if w.flops > 0.0 || w.bytes > 0.0 {
-            self.params.op_overhead_us * 1e-6
+            self.fixed_s(w.class)
         } else {
             0.0
         };
@@ -410,6 +511,31 @@ impl CostModel {
         self.system.level_for(dies)
     }
 
+    /// The level a dispatch or combine's slowest transfers cross.
+    fn a2a_level(&self, c: &Comm) -> &FabricLevel {
+        let outer =
+            c.mode == A2aMode::LowLatency && self.params.alltoall.low_latency_uses_outer_level;
+        if outer {
+            self.system
+                .fabric
+                .last()
+                .expect("validated: at least one level")
+        } else {
+            self.level(c.group.max(1))
+        }
+    }
+
+    /// For a dispatch or combine priced on a fabric level its all-to-all parameters were not
+    /// fitted on: that level's name (the price is an extrapolation).
+    pub fn unfitted_level(&self, c: &Comm) -> Option<&str> {
+        if !matches!(c.kind, CommKind::Dispatch | CommKind::Combine) || c.group <= 1 {
+            return None;
+        }
+        let level = self.a2a_level(c);
+        let fitted = &self.params.alltoall.fitted_on;
+        (!fitted.contains(&level.name)).then_some(level.name.as_str())
+    }
+
     /// Time of one collective as one die sees it. A group of one die costs nothing.
     pub fn comm(&self, c: &Comm) -> Cost {
         let g = c.group.max(1);
@@ -421,14 +547,9 @@ impl CostModel {
                 bound: Bound::Communication,
             };
         }
-        let outer = c.mode == A2aMode::LowLatency
-            && matches!(c.kind, CommKind::Dispatch | CommKind::Combine)
-            && self.params.alltoall.low_latency_uses_outer_level;
-        let level = if outer {
-            self.system
-                .fabric
-                .last()
-                .expect("validated: at least one level")
+        let a2a = matches!(c.kind, CommKind::Dispatch | CommKind::Combine);
+        let level = if a2a {
+            self.a2a_level(c)
         } else {
             self.level(g)
         };
@@ -447,8 +568,9 @@ impl CostModel {
                     A2aMode::LowLatency => a.low_latency_bw_eff,
                     A2aMode::Normal => a.normal_bw_eff(c.kind, g),
                 };
+                let fixed = lat + (base + a.per_doubling_us * gf.log2()) * 1e-6;
                 let remote = c.bytes * (gf - 1.0) / gf;
-                lat + (base + a.per_doubling_us * gf.log2()) * 1e-6 + remote / (bw * eff)
+                fixed + self.a2a_transfer_s(c, level, remote, eff)
             }
             CommKind::AllReduce | CommKind::AllGather | CommKind::ReduceScatter | CommKind::P2p => {
                 let p = &self.params.collective;
@@ -471,5 +593,32 @@ impl CostModel {
             memory_s: 0.0,
             bound: Bound::Communication,
         }
+    }
+
+    /// Transfer time of `remote` bytes of a dispatch or combine on `level` at efficiency `eff`.
+    /// A bulk all-to-all whose group spans several nodes over a slower outer level sends each
+    /// token once to every other node holding one of its experts and fans it out over the node
+    /// fabric: the outer level carries the deduplicated copies, the node level all of them, and
+    /// the slower of the two sets the time.
+    fn a2a_transfer_s(&self, c: &Comm, level: &FabricLevel, remote: f64, eff: f64) -> f64 {
+        let bw = level.bw_gb_s_per_die * 1e9;
+        let per_node = self.system.dies_per_node().max(1);
+        let inner = self
+            .system
+            .fabric
+            .first()
+            .expect("validated: at least one level");
+        let spans_nodes = c.group > per_node && level.scope > Scope::Node;
+        if c.mode != A2aMode::Normal || c.copies <= 1.0 || !spans_nodes || inner.name == level.name
+        {
+            return remote / (bw * eff);
+        }
+        let nodes = (c.group as f64 / per_node as f64).ceil();
+        // Expected other nodes among `copies` destinations spread evenly over the nodes.
+        let other_nodes = (nodes - 1.0) * (1.0 - (1.0 - 1.0 / nodes).powf(c.copies));
+        let per_copy = c.bytes / c.copies;
+        let outer_s = per_copy * other_nodes / (bw * eff);
+        let inner_s = remote / (inner.bw_gb_s_per_die * 1e9 * eff);
+        outer_s.max(inner_s)
     }
 }

@@ -20,7 +20,8 @@ pub mod system;
 pub use catalog::Catalog;
 pub use chip::Chip;
 pub use cost::{
-    A2aMode, AllToAllParams, Bound, Comm, CommKind, Cost, CostModel, CostParams, OpClass, Work,
+    A2aMode, AllToAllParams, Bound, Comm, CommKind, Cost, CostModel, CostParams, Efficiency,
+    HostParams, OpClass, Work,
 };
 pub use dtype::DType;
 pub use error::HwError;

@@ -39,8 +39,8 @@ fn cloudmatrix384_is_384_npus_of_two_dies_on_one_ub_plane() {
     assert_eq!(s.span(2), Scope::Package);
     assert_eq!(s.span(16), Scope::Node);
     assert_eq!(s.span(320), Scope::Supernode);
-    // One UB level serves the node and the whole supernode.
-    assert_eq!(s.level_for(16).name, "UB");
+    // HCCS inside a node, the UB plane across the supernode (the same bandwidth).
+    assert_eq!(s.level_for(16).name, "HCCS");
     assert_eq!(s.level_for(320).name, "UB");
 }
 
@@ -198,6 +198,7 @@ fn normal_mode_combine_has_its_own_efficiency_when_given() {
             bytes: 1e8,
             group: 128,
             mode: A2aMode::Normal,
+            copies: 0.0,
         })
         .time_s
     };
@@ -253,9 +254,9 @@ proptest! {
     fn more_work_is_never_cheaper(flops in 0.0f64..1e15, bytes in 0.0f64..1e11, extra in 0.0f64..1e13, class in 0usize..5) {
         let cm = cost_model();
         let class = OpClass::ALL[class];
-        let a = cm.compute(&Work { class, flops, bytes, dtype: DType::Int8 }).time_s;
-        let b = cm.compute(&Work { class, flops: flops + extra, bytes, dtype: DType::Int8 }).time_s;
-        let c = cm.compute(&Work { class, flops, bytes: bytes + extra, dtype: DType::Int8 }).time_s;
+        let a = cm.compute(&Work { class, flops, bytes, dtype: DType::Int8, rows: 0.0 }).time_s;
+        let b = cm.compute(&Work { class, flops: flops + extra, bytes, dtype: DType::Int8, rows: 0.0 }).time_s;
+        let c = cm.compute(&Work { class, flops, bytes: bytes + extra, dtype: DType::Int8, rows: 0.0 }).time_s;
         prop_assert!(b >= a && c >= a);
     }
 
@@ -264,7 +265,7 @@ proptest! {
         let cm = cost_model();
         let kind = [CommKind::Dispatch, CommKind::Combine, CommKind::AllReduce, CommKind::AllGather, CommKind::ReduceScatter][kind];
         for mode in [A2aMode::LowLatency, A2aMode::Normal] {
-            let t = |bytes, group| cm.comm(&Comm { kind, bytes, group, mode }).time_s;
+            let t = |bytes, group| cm.comm(&Comm { kind, bytes, group, mode, copies: 0.0 }).time_s;
             prop_assert!(t(bytes + extra, group) >= t(bytes, group));
             prop_assert!(t(bytes, group * 2) >= t(bytes, group) * 0.999);
         }

@@ -55,6 +55,7 @@ fn price(cm: &CostModel) {
             flops: 1e12,
             bytes: 1e9,
             dtype: DType::Int8,
+            rows: 64.0,
         });
     }
     let mut group = 2u32;
@@ -69,6 +70,7 @@ fn price(cm: &CostModel) {
                 bytes: 1e6,
                 group,
                 mode,
+                copies: 8.0,
             });
         }
         group = group.saturating_mul(2).max(group + 1);

@@ -49,13 +49,45 @@ pub fn render_explain(e: &Explain) -> String {
         "  serial           {:>9.3} ms  (compute {:.3} + communication {:.3})",
         e.serial_step_ms, e.compute_ms, e.comm_ms
     );
+    if e.shared_expert_overlap_ms > 0.0 {
+        let _ = writeln!(
+            s,
+            "  shared expert    {:>9.3} ms  hidden under dispatch/combine (second stream)",
+            e.shared_expert_overlap_ms
+        );
+    }
     let _ = writeln!(
         s,
-        "  two micro-batches{:>9.3} ms  ({:+.1}% throughput vs serial)",
+        "  two micro-batches{:>9.3} ms  ({:+.1}% throughput vs serial; {}: {})",
         e.two_microbatch_step_ms,
-        e.two_microbatch_gain * 100.0
+        e.two_microbatch_gain * 100.0,
+        e.features.two_microbatch.name(),
+        if e.two_microbatch_used {
+            "used"
+        } else {
+            "not used"
+        }
+    );
+    let padding = match e.padded_tokens {
+        Some(p) => format!("decode graph padded to {p} tokens per rank"),
+        None => "eager".to_string(),
+    };
+    let _ = writeln!(
+        s,
+        "  engine           MoE comm {}, {}{}{}",
+        e.moe_comm.name(),
+        padding,
+        if e.features.mlapo { ", MLAPO" } else { "" },
+        if e.features.flashcomm1 {
+            ", FLASHCOMM1"
+        } else {
+            ""
+        }
     );
     let _ = writeln!(s, "  roofline limit   {:>9.3} ms  (all compute at 100% of peak, no overhead, no communication)", e.roofline_ms);
+    for c in &e.caveats {
+        let _ = writeln!(s, "caveat: {c}");
+    }
     if let Some(m) = &e.moe {
         let _ = writeln!(
             s,

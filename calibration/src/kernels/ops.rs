@@ -89,7 +89,10 @@ mod tests {
         for (name, kind) in [
             ("q_a_proj", OpKindName::Compute(OpClass::Gemm)),
             ("attn_decode", OpKindName::Compute(OpClass::Attention)),
-            ("attn_prefill", OpKindName::Compute(OpClass::Attention)),
+            (
+                "attn_prefill",
+                OpKindName::Compute(OpClass::PrefillAttention),
+            ),
             ("experts", OpKindName::Compute(OpClass::GroupedGemm)),
             ("indexer_score", OpKindName::Compute(OpClass::Indexer)),
             ("router_topk", OpKindName::Compute(OpClass::Elementwise)),

@@ -187,6 +187,8 @@ fn latency_and_transfer_us(cm: &CostModel, kind: CommKind, bytes: f64, group: u3
             bytes: b,
             group,
             mode: A2aMode::Normal,
+            // Ring collectives: no token copies to deduplicate.
+            copies: 0.0,
         })
         .time_s
             * 1e6

@@ -156,6 +156,43 @@ pub fn cost_file(
         );
         t.insert("host".into(), Value::Table(table));
     }
+    // What the traces now determine leaves the list `dstwin calibrate` fits to the end-to-end
+    // anchors: a refit would overwrite measured kernels with a figure that only constrains
+    // them through a whole step. The folded global factors go too (each class has its own).
+    let fitted = |name: &str| -> bool {
+        if name == "op_overhead_us" {
+            return overhead.is_some();
+        }
+        if name == "in_situ_efficiency" {
+            return in_situ.is_some();
+        }
+        if name.starts_with("host.") {
+            return !host.is_empty();
+        }
+        let mut parts = name.split('.');
+        let (Some("efficiency"), Some(class), Some(field)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return false;
+        };
+        cal.efficiency.iter().any(|r| {
+            r.class.name() == class
+                && r.fit.as_ref().is_some_and(|f| match field {
+                    "compute" => f.determined.compute,
+                    "memory" => f.determined.memory,
+                    "rows_pad" => f.determined.rows_pad,
+                    "fixed_us" => f.determined.fixed_us,
+                    _ => false,
+                })
+        })
+    };
+    let fit: Vec<Value> = base
+        .fit
+        .iter()
+        .filter(|n| !fitted(n))
+        .map(|n| Value::String(n.clone()))
+        .collect();
+    t.insert("fit".into(), Value::Array(fit));
     if let (Some(c), Some(Value::Table(coll))) = (&cal.collective, t.get_mut("collective")) {
         coll.insert("base_us".into(), Value::Float(sig(c.base_us)));
         coll.insert("bw_eff".into(), Value::Float(sig(c.bw_eff)));

@@ -112,17 +112,17 @@ pub struct TraceCalibration {
     pub host: Vec<HostReport>,
 }
 
-/// The shipped parameters of a class in the fitted form: today's cost model has no small-batch
-/// term (rows_pad 0), a launch overhead per op (fixed_us) and an in-situ factor on both
-/// efficiencies.
+/// The shipped parameters of a class in the fitted form: the class's efficiencies times the
+/// file's in-situ factor, its tile padding, and its fixed cost per kernel (the file's
+/// `op_overhead_us` where the class gives none). Prefill attention falls back to attention's.
 pub fn prior_params(cm: &CostModel, class: OpClass) -> ClassParams {
     let p = &cm.params;
-    let e = &p.efficiency[&class];
+    let e = p.efficiency(class);
     ClassParams {
         compute: e.compute * p.in_situ_efficiency,
         memory: e.memory * p.in_situ_efficiency,
-        rows_pad: 0.0,
-        fixed_us: p.op_overhead_us,
+        rows_pad: e.rows_pad,
+        fixed_us: e.fixed_us.unwrap_or(p.op_overhead_us),
     }
 }
 

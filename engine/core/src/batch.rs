@@ -32,6 +32,9 @@ pub struct BatchShape {
     pub prefill_pairs: u64,
     /// The same with each query's keys capped.
     pub prefill_pairs_capped: u64,
+    /// Σ over prompt sequences of the tokens already in KV before this step's chunk (prefix-cache
+    /// hits and earlier chunks): the prefill form of MLA up-projects their cached latent again.
+    pub prefill_cached: u64,
     /// Sequences decoding this step.
     pub decode_seqs: u32,
     /// Tokens decoded this step: per sequence 1 + its draft tokens (MTP).
@@ -79,6 +82,7 @@ impl BatchShape {
         self.prefill_tokens += new_tokens;
         self.prefill_pairs += causal_sum(cached_tokens, new_tokens);
         self.prefill_pairs_capped += cap.capped_causal_sum(cached_tokens, new_tokens);
+        self.prefill_cached += cached_tokens;
     }
 
     /// Adds a decoding sequence whose KV holds `context_tokens` before this step and which
@@ -129,6 +133,7 @@ impl BatchShape {
             prefill_tokens: self.prefill_tokens * n,
             prefill_pairs: self.prefill_pairs * n,
             prefill_pairs_capped: self.prefill_pairs_capped * n,
+            prefill_cached: self.prefill_cached * n,
             decode_seqs: self.decode_seqs * n as u32,
             decode_tokens: self.decode_tokens * n,
             decode_pairs: self.decode_pairs * n,
@@ -148,6 +153,47 @@ impl BatchShape {
 
     pub fn is_empty(&self) -> bool {
         self.tokens() == 0
+    }
+
+    /// The shape as the engine's attention sees it: vLLM classifies every request whose step
+    /// computes at most `query_len` tokens (1 + MTP drafts) as a decode, whether or not it is
+    /// a prompt (the one-token recompute of a request whose KV came from a prefill instance).
+    /// When every prompt chunk of the step is that short (their tokens are at most
+    /// `query_len` per chunk), they join the decodes.
+    pub fn short_chunks_as_decode(&self, query_len: u64) -> BatchShape {
+        if self.prefill_seqs == 0 || self.prefill_tokens > self.prefill_seqs as u64 * query_len {
+            return *self;
+        }
+        BatchShape {
+            prefill_seqs: 0,
+            prefill_tokens: 0,
+            prefill_pairs: 0,
+            prefill_pairs_capped: 0,
+            prefill_cached: 0,
+            decode_seqs: self.decode_seqs + self.prefill_seqs,
+            decode_tokens: self.decode_tokens + self.prefill_tokens,
+            decode_pairs: self.decode_pairs + self.prefill_pairs,
+            decode_pairs_capped: self.decode_pairs_capped + self.prefill_pairs_capped,
+        }
+    }
+
+    /// A decode step padded to `tokens` tokens (a captured graph's size): the padding is dummy
+    /// sequences of `1 + mtp_tokens` tokens that attend to one key each, so every projection
+    /// and GEMM computes the padded rows while attention reads almost nothing more. A shape
+    /// already that large, or with prompts, is returned as it is.
+    pub fn padded_to(&self, tokens: u64, mtp_tokens: u32) -> BatchShape {
+        if self.prefill_tokens > 0 || self.decode_tokens >= tokens {
+            return *self;
+        }
+        let extra = tokens - self.decode_tokens;
+        let q = 1 + mtp_tokens as u64;
+        BatchShape {
+            decode_seqs: self.decode_seqs + extra.div_ceil(q) as u32,
+            decode_tokens: tokens,
+            decode_pairs: self.decode_pairs + extra,
+            decode_pairs_capped: self.decode_pairs_capped + extra,
+            ..*self
+        }
     }
 }
 

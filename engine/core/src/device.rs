@@ -192,14 +192,25 @@ impl StepPlan {
 
     /// Ranks that run the dummy batch: the idle ones, and listed ones with nothing to compute.
     pub fn dummy_ranks(&self) -> u64 {
-        let empty = self.ranks.iter().filter(|r| r.shape.is_empty()).count() as u64;
-        self.idle_ranks() as u64 + empty
+        self.routing().1
     }
 
     /// Tokens the step routes through the MoE layers: every rank's, the dummy batches
     /// included.
     pub fn routed_tokens(&self) -> u64 {
-        self.tokens() + self.dummy_ranks() * DUMMY_TOKENS
+        self.routing().0
+    }
+
+    /// [`StepPlan::routed_tokens`] and [`StepPlan::dummy_ranks`], in one pass over the ranks.
+    pub fn routing(&self) -> (u64, u64) {
+        let (mut tokens, mut empty) = (0, 0);
+        for r in &self.ranks {
+            let t = r.shape.tokens();
+            tokens += t;
+            empty += u64::from(t == 0);
+        }
+        let dummies = self.idle_ranks() as u64 + empty;
+        (tokens + dummies * DUMMY_TOKENS, dummies)
     }
 }
 

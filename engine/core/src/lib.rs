@@ -12,6 +12,8 @@
 //! - [`layout`]: parallel layouts (role, DP x TP, EP, redundant and shared-expert slots).
 //! - [`memory`]: the memory map of a die and its KV capacity.
 //! - [`eplb`]: expert placement with redundant experts (DeepSeek's and greedy algorithms).
+//! - [`features`]: engine mechanisms (two micro-batches, MoE communication, graph padding,
+//!   FLASHCOMM1, MLAPO, shared-expert overlap) and the rules that decide them per step.
 //! - [`instance`]: an instance's DP-rank schedulers (vLLM v1), KV blocks and prefix cache.
 //! - [`mtp`]: MTP draft acceptance as a function of request and output position.
 //! - [`pd`]: the PD proxy's routing policies.
@@ -21,6 +23,7 @@ pub mod batch;
 pub mod deploy;
 pub mod device;
 pub mod eplb;
+pub mod features;
 pub mod instance;
 pub mod layout;
 pub mod memory;

@@ -102,28 +102,63 @@ impl Acceptance {
     }
 }
 
-impl RequestDraws<'_> {
+impl<'a> RequestDraws<'a> {
     /// Drafts accepted out of `drafts` at sampling step `step`: the accepted prefix, counted
     /// without branches on the draws.
     #[inline]
     pub fn accepted(&self, step: u32, drafts: u32) -> u32 {
+        self.from_step(step).next(drafts)
+    }
+
+    /// The draws of sampling steps `step`, `step + 1`, ... in turn: what a scan over a
+    /// request's future steps reads, without recomputing each step's stream position.
+    #[inline]
+    pub fn from_step(&self, step: u32) -> StepDraws<'a> {
+        StepDraws {
+            acc: self.acc,
+            // Draft i draws from its own wyrand stream, at index `step`: the draws of
+            // successive steps are independent of each other, so a scan over steps pipelines.
+            at: self
+                .key
+                .wrapping_add((step as u64 + 1).wrapping_mul(WY_INC)),
+        }
+    }
+}
+
+/// One request's draws from a sampling step on ([`RequestDraws::from_step`]).
+#[derive(Clone, Copy, Debug)]
+pub struct StepDraws<'a> {
+    acc: &'a Acceptance,
+    /// The stream position of draft 0 at the current step.
+    at: u64,
+}
+
+impl StepDraws<'_> {
+    /// [`StepDraws::next`] with one draft.
+    #[inline]
+    pub fn next_one(&mut self) -> u32 {
+        let s = self.at;
+        self.at = self.at.wrapping_add(WY_INC);
+        // An empty list's threshold is 0: nothing is accepted.
+        u32::from(wy(s) < self.acc.thresholds[0])
+    }
+
+    /// Drafts accepted out of `drafts` at the current step; moves to the next step.
+    #[inline]
+    pub fn next(&mut self, drafts: u32) -> u32 {
         let a = self.acc;
+        let mut s = self.at;
+        self.at = self.at.wrapping_add(WY_INC);
         if a.len == 0 {
             return 0;
         }
-        // Draft i draws from its own wyrand stream, at index `step`: the draws of successive
-        // steps are independent of each other, so a scan over steps pipelines.
-        let at = (step as u64 + 1).wrapping_mul(WY_INC);
         let mut n = 0;
         let mut alive = 1;
         for i in 0..drafts {
             let t = a.thresholds[(i as usize).min(a.len - 1)];
-            let s = self
-                .key
-                .wrapping_add((i as u64).wrapping_mul(DRAFT_STRIDE))
-                .wrapping_add(at);
             alive &= u32::from(wy(s) < t);
             n += alive;
+            s = s.wrapping_add(DRAFT_STRIDE);
         }
         n
     }
@@ -132,6 +167,8 @@ impl RequestDraws<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const PINNED_SUM: u64 = 38_288;
 
     #[test]
     fn acceptance_matches_its_probability() {
@@ -177,6 +214,38 @@ mod tests {
         }
         let rate = both as f64 / n as f64;
         assert!((rate - 0.36).abs() < 0.01, "P(both) {rate}");
+    }
+
+    #[test]
+    fn a_scan_reads_the_same_draws_as_single_steps() {
+        for probs in [&[0.7][..], &[0.8, 0.5], &[0.9, 0.6, 0.3], &[]] {
+            let a = Acceptance::new(probs, 5);
+            for req in [0, 1, 77, u64::MAX] {
+                let d = a.request(req);
+                for drafts in 0..4 {
+                    let mut scan = d.from_step(10);
+                    for j in 10..300 {
+                        assert_eq!(scan.next(drafts), d.accepted(j, drafts), "{probs:?} {j}");
+                    }
+                }
+                let mut one = d.from_step(3);
+                for j in 3..300 {
+                    assert_eq!(one.next_one(), d.accepted(j, 1), "{probs:?} {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn draws_are_pinned() {
+        // The draws decide every simulated request's tokens: a change here changes every
+        // report. The sum over a fixed grid, recorded when the draws were made step-indexed.
+        let a = Acceptance::new(&[0.7, 0.4], 11);
+        let sum: u64 = (0..50u64)
+            .flat_map(|r| (0..200u32).map(move |j| (r, j)))
+            .map(|(r, j)| a.accepted(r, j, 2) as u64 * (1 + (r ^ j as u64) % 7))
+            .sum();
+        assert_eq!(sum, PINNED_SUM);
     }
 
     #[test]

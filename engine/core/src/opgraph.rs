@@ -8,6 +8,7 @@
 //! real engine executes the same ops.
 
 use crate::batch::BatchShape;
+use crate::features::{MoeCommUsed, Resolved};
 use crate::layout::{Plan, Role};
 use crate::model::{self, Attention, Indexer, ModelConfig, Quant};
 use dstwin_hwmodels::{A2aMode, Comm, CommKind, DType, OpClass, Work};
@@ -91,6 +92,9 @@ pub struct MoeLoad {
     pub group_tokens: u64,
     /// Tokens on the hottest routed die over the mean (1.0 = perfect balance).
     pub imbalance: f64,
+    /// How the step's MoE tokens reach their experts (decided for the whole EP group:
+    /// [`Resolved::moe_comm`]).
+    pub comm: MoeCommUsed,
 }
 
 /// What, besides the batch, fixes a step's ops.
@@ -102,6 +106,8 @@ pub struct StepSpec<'a> {
     pub plan: &'a Plan,
     /// MTP draft tokens per step (0 = no MTP).
     pub mtp_tokens: u32,
+    /// The instance's engine mechanisms (MLAPO, FLASHCOMM1 change the ops).
+    pub features: &'a Resolved,
 }
 
 /// Builds the op list of one step.
@@ -110,12 +116,14 @@ struct Builder<'a> {
     ops: Vec<Op>,
 }
 
-fn work(class: OpClass, flops: f64, bytes: f64, dtype: DType) -> OpKind {
+/// Compute work of `rows` rows (0: an op without a row dimension, e.g. elementwise).
+fn work(class: OpClass, flops: f64, bytes: f64, dtype: DType, rows: f64) -> OpKind {
     OpKind::Compute(Work {
         class,
         flops,
         bytes,
         dtype,
+        rows,
     })
 }
 
@@ -168,7 +176,7 @@ impl Builder<'_> {
             layer,
             repeat,
             DieSet::All,
-            work(OpClass::Gemm, flops, bytes, cdt),
+            work(OpClass::Gemm, flops, bytes, cdt, tokens),
         );
     }
 
@@ -180,7 +188,7 @@ impl Builder<'_> {
             layer,
             repeat,
             DieSet::All,
-            work(OpClass::Elementwise, 4.0 * elems, bytes, DType::Bf16),
+            work(OpClass::Elementwise, 4.0 * elems, bytes, DType::Bf16, 0.0),
         );
     }
 
@@ -202,6 +210,7 @@ impl Builder<'_> {
                 bytes,
                 group,
                 mode: A2aMode::Normal,
+                copies: 0.0,
             }),
         );
     }
@@ -227,7 +236,17 @@ impl Builder<'_> {
             }
         };
         let act = DType::Bf16.bytes();
-        self.elementwise("attn_norm", layer, repeat, t * h);
+        let prompts = b.prefill_tokens > 0;
+        // FLASHCOMM1: the residual stream is sharded over the TP group, so norms run on 1/TP of
+        // the tokens and the all-reduce splits into a reduce-scatter and an all-gather.
+        let fc1 = self.s.features.flashcomm1 && self.s.plan.tp > 1;
+        let norm_tokens = if fc1 { t / tp } else { t };
+        // MLAPO: norm, q/kv projections, RoPE and the cache write of a decode step in one kernel.
+        let mlapo = matches!(m.attention, Attention::Mla { .. })
+            && self.s.features.mlapo_applies(b.decode_tokens, prompts);
+        if !mlapo {
+            self.elementwise("attn_norm", layer, repeat, norm_tokens * h);
+        }
         match &m.attention {
             Attention::Mla {
                 heads,
@@ -246,18 +265,40 @@ impl Builder<'_> {
                     *qk_rope_dim as f64,
                     *v_head_dim as f64,
                 );
-                self.gemm("q_a_proj", layer, repeat, t, h, ql, lin, cdt);
-                self.gemm("kv_a_proj", layer, repeat, t, h, kvl + rope, lin, cdt);
-                self.gemm(
-                    "q_b_proj",
-                    layer,
-                    repeat,
-                    t,
-                    ql,
-                    hh * (nope + rope),
-                    lin,
-                    cdt,
-                );
+                if mlapo {
+                    // One kernel: its FLOPs are the projections', its HBM traffic their weights,
+                    // the hidden states in and the query and latent out (intermediates stay on
+                    // chip).
+                    let parts = [
+                        (h, ql, lin),
+                        (h, kvl + rope, lin),
+                        (ql, hh * (nope + rope), lin),
+                        (hh * nope, kvl, DType::Bf16),
+                    ];
+                    let flops: f64 = parts.iter().map(|(k, n, _)| 2.0 * t * k * n).sum();
+                    let weights: f64 = parts.iter().map(|(k, n, w)| k * n * w.bytes()).sum();
+                    let io = t * (h + hh * (kvl + rope) + kvl + rope) * act;
+                    self.push(
+                        "mla_prolog",
+                        layer,
+                        repeat,
+                        DieSet::All,
+                        work(OpClass::Gemm, flops, weights + io, cdt, t),
+                    );
+                } else {
+                    self.gemm("q_a_proj", layer, repeat, t, h, ql, lin, cdt);
+                    self.gemm("kv_a_proj", layer, repeat, t, h, kvl + rope, lin, cdt);
+                    self.gemm(
+                        "q_b_proj",
+                        layer,
+                        repeat,
+                        t,
+                        ql,
+                        hh * (nope + rope),
+                        lin,
+                        cdt,
+                    );
+                }
                 let sparse = indexer.is_some();
                 let (pp, pd) = if sparse {
                     (b.prefill_pairs_capped, b.decode_pairs_capped)
@@ -265,40 +306,55 @@ impl Builder<'_> {
                     (b.prefill_pairs, b.decode_pairs)
                 };
                 if b.prefill_tokens > 0 {
-                    // Prefill form: up-project the latent to per-head K and V, then attend.
+                    // Prefill form: up-project the latent to per-head K and V, then attend. The
+                    // tokens already cached before this chunk (prefix hits, earlier chunks) are
+                    // read back from the latent cache and up-projected again, as MLA's
+                    // chunked-context prefill does; sparse attention attends in the latent space
+                    // and skips this.
+                    let cached = if sparse { 0.0 } else { b.prefill_cached as f64 };
+                    let up_rows = tp_tok + cached;
                     self.gemm(
                         "kv_b_proj",
                         layer,
                         repeat,
-                        tp_tok,
+                        up_rows,
                         kvl,
                         hh * (nope + v),
                         lin,
                         cdt,
                     );
                     let flops = 2.0 * pp as f64 * hh * (nope + rope + v);
-                    let bytes = tp_tok * hh * (2.0 * (nope + rope) + 2.0 * v) * act;
+                    let bytes = up_rows * hh * (2.0 * (nope + rope) + 2.0 * v) * act
+                        + cached * (kvl + rope) * kvb;
                     self.push(
                         "attn_prefill",
                         layer,
                         repeat,
                         DieSet::All,
-                        work(OpClass::Attention, flops, bytes, DType::Bf16),
+                        work(
+                            OpClass::PrefillAttention,
+                            flops,
+                            bytes,
+                            DType::Bf16,
+                            tp_tok * hh,
+                        ),
                     );
                 }
                 if b.decode_tokens > 0 {
                     // Absorbed form: attend in the latent space, W_UK and W_UV folded into the query
                     // and output sides.
-                    self.gemm(
-                        "q_absorb",
-                        layer,
-                        repeat,
-                        td,
-                        hh * nope,
-                        kvl,
-                        lin,
-                        DType::Bf16,
-                    );
+                    if !mlapo {
+                        self.gemm(
+                            "q_absorb",
+                            layer,
+                            repeat,
+                            td,
+                            hh * nope,
+                            kvl,
+                            lin,
+                            DType::Bf16,
+                        );
+                    }
                     let flops = 2.0 * pd as f64 * hh * (kvl + rope + kvl);
                     let bytes =
                         kv_reads(pd) * (kvl + rope) * kvb + td * hh * (kvl + rope + kvl) * act;
@@ -307,7 +363,7 @@ impl Builder<'_> {
                         layer,
                         repeat,
                         DieSet::All,
-                        work(OpClass::Attention, flops, bytes, DType::Bf16),
+                        work(OpClass::Attention, flops, bytes, DType::Bf16, td * hh),
                     );
                     self.gemm("v_absorb", layer, repeat, td, hh * kvl, v, lin, DType::Bf16);
                 }
@@ -373,17 +429,17 @@ impl Builder<'_> {
                     * f64::from(r > 0)
                     + b.decode_seqs as f64 * w;
                 let bytes = (read_d + tp_tok) * hd * kvb + t * hh * 2.0 * hd * act;
-                let name = if b.decode_tokens > 0 && b.prefill_tokens == 0 {
-                    "attn_decode"
+                let (name, class) = if b.decode_tokens > 0 && b.prefill_tokens == 0 {
+                    ("attn_decode", OpClass::Attention)
                 } else {
-                    "attn_prefill"
+                    ("attn_prefill", OpClass::PrefillAttention)
                 };
                 self.push(
                     name,
                     layer,
                     repeat,
                     DieSet::All,
-                    work(OpClass::Attention, flops, bytes, DType::Bf16),
+                    work(class, flops, bytes, DType::Bf16, t * hh),
                 );
                 if r > 0 && Some(r) == csa {
                     let pairs = (b.prefill_pairs + b.decode_pairs) as f64 / r as f64;
@@ -396,15 +452,68 @@ impl Builder<'_> {
             }
         }
         if self.s.plan.tp > 1 {
-            self.all_reduce(
-                "attn_all_reduce",
+            if fc1 {
+                self.collective(
+                    "attn_reduce_scatter",
+                    layer,
+                    repeat,
+                    CommKind::ReduceScatter,
+                    t * h * act,
+                    self.s.plan.tp,
+                );
+            } else {
+                self.all_reduce(
+                    "attn_all_reduce",
+                    layer,
+                    repeat,
+                    t * h * act,
+                    self.s.plan.tp,
+                );
+            }
+        }
+        self.elementwise("ffn_norm", layer, repeat, norm_tokens * h);
+        if fc1 {
+            // The all-gather runs after the norm and the activations' quantization, so it moves
+            // the quantized hidden state (INT8 under W8A8) instead of BF16.
+            let gathered = match self.s.quant.linear_compute() {
+                DType::Int8 | DType::Int4 | DType::Fp8 => {
+                    h + (h / DISPATCH_SCALE_GROUP).ceil() * SCALE_BYTES
+                }
+                _ => h * act,
+            };
+            self.collective(
+                "ffn_all_gather",
                 layer,
                 repeat,
-                t * h * act,
+                CommKind::AllGather,
+                t * gathered,
                 self.s.plan.tp,
             );
         }
-        self.elementwise("ffn_norm", layer, repeat, t * h);
+    }
+
+    fn collective(
+        &mut self,
+        name: &'static str,
+        layer: LayerKind,
+        repeat: u64,
+        kind: CommKind,
+        bytes: f64,
+        group: u32,
+    ) {
+        self.push(
+            name,
+            layer,
+            repeat,
+            DieSet::All,
+            OpKind::Comm(Comm {
+                kind,
+                bytes,
+                group,
+                mode: A2aMode::Normal,
+                copies: 0.0,
+            }),
+        );
     }
 
     /// A sparse-attention indexer: its projections, FP8 scores over `pairs` query-key pairs that
@@ -428,6 +537,7 @@ impl Builder<'_> {
             2.0 * pairs * ih * id,
             key_reads * key,
             DType::Fp8,
+            t * ih,
         );
         self.push("indexer_score", layer, repeat, DieSet::All, w);
         self.elementwise("indexer_topk", layer, repeat, pairs / id.max(1.0));
@@ -503,16 +613,6 @@ impl Builder<'_> {
         }
     }
 
-    fn a2a_mode(&self, b: &BatchShape) -> A2aMode {
-        match self.s.plan.role {
-            Role::Decode => A2aMode::LowLatency,
-            Role::Prefill => A2aMode::Normal,
-            // Like SGLang's `auto`: normal mode as soon as any prefill is in the batch.
-            Role::Mixed if b.prefill_tokens > 0 => A2aMode::Normal,
-            Role::Mixed => A2aMode::LowLatency,
-        }
-    }
-
     /// One MoE layer, `repeat` times, for one die.
     fn moe(&mut self, layer: LayerKind, repeat: u64, b: &BatchShape, load: &MoeLoad) {
         let m = self.s.model;
@@ -543,25 +643,39 @@ impl Builder<'_> {
         } else {
             h * dq.bytes() + (h / DISPATCH_SCALE_GROUP).ceil() * SCALE_BYTES
         };
-        let mode = self.a2a_mode(b);
+        let mode = match load.comm {
+            MoeCommUsed::Mc2 => A2aMode::LowLatency,
+            MoeCommUsed::AllToAll | MoeCommUsed::AllGather => A2aMode::Normal,
+        };
         let comm = |kind, bytes| {
             OpKind::Comm(Comm {
                 kind,
                 bytes,
                 group: p.ep,
                 mode,
+                copies: if matches!(kind, CommKind::Dispatch | CommKind::Combine) {
+                    fanout
+                } else {
+                    0.0
+                },
             })
         };
         // The all-to-all ends when the hottest die has received its tokens: the routed part of
         // the traffic scales with the imbalance.
         let skew = (m.top_k as f64 * load.imbalance + f64::from(u8::from(shared_dies))) / fanout;
-        self.push(
-            "dispatch",
-            layer,
-            repeat,
-            DieSet::All,
-            comm(CommKind::Dispatch, own * fanout * per_token * skew),
-        );
+        // All-gather mode: every die gathers the hidden states of the whole EP group and
+        // reduce-scatters the combined outputs back (vllm-ascend's ALLGATHER).
+        let gathered = load.group_tokens as f64 / p.tp as f64 * h * act;
+        let allgather = load.comm == MoeCommUsed::AllGather;
+        let (name, into_experts) = if allgather {
+            ("moe_all_gather", comm(CommKind::AllGather, gathered))
+        } else {
+            (
+                "dispatch",
+                comm(CommKind::Dispatch, own * fanout * per_token * skew),
+            )
+        };
+        self.push(name, layer, repeat, DieSet::All, into_experts);
         // Routed experts: tokens per routed die under perfect balance, times the imbalance.
         let slots = (m.routed_experts + p.redundant_experts as u64) as f64;
         let mean = load.group_tokens as f64 * m.top_k as f64 / slots * p.slots_per_die as f64;
@@ -582,7 +696,7 @@ impl Builder<'_> {
             layer,
             repeat,
             DieSet::RoutedExperts,
-            work(OpClass::GroupedGemm, flops, bytes, ec),
+            work(OpClass::GroupedGemm, flops, bytes, ec, tok / hit.max(1.0)),
         );
         // Shared expert: on its own dies, or locally for the die's tokens.
         let (stok, sdies) = if shared_dies {
@@ -602,15 +716,20 @@ impl Builder<'_> {
             layer,
             repeat,
             sdies,
-            work(OpClass::GroupedGemm, flops, bytes, ec),
+            work(OpClass::GroupedGemm, flops, bytes, ec, stok),
         );
-        self.push(
-            "combine",
-            layer,
-            repeat,
-            DieSet::All,
-            comm(CommKind::Combine, own * fanout * h * act * skew),
-        );
+        let (name, out_of_experts) = if allgather {
+            (
+                "moe_reduce_scatter",
+                comm(CommKind::ReduceScatter, gathered),
+            )
+        } else {
+            (
+                "combine",
+                comm(CommKind::Combine, own * fanout * h * act * skew),
+            )
+        };
+        self.push(name, layer, repeat, DieSet::All, out_of_experts);
     }
 
     fn lm_head(&mut self, layer: LayerKind, repeat: u64, logit_tokens: f64) {
@@ -631,6 +750,7 @@ impl Builder<'_> {
                     bytes: logit_tokens * m.vocab as f64 * DType::Bf16.bytes(),
                     group: dtp,
                     mode: A2aMode::Normal,
+                    copies: 0.0,
                 }),
             );
         }
@@ -718,6 +838,7 @@ pub fn step_ops(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad) -> Vec<Op> {
             let mtp_load = MoeLoad {
                 group_tokens: load.group_tokens * pb.tokens() / b.tokens(),
                 imbalance: load.imbalance,
+                comm: load.comm,
             };
             bld.moe(LayerKind::Mtp, n, &pb, &mtp_load);
             bld.lm_head(LayerKind::Mtp, n, seqs as f64);
@@ -749,12 +870,15 @@ pub fn vocabulary(
         routed_dies: ep,
         slots_per_die: (model.routed_experts as u32).div_ceil(ep).max(1),
     };
+    // The bare graph: no fused or overlapped mechanisms, so every op shows under its own name.
+    let features = crate::features::Resolved::plain("");
     let spec = StepSpec {
         model,
         quant: Quant::Bf16,
         kv_dtype: DType::Bf16,
         plan: &plan,
         mtp_tokens,
+        features: &features,
     };
     let cap = model.attn_cap();
     let mut b = BatchShape::default();
@@ -765,6 +889,7 @@ pub fn vocabulary(
     let load = MoeLoad {
         group_tokens: b.tokens() * ep as u64,
         imbalance: 1.0,
+        comm: crate::features::MoeCommUsed::Mc2,
     };
     step_ops(spec, &b, &load)
         .iter()

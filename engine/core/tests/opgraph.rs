@@ -6,22 +6,30 @@ use dstwin_core::model::{self, builtin, ModelConfig, Quant};
 use dstwin_core::opgraph::{step_ops, total_flops, MoeLoad, StepSpec};
 use dstwin_hwmodels::{Catalog, DType};
 
-fn flops_per_token(m: &ModelConfig, shape: &BatchShape, mtp: u32) -> f64 {
+/// The ops of one step of `shape` on one die holding every expert: no communication, every
+/// FLOP on it.
+fn one_die_ops(m: &ModelConfig, shape: &BatchShape, mtp: u32) -> Vec<dstwin_core::opgraph::Op> {
     let sys = Catalog::builtin().system("cloudmatrix384").unwrap();
-    // One die holding every expert: no communication, every FLOP on it.
     let plan = Layout::dp_ep(Role::Mixed, 1).validate(m, sys).unwrap();
+    let features = dstwin_core::features::Resolved::plain("ascend-910c");
     let spec = StepSpec {
         model: m,
         quant: Quant::Bf16,
         kv_dtype: DType::Bf16,
         plan: &plan,
         mtp_tokens: mtp,
+        features: &features,
     };
     let load = MoeLoad {
         group_tokens: shape.tokens(),
         imbalance: 1.0,
+        comm: dstwin_core::features::MoeCommUsed::Mc2,
     };
-    total_flops(&step_ops(spec, shape, &load)) / shape.tokens() as f64
+    step_ops(spec, shape, &load)
+}
+
+fn flops_per_token(m: &ModelConfig, shape: &BatchShape, mtp: u32) -> f64 {
+    total_flops(&one_die_ops(m, shape, mtp)) / shape.tokens() as f64
 }
 
 #[test]
@@ -82,6 +90,30 @@ fn mtp_adds_one_layer_and_a_head_per_draft() {
 }
 
 #[test]
+fn a_prefill_chunk_after_cached_tokens_up_projects_their_latent_again() {
+    // FLOPs of the latent up-projection (kv_b_proj) of 1,024 new prompt tokens after `cached`.
+    let kv_b = |m: &ModelConfig, cached: u64| {
+        let mut shape = BatchShape::default();
+        shape.add_prefill(1024, cached, m.attn_cap());
+        assert_eq!(shape.prefill_cached, cached);
+        let ops: Vec<_> = one_die_ops(m, &shape, 0)
+            .into_iter()
+            .filter(|o| o.name == "kv_b_proj")
+            .collect();
+        total_flops(&ops)
+    };
+    // The same 1,024 new tokens up-project 8x the rows when 7,168 tokens sit in the cache
+    // (a prefix hit or earlier chunks).
+    let v3 = builtin("v3").unwrap();
+    let ratio = kv_b(&v3, 7168) / kv_b(&v3, 0);
+    assert!((ratio - 8.0).abs() < 1e-9, "{ratio}");
+    // DeepSeek-V3.2's sparse attention attends in the latent space: no second up-projection.
+    let v32 = builtin("v3.2").unwrap();
+    assert!(kv_b(&v32, 0) > 0.0);
+    assert_eq!(kv_b(&v32, 7168), kv_b(&v32, 0));
+}
+
+#[test]
 fn the_vocabulary_names_every_op_with_its_class() {
     use dstwin_core::opgraph::vocabulary;
     let m = builtin("deepseek-v3").unwrap();
@@ -91,7 +123,7 @@ fn the_vocabulary_names_every_op_with_its_class() {
         ("attn_norm", "elementwise"),
         ("q_a_proj", "gemm"),
         ("kv_b_proj", "gemm"),
-        ("attn_prefill", "attention"),
+        ("attn_prefill", "prefill_attention"),
         ("attn_decode", "attention"),
         ("q_absorb", "gemm"),
         ("ffn_gate_up", "gemm"),

@@ -514,6 +514,38 @@ fn aggregation_covers_steady_decoding_preemption_and_budget_fallbacks() {
     assert!(st.budget_fallbacks > 0 && st.steady_steps > 0, "{st:?}");
 }
 
+#[test]
+fn steady_decoding_goes_on_across_kv_blocks_when_blocks_are_plentiful() {
+    // Long decodes, two per DP rank, 16-token blocks: a new block every ~9 steps. With KV
+    // to spare, a window that ends at a block boundary goes on from there, the block
+    // allocated in aggregate; only the prompts and the last steps run request by request.
+    let reqs = [(40, 400, 0), (56, 380, 0), (30, 390, 1), (48, 370, 1)];
+    let run = |blocks, aggregate| {
+        drive_with_acceptance(
+            &reqs,
+            blocks,
+            16,
+            1,
+            4096,
+            None,
+            1 << 20,
+            false,
+            false,
+            aggregate,
+        )
+    };
+    let (exact, _) = run(400, false);
+    let (fast, st) = run(400, true);
+    assert_eq!(exact, fast);
+    assert!(st.exact_steps <= 16, "{st:?}");
+    // Short of blocks, a boundary whose step could run out of blocks runs exactly, and
+    // preempts as step by step does.
+    let (exact, _) = run(40, false);
+    let (fast, st) = run(40, true);
+    assert_eq!(exact, fast);
+    assert!(st.preemptions > 0, "{st:?}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     /// Advancing steady requests in aggregate gives exactly the schedule of stepping every

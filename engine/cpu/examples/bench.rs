@@ -1,8 +1,11 @@
 //! Prefill and decode throughput of the CPU engine on a checkpoint, batch by batch, as JSON
 //! lines: `cargo run --release -p dstwin-cpu --example bench -- DIR [BATCH...] [--profile FILE]`.
 //! Each batch size B: B prompts of 128 tokens in one forward (prefill tokens/s), then 32 decode
-//! steps of all B sequences (decode tokens/s), greedy, f32. The same measurement with HF
-//! transformers eager on the same weights: `engine/cpu/benches/hf_eager.py DIR [BATCH...]`.
+//! steps of all B sequences (decode tokens/s), greedy, f32. Each rate is given twice: per
+//! second of wall time (`*_tok_s`) and per second of the process's CPU time (`*_cpu_tok_s`,
+//! user and system, all threads), which other processes on a shared machine disturb less. The
+//! same measurement with HF transformers eager on the same weights:
+//! `engine/cpu/benches/hf_eager.py DIR [BATCH...]`.
 //! `--profile FILE` also writes the op trace of every forward (docs/cpu-engine.md, "Profiling";
 //! one step per forward, batch B as instance B), which slows the run slightly.
 
@@ -32,6 +35,18 @@ fn forward(
     let next = dstwin_cpu::ops::argmax_rows(&f.ranks[0].logits).expect("argmax");
     prof.end_step(s, || serde_json::json!({"seqs": seqs.len()}));
     next
+}
+
+/// CPU time this process has used so far, all threads.
+fn cpu_time() -> std::time::Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to write.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
+    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 const PROMPT: usize = 128;
@@ -93,10 +108,11 @@ fn main() {
                 logits: 1,
             })
             .collect();
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu_time());
         let mut next = forward(&m, &experts, &mut cache, &seqs, &mut prof);
         let prefill_s = t.elapsed().as_secs_f64();
-        let t = Instant::now();
+        let prefill_cpu_s = (cpu_time() - c).as_secs_f64();
+        let (t, c) = (Instant::now(), cpu_time());
         for step in 0..DECODE {
             let toks: Vec<[u32; 1]> = next.iter().map(|&x| [x]).collect();
             let seqs: Vec<SeqInput> = (0..b)
@@ -110,10 +126,18 @@ fn main() {
             next = forward(&m, &experts, &mut cache, &seqs, &mut prof);
         }
         let decode_s = t.elapsed().as_secs_f64();
+        let decode_cpu_s = (cpu_time() - c).as_secs_f64();
+        let rate = |tokens: usize, s: f64| (tokens as f64 / s * 10.0).round() / 10.0;
         println!(
-            "{{\"engine\":\"dstwin-cpu\",\"batch\":{b},\"prefill_tok_s\":{:.1},\"decode_tok_s\":{:.1}}}",
-            (b * PROMPT) as f64 / prefill_s,
-            (b * DECODE) as f64 / decode_s
+            "{}",
+            serde_json::json!({
+                "engine": "dstwin-cpu",
+                "batch": b,
+                "prefill_tok_s": rate(b * PROMPT, prefill_s),
+                "decode_tok_s": rate(b * DECODE, decode_s),
+                "prefill_cpu_tok_s": rate(b * PROMPT, prefill_cpu_s),
+                "decode_cpu_tok_s": rate(b * DECODE, decode_cpu_s),
+            })
         );
     }
 }

@@ -16,7 +16,7 @@
 //!   router and summed per token in expert-id order — the order one process sums them in, so
 //!   the result does not depend on where the experts ran.
 //!
-//! With one rank nothing moves: the row gather, the expert GEMMs and the weighted sum are one
+//! With one rank nothing moves: the dispatch, the expert GEMMs and the weighted sum are one
 //! `experts` op (the op graph has no dispatch on one die).
 //!
 //! [`ExpertRanks::install`] carries out an EPLB layer move: every slot whose expert changes
@@ -25,9 +25,9 @@
 
 use crate::error::ModelError;
 use crate::model::Model;
-use crate::moe::{group_by_expert, Mlp, Route};
+use crate::moe::{group_by_expert, Expert, Route};
 use crate::profile::Profiler;
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use dstwin_core::eplb::{EpLayout, LayerPlacement, Placement};
 use serde_json::json;
 use std::sync::Arc;
@@ -40,7 +40,7 @@ struct EpLayer {
     /// Per source rank, per logical expert: the slot its rows go to.
     pick: Vec<Vec<u32>>,
     /// Weights per slot.
-    slots: Vec<Arc<Mlp>>,
+    slots: Vec<Arc<Expert>>,
 }
 
 /// The routed experts of an instance, spread over its DP ranks.
@@ -235,12 +235,12 @@ impl ExpertRanks {
     }
 
     /// The weights of one slot.
-    pub fn slot(&self, layer: usize, slot: usize) -> &Mlp {
+    pub fn slot(&self, layer: usize, slot: usize) -> &Expert {
         &self.layers[layer].slots[slot]
     }
 
     /// Replaces the weights of one slot (the weights a rank holds there, whatever its expert).
-    pub fn set_slot(&mut self, layer: usize, slot: usize, weights: Mlp) {
+    pub fn set_slot(&mut self, layer: usize, slot: usize, weights: Expert) {
         self.layers[layer].slots[slot] = Arc::new(weights);
     }
 
@@ -335,19 +335,12 @@ impl ExpertRanks {
             computed: vec![0; l.phy2log.len()],
         };
         let whole = if ep { None } else { prof.begin() };
-        // Dispatch: each source rank gathers the rows it sends, per chosen expert.
-        let mut sent: Vec<Vec<Option<Tensor>>> = Vec::with_capacity(inputs.len());
+        // Dispatch: each source rank's rows in f32, sent by reference per chosen expert.
+        let mut xs: Vec<Vec<f32>> = Vec::with_capacity(inputs.len());
         for (inp, g) in inputs.iter().zip(&groups) {
             prof.rank(inp.rank);
             let s = if ep { prof.begin() } else { None };
-            let mut row = vec![None; e_n];
-            for (e, (rows, _)) in g.iter().enumerate() {
-                if !rows.is_empty() {
-                    let idx = Tensor::from_slice(rows, rows.len(), inp.x.device())?;
-                    row[e] = Some(inp.x.index_select(&idx, 0)?);
-                }
-            }
-            sent.push(row);
+            xs.push(inp.x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?);
             prof.end(s, "dispatch", || {
                 let mut to_rank = vec![0u32; self.ranks];
                 for (e, (rows, _)) in g.iter().enumerate() {
@@ -357,37 +350,38 @@ impl ExpertRanks {
                     "rows_to_rank": to_rank})
             });
         }
-        // Experts: each rank runs its slots on the rows it received.
-        let mut outs: Vec<Vec<Option<Tensor>>> = vec![vec![None; e_n]; inputs.len()];
+        let hidden = inputs.first().map_or(Ok(0), |i| i.x.dims2().map(|d| d.1))?;
+        let (dtype, device) = inputs.first().map_or((DType::F32, Device::Cpu), |i| {
+            (i.x.dtype(), i.x.device().clone())
+        });
+        // Experts: each rank runs each of its slots on the rows it received, sources in input
+        // order. `ys[slot]`: its output rows; `at[i][e]`: where input i's rows of expert e begin.
+        let mut ys: Vec<Vec<f32>> = vec![Vec::new(); l.phy2log.len()];
+        let mut at: Vec<Vec<usize>> = vec![vec![0; e_n]; inputs.len()];
         for rank in 0..self.ranks {
             prof.rank(rank);
             let s = if ep { prof.begin() } else { None };
-            for slot in rank * spr..(rank + 1) * spr {
+            let slots = rank * spr..(rank + 1) * spr;
+            for (slot, y) in slots.clone().zip(&mut ys[slots]) {
                 let e = l.phy2log[slot] as usize;
-                let pieces: Vec<(usize, &Tensor)> = inputs
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, inp)| {
-                        l.pick[inp.rank][e] as usize == slot && sent[*i][e].is_some()
-                    })
-                    .map(|(i, _)| (i, sent[i][e].as_ref().expect("filtered")))
-                    .collect();
-                if pieces.is_empty() {
+                let mut rows: Vec<&[f32]> = Vec::new();
+                for (i, inp) in inputs.iter().enumerate() {
+                    if l.pick[inp.rank][e] as usize != slot {
+                        continue;
+                    }
+                    at[i][e] = rows.len();
+                    rows.extend(
+                        groups[i][e]
+                            .0
+                            .iter()
+                            .map(|&t| &xs[i][t as usize * hidden..][..hidden]),
+                    );
+                }
+                if rows.is_empty() {
                     continue;
                 }
-                let x = if pieces.len() == 1 {
-                    pieces[0].1.clone()
-                } else {
-                    Tensor::cat(&pieces.iter().map(|p| p.1).collect::<Vec<_>>(), 0)?
-                };
-                let y = l.slots[slot].forward(&x)?;
-                let mut at = 0;
-                for (i, t) in pieces {
-                    let n = t.dims2()?.0;
-                    outs[i][e] = Some(y.narrow(0, at, n)?);
-                    at += n;
-                }
-                stats.computed[slot] += at as u32;
+                *y = l.slots[slot].forward_rows(&rows, dtype, &device)?;
+                stats.computed[slot] += rows.len() as u32;
             }
             prof.end(s, "experts", || {
                 let rows = &stats.computed[rank * spr..(rank + 1) * spr];
@@ -398,31 +392,26 @@ impl ExpertRanks {
         }
         // Combine: weighted outputs back to their tokens, summed in expert-id order.
         let mut result = Vec::with_capacity(inputs.len());
-        for ((inp, g), out) in inputs.iter().zip(&groups).zip(outs) {
+        for (i, (inp, g)) in inputs.iter().zip(&groups).enumerate() {
             prof.rank(inp.rank);
             let s = if ep { prof.begin() } else { None };
-            let mut ys = Vec::new();
-            let mut all_rows = Vec::new();
-            for ((rows, weights), y) in g.iter().zip(out) {
-                let Some(y) = y else { continue };
-                let w = Tensor::from_slice(weights, (rows.len(), 1), inp.x.device())?;
-                ys.push(
-                    y.to_dtype(DType::F32)?
-                        .broadcast_mul(&w)?
-                        .to_dtype(inp.x.dtype())?,
-                );
-                all_rows.extend_from_slice(rows);
+            let mut o = vec![0f32; inp.routes.len() * hidden];
+            for (e, (rows, weights)) in g.iter().enumerate() {
+                let y = &ys[l.pick[inp.rank][e] as usize];
+                for (j, (&t, &w)) in rows.iter().zip(weights).enumerate() {
+                    combine(
+                        &mut o[t as usize * hidden..][..hidden],
+                        &y[(at[i][e] + j) * hidden..][..hidden],
+                        w,
+                        dtype,
+                    );
+                }
             }
-            let mut o = inp.x.zeros_like()?;
-            if !ys.is_empty() {
-                let idx = Tensor::from_slice(&all_rows, all_rows.len(), inp.x.device())?;
-                o = o.index_add(&idx, &Tensor::cat(&ys, 0)?, 0)?;
-            }
-            result.push(o);
+            result.push(Tensor::from_vec(o, (inp.routes.len(), hidden), &device)?.to_dtype(dtype)?);
             prof.end(
                 s,
                 "combine",
-                || json!({"tokens": inp.routes.len(), "rows": all_rows.len()}),
+                || json!({"tokens": inp.routes.len(), "rows": g.iter().map(|r| r.0.len()).sum::<usize>()}),
             );
         }
         if !ep {
@@ -433,6 +422,21 @@ impl ExpertRanks {
             });
         }
         Ok((result, stats))
+    }
+}
+
+/// `o += round(y * w)`, rounded to `dtype` after the product and after the sum: an f32 model
+/// sums in f32, a bf16 or f16 one rounds as its tensors' arithmetic does (HF's combine too).
+fn combine(o: &mut [f32], y: &[f32], w: f32, dtype: DType) {
+    fn go(o: &mut [f32], y: &[f32], w: f32, round: impl Fn(f32) -> f32) {
+        for (o, &y) in o.iter_mut().zip(y) {
+            *o = round(*o + round(y * w));
+        }
+    }
+    match dtype {
+        DType::BF16 => go(o, y, w, |v| half::bf16::from_f32(v).to_f32()),
+        DType::F16 => go(o, y, w, |v| half::f16::from_f32(v).to_f32()),
+        _ => go(o, y, w, |v| v),
     }
 }
 

@@ -9,6 +9,8 @@
 //!   instance (attention per rank, MoE across ranks), MTP;
 //! - [`attention`]: MLA, prefill (up-projected) and absorbed (latent) paths;
 //! - [`moe`]: DeepSeekMoE routing (`noaux_tc`), the checkpoint's expert table;
+//! - [`gemm`]: the routed experts' f32 matmul on weights packed at load time (AVX2 + FMA or
+//!   portable, bit-identical), gate and up fused;
 //! - [`ep`]: expert parallelism: the routed experts spread over the ranks as the EPLB
 //!   placement says, dispatch / experts / combine, EPLB weight moves;
 //! - [`device`]: the engine as a dstwin `Device` (the scheduler's plans, sampling, MTP drafts)
@@ -32,6 +34,7 @@ pub mod device;
 pub mod ep;
 pub mod error;
 pub mod forward;
+pub mod gemm;
 pub mod init;
 pub mod linear;
 pub mod model;

@@ -6,7 +6,7 @@ use crate::attention::{Mla, QProj};
 use crate::config::EngineConfig;
 use crate::error::LoadError;
 use crate::linear::Linear;
-use crate::moe::{ExpertTable, Ffn, Mlp, Moe, RouteSpec, Router};
+use crate::moe::{Expert, ExpertTable, Ffn, Mlp, Moe, RouteSpec, Router};
 use crate::rope::Rope;
 use crate::weights::{Checkpoint, Dim};
 use candle_core::{DType, Device, Tensor};
@@ -198,7 +198,7 @@ impl Loader<'_> {
                     (c.expert_ffn, "moe_intermediate_size"),
                     "n_routed_experts",
                 )?;
-                experts.insert(j, Arc::new(m));
+                experts.insert(j, Arc::new(Expert::new(m)?));
             }
             let shared = if c.shared_experts > 0 {
                 Some(self.mlp(
@@ -343,7 +343,7 @@ impl Model {
                 Ffn::Dense(m) => Ffn::Dense(m.to_w8a8()?),
                 Ffn::Moe(m) => Ffn::Moe(Moe {
                     router: m.router.clone(),
-                    experts: m.experts.map(Mlp::to_w8a8)?,
+                    experts: m.experts.map(Expert::to_w8a8)?,
                     shared: m.shared.as_ref().map(Mlp::to_w8a8).transpose()?,
                 }),
             };

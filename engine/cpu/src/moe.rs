@@ -3,12 +3,14 @@
 //!
 //! A layer runs in explicit stages so that expert parallelism cuts between them
 //! ([`crate::ep`]): [`Router::route`] (per token: experts and weights), [`group_by_expert`]
-//! (per expert: its tokens and weights — what a dispatch sends), the experts, and the combine
-//! (each expert's output weighted and summed back per token, in expert-id order).
+//! (per expert: its tokens and weights — what a dispatch sends), the experts ([`Expert`]: f32
+//! experts packed for [`crate::gemm`], gate and up fused), and the combine (each expert's
+//! output weighted and summed back per token, in expert-id order).
 
+use crate::gemm::PackedMatrix;
 use crate::linear::Linear;
 use crate::profile::Profiler;
-use candle_core::{DType, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -208,12 +210,131 @@ pub fn group_by_expert(routes: &[Route], experts: usize) -> Vec<(Vec<u32>, Vec<f
     groups
 }
 
+/// A routed expert's weights in the form the experts stage runs them.
+#[derive(Clone, Debug)]
+pub enum Expert {
+    /// f32 weights packed for [`crate::gemm`]: gate and up fused into one `[2 * ffn, hidden]`
+    /// matrix (gate's rows first), down `[hidden, ffn]`. Rows are read where they lie, and a
+    /// row's output does not depend on the rows computed with it.
+    Packed {
+        gate_up: PackedMatrix,
+        down: PackedMatrix,
+    },
+    /// Other compute dtypes and W8A8: the SwiGLU [`Mlp`] on candle tensors.
+    Tensors(Mlp),
+}
+
+impl Expert {
+    /// `mlp` packed when its three weights are dense f32 on the CPU, else as it is.
+    pub fn new(mlp: Mlp) -> Result<Expert> {
+        let f32_cpu = |l: &Linear| match l {
+            Linear::Dense(w) if w.dtype() == DType::F32 && w.device().is_cpu() => Some(w.clone()),
+            _ => None,
+        };
+        let (Some(gate), Some(up), Some(down)) =
+            (f32_cpu(&mlp.gate), f32_cpu(&mlp.up), f32_cpu(&mlp.down))
+        else {
+            return Ok(Expert::Tensors(mlp));
+        };
+        let (ffn, hidden) = gate.dims2()?;
+        let gate_up = Tensor::cat(&[&gate, &up], 0)?.flatten_all()?.to_vec1()?;
+        Ok(Expert::Packed {
+            gate_up: PackedMatrix::pack(&gate_up, 2 * ffn, hidden),
+            down: PackedMatrix::pack(&down.flatten_all()?.to_vec1()?, hidden, ffn),
+        })
+    }
+
+    /// The weights as a SwiGLU [`Mlp`] of tensors.
+    pub fn to_mlp(&self) -> Result<Mlp> {
+        match self {
+            Expert::Packed { gate_up, down } => {
+                let (two_ffn, hidden) = (gate_up.out_dim(), gate_up.in_dim());
+                let gu = Tensor::from_vec(gate_up.unpack(), (two_ffn, hidden), &Device::Cpu)?;
+                Ok(Mlp {
+                    gate: Linear::Dense(gu.narrow(0, 0, two_ffn / 2)?.contiguous()?),
+                    up: Linear::Dense(gu.narrow(0, two_ffn / 2, two_ffn / 2)?.contiguous()?),
+                    down: Linear::Dense(Tensor::from_vec(
+                        down.unpack(),
+                        (hidden, two_ffn / 2),
+                        &Device::Cpu,
+                    )?),
+                })
+            }
+            Expert::Tensors(m) => Ok(m.clone()),
+        }
+    }
+
+    /// `down(silu(gate(x)) * up(x))` of each row (`hidden` values in f32): `[rows, hidden]`
+    /// row-major f32. A packed expert computes in f32; a [`Expert::Tensors`] one takes the rows
+    /// in `dtype` (the model's compute dtype) on `device`.
+    pub fn forward_rows(&self, rows: &[&[f32]], dtype: DType, device: &Device) -> Result<Vec<f32>> {
+        match self {
+            Expert::Packed { gate_up, down } => {
+                let ffn = down.in_dim();
+                let mut gu = vec![0f32; rows.len() * 2 * ffn];
+                gate_up.matmul(rows, &mut gu);
+                // silu(gate) * up, as candle's `silu` computes it.
+                let act: Vec<f32> = gu
+                    .chunks_exact(2 * ffn)
+                    .flat_map(|r| {
+                        let (g, u) = r.split_at(ffn);
+                        g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+                    })
+                    .collect();
+                let act_rows: Vec<&[f32]> = act.chunks_exact(ffn).collect();
+                let mut y = vec![0f32; rows.len() * down.out_dim()];
+                down.matmul(&act_rows, &mut y);
+                Ok(y)
+            }
+            Expert::Tensors(_) if rows.is_empty() => Ok(Vec::new()),
+            Expert::Tensors(m) => {
+                let hidden = rows[0].len();
+                let x = Tensor::from_vec(rows.concat(), (rows.len(), hidden), device)?;
+                m.forward(&x.to_dtype(dtype)?)?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1()
+            }
+        }
+    }
+
+    /// This expert in W8A8.
+    pub fn to_w8a8(&self) -> Result<Expert> {
+        Ok(Expert::Tensors(self.to_mlp()?.to_w8a8()?))
+    }
+
+    /// A copy in storage of its own (what a rank receiving this expert holds).
+    pub fn deep_copy(&self) -> Result<Expert> {
+        Ok(match self {
+            Expert::Packed { .. } => self.clone(),
+            Expert::Tensors(m) => Expert::Tensors(m.deep_copy()?),
+        })
+    }
+
+    /// Bytes of its weights (scales and panel padding included).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Expert::Packed { gate_up, down } => gate_up.bytes() + down.bytes(),
+            Expert::Tensors(m) => m.bytes(),
+        }
+    }
+
+    /// Its weights as f32 values, gate then up then down, each `[out, in]` row-major (tests
+    /// compare replicas).
+    pub fn weights_f32(&self) -> Result<Vec<f32>> {
+        match self {
+            Expert::Packed { gate_up, down } => Ok([gate_up.unpack(), down.unpack()].concat()),
+            Expert::Tensors(m) => m.weights_f32(),
+        }
+    }
+}
+
 /// The checkpoint's routed experts of one layer, addressed by expert id. A single process runs
 /// them as they are; the ranks of an EP instance hold copies of the slots the placement gives
 /// them ([`crate::ep::ExpertRanks`]).
 #[derive(Clone, Debug, Default)]
 pub struct ExpertTable {
-    slots: Vec<Option<Arc<Mlp>>>,
+    slots: Vec<Option<Arc<Expert>>>,
 }
 
 impl ExpertTable {
@@ -223,15 +344,15 @@ impl ExpertTable {
         }
     }
 
-    pub fn get(&self, id: usize) -> Option<&Arc<Mlp>> {
+    pub fn get(&self, id: usize) -> Option<&Arc<Expert>> {
         self.slots.get(id).and_then(Option::as_ref)
     }
 
-    pub fn insert(&mut self, id: usize, expert: Arc<Mlp>) {
+    pub fn insert(&mut self, id: usize, expert: Arc<Expert>) {
         self.slots[id] = Some(expert);
     }
 
-    pub fn remove(&mut self, id: usize) -> Option<Arc<Mlp>> {
+    pub fn remove(&mut self, id: usize) -> Option<Arc<Expert>> {
         self.slots[id].take()
     }
 
@@ -243,7 +364,7 @@ impl ExpertTable {
         self.slots.is_empty()
     }
 
-    pub fn map(&self, f: impl Fn(&Mlp) -> Result<Mlp>) -> Result<ExpertTable> {
+    pub fn map(&self, f: impl Fn(&Expert) -> Result<Expert>) -> Result<ExpertTable> {
         let slots = self
             .slots
             .iter()
@@ -324,6 +445,68 @@ mod tests {
         let sum: f32 = r.weights.iter().sum();
         assert!((sum - 2.5).abs() < 1e-6);
         assert!((r.weights[0] / r.weights[1] - 0.9 / 0.7).abs() < 1e-6);
+    }
+
+    /// A small f32 expert with deterministic weights.
+    fn mlp(hidden: usize, ffn: usize) -> Result<Mlp> {
+        let w = |n: usize, k: usize, seed: usize| {
+            let v: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 5000.0 - 0.1)
+                .collect();
+            Tensor::from_vec(v, (n, k), &Device::Cpu).map(Linear::Dense)
+        };
+        Ok(Mlp {
+            gate: w(ffn, hidden, 1)?,
+            up: w(ffn, hidden, 2)?,
+            down: w(hidden, ffn, 3)?,
+        })
+    }
+
+    #[test]
+    fn a_packed_expert_computes_the_swiglu_of_its_tensors() -> Result<()> {
+        let (hidden, ffn, tokens) = (40, 24, 7);
+        let m = mlp(hidden, ffn)?;
+        let packed = Expert::new(m.clone())?;
+        assert!(
+            matches!(packed, Expert::Packed { .. }),
+            "f32 on the CPU packs"
+        );
+        assert_eq!(
+            packed.weights_f32()?,
+            m.weights_f32()?,
+            "gate, up, down kept exactly"
+        );
+        assert_eq!(packed.to_mlp()?.weights_f32()?, m.weights_f32()?);
+        let x: Vec<f32> = (0..tokens * hidden)
+            .map(|i| (i % 13) as f32 / 6.0 - 1.0)
+            .collect();
+        let rows: Vec<&[f32]> = x.chunks_exact(hidden).collect();
+        let got = packed.forward_rows(&rows, DType::F32, &Device::Cpu)?;
+        let want = Expert::Tensors(m).forward_rows(&rows, DType::F32, &Device::Cpu)?;
+        assert_eq!(got.len(), tokens * hidden);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "{g} vs {w}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn other_dtypes_and_w8a8_stay_tensors() -> Result<()> {
+        let m = mlp(16, 8)?;
+        let bf16 = Mlp {
+            gate: Linear::Dense(m.gate.weight_f32()?.to_dtype(DType::BF16)?),
+            ..m.clone()
+        };
+        assert!(matches!(Expert::new(bf16)?, Expert::Tensors(_)));
+        let q = Expert::new(m)?.to_w8a8()?;
+        assert!(matches!(q, Expert::Tensors(_)));
+        let rows = [&[0.5f32; 16][..], &[-0.25; 16]];
+        assert_eq!(
+            q.forward_rows(&rows, DType::F32, &Device::Cpu)?.len(),
+            2 * 16
+        );
+        assert!(q.forward_rows(&[], DType::F32, &Device::Cpu)?.is_empty());
+        Ok(())
     }
 
     #[test]

@@ -82,6 +82,7 @@ fn experts_for(
             bytes: expert_bytes,
             group: plan.ep,
             mode: A2aMode::Normal,
+            copies: 0.0,
         })
         .time_s
         + 2.0 * expert_bytes / s.system().chip.hbm_bytes_per_s();
@@ -172,7 +173,7 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                 kv_dtype: s.kv_dtype,
                 plan: setup.plan.clone(),
                 mtp_tokens: s.mtp.tokens,
-                two_microbatch: setup.two_microbatch,
+                features: setup.features.clone(),
                 cost: s.cost.clone(),
             });
             // Acceptance is a property of the request and its sampling step, the same on every

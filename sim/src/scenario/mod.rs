@@ -83,7 +83,8 @@ pub struct InstanceSetup {
     pub count: u32,
     pub layout: Layout,
     pub plan: Plan,
-    pub two_microbatch: bool,
+    /// Engine mechanisms, resolved for this instance.
+    pub features: dstwin_core::features::Resolved,
     pub placement: Option<String>,
     pub scheduler: SchedulerSpec,
     pub memory: MemoryMap,

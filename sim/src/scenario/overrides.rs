@@ -68,6 +68,12 @@ fn is_instance_key(k: &str) -> bool {
             | "redundant_experts"
             | "shared_expert_dies"
             | "two_microbatch"
+            | "shared_expert_overlap"
+            | "moe_comm"
+            | "cudagraph_mode"
+            | "cudagraph_capture_sizes"
+            | "flashcomm1"
+            | "mlapo"
             | "placement"
             | "scheduler"
     )

@@ -1,6 +1,7 @@
 //! The scenario file as written: strict serde structs and their documented defaults.
 
 use dstwin_core::eplb::Policy as EplbPolicy;
+use dstwin_core::features::{CudagraphMode, MoeComm, TwoMicrobatch};
 use dstwin_core::layout::Role;
 use dstwin_core::model::Quant;
 use dstwin_core::pd::Policy;
@@ -258,9 +259,34 @@ pub struct InstanceSpec {
     pub redundant_experts: u32,
     #[serde(default)]
     pub shared_expert_dies: u32,
-    /// Two-micro-batch overlap of communication with compute.
+    /// Two-micro-batch overlap: "off", "auto" (or true: split steps of at least vLLM's
+    /// thresholds, 32 decode / 512 prompt tokens per rank, where the split is faster) or
+    /// "force" (split every step).
     #[serde(default)]
-    pub two_microbatch: bool,
+    pub two_microbatch: TwoMicrobatch,
+    /// vllm-ascend `multistream_overlap_shared_expert`: the shared expert on a second stream,
+    /// under the routed experts' dispatch and combine.
+    #[serde(default)]
+    pub shared_expert_overlap: bool,
+    /// MoE communication: "auto" (vllm-ascend's rule on Ascend, DeepEP's elsewhere), "mc2",
+    /// "alltoall" or "allgather".
+    #[serde(default)]
+    pub moe_comm: MoeComm,
+    /// "NONE" (eager) or "FULL_DECODE_ONLY": decode-only steps run captured graphs, every DP rank
+    /// padded to the largest rank's tokens and then to the next capture size.
+    #[serde(default)]
+    pub cudagraph_mode: CudagraphMode,
+    /// Capture sizes in tokens per DP rank (default: vLLM's list up to
+    /// min(max_num_seqs x (1 + MTP tokens), 512)).
+    #[serde(default)]
+    pub cudagraph_capture_sizes: Option<Vec<u32>>,
+    /// FLASHCOMM1: attention TP's all-reduce as reduce-scatter + all-gather, norms on 1/TP of
+    /// the tokens.
+    #[serde(default)]
+    pub flashcomm1: bool,
+    /// MLAPO: the MLA pre-processing of decode steps (up to 1024 tokens) as one fused kernel.
+    #[serde(default)]
+    pub mlapo: bool,
     /// An expert placement file to start from instead of computing one (what `dstwin eplb
     /// --json` prints, or its `placement` object), relative to the scenario file; it must match
     /// this instance's MoE layers (MTP included when on) and routed-expert slots.

@@ -264,12 +264,23 @@ pub(super) fn validate(
                 format!("must be at least max_model_len ({max_model_len}) when chunked prefill is off, or no long prompt could ever be scheduled"),
             ));
         }
+        let features = dstwin_core::features::Features {
+            two_microbatch: spec.two_microbatch,
+            shared_expert_overlap: spec.shared_expert_overlap,
+            moe_comm: spec.moe_comm,
+            cudagraph_mode: spec.cudagraph_mode,
+            cudagraph_capture_sizes: spec.cudagraph_capture_sizes.clone(),
+            flashcomm1: spec.flashcomm1,
+            mlapo: spec.mlapo,
+        }
+        .resolve(&system.chip.name, s.max_num_seqs, raw.mtp.tokens, plan.tp)
+        .map_err(|e| field(f(e.field), e.value, e.reason))?;
         instances.push(InstanceSetup {
             name: spec.name.clone(),
             count: spec.count,
             layout,
             plan,
-            two_microbatch: spec.two_microbatch,
+            features,
             placement: spec.placement.clone(),
             scheduler: s.clone(),
             memory,

@@ -3,6 +3,7 @@
 mod fuzz_scenario;
 #[path = "../../../tests/common/mutate.rs"]
 mod mutate;
+mod plan;
 mod scenario_bounds;
 mod workload_stream;
 

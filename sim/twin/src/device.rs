@@ -3,13 +3,14 @@
 //! acceptance per sequence.
 
 use crate::expert_load::{effective_requests, fluctuation, imbalance, ExpertLoad};
-use crate::pricing::{price, two_microbatch_time, StepCost};
+use crate::pricing::{price, price_step, two_microbatch_time, StepCost};
 use dstwin_core::batch::BatchShape;
 use dstwin_core::device::{
     Capacity, ClassTimes, Device, DeviceError, ExpertHeat, ExpertMove, StepOutcome, StepPlan,
     TransferOutcome, CLASS_NAMES, CLASS_SLOTS, DUMMY_TOKENS, HOST, OTHER_COMM,
 };
 use dstwin_core::eplb::Placement;
+use dstwin_core::features::{MoeCommUsed, Resolved, TwoMicrobatch};
 use dstwin_core::layout::Plan;
 use dstwin_core::model::{ModelConfig, Quant};
 use dstwin_core::mtp::Acceptance;
@@ -71,45 +72,94 @@ impl std::hash::Hash for PriceKey {
 }
 
 impl PriceKey {
-    fn new(s: &BatchShape, group_tokens: u64, bucket: u32) -> Self {
-        let c = [
-            code(s.prefill_seqs as u64),
-            code(s.prefill_tokens),
-            code(s.prefill_pairs),
-            code(s.prefill_pairs_capped),
-            code(s.decode_seqs as u64),
-            code(s.decode_tokens),
-            code(s.decode_pairs),
-            code(s.decode_pairs_capped),
-            code(group_tokens),
-        ];
-        let w = |i: usize| {
-            c[i..i + 4]
-                .iter()
-                .rev()
-                .fold(0u64, |a, &x| a << 16 | x as u64)
+    #[cfg(test)]
+    fn new(s: &BatchShape, group_tokens: u64, bucket: u32, comm: MoeCommUsed) -> Self {
+        Self::with_load(s, StepLoad::from_bucket(group_tokens, bucket, comm))
+    }
+
+    fn with_load(s: &BatchShape, load: StepLoad) -> Self {
+        let w = |a: u64, b: u64, c: u64, d: u64| {
+            code(a) as u64
+                | (code(b) as u64) << 16
+                | (code(c) as u64) << 32
+                | (code(d) as u64) << 48
         };
-        PriceKey([w(0), w(4), c[8] as u64 | (bucket as u64) << 16])
+        // Word 2: the step's load (group tokens, imbalance bucket, comm mode) and the cached
+        // prompt tokens.
+        PriceKey([
+            w(
+                s.prefill_seqs as u64,
+                s.prefill_tokens,
+                s.prefill_pairs,
+                s.prefill_pairs_capped,
+            ),
+            w(
+                s.decode_seqs as u64,
+                s.decode_tokens,
+                s.decode_pairs,
+                s.decode_pairs_capped,
+            ),
+            load.0 | (code(s.prefill_cached) as u64) << 48,
+        ])
     }
 
     fn field(&self, i: usize) -> u64 {
         decode((self.0[i / 4] >> (16 * (i % 4))) as u16)
     }
 
-    /// The quantized shape, group tokens and imbalance the key stands for.
-    fn shape(&self) -> (BatchShape, u64, f64) {
+    /// The quantized shape, group tokens, imbalance and MoE communication the key stands for.
+    fn shape(&self) -> (BatchShape, u64, f64, MoeCommUsed) {
         let shape = BatchShape {
             prefill_seqs: self.field(0) as u32,
             prefill_tokens: self.field(1),
             prefill_pairs: self.field(2),
             prefill_pairs_capped: self.field(3),
+            prefill_cached: decode((self.0[2] >> 48) as u16),
             decode_seqs: self.field(4) as u32,
             decode_tokens: self.field(5),
             decode_pairs: self.field(6),
             decode_pairs_capped: self.field(7),
         };
-        let bucket = (self.0[2] >> 16) as u32;
-        (shape, self.field(8), bucket as f64 / IMBALANCE_BUCKETS)
+        let bucket = (self.0[2] >> 16) as u16 as u32;
+        let comm = match (self.0[2] >> 32) as u16 {
+            0 => MoeCommUsed::Mc2,
+            1 => MoeCommUsed::AllToAll,
+            _ => MoeCommUsed::AllGather,
+        };
+        (
+            shape,
+            self.field(8),
+            bucket as f64 / IMBALANCE_BUCKETS,
+            comm,
+        )
+    }
+}
+
+/// The part of a price key every rank of a step shares: the EP group's tokens (quantized) and
+/// the imbalance bucket, computed once per step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepLoad(u64);
+
+impl StepLoad {
+    /// The EP group computes `group_tokens` with the hottest routed die carrying `imbalance`
+    /// times the mean (priced, like the shapes, at the quantized value: steps of 2%, so a
+    /// drifting load revisits cached prices), its MoE layers communicating by `comm`.
+    pub fn new(group_tokens: u64, imbalance: f64, comm: MoeCommUsed) -> Self {
+        // The bucket is kept below 2^16: the hottest die's load is clamped to 1,310x the mean.
+        let bucket = (imbalance * IMBALANCE_BUCKETS)
+            .round()
+            .clamp(IMBALANCE_BUCKETS, u16::MAX as f64) as u32;
+        Self::from_bucket(group_tokens, bucket, comm)
+    }
+
+    fn from_bucket(group_tokens: u64, bucket: u32, comm: MoeCommUsed) -> Self {
+        let comm = match comm {
+            MoeCommUsed::Mc2 => 0u64,
+            MoeCommUsed::AllToAll => 1,
+            MoeCommUsed::AllGather => 2,
+        };
+        let bucket = bucket.min(u16::MAX as u32) as u64;
+        StepLoad(code(group_tokens) as u64 | bucket << 16 | comm << 32)
     }
 }
 
@@ -119,6 +169,7 @@ fn half(s: &BatchShape) -> BatchShape {
         prefill_tokens: s.prefill_tokens.div_ceil(2),
         prefill_pairs: s.prefill_pairs.div_ceil(2),
         prefill_pairs_capped: s.prefill_pairs_capped.div_ceil(2),
+        prefill_cached: s.prefill_cached.div_ceil(2),
         decode_seqs: s.decode_seqs.div_ceil(2),
         decode_tokens: s.decode_tokens.div_ceil(2),
         decode_pairs: s.decode_pairs.div_ceil(2),
@@ -137,9 +188,14 @@ pub struct RankCost {
 fn class_times(c: &StepCost, scale: f64) -> ClassTimes {
     let mut t = [0.0; CLASS_SLOTS];
     for o in c.on_path() {
+        // Reports show one attention share, prefill and decode kernels together.
+        let class = match o.class {
+            "prefill_attention" => "attention",
+            c => c,
+        };
         let slot = CLASS_NAMES
             .iter()
-            .position(|n| *n == o.class)
+            .position(|n| *n == class)
             .unwrap_or(OTHER_COMM);
         t[slot] += o.total_s * scale;
     }
@@ -154,7 +210,8 @@ pub struct PricerSpec {
     pub kv_dtype: DType,
     pub plan: Plan,
     pub mtp_tokens: u32,
-    pub two_microbatch: bool,
+    /// The instance's engine mechanisms, resolved.
+    pub features: Resolved,
     pub cost: CostModel,
 }
 
@@ -163,7 +220,10 @@ pub struct PricerSpec {
 pub struct StepPricer {
     spec: PricerSpec,
     cache: HashMap<PriceKey, RankCost, BuildHasherDefault<KeyHasher>>,
-    /// Time by op class of each cached price (`RankCost::at`).
+    /// Each cached price's key and where its time by op class is (`RankCost::at`), once
+    /// computed: only the slowest rank's are read, and a two-micro-batch price needs the
+    /// whole shape priced for them, which its time does not.
+    priced: Vec<(PriceKey, u32)>,
     classes: Vec<ClassTimes>,
     /// Per DP rank, the last key it priced and its cost: a rank's quantized shape stays the
     /// same for many steps, and this small array stays in cache where the map does not.
@@ -210,6 +270,7 @@ impl StepPricer {
         StepPricer {
             spec,
             cache: HashMap::default(),
+            priced: Vec::new(),
             classes: Vec::new(),
             recent: Vec::new(),
             hits: 0,
@@ -221,7 +282,26 @@ impl StepPricer {
         &self.spec
     }
 
-    fn price_shape(&self, shape: &BatchShape, group_tokens: u64, imbalance: f64) -> StepCost {
+    fn price_shape(
+        &self,
+        shape: &BatchShape,
+        group_tokens: u64,
+        imbalance: f64,
+        comm: MoeCommUsed,
+    ) -> StepCost {
+        price(
+            &self.ops(shape, group_tokens, imbalance, comm),
+            &self.spec.cost,
+        )
+    }
+
+    fn ops(
+        &self,
+        shape: &BatchShape,
+        group_tokens: u64,
+        imbalance: f64,
+        comm: MoeCommUsed,
+    ) -> Vec<dstwin_core::opgraph::Op> {
         let s = &self.spec;
         let spec = StepSpec {
             model: &s.model,
@@ -229,31 +309,24 @@ impl StepPricer {
             kv_dtype: s.kv_dtype,
             plan: &s.plan,
             mtp_tokens: s.mtp_tokens,
+            features: &s.features,
         };
         let load = MoeLoad {
             group_tokens,
             imbalance,
+            comm,
         };
-        price(&step_ops(spec, shape, &load), &s.cost)
+        step_ops(spec, shape, &load)
     }
 
-    /// The price of one rank computing `shape` while the EP group computes `group_tokens` with
-    /// the hottest routed die carrying `imbalance` times the mean (priced, like the shapes, at
-    /// the quantized value: steps of 2%, so a drifting load revisits cached prices).
-    pub fn rank_cost(&mut self, shape: &BatchShape, group_tokens: u64, imbalance: f64) -> RankCost {
-        let key = Self::key(shape, group_tokens, imbalance);
-        self.cost_of(key)
+    /// The price of one rank computing `shape` under the step's `load`.
+    pub fn rank_cost(&mut self, shape: &BatchShape, load: StepLoad) -> RankCost {
+        self.cost_of(PriceKey::with_load(shape, load))
     }
 
     /// [`StepPricer::rank_cost`] for DP rank `rank`, checking first what that rank priced last.
-    pub fn rank_cost_of(
-        &mut self,
-        rank: usize,
-        shape: &BatchShape,
-        group_tokens: u64,
-        imbalance: f64,
-    ) -> RankCost {
-        let key = Self::key(shape, group_tokens, imbalance);
+    pub fn rank_cost_of(&mut self, rank: usize, shape: &BatchShape, load: StepLoad) -> RankCost {
+        let key = PriceKey::with_load(shape, load);
         if rank >= self.recent.len() {
             self.recent.resize(rank + 1, None);
         }
@@ -269,15 +342,17 @@ impl StepPricer {
     }
 
     /// Time by op class on the critical path of a price this pricer returned.
-    pub fn class_times(&self, c: RankCost) -> ClassTimes {
-        self.classes[c.at as usize]
-    }
-
-    fn key(shape: &BatchShape, group_tokens: u64, imbalance: f64) -> PriceKey {
-        let bucket = (imbalance * IMBALANCE_BUCKETS)
-            .round()
-            .clamp(IMBALANCE_BUCKETS, u32::MAX as f64) as u32;
-        PriceKey::new(shape, group_tokens, bucket)
+    pub fn class_times(&mut self, c: RankCost) -> ClassTimes {
+        let (key, at) = self.priced[c.at as usize];
+        if at != NOT_YET {
+            return self.classes[at as usize];
+        }
+        let (shape, group, imb, comm) = key.shape();
+        let full = self.price_shape(&shape, group, imb, comm);
+        let t = class_times(&full, c.time_s / full.serial_s.max(f64::MIN_POSITIVE));
+        self.priced[c.at as usize].1 = self.classes.len() as u32;
+        self.classes.push(t);
+        t
     }
 
     fn cost_of(&mut self, key: PriceKey) -> RankCost {
@@ -286,27 +361,36 @@ impl StepPricer {
             return *c;
         }
         self.misses += 1;
-        let (shape, group, imb) = key.shape();
-        let full = self.price_shape(&shape, group, imb);
-        let (time_s, classes) = if self.spec.two_microbatch {
-            let h = self.price_shape(&half(&shape), group.div_ceil(2), imb);
-            let t = two_microbatch_time(&h, &self.spec.cost.params);
-            (
-                t,
-                class_times(&full, t / full.serial_s.max(f64::MIN_POSITIVE)),
-            )
+        let (shape, group, imb, comm) = key.shape();
+        let f = &self.spec.features;
+        let split = f.two_microbatch_allowed(shape.tokens(), shape.prefill_tokens > 0);
+        let time_s = if split && f.two_microbatch == TwoMicrobatch::Force {
+            // A forced split's time needs only the half batch priced; the whole one waits for
+            // `class_times`.
+            let h = self.price_shape(&half(&shape), group.div_ceil(2), imb, comm);
+            self.priced.push((key, NOT_YET));
+            two_microbatch_time(&h, &self.spec.cost.params)
         } else {
-            (full.serial_s, class_times(&full, 1.0))
+            let ops = self.ops(&shape, group, imb, comm);
+            let p = price_step(f, &shape, &self.spec.cost, &ops, || {
+                self.price_shape(&half(&shape), group.div_ceil(2), imb, comm)
+            });
+            let t = class_times(&p.full, p.time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
+            self.priced.push((key, self.classes.len() as u32));
+            self.classes.push(t);
+            p.time_s
         };
         let cost = RankCost {
             time_s,
-            at: self.classes.len() as u32,
+            at: self.priced.len() as u32 - 1,
         };
-        self.classes.push(classes);
         self.cache.insert(key, cost);
         cost
     }
 }
+
+/// `StepPricer::priced`: times by op class not computed yet.
+const NOT_YET: u32 = u32::MAX;
 
 /// The twin's device for one instance.
 #[derive(Clone, Debug)]
@@ -480,11 +564,10 @@ impl Device for SimDevice {
                 expected: self.capacity.dp_ranks,
             });
         }
-        // Idle ranks run a one-token dummy batch: priced once, whatever their number.
-        let idle = plan.dummy_ranks();
-        // Every token of every rank enters the MoE layers once (TP dies split a rank's tokens);
-        // the dummy batch is `DUMMY_TOKENS` long.
-        let group = plan.routed_tokens();
+        // Idle ranks run a one-token dummy batch: priced once, whatever their number. Every
+        // token of every rank enters the MoE layers once (TP dies split a rank's tokens); the
+        // dummy batch is `DUMMY_TOKENS` long.
+        let (group, idle) = plan.routing();
         // The batch's own routing strays from the mean the placement was made for.
         let step_imbalance = match &self.experts {
             Some(e) if e.concentration > 0.0 => {
@@ -494,20 +577,63 @@ impl Device for SimDevice {
             _ => self.imbalance,
         };
         self.step_imbalance = step_imbalance;
+        // The EP group decides its MoE communication on the largest rank's tokens, and a
+        // decode-only step under graph capture pads every rank to that rank's capture size.
+        // One-token prompt chunks (a PD hand-off's recompute) run as decodes, as in vLLM.
+        let spec = self.pricer.spec();
+        let query_len = 1 + spec.mtp_tokens as u64;
+        let busy = plan
+            .ranks
+            .iter()
+            .filter(|r| !r.shape.is_empty())
+            .map(|r| r.shape.short_chunks_as_decode(query_len));
+        let max_tokens = busy
+            .clone()
+            .map(|s| s.tokens())
+            .max()
+            .unwrap_or(0)
+            .max(if idle > 0 { self.dummy.tokens() } else { 0 });
+        let with_prompts = busy.clone().any(|s| s.prefill_tokens > 0);
+        let comm = spec.features.moe_comm(
+            max_tokens,
+            with_prompts,
+            spec.plan.slots_per_die as u64,
+            spec.plan.ep,
+        );
+        let pad = if with_prompts {
+            None
+        } else {
+            spec.features.padded_tokens(max_tokens)
+        };
+        let mtp_tokens = spec.mtp_tokens;
+        let padded = move |s: &BatchShape| pad.map_or(*s, |p| s.padded_to(p, mtp_tokens));
+        let load = StepLoad::new(group, step_imbalance, comm);
         let mut slowest: Option<RankCost> = None;
         if idle > 0 {
-            slowest = Some(self.pricer.rank_cost(&self.dummy, group, step_imbalance));
+            slowest = Some(self.pricer.rank_cost(&padded(&self.dummy), load));
         }
+        // One pass over the ranks: their prices and their sequences' acceptances.
         let mut last: Option<BatchShape> = None;
-        for r in plan.ranks.iter().filter(|r| !r.shape.is_empty()) {
-            // Consecutive ranks with equal shapes cost the same.
-            if last == Some(r.shape) {
+        out.accepted.resize_with(plan.ranks.len(), Vec::new);
+        for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
+            acc.clear();
+            acc.extend(
+                r.decode
+                    .iter()
+                    .map(|d| self.mtp.accepted(d.req, d.step, d.drafts)),
+            );
+            if r.shape.is_empty() {
                 continue;
             }
-            last = Some(r.shape);
+            // Consecutive ranks with equal shapes cost the same.
+            let shape = r.shape.short_chunks_as_decode(query_len);
+            if last == Some(shape) {
+                continue;
+            }
+            last = Some(shape);
             let c = self
                 .pricer
-                .rank_cost_of(r.rank as usize, &r.shape, group, step_imbalance);
+                .rank_cost_of(r.rank as usize, &padded(&shape), load);
             if slowest.is_none_or(|s| c.time_s > s.time_s) {
                 slowest = Some(c);
             }
@@ -528,15 +654,6 @@ impl Device for SimDevice {
             Some(e) if e.reports_heat => Some(ExpertHeat::Shares(e.load.shares_arc().clone())),
             _ => None,
         };
-        out.accepted.resize_with(plan.ranks.len(), Vec::new);
-        for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
-            acc.clear();
-            acc.extend(
-                r.decode
-                    .iter()
-                    .map(|d| self.mtp.accepted(d.req, d.step, d.drafts)),
-            );
-        }
         // Expert weights moving in this step are not overlapped with it.
         let device_s = slowest.map_or(0.0, |c| c.time_s) + extra_s;
         // The slowest rank's host work: added to the step, or hidden behind it (async).
@@ -580,17 +697,20 @@ mod tests {
             prefill_tokens: 12_345,
             prefill_pairs: 987_654_321,
             prefill_pairs_capped: 0,
+            prefill_cached: 70_000,
             decode_seqs: 65_535,
             decode_tokens: 1 << 24,
             decode_pairs: u64::MAX / 3,
             decode_pairs_capped: 129,
         };
-        let k = PriceKey::new(&s, 4097, 73);
-        let (q, group, imb) = k.shape();
+        let k = PriceKey::new(&s, 4097, 73, MoeCommUsed::AllToAll);
+        let (q, group, imb, comm) = k.shape();
+        assert_eq!(comm, MoeCommUsed::AllToAll);
         assert_eq!(q.prefill_seqs as u64, quantize(3));
         assert_eq!(q.prefill_tokens, quantize(12_345));
         assert_eq!(q.prefill_pairs, quantize(987_654_321));
         assert_eq!(q.prefill_pairs_capped, 0);
+        assert_eq!(q.prefill_cached, quantize(70_000));
         assert_eq!(q.decode_seqs as u64, quantize(65_535));
         assert_eq!(q.decode_tokens, 1 << 24);
         assert_eq!(q.decode_pairs, quantize(u64::MAX / 3));
@@ -606,7 +726,8 @@ mod tests {
                     ..s
                 },
                 4096,
-                73
+                73,
+                MoeCommUsed::AllToAll
             )
         );
         assert_ne!(
@@ -617,10 +738,12 @@ mod tests {
                     ..s
                 },
                 4097,
-                73
+                73,
+                MoeCommUsed::AllToAll
             )
         );
-        assert_ne!(k, PriceKey::new(&s, 4097, 74));
+        assert_ne!(k, PriceKey::new(&s, 4097, 74, MoeCommUsed::AllToAll));
+        assert_ne!(k, PriceKey::new(&s, 4097, 73, MoeCommUsed::Mc2));
         // One code per quantized value, whichever value rounded to it.
         for v in 0..100_000u64 {
             assert_eq!(code(v), code(quantize(v)), "{v}");

@@ -35,7 +35,7 @@ const DEFAULT_EPOCH_STEPS: u64 = 1000;
 /// calibrate` to the CloudMatrix384 prefill throughput with default EPLB against perfect
 /// balance (5,655 vs 6,688 tokens/s per NPU), the one published figure that isolates it;
 /// `calibration/tests/fit.rs` checks this value against the fit.
-pub const DEFAULT_CONCENTRATION: f64 = 14.6;
+pub const DEFAULT_CONCENTRATION: f64 = 5.95;
 
 /// The `[expert_load]` table of a scenario.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -402,22 +402,39 @@ pub fn fluctuation(dies: u32, n_eff: f64, concentration: f64) -> f64 {
 pub fn effective_requests<'a>(
     shapes: impl Iterator<Item = &'a dstwin_core::batch::BatchShape>,
 ) -> f64 {
-    let (mut t, mut t2) = (0.0, 0.0);
+    let mut e = EffectiveRequests::default();
     for s in shapes {
+        e.add(s);
+    }
+    e.value()
+}
+
+/// [`effective_requests`] fed one rank's shape at a time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EffectiveRequests {
+    tokens: f64,
+    weighed: f64,
+}
+
+impl EffectiveRequests {
+    pub fn add(&mut self, s: &dstwin_core::batch::BatchShape) {
         for (tok, seqs) in [
             (s.prefill_tokens as f64, s.prefill_seqs as f64),
             (s.decode_tokens as f64, s.decode_seqs as f64),
         ] {
             if seqs > 0.0 && tok > 0.0 {
-                t += tok;
-                t2 += tok * tok / seqs;
+                self.tokens += tok;
+                self.weighed += tok * tok / seqs;
             }
         }
     }
-    if t2 > 0.0 {
-        t * t / t2
-    } else {
-        0.0
+
+    pub fn value(&self) -> f64 {
+        if self.weighed > 0.0 {
+            self.tokens * self.tokens / self.weighed
+        } else {
+            0.0
+        }
     }
 }
 

@@ -1,9 +1,10 @@
 //! `dstwin explain`: one step of one instance, priced and broken down.
 
 use crate::expert_load::{effective_requests, fluctuation, ExpertLoad, ExpertLoadSpec};
-use crate::pricing::{price, two_microbatch_time, StepCost};
+use crate::pricing::{price, price_step, StepCost};
 use dstwin_core::batch::{BatchShape, MAX_SEQS_PER_STEP, MAX_TOKENS_PER_STEP};
 use dstwin_core::eplb::{balancedness, place, EpLayout, Policy as EplbPolicy};
+use dstwin_core::features::{Features, MoeCommUsed, Resolved};
 use dstwin_core::layout::{Layout, LayoutError, Plan, Role};
 use dstwin_core::memory::{memory_map, MemoryError, MemoryInputs, MemoryMap};
 use dstwin_core::model::{ModelConfig, Quant};
@@ -82,6 +83,8 @@ pub struct ExplainInput {
     pub expert_concentration: f64,
     /// Per-rank token budget the workspace is sized for (default: this batch's tokens).
     pub max_tokens_per_step: Option<u64>,
+    /// Engine mechanisms (two micro-batches, MoE communication, graph padding, ...).
+    pub features: Features,
 }
 
 #[derive(Debug, Error)]
@@ -154,12 +157,26 @@ pub struct Explain {
     pub moe_imbalance: f64,
     /// Per-layer imbalance and its cost, when the load is skewed.
     pub moe: Option<MoeReport>,
-    /// Step time used for throughput: with two micro-batches when that is faster.
+    /// The engine mechanisms as resolved for this instance.
+    pub features: Resolved,
+    /// The MoE communication the step uses.
+    pub moe_comm: MoeCommUsed,
+    /// Tokens per DP rank the step runs at after graph padding (None: eager).
+    pub padded_tokens: Option<u64>,
+    /// Step time used for throughput: split in two micro-batches when the mechanisms say so.
     pub step_ms: f64,
+    /// The step without micro-batches (shared-expert overlap applied).
     pub serial_step_ms: f64,
+    /// The step with two micro-batches (priced whatever the mechanisms allow).
     pub two_microbatch_step_ms: f64,
     /// Gain of two-micro-batch overlap over the serial step (negative: it would slow the step).
     pub two_microbatch_gain: f64,
+    /// Whether the step time is the split one.
+    pub two_microbatch_used: bool,
+    /// Shared-expert time hidden under dispatch and combine by a second stream, ms.
+    pub shared_expert_overlap_ms: f64,
+    /// Where the prices extrapolate beyond what the cost model was fitted on.
+    pub caveats: Vec<String>,
     pub compute_ms: f64,
     pub comm_ms: f64,
     pub roofline_ms: f64,
@@ -340,21 +357,50 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
     }
 
     let tokens_per_seq = 1 + inp.mtp.tokens as u64;
+    let features = inp
+        .features
+        .resolve(
+            &system.chip.name,
+            b.decode_seqs.max(1),
+            inp.mtp.tokens,
+            plan.tp,
+        )
+        .map_err(|e| ExplainError::Input {
+            field: e.field,
+            value: e.value,
+            reason: e.reason,
+        })?;
     let spec = StepSpec {
         model: &inp.model,
         quant: inp.quant,
         kv_dtype: inp.kv_dtype,
         plan: &plan,
         mtp_tokens: inp.mtp.tokens,
+        features: &features,
     };
-    let full = shape_for(b, tokens_per_seq, &inp.model, false);
-    let half = shape_for(b, tokens_per_seq, &inp.model, true);
+    let unpadded = shape_for(b, tokens_per_seq, &inp.model, false);
+    let with_prompts = unpadded.prefill_tokens > 0;
+    // Every DP rank computes the same shape: the largest rank's tokens are this rank's.
+    let padded_tokens = if with_prompts {
+        None
+    } else {
+        features.padded_tokens(unpadded.tokens())
+    };
+    let pad = |s: BatchShape| padded_tokens.map_or(s, |p| s.padded_to(p, inp.mtp.tokens));
+    let full = pad(unpadded);
+    let half = pad(shape_for(b, tokens_per_seq, &inp.model, true));
+    let moe_comm = features.moe_comm(
+        unpadded.tokens(),
+        with_prompts,
+        plan.slots_per_die as u64,
+        plan.ep,
+    );
     let per_layer = match inp.expert_skew {
         Some((exponent, policy)) => Some(layer_imbalance(inp, &plan, exponent, policy)?),
         None => None,
     };
     // Every DP rank of the EP group computes the same shape.
-    let requests = effective_requests(std::iter::repeat_n(&full, plan.dp as usize));
+    let requests = effective_requests(std::iter::repeat_n(&unpadded, plan.dp as usize));
     let fluct = if per_layer.is_some() {
         fluctuation(plan.routed_dies, requests, inp.expert_concentration)
     } else {
@@ -363,23 +409,34 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
     let imbalance = per_layer.as_ref().map_or(inp.moe_imbalance, |v| {
         v.iter().sum::<f64>() / v.len() as f64 + fluct
     });
-    // The step priced at an imbalance: (serial, two micro-batches, the serial step's op costs).
+    // The step priced at an imbalance, by the rule the twin device uses; the split step is
+    // priced whatever the mechanisms allow, for the report.
     let step_at = |imbalance: f64| {
-        let load = |s: &BatchShape| MoeLoad {
+        let load = |tokens: u64| MoeLoad {
             // Every DP rank of the EP group computes the same shape; its TP dies share its tokens.
-            group_tokens: s.tokens() * plan.dp as u64,
+            group_tokens: tokens * plan.dp as u64,
             imbalance,
+            comm: moe_comm,
         };
-        let step = price(&step_ops(spec, &full, &load(&full)), &inp.cost);
-        let half_cost = price(&step_ops(spec, &half, &load(&half)), &inp.cost);
-        let tmb = two_microbatch_time(&half_cost, &inp.cost.params);
-        (step.serial_s, tmb, step)
+        let ops = step_ops(spec, &full, &load(unpadded.tokens()));
+        let half_cost = || {
+            price(
+                &step_ops(spec, &half, &load(unpadded.tokens().div_ceil(2))),
+                &inp.cost,
+            )
+        };
+        let p = price_step(&features, &full, &inp.cost, &ops, half_cost);
+        let split = p
+            .split_s
+            .unwrap_or_else(|| crate::pricing::two_microbatch_time(&half_cost(), &inp.cost.params));
+        (p, split)
     };
-    let (serial, tmb, step) = step_at(imbalance);
-    let step_s = serial.min(tmb);
+    let (priced, tmb) = step_at(imbalance);
+    let serial = priced.serial_s;
+    let step_s = priced.time_s;
+    let step = priced.full.clone();
     let moe = per_layer.map(|v| {
-        let (ps, pt, _) = step_at(1.0);
-        let perfect = ps.min(pt);
+        let perfect = step_at(1.0).0.time_s;
         let (exponent, policy) = inp
             .expert_skew
             .expect("per-layer imbalance comes from a skew");
@@ -420,6 +477,7 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
         ));
     }
 
+    let caveats = crate::pricing::fabric_caveats(plan.ep, &inp.cost);
     let e = inp.mtp.expected_tokens();
     let per_die = plan.dp as f64 / plan.dies as f64;
     let dpp = system.dies_per_package() as f64;
@@ -438,10 +496,16 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
         mtp: inp.mtp.clone(),
         moe_imbalance: imbalance,
         moe,
+        features: features.clone(),
+        moe_comm,
+        padded_tokens,
         step_ms: step_s * 1e3,
         serial_step_ms: serial * 1e3,
         two_microbatch_step_ms: tmb * 1e3,
         two_microbatch_gain: serial / tmb - 1.0,
+        two_microbatch_used: priced.split_used,
+        caveats,
+        shared_expert_overlap_ms: priced.shared_overlap_s * 1e3,
         compute_ms: step.compute_s * 1e3,
         comm_ms: step.comm_s * 1e3,
         roofline_ms: step.roofline_s * 1e3,

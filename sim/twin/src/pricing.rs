@@ -49,6 +49,9 @@ pub struct StepCost {
     pub comm_s: f64,
     /// The step at 100% of peak with no overhead and no communication: a lower bound.
     pub roofline_s: f64,
+    /// The expert die set that sets the pace, found once ([`StepCost::slow_set`]).
+    #[serde(skip)]
+    slow: DieSet,
 }
 
 impl StepCost {
@@ -69,7 +72,7 @@ impl StepCost {
 
     /// Ops on the critical path.
     pub fn on_path(&self) -> impl Iterator<Item = &PricedOp> {
-        let slow = self.slow_set();
+        let slow = self.slow;
         self.ops
             .iter()
             .filter(move |o| o.dies == DieSet::All || o.dies == slow)
@@ -77,9 +80,12 @@ impl StepCost {
 
     /// The expert die set that sets the pace.
     pub fn slow_set(&self) -> DieSet {
+        self.slow
+    }
+
+    fn find_slow_set(ops: &[PricedOp]) -> DieSet {
         let sum = |d| {
-            self.ops
-                .iter()
+            ops.iter()
                 .filter(|o| o.dies == d)
                 .map(|o| o.total_s)
                 .sum::<f64>()
@@ -147,6 +153,7 @@ pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
         })
         .collect();
     let mut step = StepCost {
+        slow: StepCost::find_slow_set(&priced),
         ops: priced,
         serial_s: 0.0,
         compute_s: 0.0,
@@ -192,14 +199,15 @@ pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
         memory: f64,
         layers: u64,
     }
-    // Decoder layers and the MTP module, each spread evenly over its layer count.
-    let mut groups: BTreeMap<bool, Group> = BTreeMap::new();
+    // Decoder layers and the MTP module (in that order), each spread evenly over its layer
+    // count; a group without ops adds nothing.
+    let mut groups: [Option<Group>; 2] = [None, None];
     let mut once = 0.0;
     for o in half.on_path() {
         match o.layer {
             LayerKind::Embedding | LayerKind::LmHead => once += 2.0 * o.total_s,
             _ => {
-                let g = groups.entry(o.layer == LayerKind::Mtp).or_default();
+                let g = groups[usize::from(o.layer == LayerKind::Mtp)].get_or_insert_default();
                 if o.bound == Bound::Communication || o.dies != DieSet::All {
                     g.moe += o.total_s;
                 } else {
@@ -212,7 +220,7 @@ pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
         }
     }
     let mut t = once;
-    for g in groups.into_values() {
+    for g in groups.into_iter().flatten() {
         let n = g.layers.max(1) as f64;
         let (a, m) = (g.attention / n, g.moe / n);
         let best = 2.0 * a.max(m).max(g.compute / n).max(g.memory / n);
@@ -220,4 +228,107 @@ pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
         t += n * (best + (1.0 - overlap) * (serial - best)) + a.min(m);
     }
     t
+}
+
+/// A step priced under an instance's engine mechanisms.
+#[derive(Clone, Debug)]
+pub struct StepPrice {
+    /// The step's time: serial, or split in two micro-batches where the mechanisms say so.
+    pub time_s: f64,
+    /// The step without micro-batches (shared-expert overlap applied).
+    pub serial_s: f64,
+    /// The step with two micro-batches, when priced (allowed at this size).
+    pub split_s: Option<f64>,
+    /// Whether `time_s` is the split step.
+    pub split_used: bool,
+    /// Seconds of the shared expert hidden under the dispatch and combine by a second stream.
+    pub shared_overlap_s: f64,
+    /// The serial step's ops.
+    pub full: StepCost,
+}
+
+/// Shared-expert seconds a second stream hides under the routed experts' dispatch and combine
+/// (`multistream_overlap_shared_expert`): per MoE layer, the lesser of the two.
+pub fn shared_expert_overlap(step: &StepCost) -> f64 {
+    let mut by_layer: BTreeMap<LayerKind, (f64, f64)> = BTreeMap::new();
+    for o in step.on_path() {
+        let e = by_layer.entry(o.layer).or_default();
+        match o.name {
+            "shared_expert" if o.dies == DieSet::All => e.0 += o.total_s,
+            "dispatch" | "combine" => e.1 += o.total_s,
+            _ => {}
+        }
+    }
+    by_layer.values().map(|(s, c)| s.min(*c)).sum()
+}
+
+/// Prices a step of one DP rank computing `shape` under the instance's mechanisms: the one
+/// rule `explain` and the twin device share. `half` prices the same step with half the batch
+/// (two micro-batches), called only when the mechanisms allow a split at this size.
+pub fn price_step(
+    features: &dstwin_core::features::Resolved,
+    shape: &dstwin_core::batch::BatchShape,
+    cost: &CostModel,
+    full_ops: &[Op],
+    half: impl FnOnce() -> StepCost,
+) -> StepPrice {
+    use dstwin_core::features::TwoMicrobatch;
+    let full = price(full_ops, cost);
+    let shared_overlap_s = if features.shared_expert_overlap {
+        shared_expert_overlap(&full)
+    } else {
+        0.0
+    };
+    let serial_s = full.serial_s - shared_overlap_s;
+    let split_s = features
+        .two_microbatch_allowed(shape.tokens(), shape.prefill_tokens > 0)
+        .then(|| two_microbatch_time(&half(), &cost.params));
+    let (time_s, split_used) = match (features.two_microbatch, split_s) {
+        (TwoMicrobatch::Force, Some(s)) => (s, true),
+        (TwoMicrobatch::Auto, Some(s)) if s < serial_s => (s, true),
+        _ => (serial_s, false),
+    };
+    StepPrice {
+        time_s,
+        serial_s,
+        split_s,
+        split_used,
+        shared_overlap_s,
+        full,
+    }
+}
+
+/// What a report must say about the fabric an instance's all-to-all runs on: one line per
+/// dispatch/combine mode whose fabric level the cost model's all-to-all parameters were not
+/// fitted on (the price there is an extrapolation), empty when every level is fitted.
+pub fn fabric_caveats(ep: u32, cost: &CostModel) -> Vec<String> {
+    use dstwin_hwmodels::{Comm, CommKind};
+    let mut out = Vec::new();
+    for (mode, what) in [
+        (A2aMode::LowLatency, "low-latency (MC2) dispatch/combine"),
+        (A2aMode::Normal, "bulk (all-to-all) dispatch/combine"),
+    ] {
+        let c = Comm {
+            kind: CommKind::Dispatch,
+            bytes: 1.0,
+            group: ep,
+            mode,
+            copies: 0.0,
+        };
+        if let Some(level) = cost.unfitted_level(&c) {
+            let fitted = &cost.params.alltoall.fitted_on;
+            let name = &cost.params.name;
+            out.push(if fitted.is_empty() {
+                format!(
+                    "{what} of EP{ep} runs over {level}, but no all-to-all microbenchmark of {name} was fitted (its parameters are borrowed): its price is an extrapolation"
+                )
+            } else {
+                format!(
+                    "{what} of EP{ep} runs over {level}, but the {name} all-to-all parameters were fitted on {}: its price is an extrapolation",
+                    fitted.join(", ")
+                )
+            });
+        }
+    }
+    out
 }

@@ -14,18 +14,21 @@ fn step_time(decode_seqs: u32, ctx: u64, prefill: u64, dies: u32) -> f64 {
     let cm = cat.cost_model(sys, None).unwrap();
     let m = builtin("r1").unwrap();
     let plan = Layout::dp_ep(Role::Mixed, dies).validate(&m, sys).unwrap();
+    let features = dstwin_core::features::Resolved::plain("ascend-910c");
     let spec = StepSpec {
         model: &m,
         quant: Quant::W8a8,
         kv_dtype: DType::Bf16,
         plan: &plan,
         mtp_tokens: 0,
+        features: &features,
     };
     let mut shape = BatchShape::uniform_decode(decode_seqs, 1, ctx, m.attn_cap());
     shape.add_prefill(prefill, 0, m.attn_cap());
     let load = MoeLoad {
         group_tokens: shape.tokens() * dies as u64,
         imbalance: 1.0,
+        comm: dstwin_core::features::MoeCommUsed::Mc2,
     };
     price(&step_ops(spec, &shape, &load), &cm).serial_s
 }
@@ -56,17 +59,20 @@ fn critical_path_is_compute_plus_communication() {
     }
     .validate(&m, sys)
     .unwrap();
+    let features = dstwin_core::features::Resolved::plain("ascend-910c");
     let spec = StepSpec {
         model: &m,
         quant: Quant::W8a8,
         kv_dtype: DType::Bf16,
         plan: &plan,
         mtp_tokens: 1,
+        features: &features,
     };
     let shape = BatchShape::uniform_decode(48, 2, 4096, m.attn_cap());
     let load = MoeLoad {
         group_tokens: shape.tokens() * 320,
         imbalance: 1.0,
+        comm: dstwin_core::features::MoeCommUsed::Mc2,
     };
     let s = price(&step_ops(spec, &shape, &load), &cm);
     assert!((s.serial_s - s.compute_s - s.comm_s).abs() < 1e-12);
@@ -78,6 +84,7 @@ fn critical_path_is_compute_plus_communication() {
     let hl = MoeLoad {
         group_tokens: half.tokens() * 320,
         imbalance: 1.0,
+        comm: dstwin_core::features::MoeCommUsed::Mc2,
     };
     let h = price(&step_ops(spec, &half, &hl), &cm);
     let mut perfect = cm.params.clone();

@@ -112,14 +112,57 @@ pub struct InstanceStats {
     pub budget_fallbacks: u64,
 }
 
+/// Each DP rank's load (unfinished requests) in a min tree: the least-loaded rank, lowest
+/// index on ties, is its root. A leaf holds `load << 32 | rank`, so the order of leaves is
+/// that order.
+#[derive(Clone, Debug)]
+struct Loads {
+    /// Leaves at `leaves..leaves + ranks`, padded with `u64::MAX`; node i covers 2i and 2i+1.
+    tree: Vec<u64>,
+    leaves: usize,
+}
+
+impl Loads {
+    fn new(ranks: usize) -> Self {
+        let leaves = ranks.next_power_of_two();
+        let mut tree = vec![u64::MAX; 2 * leaves];
+        for r in 0..ranks {
+            tree[leaves + r] = r as u64;
+        }
+        for i in (1..leaves).rev() {
+            tree[i] = tree[2 * i].min(tree[2 * i + 1]);
+        }
+        Loads { tree, leaves }
+    }
+
+    /// Rank `r` holds `load` unfinished requests.
+    fn set(&mut self, r: u32, load: usize) {
+        let mut i = self.leaves + r as usize;
+        let v = (load as u64) << 32 | r as u64;
+        if self.tree[i] == v {
+            return;
+        }
+        self.tree[i] = v;
+        while i > 1 {
+            i /= 2;
+            self.tree[i] = self.tree[2 * i].min(self.tree[2 * i + 1]);
+        }
+    }
+
+    /// The least-loaded rank (lowest index on ties).
+    fn least(&self) -> u32 {
+        self.tree[1] as u32
+    }
+}
+
 /// One instance's schedulers.
 #[derive(Clone, Debug)]
 pub struct Instance {
     cfg: InstanceConfig,
     ranks: Vec<RankScheduler>,
-    /// Each rank's unfinished requests, kept beside the ranks so that placing a request reads
-    /// one small array instead of every rank.
-    loads: Vec<u32>,
+    /// Each rank's unfinished requests, kept beside the ranks so that placing a request does
+    /// not read every rank.
+    loads: Loads,
     /// Where each request lives: (rank, slot).
     owner: rustc_hash::FxHashMap<ReqId, (u32, u32)>,
     plan: StepPlan,
@@ -144,7 +187,7 @@ impl Instance {
         assert!(cfg.dp_ranks > 0, "an instance needs at least one DP rank");
         Instance {
             ranks: (0..cfg.dp_ranks).map(|_| RankScheduler::new(cfg)).collect(),
-            loads: vec![0; cfg.dp_ranks as usize],
+            loads: Loads::new(cfg.dp_ranks as usize),
             plan: StepPlan {
                 dp_ranks: cfg.dp_ranks,
                 ranks: Vec::new(),
@@ -206,7 +249,7 @@ impl Instance {
             return false;
         };
         let found = self.on_rank(r, |rank| rank.abort(slot, req));
-        self.loads[r as usize] = self.ranks[r as usize].load() as u32;
+        self.loads.set(r, self.ranks[r as usize].load());
         found
     }
 
@@ -231,11 +274,9 @@ impl Instance {
 
     /// Adds a request to the least-loaded DP rank; returns the rank.
     pub fn add_request(&mut self, r: NewRequest<'_>, _now: SimTime) -> u32 {
-        let rank = (0..self.loads.len())
-            .min_by_key(|&i| (self.loads[i], i))
-            .expect("at least one rank") as u32;
+        let rank = self.loads.least();
         let slot = self.ranks[rank as usize].add(r);
-        self.loads[rank as usize] += 1;
+        self.loads.set(rank, self.ranks[rank as usize].load());
         self.owner.insert(r.id, (rank, slot));
         self.activate(rank);
         rank
@@ -291,7 +332,7 @@ impl Instance {
             rank.schedule(plan, &mut self.started, &mut self.pulls, &mut events);
             self.used_blocks = self.used_blocks + rank.used_blocks() - before;
             // Send-back preemption removes requests while scheduling.
-            self.loads[r as usize] = rank.load() as u32;
+            self.loads.set(r, rank.load());
         }
         self.pending = events;
     }
@@ -340,7 +381,7 @@ impl Instance {
                 &mut self.emitted_ids,
             );
             self.used_blocks = self.used_blocks + r.used_blocks() - before;
-            self.loads[p.rank as usize] = r.load() as u32;
+            self.loads.set(p.rank, r.load());
         }
         self.steps += 1;
         for e in events.iter() {
@@ -398,5 +439,31 @@ impl Instance {
             s.waiting += r.num_waiting() as u64;
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Loads;
+
+    #[test]
+    fn the_least_loaded_rank_is_the_lowest_index_of_the_smallest_load() {
+        for ranks in [1usize, 2, 3, 7, 8, 320] {
+            let mut loads = Loads::new(ranks);
+            let mut plain = vec![0usize; ranks];
+            // A fixed pseudo-random walk of loads (an LCG), checked against a scan.
+            let mut x = 12345u64;
+            for _ in 0..2000 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let r = (x >> 33) as usize % ranks;
+                let load = (x >> 20) as usize % 5;
+                loads.set(r as u32, load);
+                plain[r] = load;
+                let want = (0..ranks).min_by_key(|&i| (plain[i], i)).unwrap();
+                assert_eq!(loads.least() as usize, want, "{ranks} ranks: {plain:?}");
+            }
+        }
     }
 }

@@ -320,22 +320,23 @@ fn logits_on(model: &Model, experts: &ExpertRanks, rank: usize, ids: &[u32]) -> 
 }
 
 /// An expert whose weights are zero: it adds nothing to its tokens.
-fn poisoned(model: &Model) -> dstwin_cpu::moe::Mlp {
+fn poisoned(model: &Model) -> dstwin_cpu::moe::Expert {
     let Ffn::Moe(m) = &model.layers[model.cfg.dense_layers].ffn else {
         panic!("the first layer after the dense ones is MoE")
     };
-    let w = m.experts.get(0).unwrap();
+    let w = m.experts.get(0).unwrap().to_mlp().unwrap();
     let zero = |l: &dstwin_cpu::linear::Linear| match l {
         dstwin_cpu::linear::Linear::Dense(t) => {
             dstwin_cpu::linear::Linear::Dense(t.zeros_like().unwrap())
         }
         q => q.clone(),
     };
-    dstwin_cpu::moe::Mlp {
+    dstwin_cpu::moe::Expert::new(dstwin_cpu::moe::Mlp {
         gate: zero(&w.gate),
         up: zero(&w.up),
         down: zero(&w.down),
-    }
+    })
+    .unwrap()
 }
 
 #[test]

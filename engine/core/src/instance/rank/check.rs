@@ -1,5 +1,6 @@
 //! The invariants of a rank, checked after every step in debug builds.
 
+use super::steady::{NIL, RING};
 use super::{RankScheduler, Seq, State};
 
 impl RankScheduler {
@@ -41,6 +42,23 @@ impl RankScheduler {
                 self.step
             );
         }
+        // The lists of window ends hold every steady request once, under its window's end.
+        let mut listed = 0;
+        for (cell, &head) in self.due.iter().enumerate() {
+            let mut slot = head;
+            while slot != NIL {
+                let s = self.seq(slot);
+                assert!(s.until != 0, "slot {slot} listed but not steady");
+                assert_eq!(
+                    s.until as usize & (RING - 1),
+                    cell,
+                    "slot {slot} in cell {cell}"
+                );
+                listed += 1;
+                slot = s.due_next;
+            }
+        }
+        assert_eq!(listed, self.steady.len(), "window ends listed");
         let live: Vec<&Seq> = self.slab.iter().flatten().collect();
         assert_eq!(
             live.len() + self.free_slots.len(),

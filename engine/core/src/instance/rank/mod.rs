@@ -23,9 +23,8 @@ use super::kv::{chain, BlockPool};
 use super::{InstanceConfig, NewRequest};
 use crate::device::ReqId;
 use crate::mtp::Acceptance;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
-use steady::{SteadySums, WindowEnd, RING};
+use std::collections::VecDeque;
+use steady::{SteadySums, NIL, RING};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -67,6 +66,8 @@ struct Seq {
     base_output: u32,
     /// Index in the rank's steady list.
     steady_idx: u32,
+    /// The next steady request whose window ends at the same step (`NIL`: none).
+    due_next: u32,
     /// `LIN` or `SAT` while steady.
     regime: u8,
     /// Token ids (prompt, then every kept output token) when the workload has them.
@@ -124,10 +125,9 @@ pub struct RankScheduler {
     tokens: Vec<u32>,
     /// Regimes in use: 1 (dense attention) or 2 (capped).
     regimes: usize,
-    /// Window ends, earliest first.
-    due: BinaryHeap<Reverse<WindowEnd>>,
-    /// The earliest step in `due` (u64::MAX: none), beside the rank's other hot fields.
-    next_due: u64,
+    /// Per ring cell, the first of the steady requests whose windows end at that cell's step
+    /// (`NIL`: none), the others linked through `Seq::due_next`.
+    due: Vec<u32>,
     /// The last plan step whose ring cell was applied (+1; 0: none).
     advanced: u64,
     /// No request turns steady before this plan step.
@@ -175,8 +175,7 @@ impl RankScheduler {
             sums: SteadySums::default(),
             tokens: Vec::new(),
             regimes: if cfg.attn_cap.0.is_some() { 2 } else { 1 },
-            due: BinaryHeap::new(),
-            next_due: u64::MAX,
+            due: Vec::new(),
             advanced: 0,
             exact_until: 0,
             next_order: 0,
@@ -199,6 +198,7 @@ impl RankScheduler {
         self.acceptance = a;
         if a.is_some() && self.tokens.is_empty() {
             self.tokens = vec![0; RING * self.regimes];
+            self.due = vec![NIL; RING];
         }
     }
 
@@ -284,6 +284,7 @@ impl RankScheduler {
             base_computed: 0,
             base_output: 0,
             steady_idx: 0,
+            due_next: NIL,
             regime: 0,
             tokens: r.token_ids.map(<[u32]>::to_vec).unwrap_or_default(),
             shown: false,
@@ -366,14 +367,15 @@ impl RankScheduler {
             State::Waiting => self.waiting.retain(|&x| x != slot),
             State::Pulling => self.pulling -= 1,
             State::Running => {
-                if self.seq(slot).until != 0 {
+                let until = self.seq(slot).until;
+                if until != 0 {
                     // Bring the sums to the coming step, then take it out of its window.
                     let p = self.step;
                     self.advance(p);
-                    if self.seq(slot).until != 0 {
-                        self.unsteady(slot, p);
+                    if until == p {
+                        self.end_window(slot);
                     } else {
-                        self.running.retain(|&x| x != slot);
+                        self.unsteady(slot, p);
                     }
                 } else {
                     self.running.retain(|&x| x != slot);

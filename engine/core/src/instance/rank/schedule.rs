@@ -12,9 +12,14 @@ use crate::layout::Role;
 
 impl RankScheduler {
     /// Makes a request's KV hold `tokens` tokens.
-    fn ensure_slots(pool: &mut BlockPool, s: &mut Seq, tokens: u64, bs: u32) -> bool {
-        let need = blocks_for(tokens, bs).saturating_sub(s.blocks.len() as u64);
+    pub(super) fn ensure_slots(pool: &mut BlockPool, s: &mut Seq, tokens: u64, bs: u32) -> bool {
+        let need = Self::blocks_short(s, tokens, bs);
         need == 0 || pool.allocate(need, &mut s.blocks)
+    }
+
+    /// Blocks request `s` lacks to hold `tokens` tokens.
+    pub(super) fn blocks_short(s: &Seq, tokens: u64, bs: u32) -> u64 {
+        blocks_for(tokens, bs).saturating_sub(s.blocks.len() as u64)
     }
 
     /// Frees a request's blocks and resets it for recompute (or hands it back).
@@ -79,7 +84,7 @@ impl RankScheduler {
 
     /// Tokens a running request would compute this step before the budget, and whether it is
     /// decoding (only its last sampled token is not in KV yet).
-    fn demand(cfg: &InstanceConfig, s: &Seq) -> (u64, bool) {
+    pub(super) fn demand(cfg: &InstanceConfig, s: &Seq) -> (u64, bool) {
         // Tokens whose ids are known: the prompt and what was sampled. A request decodes when
         // only the last sampled token is not in KV yet; otherwise it (re)computes known tokens.
         let known = s.prompt + s.output;
@@ -136,6 +141,32 @@ impl RankScheduler {
         self.entries.clear();
         let p = self.step;
         self.advance(p);
+        self.end_windows(p);
+        // Only steady requests (the common case in a long decode): the step is their sums,
+        // unless their demand alone could bind the budget.
+        if self.running.is_empty()
+            && self.waiting.is_empty()
+            && self.phantoms.is_empty()
+            && self.steady.len() as u64 * (1 + self.cfg.num_spec_tokens as u64)
+                <= self.cfg.max_num_batched_tokens as u64
+        {
+            self.add_steady(plan);
+            #[cfg(debug_assertions)]
+            self.check();
+            return;
+        }
+        self.schedule_exact(plan, p, started, pulls, events);
+    }
+
+    /// [`RankScheduler::schedule`] request by request: running requests, then waiting ones.
+    fn schedule_exact(
+        &mut self,
+        plan: &mut RankPlan,
+        p: u64,
+        started: &mut Vec<ReqId>,
+        pulls: &mut Vec<ReqId>,
+        events: &mut Vec<InstEvent>,
+    ) {
         let cfg = self.cfg;
         let bs = cfg.block_size;
         let k = cfg.num_spec_tokens;
@@ -327,17 +358,23 @@ impl RankScheduler {
             self.running.push(slot);
             budget -= new;
         }
-        // The steady requests' share, from their sums: each computes t = 1 + k query tokens
-        // after its context c, t*c + t(t+1)/2 pairs (capped: t*cap once c >= cap).
+        self.add_steady(plan);
+        #[cfg(debug_assertions)]
+        self.check();
+    }
+
+    /// Adds the steady requests' share to the plan, from their sums: each computes t = 1 + k
+    /// query tokens after its context c, t*c + t(t+1)/2 pairs (capped: t*cap once c >= cap).
+    fn add_steady(&mut self, plan: &mut RankPlan) {
         let n = self.steady.len() as u64;
         let sm = self.sums;
         debug_assert_eq!(sm.seqs[LIN] + sm.seqs[SAT], n as i64, "steady count");
         if n > 0 {
-            let t = 1 + k as u64;
+            let t = 1 + self.cfg.num_spec_tokens as u64;
             let tri = t * (t + 1) / 2;
             let (lin, sat) = (sm.seqs[LIN] as u64, sm.seqs[SAT] as u64);
             let (clin, csat) = (sm.context[LIN] as u64, sm.context[SAT] as u64);
-            let capped_sat = cap.0.map_or(0, |c| sat * t * c);
+            let capped_sat = self.cfg.attn_cap.0.map_or(0, |c| sat * t * c);
             plan.shape.add_decode_sums(
                 n,
                 n * t,
@@ -348,8 +385,6 @@ impl RankScheduler {
         self.planned_steady = n;
         self.stats.steady_steps += n;
         self.stats.exact_steps += self.entries.len() as u64;
-        #[cfg(debug_assertions)]
-        self.check();
     }
 
     /// Applies a step's outcome: `accepted[j]` drafts for the j-th sampling entry. Adds the
@@ -374,12 +409,18 @@ impl RankScheduler {
         // Steady requests sampled in this step and in the one before.
         if !self.tokens.is_empty() {
             for r in 0..self.regimes {
-                let i = self.at(p, r);
+                let i = Self::at(p, r);
                 let tk = std::mem::take(&mut self.tokens[i]) as u64;
                 sum.tokens += tk;
                 self.sums.pending[r] += tk;
             }
             sum.continuing += self.planned_steady;
+        }
+        if self.entries.is_empty() {
+            // Only steady requests computed: nothing finished, stopped or turned steady.
+            #[cfg(debug_assertions)]
+            self.check();
+            return;
         }
         let mut j = 0;
         for e in &self.entries {

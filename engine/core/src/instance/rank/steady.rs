@@ -1,16 +1,19 @@
 //! Steady decoding in aggregate. When the device's MTP acceptance is a known function of
-//! (request, output position) ([`Acceptance`](crate::mtp::Acceptance), the twin's model), a request that is simply
-//! decoding is not touched every step. After a step, such a request is scanned ahead to its next
-//! event: the step that needs a new KV block, the step it finishes in, the step `max_model_len`
-//! would clip it, or the end of the lookahead window. Until then it is *steady*: it computes
-//! 1 + k tokens per step, needs no allocation, and samples every step. Its contribution to the
-//! rank's batch shape comes from per-rank sums (steady requests and their contexts, per
-//! attention regime); the tokens it keeps each step are written into a ring indexed by step, and
-//! the sums advance by one ring cell per step. Its window end sits in a small heap with the
-//! context it will have then. At its event step the request rejoins the running list and that
-//! step is scheduled exactly. The result is the same schedule, the same shapes and the same events as stepping
-//! every request (a property test compares the two), with per-step work independent of the
-//! number of steady requests.
+//! (request, output position) ([`Acceptance`](crate::mtp::Acceptance), the twin's model), a
+//! request that is simply decoding is not touched every step. After a step, such a request is
+//! scanned ahead to its next event: the step that needs a new KV block, the step it finishes in,
+//! the step `max_model_len` would clip it, or the end of the lookahead window. Until then it is
+//! *steady*: it computes 1 + k tokens per step, needs no allocation, and samples every step. Its
+//! contribution to the rank's batch shape comes from per-rank sums (steady requests and their
+//! contexts, per attention regime); the tokens it keeps each step are written into a ring
+//! indexed by step, and the sums advance by one ring cell per step. Its window end is a list of
+//! the requests whose windows end at that step, one list per ring cell (a window is shorter than
+//! the ring). At its event step the request rejoins the running list and that step is scheduled
+//! exactly, except where the window ended only for a new KV block or the ring's end and the step
+//! cannot run short of budget or blocks: the block is then allocated at once and a new window
+//! starts ([`RankScheduler::end_windows`]). The result is the same schedule, the same shapes and
+//! the same events as stepping every request (a property test compares the two), with per-step
+//! work independent of the number of steady requests.
 //!
 //! Order is kept: every running request has an admission order; the running list holds the
 //! non-steady ones in that order, and preemption takes the newest of both sets. When the token
@@ -20,10 +23,11 @@
 //! requests every step.
 
 use super::{RankScheduler, State};
-use std::cmp::Reverse;
+use crate::instance::InstanceConfig;
 
 /// Ring cells: steps a steady window can span (at most `RING - 2`).
 pub(super) const RING: usize = 128;
+const _: () = assert!(RING.is_power_of_two(), "ring cells are indexed by a mask");
 /// Steps a rank stays exact after a step whose budget could bind.
 pub const COOLDOWN: u64 = 64;
 
@@ -45,21 +49,62 @@ pub(super) struct SteadySums {
     entering_context: [i64; 2],
 }
 
-/// A steady window's end (16 bytes): the plan step it ends at, and the slot and start step that
-/// identify the window (a slot is reused only by a request admitted after its window started, so
-/// a window that ended early is recognised and skipped). Its regime and context are the
-/// request's own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct WindowEnd {
-    step: u64,
-    slot: u32,
-    from: u32,
+/// The end of the lists of window ends ([`RankScheduler::due`]).
+pub(super) const NIL: u32 = u32::MAX;
+
+/// A steady window's scan: from plan step `q0` with `o0` tokens out, the window ends before the
+/// step that would start past `o_limit` tokens out, finish the request (reach `max_o`) or reach
+/// step `end`. A step emits 1 to `most` tokens.
+struct Window {
+    q0: u64,
+    end: u64,
+    o0: u32,
+    o_limit: u32,
+    max_o: u32,
+    most: u32,
+}
+
+impl Window {
+    /// Draws each step's tokens with `emit` and adds them to the ring until the window ends;
+    /// returns the step it ends at and the tokens out then. Steps that cannot reach a limit
+    /// even emitting `most` each run without checks, in runs.
+    #[inline]
+    fn scan(&self, ring: &mut [u32; RING], mut emit: impl FnMut() -> u32) -> (u64, u32) {
+        let (mut q, mut o) = (self.q0, self.o0);
+        let most = self.most as u64;
+        loop {
+            let o64 = o as u64;
+            // Steps i = 0..n all start within o_limit and end below max_o.
+            let by_limit = (self.o_limit as u64 + 1).saturating_sub(o64).div_ceil(most);
+            let by_finish = (self.max_o as u64).saturating_sub(o64 + 1) / most;
+            let n = (self.end - q).min(by_limit).min(by_finish);
+            if n == 0 {
+                if q >= self.end || o > self.o_limit {
+                    return (q, o);
+                }
+                let e = emit();
+                if o + e >= self.max_o {
+                    return (q, o);
+                }
+                ring[q as usize & (RING - 1)] += e;
+                o += e;
+                q += 1;
+                continue;
+            }
+            for _ in 0..n {
+                let e = emit();
+                ring[q as usize & (RING - 1)] += e;
+                o += e;
+                q += 1;
+            }
+        }
+    }
 }
 
 impl RankScheduler {
-    /// Ring index of `step`'s cell for `regime`.
-    pub(super) fn at(&self, step: u64, regime: usize) -> usize {
-        (step % RING as u64) as usize * self.regimes + regime
+    /// Ring index of `step`'s cell for `regime` (each regime's cells are contiguous).
+    pub(super) fn at(step: u64, regime: usize) -> usize {
+        regime * RING + (step as usize & (RING - 1))
     }
 
     /// Inserts a running request into the running list at its place in the running order.
@@ -82,8 +127,8 @@ impl RankScheduler {
         }
     }
 
-    /// Advances the steady sums to plan step `p` (once per step) and returns the requests whose
-    /// steady window ends at `p` to the running list.
+    /// Advances the steady sums to plan step `p` (once per step). The windows ending at `p`
+    /// are still in them: [`RankScheduler::end_windows`] settles those when `p` is scheduled.
     pub(super) fn advance(&mut self, p: u64) {
         if self.tokens.is_empty() || self.advanced > p {
             return;
@@ -95,43 +140,133 @@ impl RankScheduler {
                 + std::mem::take(&mut sm.entering_context[r]);
             sm.seqs[r] += std::mem::take(&mut sm.entering[r]);
         }
-        if self.next_due > p {
+    }
+
+    /// Settles the windows ending at plan step `p` (when `p` is scheduled, after `advance`).
+    /// A window that ended at the ring's end or because the next step needs a KV block goes
+    /// on from `p` in a new window, the block allocated here, as the step would. That is done
+    /// only when the step can neither run short of blocks (the free blocks cover the ending
+    /// windows' blocks and the running requests' whole demand) nor of token budget: then
+    /// every request of the step gets what it asks for, and the order the step allocates in
+    /// changes only which block numbers each request holds, which nothing reads while steps are
+    /// aggregated (detailed plans, which carry block tables, step every request). Otherwise, and for the other ends (the request would finish, or
+    /// reach `max_model_len` or the attention cap), the request returns to the running list
+    /// and the step schedules it exactly.
+    pub(super) fn end_windows(&mut self, p: u64) {
+        let Some(head) = self.due.get_mut(p as usize & (RING - 1)) else {
+            return;
+        };
+        let head = std::mem::replace(head, NIL);
+        if head == NIL {
             return;
         }
-        while let Some(&Reverse(w)) = self.due.peek() {
-            if w.step > p {
-                break;
+        let room = self.step_fits(head);
+        let mut slot = head;
+        while slot != NIL {
+            let s = self.seq(slot);
+            debug_assert_eq!(s.until, p, "slot {slot} in the list of step {p}");
+            let next = s.due_next;
+            if !(room && self.go_on(slot, p)) {
+                self.leave_window(slot);
+                self.insert_running(slot);
             }
-            self.due.pop();
-            // A window ended early (preemption, a binding budget) left its entry behind.
-            let ends = self.slab[w.slot as usize]
-                .as_ref()
-                .filter(|s| s.until == p && s.from as u32 == w.from)
-                .map(|s| (s.regime as usize, s.computed));
-            if let Some((r, context)) = ends {
-                self.sums.seqs[r] -= 1;
-                self.sums.context[r] -= context as i64;
-                self.leave_steady(w.slot);
-                self.insert_running(w.slot);
-            }
+            slot = next;
         }
-        self.next_due = self.due.peek().map_or(u64::MAX, |e| e.0.step);
+    }
+
+    /// Whether the coming step gives every request all it asks for: the token budget covers
+    /// every demand (steady requests, async phantoms, the running requests' whole demand) and
+    /// the free blocks every allocation (the next block of each window in the list from
+    /// `head`, ending at this step, and the running requests' blocks).
+    fn step_fits(&self, head: u32) -> bool {
+        let cfg = &self.cfg;
+        let (bs, k) = (cfg.block_size, cfg.num_spec_tokens as u64);
+        let need =
+            |s: &super::Seq, new: u64| Self::blocks_short(s, s.computed as u64 + new + k, bs);
+        let mut tokens = (self.steady.len() + self.phantoms.len()) as u64 * (1 + k);
+        let mut blocks = 0;
+        let mut slot = head;
+        while slot != NIL {
+            let s = self.seq(slot);
+            blocks += need(s, Self::demand(cfg, s).0);
+            slot = s.due_next;
+        }
+        for &x in &self.running {
+            let s = self.seq(x);
+            let demand = Self::demand(cfg, s).0;
+            tokens += demand;
+            blocks += need(s, demand);
+        }
+        tokens <= cfg.max_num_batched_tokens as u64 && blocks <= self.pool.free()
+    }
+
+    /// Continues steady request `slot`, whose window ends at `p`, in a new window from `p`
+    /// (its state is its state at `p`; it stays in the sums and the steady list), allocating
+    /// the block step `p` needs. False if it cannot go on steadily from `p`.
+    fn go_on(&mut self, slot: u32, p: u64) -> bool {
+        if p < self.exact_until {
+            return false;
+        }
+        let (bs, k) = (self.cfg.block_size, self.cfg.num_spec_tokens as u64);
+        let s = Self::seq_mut(&mut self.slab, slot);
+        if Self::regime(&self.cfg, s.computed).0 != s.regime as usize {
+            return false;
+        }
+        // What the step would allocate for it (its demand is all it asks for).
+        let new = Self::demand(&self.cfg, s).0;
+        let ok = Self::ensure_slots(&mut self.pool, s, s.computed as u64 + new + k, bs);
+        assert!(ok, "request {}: the step's blocks were counted", s.id);
+        self.window_from(slot, p).is_some()
+    }
+
+    /// Takes steady request `slot` out of its window where it ends (its state is already its
+    /// state there): off its list, out of the sums and the steady list.
+    pub(super) fn end_window(&mut self, slot: u32) {
+        let until = self.seq(slot).until;
+        self.unlist(slot, until);
+        self.leave_window(slot);
+    }
+
+    /// [`RankScheduler::end_window`] for a request already off its list.
+    fn leave_window(&mut self, slot: u32) {
+        let s = self.seq(slot);
+        let (r, context) = (s.regime as usize, s.computed);
+        self.sums.seqs[r] -= 1;
+        self.sums.context[r] -= context as i64;
+        self.leave_steady(slot);
+    }
+
+    /// Takes `slot`, whose window ends at `until`, off that step's list.
+    fn unlist(&mut self, slot: u32, until: u64) {
+        let cell = until as usize & (RING - 1);
+        let next = self.seq(slot).due_next;
+        if self.due[cell] == slot {
+            self.due[cell] = next;
+            return;
+        }
+        let mut at = self.due[cell];
+        loop {
+            let s = Self::seq_mut(&mut self.slab, at);
+            if s.due_next == slot {
+                s.due_next = next;
+                return;
+            }
+            debug_assert_ne!(
+                s.due_next, NIL,
+                "slot {slot} is in the list of step {until}"
+            );
+            at = s.due_next;
+        }
     }
 
     /// Scans a request that has just sampled in plan step `q0 - 1` ahead to its next event and,
     /// if it stays simply decoding for at least one step, makes it steady until then.
     pub(super) fn try_steady(&mut self, slot: u32, q0: u64) -> bool {
-        let Some(acc) = self.acceptance else {
-            return false;
-        };
-        if q0 < self.exact_until || self.report_emissions {
+        if self.acceptance.is_none() || q0 < self.exact_until || self.report_emissions {
             return false;
         }
-        let cfg = self.cfg;
-        let bs = cfg.block_size;
-        let k = cfg.num_spec_tokens;
-        let t = 1 + k as u64;
-        let s = self.slab[slot as usize].as_mut().expect("live slot");
+        let bs = self.cfg.block_size;
+        let s = self.seq(slot);
         let full = ((s.prompt / bs) as usize).min(s.hashes.len());
         if s.state != State::Running
             || s.until != 0
@@ -143,12 +278,39 @@ impl RankScheduler {
         {
             return false;
         }
-        // Keys per query: all of them below the cap, the cap above it.
-        let (regime, lin_limit) = match cfg.attn_cap.0 {
-            None => (LIN, u64::MAX),
-            Some(c) if s.computed as u64 >= c => (SAT, u64::MAX),
-            Some(c) => (LIN, c),
+        let base = s.computed;
+        let Some(regime) = self.window_from(slot, q0) else {
+            return false;
         };
+        // It joins the sums when step q0 is planned.
+        self.sums.entering[regime] += 1;
+        self.sums.entering_context[regime] += base as i64;
+        Self::seq_mut(&mut self.slab, slot).steady_idx = self.steady.len() as u32;
+        self.steady.push(slot);
+        true
+    }
+
+    /// Keys per query of a request with `computed` tokens in KV: its regime, and the context
+    /// below which every key counts (all of them below the cap, the cap above it).
+    fn regime(cfg: &InstanceConfig, computed: u32) -> (usize, u64) {
+        match cfg.attn_cap.0 {
+            None => (LIN, u64::MAX),
+            Some(c) if computed as u64 >= c => (SAT, u64::MAX),
+            Some(c) => (LIN, c),
+        }
+    }
+
+    /// Scans request `slot` from plan step `q0` (its state is its state there) to its next
+    /// event and sets its window `q0..q`, listed under `q`; returns its regime. `None`, with
+    /// nothing changed, if not even step `q0` is simply decoding.
+    fn window_from(&mut self, slot: u32, q0: u64) -> Option<usize> {
+        let acc = self.acceptance.as_ref()?;
+        let cfg = self.cfg;
+        let bs = cfg.block_size;
+        let k = cfg.num_spec_tokens;
+        let t = 1 + k as u64;
+        let s = self.slab[slot as usize].as_mut().expect("live slot");
+        let (regime, lin_limit) = Self::regime(&cfg, s.computed);
         // In a window c - o stays fixed (c = prompt + o - 1): one bound on o covers the block
         // capacity, max_model_len and the cap for the next step.
         let capacity = s.blocks.len() as u64 * bs as u64;
@@ -158,53 +320,42 @@ impl RankScheduler {
         let offset = s.computed - s.output;
         let o_limit = c_limit.saturating_sub(offset as u64).min(u32::MAX as u64) as u32;
         if (s.computed as u64) > c_limit {
-            return false;
+            return None;
         }
-        let draws = acc.request(s.id);
-        let max_o = s.max_output;
-        let j0 = s.samples;
-        let mut o = s.output;
-        let mut q = q0;
-        let w = (RING - 2) as u64;
-        let regimes = self.regimes;
-        let tokens = &mut self.tokens;
-        // The next step would allocate a block, be clipped by max_model_len, have queries past
-        // the cap, or finish the request: then the window ends.
-        while q - q0 < w && o <= o_limit {
-            let e = 1 + draws.accepted(j0 + (q - q0) as u32, k);
-            if o + e >= max_o {
-                break;
-            }
-            tokens[(q % RING as u64) as usize * regimes + regime] += e;
-            o += e;
-            q += 1;
-        }
-        let c = o + offset;
+        let mut draws = acc.request(s.id).from_step(s.samples);
+        let ring: &mut [u32; RING] = (&mut self.tokens[regime * RING..][..RING])
+            .try_into()
+            .expect("a ring per regime");
+        let w = Window {
+            q0,
+            end: q0 + (RING - 2) as u64,
+            o0: s.output,
+            o_limit,
+            max_o: s.max_output,
+            most: t as u32,
+        };
+        // One draw per step; a single draft (the common MTP setting) without the loop.
+        let (q, o) = if k == 1 {
+            w.scan(ring, || 1 + draws.next_one())
+        } else {
+            w.scan(ring, || 1 + draws.next(k))
+        };
         if q == q0 {
-            return false;
+            return None;
         }
-        // It joins the sums when step q0 is planned and leaves them at q.
-        self.sums.entering[regime] += 1;
-        self.sums.entering_context[regime] += s.computed as i64;
-        self.due.push(Reverse(WindowEnd {
-            step: q,
-            slot,
-            from: q0 as u32,
-        }));
-        self.next_due = self.next_due.min(q);
+        let cell = q as usize & (RING - 1);
+        s.due_next = std::mem::replace(&mut self.due[cell], slot);
         s.base_computed = s.computed;
         s.base_output = s.output;
         s.from = q0;
         s.until = q;
         s.regime = regime as u8;
-        s.computed = c;
+        s.computed = o + offset;
         s.output = o;
         s.samples += (q - q0) as u32;
         // It samples in every step of the window; the last is plan step q - 1.
         s.last_step = q;
-        s.steady_idx = self.steady.len() as u32;
-        self.steady.push(slot);
-        true
+        Some(regime)
     }
 
     /// Takes steady request `slot` out of its window at plan step `p` (`from <= p < until`,
@@ -219,30 +370,30 @@ impl RankScheduler {
             "plan step {p} inside the window"
         );
         let r = s.regime as usize;
-        let draws = acc.request(s.id);
+        let j0 = s.samples - (s.until - s.from) as u32;
+        let mut draws = acc.request(s.id).from_step(j0);
         let (mut c, mut o) = (s.base_computed, s.base_output);
         let mut at_p = (c, o);
-        let j0 = s.samples - (s.until - s.from) as u32;
         for q in s.from..s.until {
             // Inside a window every step emits 1 + accepted.
-            let emitted = 1 + draws.accepted(j0 + (q - s.from) as u32, k);
+            let emitted = 1 + draws.next(k);
             if q == p {
                 at_p = (c, o);
             }
             if q >= p {
-                let i = (q % RING as u64) as usize * self.regimes + r;
-                self.tokens[i] -= emitted;
+                self.tokens[Self::at(q, r)] -= emitted;
             }
             c += emitted;
             o += emitted;
         }
-        // Its entry in `due` is left behind and skipped when it comes up.
         self.sums.seqs[r] -= 1;
         self.sums.context[r] -= at_p.0 as i64;
         debug_assert_eq!(c, s.computed, "the rescan lands where the window ends");
         (s.computed, s.output) = at_p;
         s.samples = j0 + (p - s.from) as u32;
         s.last_step = p;
+        let until = s.until;
+        self.unlist(slot, until);
         self.leave_steady(slot);
     }
 

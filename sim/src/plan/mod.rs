@@ -1,21 +1,36 @@
 //! `dstwin plan`: search PD deployments of a model on N cards for the best goodput per card
 //! under SLOs, and print each winner's vllm-ascend launch arguments. IO-free: candidates are
-//! scenario texts the caller simulates (in parallel) with [`evaluate`].
+//! scenario texts the caller simulates (in parallel) with [`screen`] and [`run_level`].
 //!
 //! The search space, per the vllm-ascend deployment guides: prefill instances of one node each
 //! (DP x TP within the node, two-micro-batch overlap), one decode instance over the remaining
 //! nodes (EP over all its dies); the split between them, prefill and decode TP, the decode
-//! batch cap, redundant experts and MTP depth vary. Each candidate is first run closed-loop with
-//! every decode slot (DP ranks x batch cap) busy, which measures its capacity in requests per
-//! second; then open-loop (Poisson) at 60% and 90% of that capacity. It is reported at the
-//! lower load unless the higher one gains more than 3% goodput.
+//! batch cap, redundant experts and MTP depth vary.
+//!
+//! Each candidate is first run closed-loop with every decode slot (DP ranks x batch cap) busy,
+//! which measures its capacity in requests per second and its request lifetime; then open-loop
+//! (Poisson) at 60% and 90% of that capacity. Every run leaves out a warm-up and measures a
+//! steady window whose lengths are counted in the layout's own request lifetimes
+//! ([`steady`]). All candidates run with the first seed; those within reach of the best run
+//! with the others, and layouts whose goodput ranges over the seeds overlap are tied, never
+//! ranked one below the other ([`rank`]).
+//!
+//! - [`steady`]: the steady-state rule: warm-up and window lengths, what a run measures.
+//! - [`rank`]: spreads over seeds, screening, the tie rule and the reasons a layout loses.
 
-use crate::run::{run, RunOptions};
+pub mod rank;
+pub mod steady;
+
+pub use rank::{rank, to_seed, Level, Loss, Outcome, PlanReport, Spread, Standing, Summary};
+pub use steady::{Generations, Measurement, Window};
+
+use crate::run::{run, RequestRow, RunOptions, SimReport};
 use crate::scenario::load_str;
 use crate::sweep::one_line;
 use dstwin_hwmodels::Catalog;
 use serde::Serialize;
 use std::path::Path;
+use steady::{capacity, measure, RunSpan};
 
 /// The dynamic EPLB cycle of planned layouts with redundant experts (vllm-ascend's defaults).
 const EPLB_HEAT: u32 = 600;
@@ -34,7 +49,19 @@ pub struct PlanInput {
     pub tpot_ms: Option<f64>,
     /// MTP acceptance per draft position.
     pub acceptance: Vec<f64>,
+    /// The first seed; the others follow it.
     pub seed: u64,
+    /// Seeds each layout within reach of the best runs with (at least 2: a spread needs two).
+    pub seeds: u32,
+}
+
+impl PlanInput {
+    /// The seeds, first to last: `seed`, `seed + 1`, ...
+    pub fn seed_list(&self) -> Vec<u64> {
+        (0..u64::from(self.seeds))
+            .map(|k| self.seed.wrapping_add(k))
+            .collect()
+    }
 }
 
 /// One deployment to try.
@@ -99,8 +126,8 @@ impl Candidate {
         self.decode_nodes * dies_per_node / self.decode_tp * self.max_num_seqs
     }
 
-    /// The scenario text of this candidate under `load`.
-    pub fn scenario(&self, p: &PlanInput, dies_per_node: u32, load: Load) -> String {
+    /// The scenario text of this candidate under `load` with `seed`.
+    pub fn scenario(&self, p: &PlanInput, dies_per_node: u32, load: Load, seed: u64) -> String {
         let t = self.mtp;
         // No acceptance given: the scenario's default, the calibrated acceptance.
         let acc = if p.acceptance.is_empty() {
@@ -128,13 +155,21 @@ impl Candidate {
         } else {
             String::new()
         };
+        let window = match load {
+            Load::Open { window, .. } => format!(
+                "warmup_s = {}\nduration_s = {}\n",
+                window.warmup_s,
+                window.end_s()
+            ),
+            Load::Closed(_) => String::new(),
+        };
         format!(
             r#"name = "plan"
 seed = {seed}
 model = "{model}"
 quant = "{quant}"
 hardware = "{hw}"
-{mtp}{eplb}
+{window}{mtp}{eplb}
 [[instance]]
 name = "prefill"
 role = "prefill"
@@ -168,7 +203,6 @@ input = {{ dist = "fixed", value = {inp} }}
 output = {{ dist = "fixed", value = {out} }}
 
 {slo}"#,
-            seed = p.seed,
             model = p.model,
             quant = p.quant,
             hw = p.hardware,
@@ -181,13 +215,14 @@ output = {{ dist = "fixed", value = {out} }}
             budget = self.max_num_seqs * (1 + t),
             seqs = self.max_num_seqs,
             load = match load {
-                Load::Closed(c) => format!(
-                    "kind = \"closed_loop\"\nconcurrency = {c}\nnum_requests = {}",
-                    (2 * c).max(64)
+                Load::Closed(g) => format!(
+                    "kind = \"closed_loop\"\nconcurrency = {}\nnum_requests = {}",
+                    g.concurrency,
+                    g.requests()
                 ),
-                Load::Open(rate) => format!(
+                Load::Open { rate, window } => format!(
                     "kind = \"synthetic\"\nnum_requests = {}\narrival = {{ process = \"poisson\", rate = {rate} }}",
-                    (2 * self.decode_slots(dies_per_node)).max(100)
+                    window.requests
                 ),
             },
             inp = p.input_tokens,
@@ -266,52 +301,12 @@ output = {{ dist = "fixed", value = {out} }}
     }
 }
 
-/// The workload a candidate runs: a closed loop of N requests in flight, or Poisson arrivals at
-/// a rate (requests per second).
+/// The workload a candidate runs: a closed loop of generations with every decode slot busy,
+/// or Poisson arrivals at a rate (requests per second) over a warm-up and a measured window.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Load {
-    Closed(u32),
-    Open(f64),
-}
-
-/// How a candidate did.
-#[derive(Clone, Debug, Serialize)]
-pub struct Outcome {
-    pub candidate: Candidate,
-    /// Why it could not run (layout, memory), or empty.
-    pub invalid: String,
-    /// Capacity measured with every decode slot busy (requests per second).
-    pub capacity_req_s: f64,
-    /// The arrival rate of the reported figures (requests per second).
-    pub rate_req_s: f64,
-    pub cards: f64,
-    pub goodput_per_card: f64,
-    pub output_tok_s_per_card: f64,
-    pub slo_attainment: f64,
-    pub ttft_p50_ms: f64,
-    pub ttft_p99_ms: f64,
-    pub tpot_p50_ms: f64,
-    pub tpot_p99_ms: f64,
-}
-
-impl Outcome {
-    /// Why this candidate is not a winner, given the SLOs.
-    pub fn verdict(&self, p: &PlanInput) -> String {
-        if !self.invalid.is_empty() {
-            return if self.invalid.contains("does not fit") || self.invalid.contains("HBM") {
-                "memory".into()
-            } else {
-                "layout".into()
-            };
-        }
-        if p.tpot_ms.is_some_and(|x| self.tpot_p50_ms > x) {
-            return "TPOT".into();
-        }
-        if p.ttft_ms.is_some_and(|x| self.ttft_p50_ms > x) {
-            return "TTFT".into();
-        }
-        "lower goodput".into()
-    }
+    Closed(Generations),
+    Open { rate: f64, window: Window },
 }
 
 /// The dies of one node of `hardware`, and the nodes `cards` fill.
@@ -342,99 +337,123 @@ pub fn nodes(hardware: &str, cards: u32) -> Result<(u32, u32), String> {
     Ok((nodes, sys.dies_per_node()))
 }
 
-/// Measures a candidate's capacity with every decode slot busy, then runs it open-loop at 60%
-/// and 90% of that.
-pub fn evaluate(p: &PlanInput, c: &Candidate, dies_per_node: u32) -> Outcome {
-    let slots = c.decode_slots(dies_per_node).max(1);
-    let sim = |load: Load| -> Result<crate::run::SimReport, String> {
-        let text = c.scenario(p, dies_per_node, load);
-        let s = load_str("plan candidate", &text, Path::new("."), &[]).map_err(|e| one_line(&e))?;
-        run(&s, RunOptions::default())
-            .map(|r| r.report)
-            .map_err(|e| one_line(&e))
+/// How the reason of a layout whose scenario validated but whose run failed begins.
+pub const RUN_FAILED: &str = "run failed: ";
+
+/// The load levels every candidate is measured at, as fractions of its capacity.
+pub const LOADS: [f64; 2] = [0.6, 0.9];
+
+fn simulate(
+    p: &PlanInput,
+    c: &Candidate,
+    dies_per_node: u32,
+    load: Load,
+    seed: u64,
+) -> Result<(SimReport, Vec<RequestRow>), String> {
+    let text = c.scenario(p, dies_per_node, load, seed);
+    let s = load_str("plan candidate", &text, Path::new("."), &[]).map_err(|e| one_line(&e))?;
+    let opts = RunOptions {
+        per_request: true,
+        ..RunOptions::default()
     };
-    let failed = |invalid: String| Outcome {
-        candidate: c.clone(),
-        invalid,
-        capacity_req_s: 0.0,
-        rate_req_s: 0.0,
-        cards: 0.0,
-        goodput_per_card: 0.0,
-        output_tok_s_per_card: 0.0,
-        slo_attainment: 0.0,
-        ttft_p50_ms: 0.0,
-        ttft_p99_ms: 0.0,
-        tpot_p50_ms: 0.0,
-        tpot_p99_ms: 0.0,
-    };
-    let capacity = match sim(Load::Closed(slots)) {
-        Ok(r) => r.request_throughput,
-        Err(e) => return failed(e),
-    };
-    if capacity.is_nan() || capacity <= 0.0 {
-        return failed("no request finished at full load".into());
-    }
-    let mut levels = Vec::new();
-    for f in [0.6, 0.9] {
-        let rate = capacity * f;
-        let r = match sim(Load::Open(rate)) {
-            Ok(r) => r,
-            Err(e) => return failed(e),
-        };
-        levels.push(Outcome {
-            candidate: c.clone(),
-            invalid: String::new(),
-            capacity_req_s: capacity,
-            rate_req_s: rate,
-            cards: r.cards,
-            goodput_per_card: r.goodput / r.cards.max(f64::MIN_POSITIVE),
-            output_tok_s_per_card: r.output_tok_s_per_card,
-            slo_attainment: r.slo_attainment,
-            ttft_p50_ms: r.latency.ttft_ms.p50,
-            ttft_p99_ms: r.latency.ttft_ms.p99,
-            tpot_p50_ms: r.latency.tpot_ms.p50,
-            tpot_p99_ms: r.latency.tpot_ms.p99,
-        });
-    }
-    let top = levels
-        .iter()
-        .map(|o| o.goodput_per_card)
-        .fold(0.0, f64::max);
-    levels
-        .iter()
-        .find(|o| o.goodput_per_card >= 0.97 * top)
-        .cloned()
-        .unwrap_or_else(|| levels[0].clone())
+    run(&s, opts)
+        .map(|r| (r.report, r.requests))
+        .map_err(|e| format!("{RUN_FAILED}{}", one_line(&e)))
 }
 
-/// Best first: goodput per card, then output per card; invalid ones last.
-pub fn rank(outcomes: &mut [Outcome]) {
-    outcomes.sort_by(|a, b| {
-        a.invalid
-            .is_empty()
-            .cmp(&b.invalid.is_empty())
-            .reverse()
-            .then(b.goodput_per_card.total_cmp(&a.goodput_per_card))
-            .then(b.output_tok_s_per_card.total_cmp(&a.output_tok_s_per_card))
-    });
+/// Screens a candidate with the first seed: measures its capacity and request lifetime with
+/// every decode slot busy, then runs it open-loop at each of [`LOADS`].
+pub fn screen(p: &PlanInput, c: &Candidate, dies_per_node: u32) -> Outcome {
+    let g = Generations::new(c.decode_slots(dies_per_node));
+    let cap = match simulate(p, c, dies_per_node, Load::Closed(g), p.seed) {
+        Ok((_, rows)) => capacity(&rows, &g),
+        Err(e) => return Outcome::failed(c.clone(), e),
+    };
+    let Some(cap) = cap.filter(|k| k.req_s > 0.0 && k.lifetime_s > 0.0) else {
+        return Outcome::failed(
+            c.clone(),
+            format!("{RUN_FAILED}too few requests finished at full load to measure a capacity"),
+        );
+    };
+    let mut o = Outcome::failed(c.clone(), String::new());
+    o.standing = Standing::ScreenedOut;
+    o.capacity_req_s = cap.req_s;
+    o.lifetime_s = cap.lifetime_s;
+    for f in LOADS {
+        let rate = cap.req_s * f;
+        let mut level = Level {
+            load: f,
+            rate_req_s: rate,
+            window: Window::open_loop(cap.lifetime_s, rate),
+            runs: Vec::new(),
+        };
+        match run_level(p, c, dies_per_node, &level, p.seed) {
+            Ok((m, cards)) => {
+                level.runs.push(m);
+                o.cards = cards;
+            }
+            Err(e) => return Outcome::failed(c.clone(), e),
+        }
+        o.levels.push(level);
+    }
+    o.settle();
+    o
+}
+
+/// Runs candidate `c` at `level` (its rate and window) with `seed`: the measurement and the
+/// cards the layout occupies.
+pub fn run_level(
+    p: &PlanInput,
+    c: &Candidate,
+    dies_per_node: u32,
+    level: &Level,
+    seed: u64,
+) -> Result<(Measurement, f64), String> {
+    let load = Load::Open {
+        rate: level.rate_req_s,
+        window: level.window,
+    };
+    let (report, rows) = simulate(p, c, dies_per_node, load, seed)?;
+    Ok((measure(seed, RunSpan::of(&report), &rows), report.cards))
+}
+
+/// DeepSeek-R1 w8a8 on 32 A3 cards, 3.5K in / 1.5K out, TTFT 2 s and TPOT 50 ms, seeds 1-3.
+#[cfg(test)]
+pub(crate) fn test_input() -> PlanInput {
+    PlanInput {
+        model: "deepseek-r1".into(),
+        quant: "w8a8".into(),
+        hardware: "atlas-800-a3".into(),
+        cards: 32,
+        input_tokens: 3500,
+        output_tokens: 1500,
+        ttft_ms: Some(2000.0),
+        tpot_ms: Some(50.0),
+        acceptance: vec![0.7],
+        seed: 1,
+        seeds: 3,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dstwin_core::time::SimDuration;
 
     fn input() -> PlanInput {
-        PlanInput {
-            model: "deepseek-r1".into(),
-            quant: "w8a8".into(),
-            hardware: "atlas-800-a3".into(),
-            cards: 32,
-            input_tokens: 3500,
-            output_tokens: 1500,
-            ttft_ms: Some(2000.0),
-            tpot_ms: Some(50.0),
-            acceptance: vec![0.7],
-            seed: 1,
+        test_input()
+    }
+
+    /// Two prefill and two decode nodes with 32 redundant experts.
+    fn two_by_two(prefill_tp: u32, decode_tp: u32, max_num_seqs: u32, mtp: u32) -> Candidate {
+        Candidate {
+            prefill_nodes: 2,
+            decode_nodes: 2,
+            prefill_tp,
+            decode_tp,
+            max_num_seqs,
+            redundant_experts: 32,
+            mtp,
         }
     }
 
@@ -454,16 +473,8 @@ mod tests {
     #[test]
     fn candidate_scenarios_validate_and_launch_args_match() {
         let p = input();
-        let c = Candidate {
-            prefill_nodes: 2,
-            decode_nodes: 2,
-            prefill_tp: 8,
-            decode_tp: 1,
-            max_num_seqs: 16,
-            redundant_experts: 32,
-            mtp: 1,
-        };
-        let text = c.scenario(&p, 16, Load::Closed(64));
+        let c = two_by_two(8, 1, 16, 1);
+        let text = c.scenario(&p, 16, Load::Closed(Generations::new(64)), 1);
         let s = load_str("t", &text, Path::new("."), &[]).expect("valid");
         assert_eq!(s.instances.len(), 2);
         let args = c.launch_args(&p, 16);
@@ -480,26 +491,16 @@ mod tests {
     }
 
     #[test]
-    fn ranking_puts_valid_high_goodput_first() {
-        let c = candidates(2, 16)[0].clone();
-        let mk = |g: f64, invalid: &str| Outcome {
-            candidate: c.clone(),
-            invalid: invalid.into(),
-            capacity_req_s: 1.0,
-            rate_req_s: 1.0,
-            cards: 16.0,
-            goodput_per_card: g,
-            output_tok_s_per_card: g * 10.0,
-            slo_attainment: 1.0,
-            ttft_p50_ms: 1.0,
-            ttft_p99_ms: 1.0,
-            tpot_p50_ms: 1.0,
-            tpot_p99_ms: 1.0,
-        };
-        let mut v = vec![mk(0.1, ""), mk(0.0, "does not fit"), mk(0.3, "")];
-        rank(&mut v);
-        assert_eq!(v[0].goodput_per_card, 0.3);
-        assert!(!v[2].invalid.is_empty());
-        assert_eq!(v[2].verdict(&input()), "memory");
+    fn open_loop_scenarios_carry_the_warm_up_and_the_window() {
+        let p = input();
+        let c = two_by_two(16, 2, 48, 2);
+        let window = Window::open_loop(30.0, 4.0);
+        let text = c.scenario(&p, 16, Load::Open { rate: 4.0, window }, 7);
+        let s = load_str("t", &text, Path::new("."), &[]).expect("valid");
+        assert_eq!(s.seed, 7);
+        assert_eq!(s.warmup, SimDuration::from_secs_f64(60.0));
+        assert_eq!(s.duration, Some(SimDuration::from_secs_f64(180.0)));
+        assert!(text.contains(&format!("num_requests = {}", window.requests)));
+        assert_eq!(p.seed_list(), vec![1, 2, 3]);
     }
 }

@@ -1,0 +1,472 @@
+//! Engine mechanisms that change what a step computes or how its parts overlap, each a scenario
+//! knob named after the vllm-ascend (or SGLang) option that switches it, and each decided per
+//! step by the same rule the engine uses when the user leaves it to the engine.
+//!
+//! - Two-micro-batch overlap (vLLM `--enable-dbo`, SGLang `--enable-two-batch-overlap`,
+//!   CloudMatrix-Infer's micro-batch pipeline): `auto` splits a step only when it has at least
+//!   vLLM's token thresholds (`dbo_decode_token_threshold` 32, `dbo_prefill_token_threshold`
+//!   512) and the split is faster; `force` always splits, as SGLang does once it is enabled.
+//! - `multistream_overlap_shared_expert`: the shared expert runs on a second stream, under the
+//!   dispatch and combine of the routed experts.
+//! - `moe_comm` (vllm-ascend `select_moe_comm_method`): MC2 (the low-latency dispatch/combine
+//!   kernels), all-to-all (the bulk kernels) or all-gather; `auto` follows vllm-ascend's rule.
+//! - `cudagraph_mode = "FULL_DECODE_ONLY"` with `cudagraph_capture_sizes`: a decode-only step
+//!   runs a captured graph, every DP rank padded to the largest rank's token count and then to
+//!   the next capture size.
+//! - FLASHCOMM1: in steps with prompts, attention TP's all-reduce becomes a reduce-scatter and
+//!   an all-gather, and the norms run on 1/TP of the tokens.
+//! - MLAPO: the MLA pre-processing (norm, q/kv projections, RoPE, cache write) of a decode step
+//!   as one fused kernel.
+
+use serde::{Deserialize, Serialize};
+
+/// Two-micro-batch overlap. Files may also say `true` (`auto`) or `false` (`off`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TwoMicrobatch {
+    #[default]
+    Off,
+    /// Split when the step reaches the token threshold and the split is faster.
+    Auto,
+    /// Split every step, even where it loses.
+    Force,
+}
+
+impl<'de> Deserialize<'de> for TwoMicrobatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = TwoMicrobatch;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"off\", \"auto\", \"force\", true (auto) or false (off)")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<TwoMicrobatch, E> {
+                Ok(if v {
+                    TwoMicrobatch::Auto
+                } else {
+                    TwoMicrobatch::Off
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TwoMicrobatch, E> {
+                match v {
+                    "off" | "false" => Ok(TwoMicrobatch::Off),
+                    "auto" | "true" => Ok(TwoMicrobatch::Auto),
+                    "force" => Ok(TwoMicrobatch::Force),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl std::str::FromStr for TwoMicrobatch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" | "false" => Ok(TwoMicrobatch::Off),
+            "auto" | "true" => Ok(TwoMicrobatch::Auto),
+            "force" => Ok(TwoMicrobatch::Force),
+            _ => Err(format!("{s:?}: expected off, auto or force")),
+        }
+    }
+}
+
+impl TwoMicrobatch {
+    pub fn name(self) -> &'static str {
+        match self {
+            TwoMicrobatch::Off => "off",
+            TwoMicrobatch::Auto => "auto",
+            TwoMicrobatch::Force => "force",
+        }
+    }
+}
+
+/// How MoE tokens reach their experts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoeComm {
+    /// The engine's rule for the platform (vllm-ascend on Ascend; DeepEP's `auto` elsewhere:
+    /// low-latency kernels for decode-only steps, bulk kernels as soon as prompts are in).
+    #[default]
+    Auto,
+    /// Low-latency dispatch/combine (MC2 `npu_moe_distribute_dispatch/combine`, DeepEP LL).
+    Mc2,
+    /// Bulk all-to-all (vllm-ascend ALLTOALL, DeepEP normal).
+    #[serde(rename = "alltoall")]
+    AllToAll,
+    /// Every die gathers all tokens of the EP group and reduce-scatters the outputs.
+    #[serde(rename = "allgather")]
+    AllGather,
+}
+
+impl MoeComm {
+    pub fn name(self) -> &'static str {
+        match self {
+            MoeComm::Auto => "auto",
+            MoeComm::Mc2 => "mc2",
+            MoeComm::AllToAll => "alltoall",
+            MoeComm::AllGather => "allgather",
+        }
+    }
+}
+
+/// The software platform whose rule `MoeComm::Auto` follows, from the chip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Platform {
+    /// Atlas A2 (Ascend 910B): vllm-ascend's `_select_a2_moe_comm_method`.
+    AscendA2,
+    /// Atlas A3 (Ascend 910C): vllm-ascend's `_select_a3_moe_comm_method`.
+    AscendA3,
+    /// Everything else: DeepEP's auto mode.
+    Other,
+}
+
+impl Platform {
+    /// The platform of a chip by its catalog name (`ascend-910b*`: A2, `ascend-910c*`: A3).
+    pub fn of_chip(name: &str) -> Platform {
+        if name.starts_with("ascend-910b") {
+            Platform::AscendA2
+        } else if name.starts_with("ascend-910c") {
+            Platform::AscendA3
+        } else {
+            Platform::Other
+        }
+    }
+}
+
+/// vllm-ascend's cap on MC2 tokens per rank (`_MC2_TOKENS_PER_RANK_LIMIT`).
+pub const MC2_TOKENS_PER_RANK_LIMIT: u64 = 512;
+/// vllm-ascend's A2 rule: MC2 only with at most this many experts per die...
+pub const A2_MC2_MAX_EXPERTS_PER_DIE: u64 = 24;
+/// ... and an EP group of at least this many dies.
+pub const A2_MC2_MIN_EP: u32 = 16;
+/// vLLM's `dbo_decode_token_threshold`: decode steps below it are not split.
+pub const DBO_DECODE_TOKENS: u64 = 32;
+/// vLLM's `dbo_prefill_token_threshold`: steps with prompts below it are not split.
+pub const DBO_PREFILL_TOKENS: u64 = 512;
+/// vllm-ascend's `MLAPO_MAX_SUPPORTED_TOKENS`: MLAPO runs on decode steps up to this many tokens.
+pub const MLAPO_MAX_TOKENS: u64 = 1024;
+/// vllm-ascend's largest default capture size.
+pub const MAX_CAPTURE_SIZE: u32 = 512;
+
+/// Graph capture of decode steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum CudagraphMode {
+    /// Eager: every step runs at its own size.
+    #[default]
+    None,
+    /// Decode-only steps run captured graphs (padded); steps with prompts run eagerly.
+    FullDecodeOnly,
+}
+
+/// The mechanisms of one instance, as a scenario gives them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Features {
+    #[serde(default)]
+    pub two_microbatch: TwoMicrobatch,
+    #[serde(default)]
+    pub shared_expert_overlap: bool,
+    #[serde(default)]
+    pub moe_comm: MoeComm,
+    #[serde(default)]
+    pub cudagraph_mode: CudagraphMode,
+    /// Capture sizes in tokens per DP rank (default: vLLM's list up to
+    /// min(max_num_seqs x (1 + MTP tokens), 512)).
+    #[serde(default)]
+    pub cudagraph_capture_sizes: Option<Vec<u32>>,
+    #[serde(default)]
+    pub flashcomm1: bool,
+    #[serde(default)]
+    pub mlapo: bool,
+}
+
+/// vLLM's default capture sizes up to `max`: 1, 2, 4, then every 8 to 256, then every 16.
+pub fn default_capture_sizes(max: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = [1, 2, 4].into_iter().filter(|&s| s <= max).collect();
+    v.extend((8..=max.min(256)).step_by(8));
+    if max > 256 {
+        v.extend((272..=max).step_by(16));
+    }
+    if v.last() != Some(&max) && max > 0 {
+        v.push(max);
+    }
+    v
+}
+
+/// Features resolved for one instance: everything a step's pricing needs, decided once.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Resolved {
+    pub two_microbatch: TwoMicrobatch,
+    pub shared_expert_overlap: bool,
+    pub moe_comm: MoeComm,
+    pub platform: Platform,
+    /// Tokens per DP rank up to which `auto` uses MC2 (vllm-ascend's `mc2_tokens_capacity`).
+    pub mc2_capacity: u64,
+    /// Capture sizes, ascending; empty when decode steps run eagerly.
+    pub capture_sizes: Vec<u32>,
+    pub flashcomm1: bool,
+    pub mlapo: bool,
+}
+
+/// What a decode step's MoE uses and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoeCommUsed {
+    Mc2,
+    #[serde(rename = "alltoall")]
+    AllToAll,
+    #[serde(rename = "allgather")]
+    AllGather,
+}
+
+impl MoeCommUsed {
+    pub fn name(self) -> &'static str {
+        match self {
+            MoeCommUsed::Mc2 => "mc2",
+            MoeCommUsed::AllToAll => "alltoall",
+            MoeCommUsed::AllGather => "allgather",
+        }
+    }
+}
+
+/// Invalid feature settings.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field} = {value}: {reason}")]
+pub struct FeatureError {
+    pub field: &'static str,
+    pub value: String,
+    pub reason: String,
+}
+
+impl Features {
+    /// Resolves the features of an instance whose DP ranks hold `max_num_seqs` sequences with
+    /// `mtp_tokens` drafts each, with attention TP `tp`, on a chip named `chip`.
+    pub fn resolve(
+        &self,
+        chip: &str,
+        max_num_seqs: u32,
+        mtp_tokens: u32,
+        tp: u32,
+    ) -> Result<Resolved, FeatureError> {
+        let query_len = 1 + mtp_tokens as u64;
+        let default_max =
+            (max_num_seqs as u64 * query_len).clamp(1, MAX_CAPTURE_SIZE as u64) as u32;
+        let capture_sizes = match (self.cudagraph_mode, &self.cudagraph_capture_sizes) {
+            (CudagraphMode::None, Some(_)) => {
+                return Err(FeatureError {
+                    field: "cudagraph_capture_sizes",
+                    value: "(given)".into(),
+                    reason: "needs cudagraph_mode = \"FULL_DECODE_ONLY\"".into(),
+                })
+            }
+            (CudagraphMode::None, None) => Vec::new(),
+            (CudagraphMode::FullDecodeOnly, None) => default_capture_sizes(default_max),
+            (CudagraphMode::FullDecodeOnly, Some(v)) => {
+                let mut v = v.clone();
+                if v.is_empty() || v.contains(&0) || v.iter().any(|&s| s > 1 << 20) {
+                    return Err(FeatureError {
+                        field: "cudagraph_capture_sizes",
+                        value: format!("{v:?}"),
+                        reason: "give at least one size, each between 1 and 1048576 tokens".into(),
+                    });
+                }
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+        };
+        // vllm-ascend: max_num_tokens is the largest capture size with graphs, else the decode
+        // batch's tokens; capacity = min(ceil(max / tp), 512) x tp.
+        let max_tokens = capture_sizes
+            .last()
+            .map_or(max_num_seqs as u64 * query_len, |&s| s as u64);
+        let tp = tp.max(1) as u64;
+        let mc2_capacity = max_tokens.div_ceil(tp).min(MC2_TOKENS_PER_RANK_LIMIT) * tp;
+        Ok(Resolved {
+            two_microbatch: self.two_microbatch,
+            shared_expert_overlap: self.shared_expert_overlap,
+            moe_comm: self.moe_comm,
+            platform: Platform::of_chip(chip),
+            mc2_capacity,
+            capture_sizes,
+            flashcomm1: self.flashcomm1,
+            mlapo: self.mlapo,
+        })
+    }
+}
+
+impl Resolved {
+    /// Features that change nothing: what a bare op graph prices.
+    pub fn plain(chip: &str) -> Resolved {
+        Resolved {
+            two_microbatch: TwoMicrobatch::Off,
+            shared_expert_overlap: false,
+            moe_comm: MoeComm::Auto,
+            platform: Platform::of_chip(chip),
+            mc2_capacity: MC2_TOKENS_PER_RANK_LIMIT,
+            capture_sizes: Vec::new(),
+            flashcomm1: false,
+            mlapo: false,
+        }
+    }
+
+    /// The MoE communication of a step whose largest DP rank computes `max_rank_tokens` tokens,
+    /// `with_prompts` when any prompt token is in it, for `experts_per_die` routed-expert slots
+    /// per die in an EP group of `ep` dies.
+    pub fn moe_comm(
+        &self,
+        max_rank_tokens: u64,
+        with_prompts: bool,
+        experts_per_die: u64,
+        ep: u32,
+    ) -> MoeCommUsed {
+        match self.moe_comm {
+            MoeComm::Mc2 => MoeCommUsed::Mc2,
+            MoeComm::AllToAll => MoeCommUsed::AllToAll,
+            MoeComm::AllGather => MoeCommUsed::AllGather,
+            MoeComm::Auto => match self.platform {
+                Platform::AscendA3 if max_rank_tokens <= self.mc2_capacity => MoeCommUsed::Mc2,
+                Platform::AscendA3 => MoeCommUsed::AllToAll,
+                Platform::AscendA2
+                    if experts_per_die <= A2_MC2_MAX_EXPERTS_PER_DIE
+                        && ep >= A2_MC2_MIN_EP
+                        && max_rank_tokens <= self.mc2_capacity =>
+                {
+                    MoeCommUsed::Mc2
+                }
+                Platform::AscendA2 => MoeCommUsed::AllGather,
+                Platform::Other if with_prompts => MoeCommUsed::AllToAll,
+                Platform::Other => MoeCommUsed::Mc2,
+            },
+        }
+    }
+
+    /// Tokens per DP rank a decode-only step of `max_rank_tokens` (the largest rank's) runs at:
+    /// the next capture size, or its own when graphs are off or it exceeds every size (eager).
+    pub fn padded_tokens(&self, max_rank_tokens: u64) -> Option<u64> {
+        self.capture_sizes
+            .iter()
+            .map(|&s| s as u64)
+            .find(|&s| s >= max_rank_tokens)
+    }
+
+    /// Whether two micro-batches may be used for a step of `tokens` per rank (`with_prompts`
+    /// when any prompt token is in it); `auto` also requires the split to be faster, which the
+    /// pricing decides.
+    pub fn two_microbatch_allowed(&self, tokens: u64, with_prompts: bool) -> bool {
+        match self.two_microbatch {
+            TwoMicrobatch::Off => false,
+            TwoMicrobatch::Force => true,
+            TwoMicrobatch::Auto => {
+                let threshold = if with_prompts {
+                    DBO_PREFILL_TOKENS
+                } else {
+                    DBO_DECODE_TOKENS
+                };
+                tokens >= threshold
+            }
+        }
+    }
+
+    /// Whether MLAPO fuses this step's MLA pre-processing (decode-only steps up to 1024 tokens).
+    pub fn mlapo_applies(&self, decode_tokens: u64, with_prompts: bool) -> bool {
+        self.mlapo && !with_prompts && decode_tokens <= MLAPO_MAX_TOKENS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_capture_sizes_follow_vllm() {
+        assert_eq!(default_capture_sizes(4), vec![1, 2, 4]);
+        assert_eq!(default_capture_sizes(20), vec![1, 2, 4, 8, 16, 20]);
+        let v = default_capture_sizes(512);
+        assert_eq!(&v[..5], &[1, 2, 4, 8, 16]);
+        assert!(v.contains(&256) && v.contains(&272) && v.contains(&512));
+        assert!(v.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn padding_rounds_up_to_the_next_capture_size() {
+        let f = Features {
+            cudagraph_mode: CudagraphMode::FullDecodeOnly,
+            cudagraph_capture_sizes: Some(vec![16, 4, 8]),
+            ..Features::default()
+        };
+        let r = f.resolve("ascend-910c", 8, 1, 1).unwrap();
+        assert_eq!(r.capture_sizes, vec![4, 8, 16]);
+        assert_eq!(r.padded_tokens(1), Some(4));
+        assert_eq!(r.padded_tokens(5), Some(8));
+        assert_eq!(r.padded_tokens(16), Some(16));
+        assert_eq!(r.padded_tokens(17), None);
+        let eager = Features::default().resolve("ascend-910c", 8, 1, 1).unwrap();
+        assert_eq!(eager.padded_tokens(5), None);
+    }
+
+    #[test]
+    fn sizes_without_graphs_are_refused() {
+        let f = Features {
+            cudagraph_capture_sizes: Some(vec![8]),
+            ..Features::default()
+        };
+        let e = f.resolve("ascend-910c", 8, 0, 1).unwrap_err();
+        assert_eq!(e.field, "cudagraph_capture_sizes");
+        let f = Features {
+            cudagraph_mode: CudagraphMode::FullDecodeOnly,
+            cudagraph_capture_sizes: Some(vec![0, 8]),
+            ..Features::default()
+        };
+        assert!(f.resolve("ascend-910c", 8, 0, 1).is_err());
+    }
+
+    #[test]
+    fn moe_comm_follows_vllm_ascend() {
+        let f = Features::default();
+        // A3: MC2 up to the capacity (max_num_seqs x query length, capped at 512 per rank).
+        let a3 = f.resolve("ascend-910c", 48, 1, 1).unwrap();
+        assert_eq!(a3.mc2_capacity, 96);
+        assert_eq!(a3.moe_comm(96, false, 2, 128), MoeCommUsed::Mc2);
+        assert_eq!(a3.moe_comm(97, true, 2, 128), MoeCommUsed::AllToAll);
+        // A2: MC2 only with EP >= 16 and at most 24 experts per die.
+        let a2 = f.resolve("ascend-910b3", 48, 1, 1).unwrap();
+        assert_eq!(a2.moe_comm(64, false, 8, 32), MoeCommUsed::Mc2);
+        assert_eq!(a2.moe_comm(64, false, 32, 8), MoeCommUsed::AllGather);
+        assert_eq!(a2.moe_comm(64, false, 8, 8), MoeCommUsed::AllGather);
+        // Elsewhere: DeepEP auto.
+        let gpu = f.resolve("nvidia-h800", 48, 1, 1).unwrap();
+        assert_eq!(gpu.moe_comm(64, false, 2, 128), MoeCommUsed::Mc2);
+        assert_eq!(gpu.moe_comm(64, true, 2, 128), MoeCommUsed::AllToAll);
+        // Capacity with TP: per-rank tokens rounded up to TP.
+        let tp4 = f.resolve("ascend-910c", 36, 3, 4).unwrap();
+        assert_eq!(tp4.mc2_capacity, 144);
+    }
+
+    #[test]
+    fn two_microbatch_thresholds() {
+        let mut f = Features {
+            two_microbatch: TwoMicrobatch::Auto,
+            ..Features::default()
+        };
+        let r = f.resolve("ascend-910c", 8, 0, 1).unwrap();
+        assert!(!r.two_microbatch_allowed(31, false));
+        assert!(r.two_microbatch_allowed(32, false));
+        assert!(!r.two_microbatch_allowed(511, true));
+        assert!(r.two_microbatch_allowed(512, true));
+        f.two_microbatch = TwoMicrobatch::Force;
+        assert!(f
+            .resolve("ascend-910c", 8, 0, 1)
+            .unwrap()
+            .two_microbatch_allowed(1, false));
+        f.two_microbatch = TwoMicrobatch::Off;
+        assert!(!f
+            .resolve("ascend-910c", 8, 0, 1)
+            .unwrap()
+            .two_microbatch_allowed(10_000, true));
+    }
+}

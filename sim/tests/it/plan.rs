@@ -1,0 +1,139 @@
+//! `plan` on real runs: equivalent layouts tie, the steady window is steady.
+
+use dstwin_sim::plan::{
+    rank, run_level, screen, to_seed, Candidate, Outcome, PlanInput, Standing, Window,
+};
+
+fn input(output_tokens: u32) -> PlanInput {
+    PlanInput {
+        model: "deepseek-r1".into(),
+        quant: "w8a8".into(),
+        hardware: "atlas-800-a3".into(),
+        cards: 16,
+        input_tokens: 400,
+        output_tokens,
+        ttft_ms: Some(5000.0),
+        tpot_ms: Some(50.0),
+        acceptance: vec![],
+        seed: 1,
+        seeds: 3,
+    }
+}
+
+/// One prefill node (DP2 x TP8) and one decode node (DP8 x TP2) with `seqs` per rank.
+fn layout(seqs: u32, redundant_experts: u32, mtp: u32) -> Candidate {
+    Candidate {
+        prefill_nodes: 1,
+        decode_nodes: 1,
+        prefill_tp: 8,
+        decode_tp: 2,
+        max_num_seqs: seqs,
+        redundant_experts,
+        mtp,
+    }
+}
+
+/// Screens `layouts` and runs those within reach with every seed, as `dstwin plan` does.
+fn plan(p: &PlanInput, layouts: &[Candidate]) -> Vec<Outcome> {
+    let mut v: Vec<Outcome> = layouts.iter().map(|c| screen(p, c, 16)).collect();
+    loop {
+        let pick = to_seed(&v, p.seeds as usize);
+        if pick.is_empty() {
+            break;
+        }
+        for i in pick {
+            for l in 0..v[i].levels.len() {
+                for s in p.seed_list().into_iter().skip(1) {
+                    let (m, _) = run_level(p, &v[i].candidate, 16, &v[i].levels[l], s).unwrap();
+                    v[i].levels[l].runs.push(m);
+                }
+            }
+            v[i].settle();
+        }
+    }
+    rank(&mut v, p);
+    v
+}
+
+#[test]
+fn the_same_layout_twice_and_two_equivalent_ones_are_tied() {
+    let p = input(24);
+    // The prefill node bounds these layouts: a decode batch cap of 32 or 48 changes nothing
+    // the seeds can tell apart. The third misses the TPOT SLO.
+    let a = layout(48, 0, 1);
+    let v = plan(
+        &p,
+        &[a.clone(), a.clone(), layout(32, 0, 1), layout(48, 32, 0)],
+    );
+    let standing = |c: &Candidate| -> Vec<Standing> {
+        v.iter()
+            .filter(|o| &o.candidate == c)
+            .map(|o| o.standing)
+            .collect()
+    };
+    let best = v[0].result.as_ref().unwrap().goodput_per_card;
+    assert!(best.max > best.min, "three seeds give a spread: {best:?}");
+    let twice = standing(&a);
+    assert_eq!(twice.len(), 2);
+    assert!(
+        twice
+            .iter()
+            .all(|s| matches!(s, Standing::Best | Standing::Tied)),
+        "{twice:?}"
+    );
+    assert_eq!(
+        standing(&layout(32, 0, 1)),
+        vec![Standing::Tied],
+        "{best:?}"
+    );
+    for o in &v[..3] {
+        assert_eq!(o.rank, Some(1));
+        assert!(o.loses_because.is_none());
+        assert_eq!(o.result.as_ref().unwrap().seeds, vec![1, 2, 3]);
+    }
+    let last = &v[3];
+    assert_eq!(last.candidate, layout(48, 32, 0));
+    assert_ne!(last.standing, Standing::Tied);
+    let loss = last.loses_because.as_ref().expect("it loses");
+    assert_eq!(loss.reason, "TPOT", "{}", loss.detail);
+}
+
+#[test]
+fn the_window_is_steady_and_the_warm_up_matters() {
+    // Outputs of 300 tokens: requests live about 14 s.
+    let p = input(300);
+    let o = screen(&p, &layout(48, 0, 1), 16);
+    let level = o.levels.iter().find(|l| l.load == 0.9).unwrap();
+    let w = level.window;
+    assert_eq!(w.warmup_s, 2.0 * o.lifetime_s);
+    // Mean goodput per card over the seeds with a warm-up and a measured length.
+    let goodput = |warmup_s: f64, measured_s: f64| {
+        let mut l = level.clone();
+        l.window = Window {
+            warmup_s,
+            measured_s,
+            requests: w.requests * 4,
+        };
+        let seeds = p.seed_list();
+        let sum: f64 = seeds
+            .iter()
+            .map(|&s| {
+                run_level(&p, &o.candidate, 16, &l, s)
+                    .unwrap()
+                    .0
+                    .goodput_per_card
+            })
+            .sum();
+        sum / seeds.len() as f64
+    };
+    let rule = goodput(w.warmup_s, w.measured_s);
+    let long = goodput(w.warmup_s, 4.0 * w.measured_s);
+    assert!(
+        (rule / long - 1.0).abs() < 0.03,
+        "the rule's window ({rule}) measures what a window four times as long does ({long})"
+    );
+    // From an empty start the decode batch is still filling: without the warm-up the same
+    // length measures far less.
+    let cold = goodput(0.0, w.measured_s);
+    assert!(cold < 0.9 * rule, "no warm-up {cold} vs {rule}");
+}

@@ -1,0 +1,163 @@
+//! `dstwin plan` end to end: ranking with spreads over seeds, ties, launch arguments, and the
+//! same output for the same seeds.
+
+mod common;
+use common::{dstwin, read, stderr_text as err};
+
+use serde_json::Value;
+
+/// DeepSeek-R1 on two Atlas 800 A3 nodes, short requests: 108 layouts, a few seconds.
+const SMALL: [&str; 13] = [
+    "plan",
+    "--model",
+    "deepseek-r1",
+    "--hardware",
+    "atlas-800-a3",
+    "--cards",
+    "16",
+    "--input",
+    "400",
+    "--output",
+    "24",
+    "--slo",
+    "tpot=50ms,ttft=5s",
+];
+
+fn plan(extra: &[&str]) -> std::process::Output {
+    let args: Vec<&str> = SMALL.iter().chain(extra).copied().collect();
+    let o = dstwin(&args);
+    assert!(o.status.success(), "{args:?}: {}", err(&o));
+    o
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+#[test]
+fn plan_ranks_layouts_and_prints_launch_arguments() {
+    let out = common::tmp_dir("plan", "text");
+    let o = plan(&["--top", "2", "--out", out.to_str().unwrap(), "-q"]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("rank  goodput/card (min-max)"), "{s}");
+    assert!(s.contains("run with seeds 1-3"), "{s}");
+    assert!(s.contains("2 request lifetimes of warm-up left out"), "{s}");
+    assert!(
+        s.contains("why the others lose (outside the spread):"),
+        "{s}"
+    );
+    assert!(s.contains("#1 1P1D nodes"), "{s}");
+    for flag in [
+        "--data-parallel-size",
+        "--tensor-parallel-size",
+        "--enable-expert-parallel",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--additional-config",
+        "eplb_config",
+        "\"kv_role\": \"kv_producer\"",
+        "\"kv_role\": \"kv_consumer\"",
+    ] {
+        assert!(s.contains(flag), "launch arguments lack {flag}");
+    }
+    let plan: Value = serde_json::from_str(&read(&out.join("plan.json"))).unwrap();
+    let first = &plan["layouts"][0];
+    assert_eq!(first["standing"], "best");
+    assert!(f(&first["goodput_per_card"]["mean"]) > 0.0);
+    assert!(f(&first["tpot_p50_ms"]["mean"]) <= 50.0);
+    assert!(
+        read(&out.join("plan_tpot.svg")).contains("knee")
+            || plan["layouts"].as_array().unwrap().len() < 3
+    );
+    // Ties, as the text shows them: every tied layout's row is marked =1 with its range.
+    let tied = plan["tied_with_best"].as_array().unwrap();
+    assert!(!tied.is_empty(), "these prefill-bound layouts tie: {s}");
+    assert!(
+        s.contains("statistically indistinguishable over 3 seeds"),
+        "{s}"
+    );
+    let rows: Vec<&str> = s.lines().filter(|l| l.starts_with("  =1  ")).collect();
+    assert_eq!(rows.len(), tied.len() + 1, "{s}");
+    let ranged = |l: &str| {
+        l.split_whitespace()
+            .nth(2)
+            .is_some_and(|r| r.starts_with('('))
+    };
+    assert!(rows.iter().all(|l| ranged(l)), "{rows:?}");
+    // Cards that do not fill whole nodes are refused.
+    let o = dstwin(&["plan", "--cards", "12", "-q"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("--cards 12"));
+    let o = dstwin(&["plan", "--slo", "tpot=fast", "-q"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn plan_json_gives_spreads_and_ranks_only_outside_them() {
+    let o = plan(&["--json", "-q"]);
+    // Same seeds, same bytes.
+    assert_eq!(
+        o.stdout,
+        plan(&["--json", "-q"]).stdout,
+        "plan is deterministic"
+    );
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["seeds"], serde_json::json!([1, 2, 3]));
+    assert_eq!(v["steady_state"]["warmup_lifetimes"], 2);
+    let layouts = v["layouts"].as_array().unwrap();
+    let best = &layouts[0];
+    assert_eq!(best["standing"], "best");
+    assert_eq!(&v["best"], &best["candidate"]);
+    let range = |o: &Value| {
+        let g = &o["goodput_per_card"];
+        (f(&g["min"]), f(&g["mean"]), f(&g["max"]))
+    };
+    let (best_min, _, best_max) = range(best);
+    let mut seen = std::collections::BTreeMap::new();
+    for o in layouts {
+        let standing = o["standing"].as_str().unwrap();
+        *seen.entry(standing).or_insert(0) += 1;
+        if standing == "invalid" {
+            assert!(o["rank"].is_null() && !o["invalid"].as_str().unwrap().is_empty());
+            continue;
+        }
+        let (min, mean, max) = range(o);
+        assert!(min <= mean && mean <= max, "{o}");
+        for p in ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"] {
+            assert!(f(&o[p]["min"]) <= f(&o[p]["max"]), "{p}: {o}");
+        }
+        let seeds = o["seeds"].as_array().unwrap().len();
+        let overlaps = max >= best_min && min <= best_max;
+        match standing {
+            "best" => assert_eq!(seeds, 3),
+            "tied" => {
+                assert_eq!(seeds, 3);
+                assert!(overlaps, "a tie overlaps the best: {o}");
+                assert_eq!(o["rank"], 1, "a tie is ranked with the best");
+                assert!(o["loses_because"].is_null());
+            }
+            "lower" => {
+                assert_eq!(seeds, 3);
+                assert!(max < best_min, "a loss is outside the spread: {o}");
+                assert!(o["rank"].as_u64().unwrap() > 1);
+            }
+            "screened_out" => {
+                assert_eq!(seeds, 1);
+                assert!(o["rank"].is_null());
+                assert!(mean < best_min, "{o}");
+                assert!(!o["loses_because"]["reason"].is_null());
+            }
+            other => panic!("standing {other}"),
+        }
+    }
+    assert!(seen.contains_key("tied"), "{seen:?}");
+    assert!(seen.contains_key("screened_out"), "{seen:?}");
+    // Other seeds, other figures; the seeds are reported.
+    let o = plan(&["--json", "-q", "--seed", "7", "--seeds", "2"]);
+    let w: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(w["seeds"], serde_json::json!([7, 8]));
+    assert_ne!(
+        w["layouts"][0]["goodput_per_card"],
+        best["goodput_per_card"]
+    );
+}
