@@ -1,4 +1,5 @@
-//! `dstwin calibrate`: fits the cost-model parameters to published figures.
+//! `dstwin calibrate`: fits the cost-model parameters to published figures, or (with `--trace`,
+//! src/calibrate_trace_cmd.rs) the cost model to profiler traces.
 
 use crate::output::outln;
 use crate::Failure;
@@ -9,6 +10,7 @@ use dstwin_calibration::fit::{fit_concentration, parse_eplb_gap, EXPERT_LOAD};
 use dstwin_calibration::globals::{self, param, Param, Residual, Values};
 use dstwin_calibration::micro;
 use dstwin_calibration::target::{parse_targets, TARGETS};
+use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(
@@ -24,23 +26,58 @@ fit predicts each anchor it was not fitted to (leave-one-out). Step 3 (built-in 
 (a log-normal popularity per layer and the per-request routing concentration) jointly to measured DeepSeek-R1 \
 expert loads and the CloudMatrix384 EPLB gap (calibration/data/expert-load-measured.toml, expert-load.toml) on the \
 shipped cost model, prints every figure's error, each fitted figure's error when left out of the fit, and the \
-lines for sim/twin/data/expert-load.toml.\n\nExamples:\n  dstwin calibrate\n      the built-in targets, the Ascend 910C cost model\n  dstwin calibrate --fit op_overhead_us,overlap_efficiency_normal\n      fit another parameter list\n  dstwin calibrate --targets my-cluster-targets.toml --json"
+lines for sim/twin/data/expert-load.toml.\n\nWith --trace, calibrates from profiler traces instead (docs/calibration.md): kernels are mapped onto the op graph's ops and classes by per-backend rules (calibration/data/kernels/*.toml, extended with --rules), the time by class and by op is printed with what could not be mapped, and the cost model is fitted to the mapped kernels: per-class efficiency curves where kernels carry their work, alpha-beta per collective and group size where they carry bytes, host overhead per step from the gaps between device steps. --out writes a cost file with the fits.\n\nExamples:\n  dstwin calibrate\n      the built-in targets, the Ascend 910C cost model\n  dstwin calibrate --fit op_overhead_us,overlap_efficiency_normal\n      fit another parameter list\n  dstwin calibrate --targets my-cluster-targets.toml --json\n  dstwin calibrate --trace prof/ASCEND_PROFILER_OUTPUT --hardware atlas-800-a3 --out my-a3.toml --system-out my-a3-system.toml\n      a torch_npu profile: mapping, fits, and a system file for --hardware\n  dstwin calibrate --trace trace.json --backend cuda --hardware nvidia-h800-8\n      a PyTorch (Kineto) GPU trace"
 )]
 pub struct CalibrateArgs {
     /// Target file (TOML, `[[target]]` tables like calibration/data/targets.toml); default: the
     /// built-in targets of every end-to-end anchor.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace")]
     targets: Option<String>,
     /// Cost model whose parameters are fitted (a name from hwmodels/data/costs).
-    #[arg(long, default_value = "ascend-910c")]
+    #[arg(long, default_value = "ascend-910c", conflicts_with = "trace")]
     cost_model: String,
     /// Parameters to fit, comma-separated (default: the cost file's `fit` list). Known: the
     /// names `dstwin calibrate --list-params` prints.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "trace")]
     fit: Vec<String>,
     /// Print the parameters the fit can set, with their search ranges, and exit.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace")]
     list_params: bool,
+    /// Calibrate from profiler traces instead: Kineto / Chrome JSON, torch_npu trace_view.json,
+    /// kernel_details.csv, op_summary_*.csv, op_statistic.csv, communication.json, a torch_npu
+    /// output directory, or the CPU engine's profile.
+    #[arg(long, num_args = 1.., value_name = "TRACE")]
+    trace: Vec<PathBuf>,
+    /// Backend of the traces: ascend, cuda or cpu (default: detected per trace).
+    #[arg(long, requires = "trace")]
+    backend: Option<String>,
+    /// Your own kernel rules (TOML like calibration/data/kernels/*.toml), tried before the
+    /// built-in ones.
+    #[arg(long, requires = "trace")]
+    rules: Option<PathBuf>,
+    /// The system the traces ran on (catalog name or system TOML): its peaks, bandwidth and
+    /// fabric price the fits, its cost file is kept where the traces say nothing. Default:
+    /// nvidia-h800-8 for CUDA traces, atlas-800-a3 for Ascend ones, none for the CPU engine.
+    #[arg(long, requires = "trace")]
+    hardware: Option<String>,
+    /// Write a cost file with the fits (needs the hardware).
+    #[arg(long, requires = "trace")]
+    out: Option<PathBuf>,
+    /// Also write a system file (the hardware's, using the --out cost file) for --hardware and
+    /// scenarios.
+    #[arg(long, requires = "out")]
+    system_out: Option<PathBuf>,
+    /// The format the engine computed in (bf16, fp16, fp32, ...), for traces that do not say:
+    /// the CPU engine's GEMM shapes need it to count bytes.
+    #[arg(long, requires = "trace")]
+    dtype: Option<String>,
+    /// Gaps between device steps longer than this many times the median are idle time, not
+    /// host overhead [default: 5].
+    #[arg(long, requires = "trace")]
+    idle_factor: Option<f64>,
+    /// Rows printed per table of the trace report (all of them in --json).
+    #[arg(long, default_value_t = 25)]
+    top: usize,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -131,6 +168,20 @@ fn shipped_cost_model(
 }
 
 pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
+    if !a.trace.is_empty() {
+        return crate::calibrate_trace_cmd::run(crate::calibrate_trace_cmd::TraceArgs {
+            traces: a.trace,
+            backend: a.backend,
+            rules: a.rules,
+            hardware: a.hardware,
+            out: a.out,
+            system_out: a.system_out,
+            idle_factor: a.idle_factor,
+            dtype: a.dtype,
+            top: a.top,
+            json: a.json,
+        });
+    }
     if a.list_params {
         for p in globals::PARAMS {
             outln!("{:<40} [{}, {}]", p.name, p.lo, p.hi)?;
