@@ -309,7 +309,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             c.id, c.concentration, c.predicted_ratio, c.published_ratio
         )?;
         outln!(
-            "# for sim/twin/src/expert_load.rs: DEFAULT_CONCENTRATION = {:.1} (shipped {:.1})",
+            "# for sim/twin/src/expert_load/mod.rs: DEFAULT_CONCENTRATION = {:.1} (shipped {:.1})",
             c.concentration,
             dstwin_twin::expert_load::DEFAULT_CONCENTRATION
         )?;
