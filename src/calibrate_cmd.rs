@@ -5,6 +5,7 @@ use crate::output::outln;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
+use dstwin_calibration::expert_load::{self, LeftOut, LoadFit};
 use dstwin_calibration::fit::{fit_concentration, parse_eplb_gap, EXPERT_LOAD};
 use dstwin_calibration::globals::{self, param, Param, Residual, Values};
 use dstwin_calibration::micro;
@@ -21,7 +22,11 @@ parameters a cost file lists in its `fit = [...]` (or those given with --fit) to
 every end-to-end anchor on that cost model (calibration/data/targets.toml), by least squares over relative \
 errors with each anchor weighing one, and prints the fitted values, the residuals of the fit and of the \
 shipped values. Paste the printed lines into the cost file to adopt a new fit. `dstwin validate` shows how the \
-fit predicts each anchor it was not fitted to (leave-one-out).\n\nWith --trace, calibrates from profiler traces instead (docs/calibration.md): kernels are mapped onto the op graph's ops and classes by per-backend rules (calibration/data/kernels/*.toml, extended with --rules), the time by class and by op is printed with what could not be mapped, and the cost model is fitted to the mapped kernels: per-class efficiency curves where kernels carry their work, alpha-beta per collective and group size where they carry bytes, host overhead per step from the gaps between device steps. --out writes a cost file with the fits.\n\nExamples:\n  dstwin calibrate\n      the built-in targets, the Ascend 910C cost model\n  dstwin calibrate --fit op_overhead_us,overlap_efficiency_normal\n      fit another parameter list\n  dstwin calibrate --targets my-cluster-targets.toml --json\n  dstwin calibrate --trace prof/ASCEND_PROFILER_OUTPUT --hardware atlas-800-a3 --out my-a3.toml --system-out my-a3-system.toml\n      a torch_npu profile: mapping, fits, and a system file for --hardware\n  dstwin calibrate --trace trace.json --backend cuda --hardware nvidia-h800-8\n      a PyTorch (Kineto) GPU trace"
+fit predicts each anchor it was not fitted to (leave-one-out). Step 3 (built-in targets only) fits the default routed-expert load \
+(a log-normal popularity per layer and the per-request routing concentration) jointly to measured DeepSeek-R1 \
+expert loads and the CloudMatrix384 EPLB gap (calibration/data/expert-load-measured.toml, expert-load.toml) on the \
+shipped cost model, prints every figure's error, each fitted figure's error when left out of the fit, and the \
+lines for sim/twin/data/expert-load.toml.\n\nWith --trace, calibrates from profiler traces instead (docs/calibration.md): kernels are mapped onto the op graph's ops and classes by per-backend rules (calibration/data/kernels/*.toml, extended with --rules), the time by class and by op is printed with what could not be mapped, and the cost model is fitted to the mapped kernels: per-class efficiency curves where kernels carry their work, alpha-beta per collective and group size where they carry bytes, host overhead per step from the gaps between device steps. --out writes a cost file with the fits.\n\nExamples:\n  dstwin calibrate\n      the built-in targets, the Ascend 910C cost model\n  dstwin calibrate --fit op_overhead_us,overlap_efficiency_normal\n      fit another parameter list\n  dstwin calibrate --targets my-cluster-targets.toml --json\n  dstwin calibrate --trace prof/ASCEND_PROFILER_OUTPUT --hardware atlas-800-a3 --out my-a3.toml --system-out my-a3-system.toml\n      a torch_npu profile: mapping, fits, and a system file for --hardware\n  dstwin calibrate --trace trace.json --backend cuda --hardware nvidia-h800-8\n      a PyTorch (Kineto) GPU trace"
 )]
 pub struct CalibrateArgs {
     /// Target file (TOML, `[[target]]` tables like calibration/data/targets.toml); default: the
@@ -149,6 +154,19 @@ pub fn shipped_cost(name: &str) -> Result<dstwin_hwmodels::CostParams, Failure> 
         })
 }
 
+/// The shipped cost model of the EPLB gap's base deployment.
+fn shipped_cost_model(
+    on: &[dstwin_calibration::target::Target],
+) -> Result<dstwin_hwmodels::CostModel, Failure> {
+    let gap =
+        parse_eplb_gap("expert-load.toml", EXPERT_LOAD).map_err(|e| Failure::Input(e.into()))?;
+    on.iter()
+        .find(|t| t.id == gap.base)
+        .ok_or_else(|| Failure::Runtime(anyhow!("target {} not found", gap.base)))?
+        .base_cost()
+        .map_err(|e| Failure::Input(e.into()))
+}
+
 pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     if !a.trace.is_empty() {
         return crate::calibrate_trace_cmd::run(crate::calibrate_trace_cmd::TraceArgs {
@@ -206,17 +224,27 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::Input(e.into()))?;
     let shipped_r =
         globals::residuals(&on, &a.cost_model, &shipped).map_err(|e| Failure::Input(e.into()))?;
-    // The per-request routing concentration, fitted to the one figure that isolates it, with
-    // the fitted parameters (only for the built-in targets, which hold its base deployment).
-    let conc = if a.targets.is_none() && a.cost_model == "ascend-910c" {
+    let builtin_910c = a.targets.is_none() && a.cost_model == "ascend-910c";
+    // The default expert load, fitted jointly to the measured loads and the EPLB gap on the
+    // shipped cost model (the one the simulator prices with); only for the built-in targets,
+    // which hold the gap's base deployment.
+    let load = if builtin_910c {
+        let p = expert_load::builtin(&on, shipped_cost_model(&on)?)
+            .map_err(|e| Failure::Runtime(e.into()))?;
+        let f = p.fit().map_err(|e| Failure::Runtime(e.into()))?;
+        let loo = p
+            .leave_one_out(&f)
+            .map_err(|e| Failure::Runtime(e.into()))?;
+        Some((f, loo))
+    } else {
+        None
+    };
+    // The `zipf` kind's per-request routing concentration, fitted to the one figure that
+    // isolates it, with the fitted parameters.
+    let conc = if builtin_910c {
         let gap = parse_eplb_gap("expert-load.toml", EXPERT_LOAD)
             .map_err(|e| Failure::Input(e.into()))?;
-        let base = on
-            .iter()
-            .find(|t| t.id == gap.base)
-            .ok_or_else(|| Failure::Runtime(anyhow!("target {} not found", gap.base)))?
-            .base_cost()
-            .map_err(|e| Failure::Input(e.into()))?;
+        let base = shipped_cost_model(&on)?;
         Some(
             fit_concentration(&gap, &on, &f.values.apply(&base))
                 .map_err(|e| Failure::Input(e.into()))?,
@@ -240,7 +268,12 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             "cost_model": a.cost_model,
             "fit": f,
             "shipped": { "values": shipped, "residuals": shipped_r },
-            "expert_load_concentration": conc,
+            "expert_load": load.as_ref().map(|(f, loo)| serde_json::json!({
+                "fit": f,
+                "shipped": dstwin_twin::expert_load::fitted(),
+                "leave_one_out": loo,
+            })),
+            "zipf_concentration": conc,
         });
         outln!(
             "{}",
@@ -265,14 +298,18 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     for (n, v) in f.values.names.iter().zip(&f.values.values) {
         outln!("{n} = {v:.3}")?;
     }
+    if let Some((f, loo)) = &load {
+        outln!()?;
+        print_expert_load(f, loo)?;
+    }
     if let Some(c) = conc {
         outln!()?;
         outln!(
-            "expert-load concentration fitted to {}: {:.2} (default/perfect EPLB throughput {:.3}, published {:.3})",
+            "zipf(0.5) concentration fitted to {} alone: {:.2} (default/perfect EPLB throughput {:.3}, published {:.3})",
             c.id, c.concentration, c.predicted_ratio, c.published_ratio
         )?;
         outln!(
-            "# for sim/twin/src/expert_load.rs: DEFAULT_CONCENTRATION = {:.1} (shipped {:.1})",
+            "# for sim/twin/src/expert_load/mod.rs: DEFAULT_CONCENTRATION = {:.1} (shipped {:.1})",
             c.concentration,
             dstwin_twin::expert_load::DEFAULT_CONCENTRATION
         )?;
@@ -312,6 +349,62 @@ fn print_residual_pairs(
             s.error * 100.0
         )?;
     }
+    Ok(())
+}
+
+/// Step 3: the default expert load's joint fit, every figure's error (fitted and checked), each
+/// fitted figure's error when left out of the fit, and the lines for the data file.
+fn print_expert_load(f: &LoadFit, loo: &[LeftOut]) -> Result<(), Failure> {
+    let p = f.params;
+    let fitted = f.residuals.iter().filter(|r| r.fitted).count();
+    outln!("expert load, the fitted default (calibration/data/expert-load-measured.toml, expert-load.toml)")?;
+    outln!(
+        "  sigma {:.4}, sigma_spread {:.4}, concentration {:.2}: rms error {:.1}% over {fitted} fitted figures ({} evaluations)",
+        p.sigma,
+        p.sigma_spread,
+        p.concentration,
+        f.rms_error * 100.0,
+        f.evaluations
+    )?;
+    outln!(
+        "  {:<50} {:>10} {:>10} {:>8}  {:<7} {:>9}",
+        "figure",
+        "published",
+        "predicted",
+        "error",
+        "role",
+        "left out"
+    )?;
+    for r in &f.residuals {
+        let left = loo
+            .iter()
+            .find(|l| l.id == r.id)
+            .map_or(String::new(), |l| format!("{:+.1}%", l.error * 100.0));
+        outln!(
+            "  {:<50} {:>10.4} {:>10.4} {:>+7.1}%  {:<7} {:>9}",
+            r.id,
+            r.published,
+            r.predicted,
+            r.error * 100.0,
+            if r.fitted { "fit" } else { "check" },
+            left
+        )?;
+    }
+    let s = dstwin_twin::expert_load::fitted();
+    outln!(
+        "  shipped: sigma {}, sigma_spread {}, concentration {}",
+        s.sigma,
+        s.sigma_spread,
+        s.concentration
+    )?;
+    outln!()?;
+    outln!("# for sim/twin/data/expert-load.toml")?;
+    outln!(
+        "sigma = {:.4}\nsigma_spread = {:.4}\nconcentration = {:.2}",
+        p.sigma,
+        p.sigma_spread,
+        p.concentration
+    )?;
     Ok(())
 }
 

@@ -9,7 +9,11 @@
 //! - [`globals`]: the cost parameters a cost file lists in `fit` (per-class kernel
 //!   efficiencies, fixed kernel cost, overlap) fitted jointly to the steady-step figures of every
 //!   end-to-end anchor, each anchor weighing 1, and its leave-one-anchor-out test.
-//! - [`fit`]: the per-request routing concentration fitted to the EPLB gap.
+//! - [`fit`]: the routing concentration of a Zipf(0.5) load fitted to the EPLB gap alone (the
+//!   `zipf` kind's default).
+//! - [`expert_load`]: the default routed-expert load (log-normal per layer and the per-request
+//!   concentration) fitted jointly to measured DeepSeek-R1 expert loads and the EPLB gap
+//!   (`data/expert-load-measured.toml`, `data/expert-load.toml`), its checks and leave-one-out.
 //! - [`anchors`]: the end-to-end anchors as shipped scenarios (`sim/scenarios/anchors/`), the
 //!   figures each is compared on and their regression bounds (`data/anchor-scenarios.toml`).
 //! - [`measured`]: a team's `vllm bench serve` results against a simulation of the same run.
@@ -20,6 +24,7 @@
 //! - `lsq`: the bounded linear least squares the fits share.
 
 pub mod anchors;
+pub mod expert_load;
 pub mod fit;
 pub mod globals;
 pub mod kernels;
