@@ -17,7 +17,7 @@ use std::path::Path;
 /// acceptance (0.717).
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin explain\n      CloudMatrix384 decode, EP320, 96 seqs per NPU at KV 4K, MTP 1 at the calibrated 71.7%\n  dstwin explain --skew\n      the same with the simulator's default expert load (fitted to measured DeepSeek-R1 loads) on a greedy EPLB placement\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --mtp 0\n      CloudMatrix384 prefill instance of 16 NPUs, 16K tokens per NPU in 4K prompts\n  dstwin explain --hardware atlas-800i-a2 --dies 32 --redundant-experts 0 --shared-expert-dies 0 --seqs 24 --kv 2048 --json\n      Atlas 800I A2, 4 nodes, as JSON for scripts\n\nSizes count dies, as vllm-ascend's flags do (a 910C card = 2 dies).\nExit codes: 0 ok, 2 invalid input or impossible layout (the message names the field and numbers)."
+    after_help = "Examples:\n  dstwin explain\n      CloudMatrix384 decode, EP320, 96 seqs per NPU at KV 4K, MTP 1 at the calibrated 71.7%\n  dstwin explain --skew\n      the same with the simulator's default expert load (fitted to measured DeepSeek-R1 loads) on a greedy EPLB placement\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --mtp 0\n      CloudMatrix384 prefill instance of 16 NPUs, 16K tokens per NPU in 4K prompts\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --cached 12288 --mtp 0\n      the same step as the last chunks of 16K prompts (or after 12K-token prefix hits): attention over the cached 12K and its latent up-projected again\n  dstwin explain --hardware atlas-800i-a2 --dies 32 --redundant-experts 0 --shared-expert-dies 0 --seqs 24 --kv 2048 --json\n      Atlas 800I A2, 4 nodes, as JSON for scripts\n\nSizes count dies, as vllm-ascend's flags do (a 910C card = 2 dies).\nExit codes: 0 ok, 2 invalid input or impossible layout (the message names the field and numbers)."
 )]
 pub struct ExplainArgs {
     /// Built-in model name (see `dstwin catalog`) or path to a HuggingFace config.json.
@@ -68,6 +68,11 @@ pub struct ExplainArgs {
     /// Tokens per prompt (prefill).
     #[arg(long, default_value_t = 4096)]
     prompt: u64,
+    /// Tokens of each prompt already in KV (prefix-cache hits, or the earlier chunks of a long
+    /// prompt): the step computes --prompt new tokens after them, attends to them and
+    /// up-projects their cached latent again.
+    #[arg(long, default_value_t = 0)]
+    cached: u64,
     /// MTP draft tokens per step (0 = off).
     #[arg(long, default_value_t = 1)]
     mtp: u32,
@@ -225,6 +230,12 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
         Role::Prefill => (0, a.tokens),
         Role::Mixed => (a.seqs, a.tokens),
     };
+    if a.cached > 0 && tokens == 0 {
+        return Err(anyhow!(
+            "--cached {}: cached prompt tokens need prompt tokens this step (--tokens, role prefill or mixed)",
+            a.cached
+        ));
+    }
     if role == Role::Prefill && tokens == 0 {
         return Err(anyhow!(
             "--tokens 0: a prefill step needs prompt tokens per DP rank"
@@ -248,6 +259,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
             kv_len: if seqs > 0 { a.kv } else { 0 },
             prefill_tokens: tokens,
             prompt_len: if tokens > 0 { a.prompt } else { 0 },
+            prompt_cached: if tokens > 0 { a.cached } else { 0 },
         },
         mtp: Mtp {
             tokens: a.mtp,

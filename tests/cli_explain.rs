@@ -301,3 +301,57 @@ fn a_skewed_expert_load_is_priced_per_layer() {
         Some(2)
     );
 }
+
+#[test]
+fn cached_prompt_tokens_cost_attention_and_the_latent_up_projection() {
+    let prefill = |cached: &str| {
+        let o = dstwin(&[
+            "explain",
+            "--json",
+            "--role",
+            "prefill",
+            "--dies",
+            "32",
+            "--redundant-experts",
+            "32",
+            "--shared-expert-dies",
+            "0",
+            "--tokens",
+            "8192",
+            "--prompt",
+            "4096",
+            "--cached",
+            cached,
+            "--mtp",
+            "0",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+    };
+    let whole = prefill("0");
+    let last_chunks = prefill("12288");
+    // The same new tokens after 12K cached ones: three times the earlier keys plus the causal
+    // half, so more attention, and kv_b_proj over the cached latent as well.
+    assert_eq!(last_chunks["shape"]["prefill_tokens"], 8192);
+    assert_eq!(last_chunks["shape"]["prefill_cached"], 2 * 12288);
+    assert_eq!(whole["shape"]["prefill_cached"], 0);
+    let ms = |v: &serde_json::Value, class: &str| v["by_class_ms"][class].as_f64().unwrap();
+    assert!(ms(&last_chunks, "attention") > 3.0 * ms(&whole, "attention"));
+    assert!(ms(&last_chunks, "gemm") > ms(&whole, "gemm"));
+    assert!(last_chunks["step_ms"].as_f64() > whole["step_ms"].as_f64());
+    // Cached tokens without prompt tokens, or past the model's context, are refused by name.
+    let o = dstwin(&["explain", "--cached", "100"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--cached 100"), "{}", stderr(&o));
+    let o = dstwin(&[
+        "explain",
+        "--role",
+        "prefill",
+        "--tokens",
+        "4096",
+        "--cached",
+        "999999999",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("prompt_cached"), "{}", stderr(&o));
+}

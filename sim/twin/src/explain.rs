@@ -25,8 +25,12 @@ pub struct BatchSpec {
     pub kv_len: u64,
     /// Prompt tokens per DP rank computed this step.
     pub prefill_tokens: u64,
-    /// Tokens per prompt (prompts are whole, nothing cached).
+    /// Tokens per prompt computed this step.
     pub prompt_len: u64,
+    /// Tokens of each prompt already in KV before this step (prefix-cache hits, or the chunks
+    /// of a long prompt computed in earlier steps): the step attends to them and MLA
+    /// up-projects their cached latent again. 0: whole prompts, nothing cached.
+    pub prompt_cached: u64,
 }
 
 /// MTP settings: draft tokens per step and the acceptance probability of each draft given the
@@ -217,14 +221,15 @@ fn shape_for(b: &BatchSpec, tokens_per_seq: u64, model: &ModelConfig, halve: boo
     };
     if pt > 0 {
         let prompts = pt / b.prompt_len;
-        let p = BatchShape::uniform_prefill(prompts as u32, b.prompt_len, cap);
+        let p = BatchShape::uniform_chunks(prompts as u32, b.prompt_len, b.prompt_cached, cap);
         s.prefill_seqs = p.prefill_seqs;
         s.prefill_tokens = p.prefill_tokens;
         s.prefill_pairs = p.prefill_pairs;
         s.prefill_pairs_capped = p.prefill_pairs_capped;
+        s.prefill_cached = p.prefill_cached;
         let rest = pt - prompts * b.prompt_len;
         // A partial prompt (half a batch of an odd prompt count) computes as a chunk.
-        s.add_prefill(rest, 0, cap);
+        s.add_prefill(rest, b.prompt_cached, cap);
     }
     s
 }
@@ -315,6 +320,16 @@ pub fn explain_under(
             format!(
                 "at most {} draft tokens per step",
                 dstwin_core::mtp::MAX_POSITIONS
+            ),
+        ));
+    }
+    if b.prompt_cached + b.prompt_len > inp.model.max_context {
+        return Err(input(
+            "batch.prompt_cached",
+            b.prompt_cached,
+            format!(
+                "cached plus new prompt tokens ({} + {}) exceed the model's context of {}",
+                b.prompt_cached, b.prompt_len, inp.model.max_context
             ),
         ));
     }
@@ -494,7 +509,14 @@ pub fn explain_under(
             max_tokens_per_step: inp.max_tokens_per_step.unwrap_or(full.tokens()),
         },
     )?;
-    let needed = b.decode_seqs as u64 * (b.kv_len + tokens_per_seq) + b.prefill_tokens;
+    let prompts = if b.prompt_len > 0 {
+        b.prefill_tokens.div_ceil(b.prompt_len)
+    } else {
+        0
+    };
+    let needed = b.decode_seqs as u64 * (b.kv_len + tokens_per_seq)
+        + b.prefill_tokens
+        + prompts * b.prompt_cached;
     if needed > memory.kv_capacity_tokens {
         return Err(input(
             "batch",
