@@ -160,9 +160,8 @@ fn shipped_cost_model(
 ) -> Result<dstwin_hwmodels::CostModel, Failure> {
     let gap =
         parse_eplb_gap("expert-load.toml", EXPERT_LOAD).map_err(|e| Failure::Input(e.into()))?;
-    on.iter()
-        .find(|t| t.id == gap.base)
-        .ok_or_else(|| Failure::Runtime(anyhow!("target {} not found", gap.base)))?
+    gap.base_target(on)
+        .map_err(|e| Failure::Runtime(e.into()))?
         .base_cost()
         .map_err(|e| Failure::Input(e.into()))
 }

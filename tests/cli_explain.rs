@@ -52,40 +52,29 @@ fn text_report_snapshot() {
     insta::assert_snapshot!("explain_a2_decode", stdout(&o));
 }
 
+/// The CloudMatrix384 prefill instance (16 NPUs, EP32, 32 redundant experts), 8K prompt tokens
+/// per die, as JSON.
+const CM_PREFILL: &[&str] = &[
+    "explain",
+    "--json",
+    "--role",
+    "prefill",
+    "--dies",
+    "32",
+    "--redundant-experts",
+    "32",
+    "--shared-expert-dies",
+    "0",
+    "--tokens",
+    "8192",
+    "--mtp",
+    "0",
+];
+
 #[test]
 fn same_input_gives_identical_json() {
-    let a = dstwin(&[
-        "explain",
-        "--json",
-        "--role",
-        "prefill",
-        "--dies",
-        "32",
-        "--redundant-experts",
-        "32",
-        "--shared-expert-dies",
-        "0",
-        "--tokens",
-        "8192",
-        "--mtp",
-        "0",
-    ]);
-    let b = dstwin(&[
-        "explain",
-        "--json",
-        "--role",
-        "prefill",
-        "--dies",
-        "32",
-        "--redundant-experts",
-        "32",
-        "--shared-expert-dies",
-        "0",
-        "--tokens",
-        "8192",
-        "--mtp",
-        "0",
-    ]);
+    let a = dstwin(CM_PREFILL);
+    let b = dstwin(CM_PREFILL);
     assert!(a.status.success(), "{}", stderr(&a));
     assert_eq!(a.stdout, b.stdout);
 }
@@ -305,26 +294,7 @@ fn a_skewed_expert_load_is_priced_per_layer() {
 #[test]
 fn cached_prompt_tokens_cost_attention_and_the_latent_up_projection() {
     let prefill = |cached: &str| {
-        let o = dstwin(&[
-            "explain",
-            "--json",
-            "--role",
-            "prefill",
-            "--dies",
-            "32",
-            "--redundant-experts",
-            "32",
-            "--shared-expert-dies",
-            "0",
-            "--tokens",
-            "8192",
-            "--prompt",
-            "4096",
-            "--cached",
-            cached,
-            "--mtp",
-            "0",
-        ]);
+        let o = dstwin(&[CM_PREFILL, &["--prompt", "4096", "--cached", cached]].concat());
         assert!(o.status.success(), "{}", stderr(&o));
         serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
     };

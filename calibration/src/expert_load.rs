@@ -262,14 +262,7 @@ impl Gap {
         targets: &[Target],
         cost: CostModel,
     ) -> Result<Gap, CalibrationError> {
-        let base =
-            targets
-                .iter()
-                .find(|t| t.id == gap.base)
-                .ok_or_else(|| CalibrationError::Target {
-                    id: gap.id.clone(),
-                    message: format!("base target '{}' not found", gap.base),
-                })?;
+        let base = gap.base_target(targets)?;
         Gap::new(
             &gap.id,
             gap.default_eplb / gap.perfect_eplb,
