@@ -215,6 +215,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
                 .then(|| a.cudagraph_capture_sizes.clone()),
             flashcomm1: a.flashcomm1,
             mlapo: a.mlapo,
+            attention_per_sequence: false,
         },
     })
 }
