@@ -72,8 +72,8 @@ pub struct CalibrateArgs {
     #[arg(long, requires = "trace", value_name = "DIR|config.json")]
     model: Option<PathBuf>,
     /// What the efficiency fits minimize: `relative` errors, robustly (the typical kernel), or
-    /// `total` time (plain least squares: the fitted times add up to the measured ones, the
-    /// slow tail of a shared machine included; what a twin predicting means of steps wants).
+    /// `total` time (plain least squares over absolute times: the slow tail of a shared
+    /// machine counts in full; what a twin predicting means of steps wants).
     #[arg(long, requires = "trace", default_value = "relative")]
     objective: String,
     /// Gaps between device steps longer than this many times the median are idle time, not

@@ -11,7 +11,7 @@
 //! factor of four. The figures against the 10% goal are in the docs, not here.
 
 mod common;
-use common::{dstwin, stderr_text, tmp_dir, Server};
+use common::{dstwin, stderr_text, tiny_model, tmp_dir, Server};
 use std::path::Path;
 
 fn scenario(name: &str) -> String {
@@ -61,19 +61,7 @@ fn measure(model: &Path, scenario: &str, extra: &[&str], sets: &[String], out: &
 #[test]
 fn a_fit_on_one_workload_predicts_another_on_the_real_engine() {
     let dir = tmp_dir("cpu-loop", "loop");
-    let model = dir.join("m");
-    ok(
-        &dstwin(&[
-            "init-weights",
-            "--preset",
-            "tiny",
-            "--seed",
-            "1",
-            "--out",
-            model.to_str().unwrap(),
-        ]),
-        "init-weights",
-    );
+    let model = tiny_model("loop");
     // 1. Profile the engine on the calibration workload (shortened).
     let trace = dir.join("trace.json");
     measure(
@@ -171,4 +159,5 @@ fn a_fit_on_one_workload_predicts_another_on_the_real_engine() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&model);
 }

@@ -3,7 +3,7 @@
 //! Python package).
 
 mod common;
-use common::{data, Server};
+use common::{data, tiny_model, Server};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -1034,19 +1034,6 @@ fn pd_prefill_engines_report_running_and_free_their_kv() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// `dstwin init-weights --preset tiny --seed 1` into a fresh directory.
-fn tiny_model(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("dstwin-cpu-serve-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
-        .args(["init-weights", "--preset", "tiny", "--seed", "1", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    dir
 }
 
 /// The model's own greedy continuation of `prompt`, decoded as the server decodes it.

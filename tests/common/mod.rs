@@ -75,3 +75,16 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// `dstwin init-weights --preset tiny --seed 1` into a fresh directory.
+pub fn tiny_model(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("dstwin-cpu-serve-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args(["init-weights", "--preset", "tiny", "--seed", "1", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    dir
+}

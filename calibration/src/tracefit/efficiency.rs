@@ -22,8 +22,9 @@
 //!
 //! **Objective.** [`Objective::Relative`] (the default) is the above: every kernel counts alike,
 //! and the fit follows the typical kernel of a shape. [`Objective::Total`] is plain least squares
-//! over absolute times, without re-weighting: with `fixed_us` free the residuals sum to zero, so
-//! the fitted times add up to the measured ones, slow kernels included. A twin that predicts
+//! over absolute times, without re-weighting: every kernel weighs as its time does, slow ones
+//! included, so the fitted times add up to about the measured ones (exactly when `fixed_us` is
+//! above its bound 0: least squares with a free offset leaves residuals that sum to zero). A twin that predicts
 //! steps (sums of kernels) and their means wants that when the kernels' times have a long tail
 //! (a shared CPU: the CPU engine's kernels are 20% slower on average than at their median).
 //!
