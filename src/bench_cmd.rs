@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin bench-serve --url http://127.0.0.1:8000 --num-prompts 200 --input-len 1024 --output-len 128 --request-rate 8\n  dstwin bench-serve --url http://127.0.0.1:8000 --max-concurrency 32 --num-prompts 500 --json\n  dstwin bench-serve --url http://127.0.0.1:8000 --scenario sim/scenarios/a3-2p1d.toml --save-result run.json\n      (the scenario's [workload]: the same requests `dstwin simulate` predicts for)\n\nEach request is a streamed /v1/completions call with the prompt as token ids (exact input\nlength), max_tokens = the output length and ignore_eos. The report has the fields of\n`vllm bench serve --save-result` (request/output/total-token throughput, mean/median/p99\nTTFT, TPOT, ITL, E2E in ms)."
+    after_help = "Examples:\n  dstwin bench-serve --url http://127.0.0.1:8000 --num-prompts 200 --input-len 1024 --output-len 128 --request-rate 8\n  dstwin bench-serve --url http://127.0.0.1:8000 --max-concurrency 32 --num-prompts 500 --json\n  dstwin bench-serve --url http://127.0.0.1:8000 --scenario sim/scenarios/a3-2p1d.toml --save-result run.json\n      (the scenario's [workload]: the same requests `dstwin simulate` predicts for)\n\nEach request is a streamed /v1/completions call with the prompt as token ids (exact input\nlength; no two prompts share a token block unless the scenario's trace gives them the same\nprefix ids), max_tokens = the output length and ignore_eos. The report has the fields of\n`vllm bench serve --save-result` (request/output/total-token throughput, mean/median/p90/p99\nTTFT, TPOT, ITL, E2E in ms)."
 )]
 pub struct BenchArgs {
     /// Server base URL (http only).
@@ -34,6 +34,9 @@ pub struct BenchArgs {
     /// Take the requests from this scenario's [workload] (synthetic, trace or closed loop).
     #[arg(long, conflicts_with_all = ["input_len", "output_len", "request_rate"])]
     scenario: Option<PathBuf>,
+    /// Override a field of --scenario: PATH=VALUE (repeatable), as for `simulate`.
+    #[arg(long = "set", value_name = "PATH=VALUE", requires = "scenario")]
+    sets: Vec<String>,
     /// Requests to send (with --input-len/--output-len); at most 100,000,000 (every request's
     /// timings are kept for the report).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=MAX_PROMPTS))]
@@ -74,11 +77,48 @@ pub struct BenchArgs {
 }
 
 /// One request to send.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Job {
     at: Duration,
     input: u32,
     output: u32,
+    /// Its position in the schedule: prompts without prefix ids are unique per index.
+    index: u64,
+    /// The workload's prefix ids, one per `hash_block_tokens` tokens of the prompt (a Mooncake
+    /// trace's `hash_ids`): equal ids, equal prompt blocks.
+    prefix: Option<(Arc<[u64]>, u32)>,
+}
+
+/// Prompt token ids are drawn from `PROMPT_TOKEN_LO .. PROMPT_TOKEN_LO + PROMPT_TOKENS`: ids 0
+/// and 1 are BOS and EOS in DeepSeek's vocabularies (and the CPU engine's), and 256 ids fit
+/// every vocabulary, the tiny checkpoints' included.
+const PROMPT_TOKEN_LO: u64 = 2;
+const PROMPT_TOKENS: u64 = 256;
+
+/// A 64-bit mix (SplitMix64's finalizer).
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The prompt of a job, as token ids: block `b` of a job with prefix ids is a function of its
+/// id alone, so requests sharing ids share those blocks (and the server's prefix cache sees
+/// what the twin sees); every other token is a function of (seed, index, position), so prompts
+/// without prefix ids share nothing, as the twin assumes of a workload without them.
+fn prompt_ids(seed: u64, job: &Job) -> Vec<u32> {
+    (0..u64::from(job.input))
+        .map(|p| {
+            let key = match &job.prefix {
+                Some((ids, block)) => ids
+                    .get((p / u64::from(*block)) as usize)
+                    .map(|id| mix(id ^ 0x5eed_b10c) ^ mix(p % u64::from(*block))),
+                None => None,
+            }
+            .unwrap_or_else(|| mix(mix(seed ^ job.index.rotate_left(32)) ^ p));
+            (PROMPT_TOKEN_LO + mix(key) % PROMPT_TOKENS) as u32
+        })
+        .collect()
 }
 
 /// What one request measured.
@@ -132,18 +172,26 @@ pub struct BenchResult {
     pub median_ttft_ms: f64,
     pub std_ttft_ms: f64,
     pub p99_ttft_ms: f64,
+    /// As `vllm bench serve --metric-percentiles 90` names it.
+    pub p90_ttft_ms: f64,
     pub mean_tpot_ms: f64,
     pub median_tpot_ms: f64,
     pub std_tpot_ms: f64,
     pub p99_tpot_ms: f64,
+    /// As `vllm bench serve --metric-percentiles 90` names it.
+    pub p90_tpot_ms: f64,
     pub mean_itl_ms: f64,
     pub median_itl_ms: f64,
     pub std_itl_ms: f64,
     pub p99_itl_ms: f64,
+    /// As `vllm bench serve --metric-percentiles 90` names it.
+    pub p90_itl_ms: f64,
     pub mean_e2el_ms: f64,
     pub median_e2el_ms: f64,
     pub std_e2el_ms: f64,
     pub p99_e2el_ms: f64,
+    /// As `vllm bench serve --metric-percentiles 90` names it.
+    pub p90_e2el_ms: f64,
     pub input_lens: Vec<u32>,
     pub output_lens: Vec<u32>,
     /// Seconds, per request (0 for failed ones).
@@ -155,10 +203,10 @@ pub struct BenchResult {
     pub errors: Vec<String>,
 }
 
-/// mean, median, standard deviation, p99 of `v` in milliseconds (zeros when empty).
-fn stats_ms(mut v: Vec<f64>) -> [f64; 4] {
+/// mean, median, standard deviation, p99, p90 of `v` in milliseconds (zeros when empty).
+fn stats_ms(mut v: Vec<f64>) -> [f64; 5] {
     if v.is_empty() {
-        return [0.0; 4];
+        return [0.0; 5];
     }
     v.sort_by(f64::total_cmp);
     let n = v.len() as f64;
@@ -170,7 +218,13 @@ fn stats_ms(mut v: Vec<f64>) -> [f64; 4] {
         let (lo, hi) = (r.floor() as usize, r.ceil() as usize);
         v[lo] + (v[hi] - v[lo]) * (r - lo as f64)
     };
-    [mean * 1e3, q(0.5) * 1e3, std * 1e3, q(0.99) * 1e3]
+    [
+        mean * 1e3,
+        q(0.5) * 1e3,
+        std * 1e3,
+        q(0.99) * 1e3,
+        q(0.9) * 1e3,
+    ]
 }
 
 /// Goodput objectives (seconds) parsed from KEY:MS.
@@ -255,7 +309,7 @@ fn concurrency(s: &str) -> Result<usize, String> {
 
 fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
     if let Some(p) = &a.scenario {
-        let s = load_path(p, &[]).map_err(|e| Failure::Input(e.into()))?;
+        let s = load_path(p, &a.sets).map_err(|e| Failure::Input(e.into()))?;
         let src = s
             .workload
             .build(s.seed, &s.base_dir)
@@ -264,6 +318,7 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
             WorkloadSource::Open(mut stream) => {
                 // Every request is sent from a schedule made up front.
                 let t0 = stream.first_arrival_ns();
+                let block = stream.hash_block_tokens();
                 let mut v = Vec::new();
                 while let Some(r) = stream
                     .next_request()
@@ -272,10 +327,15 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
                     if v.len() as u64 == MAX_PROMPTS {
                         return Err(too_many_prompts());
                     }
+                    let ids = stream.hash_ids();
                     v.push(Job {
                         at: Duration::from_nanos(r.arrival_ns - t0),
                         input: r.input_tokens,
                         output: r.output_tokens,
+                        index: v.len() as u64,
+                        prefix: block
+                            .filter(|b| *b > 0 && !ids.is_empty())
+                            .map(|b| (Arc::from(ids), b)),
                     });
                 }
                 (v, a.max_concurrency)
@@ -289,12 +349,14 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
                     return Err(too_many_prompts());
                 }
                 let v = (0..num_requests.get())
-                    .map(|_| {
+                    .map(|index| {
                         let l = sampler.next_lengths();
                         Job {
                             at: Duration::ZERO,
                             input: l.input_tokens,
                             output: l.output_tokens,
+                            index,
+                            prefix: None,
                         }
                     })
                     .collect();
@@ -333,7 +395,7 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
     };
     let mut t = 0.0;
     let v = (0..a.num_prompts)
-        .map(|_| {
+        .map(|index| {
             let at = Duration::from_secs_f64(t);
             if let Some(g) = &gamma {
                 t += g.sample(&mut rng);
@@ -344,6 +406,8 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
                 at,
                 input: a.input_len,
                 output: a.output_len,
+                index,
+                prefix: None,
             }
         })
         .collect();
@@ -365,7 +429,14 @@ async fn get_json(client: &HttpClient, url: &str) -> anyhow::Result<serde_json::
     Ok(serde_json::from_slice(&body)?)
 }
 
-async fn one(client: HttpClient, url: String, model: String, job: Job, t0: Instant) -> Sample {
+async fn one(
+    client: HttpClient,
+    url: String,
+    model: String,
+    prompt: Vec<u32>,
+    job: Job,
+    t0: Instant,
+) -> Sample {
     let mut s = Sample {
         input: job.input,
         sent: t0.elapsed().as_secs_f64(),
@@ -373,7 +444,7 @@ async fn one(client: HttpClient, url: String, model: String, job: Job, t0: Insta
     };
     let body = serde_json::json!({
         "model": model,
-        "prompt": vec![100u32; job.input as usize],
+        "prompt": prompt,
         "max_tokens": job.output,
         "stream": true,
         "stream_options": {"include_usage": true},
@@ -571,8 +642,9 @@ async fn bench(
             .await
             .map_err(|e| Failure::Runtime(e.into()))?;
         let (client, url, model, bar) = (client.clone(), url.clone(), model.clone(), bar.clone());
+        let prompt = prompt_ids(a.seed, &job);
         tasks.push(tokio::spawn(async move {
-            let s = one(client, url, model, job, start).await;
+            let s = one(client, url, model, prompt, job, start).await;
             drop(permit);
             bar.inc(1);
             s
@@ -654,18 +726,22 @@ fn summarize(samples: Vec<Sample>, duration: f64, slo: Option<Slo>) -> BenchResu
         median_ttft_ms: ttft[1],
         std_ttft_ms: ttft[2],
         p99_ttft_ms: ttft[3],
+        p90_ttft_ms: ttft[4],
         mean_tpot_ms: tpot[0],
         median_tpot_ms: tpot[1],
         std_tpot_ms: tpot[2],
         p99_tpot_ms: tpot[3],
+        p90_tpot_ms: tpot[4],
         mean_itl_ms: itl[0],
         median_itl_ms: itl[1],
         std_itl_ms: itl[2],
         p99_itl_ms: itl[3],
+        p90_itl_ms: itl[4],
         mean_e2el_ms: e2e[0],
         median_e2el_ms: e2e[1],
         std_e2el_ms: e2e[2],
         p99_e2el_ms: e2e[3],
+        p90_e2el_ms: e2e[4],
         input_lens: samples.iter().map(|s| s.input).collect(),
         output_lens: samples
             .iter()
@@ -727,4 +803,41 @@ fn render(r: &BenchResult) -> String {
         s.push_str(&format!("error: {e}\n"));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(index: u64, input: u32, prefix: Option<&[u64]>) -> Job {
+        Job {
+            at: Duration::ZERO,
+            input,
+            output: 1,
+            index,
+            prefix: prefix.map(|ids| (Arc::from(ids), 4)),
+        }
+    }
+
+    #[test]
+    fn prompts_share_blocks_exactly_where_their_prefix_ids_do() {
+        let range = PROMPT_TOKEN_LO as u32..(PROMPT_TOKEN_LO + PROMPT_TOKENS) as u32;
+        // Without prefix ids: every request's own tokens, the same for the same seed.
+        let (a, b) = (
+            prompt_ids(7, &job(0, 64, None)),
+            prompt_ids(7, &job(1, 64, None)),
+        );
+        assert_eq!(a.len(), 64);
+        assert!(a.iter().chain(&b).all(|t| range.contains(t)));
+        assert!(a.chunks(4).zip(b.chunks(4)).all(|(x, y)| x != y));
+        assert_eq!(a, prompt_ids(7, &job(0, 64, None)));
+        assert_ne!(a, prompt_ids(8, &job(0, 64, None)));
+        // With ids (4 tokens each): equal ids, equal blocks, whatever the request or seed.
+        let x = prompt_ids(1, &job(0, 10, Some(&[5, 6, 9])));
+        let y = prompt_ids(2, &job(3, 11, Some(&[5, 6, 8])));
+        assert_eq!(x[..8], y[..8]);
+        assert_ne!(x[8..10], y[8..10]);
+        assert_eq!(y.len(), 11);
+        assert!(x.iter().chain(&y).all(|t| range.contains(t)));
+    }
 }

@@ -71,6 +71,16 @@ pub struct CalibrateArgs {
     /// the CPU engine's GEMM shapes need it to count bytes.
     #[arg(long, requires = "trace")]
     dtype: Option<String>,
+    /// The model a CPU engine trace ran (its checkpoint directory or config.json): with it the
+    /// engine's attention, expert and elementwise ops get their work from the op graph and are
+    /// fitted too (else only its GEMMs are).
+    #[arg(long, requires = "trace", value_name = "DIR|config.json")]
+    model: Option<PathBuf>,
+    /// What the efficiency fits minimize: `relative` errors, robustly (the typical kernel), or
+    /// `total` time (plain least squares over absolute times: the slow tail of a shared
+    /// machine counts in full; what a twin predicting means of steps wants).
+    #[arg(long, requires = "trace", default_value = "relative")]
+    objective: String,
     /// Gaps between device steps longer than this many times the median are idle time, not
     /// host overhead [default: 5].
     #[arg(long, requires = "trace")]
@@ -177,6 +187,8 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             system_out: a.system_out,
             idle_factor: a.idle_factor,
             dtype: a.dtype,
+            model: a.model,
+            objective: a.objective,
             top: a.top,
             json: a.json,
         });

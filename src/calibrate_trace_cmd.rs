@@ -6,9 +6,12 @@ use crate::Failure;
 use anyhow::{anyhow, Context};
 use dstwin_calibration::kernels::{Backend, RuleSet, Share};
 use dstwin_calibration::tracefit::costfile::{cost_file, system_file};
+use dstwin_calibration::tracefit::efficiency::Objective;
+use dstwin_calibration::tracefit::work::EngineModel;
 use dstwin_calibration::tracefit::{
     calibrate, TraceCalibration, TraceOptions, DEFAULT_IDLE_FACTOR,
 };
+use dstwin_core::model::{ModelConfig, Quant};
 use dstwin_hwmodels::{Catalog, CostModel, DType};
 use std::path::{Path, PathBuf};
 
@@ -22,6 +25,8 @@ pub struct TraceArgs {
     pub system_out: Option<PathBuf>,
     pub idle_factor: Option<f64>,
     pub dtype: Option<String>,
+    pub model: Option<PathBuf>,
+    pub objective: String,
     pub top: usize,
     pub json: bool,
 }
@@ -58,6 +63,17 @@ pub fn run(a: TraceArgs) -> Result<(), Failure> {
             d.parse::<DType>()
                 .map_err(|e| input(anyhow!("--dtype {d}: {e}")))?,
         ),
+    };
+    let objective = Objective::parse(&a.objective).ok_or_else(|| {
+        input(anyhow!(
+            "--objective {}: must be one of {}",
+            a.objective,
+            Objective::ALL.map(Objective::name).join(", ")
+        ))
+    })?;
+    let model = match &a.model {
+        None => None,
+        Some(p) => Some(engine_model(p).map_err(input)?),
     };
     if a.system_out.is_some() && a.out.is_none() {
         return Err(input(anyhow!(
@@ -107,6 +123,8 @@ pub fn run(a: TraceArgs) -> Result<(), Failure> {
         cost: cost.as_ref().map(|c| c.0.clone()),
         idle_factor,
         dtype,
+        model,
+        objective,
     };
     let cal = calibrate(&profiles, &opts);
     if cal.mapping.kernels == 0 {
@@ -135,6 +153,24 @@ pub fn run(a: TraceArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The model of `--model`: a checkpoint directory or its config.json. The op graph prices it
+/// in its unquantized formats (bf16; the CPU engine computes in f32 or bf16).
+fn engine_model(p: &Path) -> anyhow::Result<EngineModel> {
+    let file = if p.is_dir() {
+        p.join("config.json")
+    } else {
+        p.to_path_buf()
+    };
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("--model {}", file.display()))?;
+    let config = ModelConfig::from_hf_json(&file.display().to_string(), &text)
+        .with_context(|| format!("--model {}", file.display()))?;
+    Ok(EngineModel {
+        config,
+        quant: Quant::Bf16,
+    })
 }
 
 /// Writes the cost file (and the system file using it); the lines saying what was written.

@@ -278,6 +278,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
                 .then(|| a.cudagraph_capture_sizes.clone()),
             flashcomm1: a.flashcomm1,
             mlapo: a.mlapo,
+            attention_per_sequence: false,
         },
     };
     Ok((input, load))

@@ -47,7 +47,7 @@ enum Command {
     Eplb(eplb_cmd::EplbArgs),
     /// Fit the cost models to published figures (all-to-all, MTP acceptance, global parameters,
     /// routing concentration) and print every error; or, with --trace, to profiler traces.
-    Calibrate(calibrate_cmd::CalibrateArgs),
+    Calibrate(Box<calibrate_cmd::CalibrateArgs>),
     /// Serve an OpenAI-compatible API on the shared scheduler with the twin as the device: an
     /// emulated deployment whose every step takes the time the twin predicts.
     Serve(Box<serve_cmd::ServeArgs>),
@@ -84,7 +84,7 @@ fn main() -> ExitCode {
         Command::Sweep(a) => sweep_cmd::run(*a),
         Command::Plan(a) => plan_cmd::run(*a),
         Command::Report(a) => report_cmd::run(a),
-        Command::Calibrate(a) => calibrate_cmd::run(a),
+        Command::Calibrate(a) => calibrate_cmd::run(*a),
         Command::Eplb(a) => eplb_cmd::run(a),
         Command::Serve(a) => serve_cmd::run(*a),
         Command::BenchServe(a) => bench_cmd::run(*a),

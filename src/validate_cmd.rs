@@ -30,6 +30,10 @@ pub struct ValidateArgs {
     /// The scenario describing the measured deployment and workload.
     #[arg(long, requires = "measured")]
     scenario: Option<PathBuf>,
+    /// Override a field of --scenario: PATH=VALUE (repeatable), as for `simulate` (e.g. the
+    /// model and the calibrated hardware of a CPU engine run).
+    #[arg(long = "set", value_name = "PATH=VALUE", requires = "scenario")]
+    sets: Vec<String>,
     /// Exit 1 when any |error| exceeds this many percent.
     #[arg(long, value_name = "PCT")]
     max_error: Option<f64>,
@@ -353,13 +357,13 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
     })
 }
 
-fn rows_measured(measured: &Path, scenario: &Path) -> Result<Vec<Row>, Failure> {
+fn rows_measured(measured: &Path, scenario: &Path, sets: &[String]) -> Result<Vec<Row>, Failure> {
     let text = std::fs::read_to_string(measured)
         .with_context(|| format!("reading {}", measured.display()))
         .map_err(Failure::Input)?;
     let m: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Failure::Input(anyhow!("{}: {e}", measured.display())))?;
-    let s = load_path(scenario, &[]).map_err(|e| Failure::Input(e.into()))?;
+    let s = load_path(scenario, sets).map_err(|e| Failure::Input(e.into()))?;
     let r = simulate(&s, RunOptions::default()).map_err(|e| Failure::Input(e.into()))?;
     let c = compare(&m, &r.report)
         .map_err(|e| Failure::Input(anyhow!("{}: {e}", measured.display())))?;
@@ -388,7 +392,7 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
     let started = std::time::Instant::now();
     let report = match (&a.measured, &a.scenario) {
         (Some(m), Some(s)) => Builtin {
-            rows: rows_measured(m, s)?,
+            rows: rows_measured(m, s, &a.sets)?,
             runs: Vec::new(),
             fitted: String::new(),
             params: Vec::new(),

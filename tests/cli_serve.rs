@@ -3,52 +3,12 @@
 //! Python package).
 
 mod common;
-use common::data;
+use common::{data, tiny_model, Server};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// A running `dstwin serve`, killed on drop.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dstwin"))
-            .arg("serve")
-            .args(args)
-            .args(["--port", "0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start dstwin serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("the listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on http://")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        Server { child, addr }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A response: status and body (chunked bodies decoded).
 struct Resp {
@@ -1074,19 +1034,6 @@ fn pd_prefill_engines_report_running_and_free_their_kv() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// `dstwin init-weights --preset tiny --seed 1` into a fresh directory.
-fn tiny_model(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("dstwin-cpu-serve-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
-        .args(["init-weights", "--preset", "tiny", "--seed", "1", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    dir
 }
 
 /// The model's own greedy continuation of `prompt`, decoded as the server decodes it.

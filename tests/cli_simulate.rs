@@ -691,3 +691,48 @@ fn a_warm_up_is_left_out_of_latencies_tokens_and_rates() {
     assert_eq!(o.status.code(), Some(2), "{}", err(&o));
     assert!(err(&o).contains("nothing was measured"), "{}", err(&o));
 }
+
+#[test]
+fn a_cost_files_host_time_reaches_the_twin_unless_the_scenario_gives_its_own() {
+    // The A3 system with its cost file plus the `[host]` table `calibrate --trace` writes.
+    let dir = common::tmp_dir("sim", "host");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let system = common::read(&PathBuf::from(format!(
+        "{root}/hwmodels/data/systems/atlas-800-a3.toml"
+    )))
+    .replace(
+        "cost_model = \"ascend-910c\"",
+        "cost_model = \"costs.toml\"",
+    );
+    std::fs::write(dir.join("a3.toml"), system).unwrap();
+    let costs = common::read(&PathBuf::from(format!(
+        "{root}/hwmodels/data/costs/ascend-910c.toml"
+    )));
+    std::fs::write(
+        dir.join("costs.toml"),
+        format!("{costs}\n[host]\nstep_us = 5000.0\nsource = \"test\"\n"),
+    )
+    .unwrap();
+    let hw = format!("hardware={}", dir.join("a3.toml").display());
+    let scenario = data("tiny-mixed.toml");
+    let tpot = |sets: &[&str]| {
+        let mut args = vec!["simulate", scenario.as_str(), "--json", "--quiet"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let o = dstwin(&args);
+        assert!(o.status.success(), "{}", err(&o));
+        let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+        v["latency"]["tpot_ms"]["mean"].as_f64().unwrap()
+    };
+    let shipped = tpot(&[]);
+    let with_host = tpot(&[&hw]);
+    let overridden = tpot(&[&hw, "serve.host_overhead_us=0"]);
+    // 5 ms of host time per step, synchronous scheduling: every decode step is 5 ms longer.
+    assert!(
+        (with_host - shipped - 5.0).abs() < 0.5,
+        "{shipped} ms without [host], {with_host} ms with"
+    );
+    assert_eq!(overridden, shipped);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -31,15 +31,19 @@ fn predictions(r: &SimReport) -> Vec<(&'static str, f64)> {
         ("mean_ttft_ms", l.ttft_ms.mean),
         ("median_ttft_ms", l.ttft_ms.p50),
         ("p99_ttft_ms", l.ttft_ms.p99),
+        ("p90_ttft_ms", l.ttft_ms.p90),
         ("mean_tpot_ms", l.tpot_ms.mean),
         ("median_tpot_ms", l.tpot_ms.p50),
         ("p99_tpot_ms", l.tpot_ms.p99),
+        ("p90_tpot_ms", l.tpot_ms.p90),
         ("mean_itl_ms", l.itl_ms.mean),
         ("median_itl_ms", l.itl_ms.p50),
         ("p99_itl_ms", l.itl_ms.p99),
+        ("p90_itl_ms", l.itl_ms.p90),
         ("mean_e2el_ms", l.e2e_ms.mean),
         ("median_e2el_ms", l.e2e_ms.p50),
         ("p99_e2el_ms", l.e2e_ms.p99),
+        ("p90_e2el_ms", l.e2e_ms.p90),
     ]
 }
 

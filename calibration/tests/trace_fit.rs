@@ -6,7 +6,9 @@ use dstwin_calibration::kernels::{
     detect_backend, map_kernels, summarize, Backend, OpKindName, RuleSet, Target,
 };
 use dstwin_calibration::tracefit::comm::{alpha_beta, fit_collective, CommSample, GroupKey};
-use dstwin_calibration::tracefit::efficiency::{fit_class, ClassParams, Sample};
+use dstwin_calibration::tracefit::efficiency::{
+    fit_class, fit_class_with, ClassParams, Objective, Sample,
+};
 use dstwin_calibration::tracefit::host::{fit_host, StepSource};
 use dstwin_calibration::tracefit::{calibrate, TraceOptions, DEFAULT_IDLE_FACTOR};
 use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, CostModel, DType, OpClass};
@@ -101,6 +103,39 @@ fn the_efficiency_fit_tolerates_noise_and_outliers() {
     assert!(close(p.compute, TRUTH.compute, 0.02), "{p:?}");
     assert!(close(p.memory, TRUTH.memory, 0.02), "{p:?}");
     assert!(f.outliers >= 5, "{f:?}");
+}
+
+#[test]
+fn the_total_objective_adds_up_to_the_measured_time() {
+    // Every seventh kernel twice as slow: the relative fit follows the typical kernel and
+    // falls well short of the sum; the total fit, every kernel at its time's weight, comes
+    // close (not exactly: its fixed cost sits at the bound 0 here, so its residuals need not
+    // sum to zero).
+    let samples = gemm_samples(TRUTH, |i| if i % 7 == 3 { 2.0 } else { 1.0 });
+    let measured: f64 = samples.iter().map(|s| s.time_us).sum();
+    let sum = |p: &ClassParams| samples.iter().map(|s| p.time_us(s)).sum::<f64>();
+    let rel = fit_class_with(&samples, PRIOR, Objective::Relative).unwrap();
+    let tot = fit_class_with(&samples, PRIOR, Objective::Total).unwrap();
+    assert_eq!(rel, fit_class(&samples, PRIOR).unwrap());
+    assert!(sum(&rel.params) < 0.97 * measured, "{rel:?}");
+    let (r, t) = (sum(&rel.params) / measured, sum(&tot.params) / measured);
+    assert!(
+        (t - 1.0).abs() < 0.5 * (r - 1.0).abs(),
+        "relative {r}, total {t}"
+    );
+    assert_eq!(tot.outliers, 0);
+    // Without noise both recover the truth.
+    let exact = fit_class_with(&gemm_samples(TRUTH, |_| 1.0), PRIOR, Objective::Total).unwrap();
+    assert!(
+        close(exact.params.compute, TRUTH.compute, 1e-6),
+        "{exact:?}"
+    );
+    assert!(
+        close(exact.params.fixed_us, TRUTH.fixed_us, 1e-5),
+        "{exact:?}"
+    );
+    assert_eq!(Objective::parse("total"), Some(Objective::Total));
+    assert_eq!(Objective::parse("mean"), None);
 }
 
 #[test]
@@ -384,6 +419,8 @@ fn calibrate_fits_what_the_cpu_engine_profile_carries() {
         cost: Some(cm.clone()),
         idle_factor: DEFAULT_IDLE_FACTOR,
         dtype,
+        model: None,
+        objective: Default::default(),
     };
     // The 146 GEMMs carry tokens, k and n; their bytes need the format the engine ran in.
     let cal = calibrate(std::slice::from_ref(&p), &opts(Some(DType::Fp32)));

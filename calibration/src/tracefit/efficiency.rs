@@ -20,6 +20,14 @@
 //! their median absolute value), so that a few kernels slowed by something the model does not
 //! see (contention, a cold cache) do not pull it; they are counted as outliers.
 //!
+//! **Objective.** [`Objective::Relative`] (the default) is the above: every kernel counts alike,
+//! and the fit follows the typical kernel of a shape. [`Objective::Total`] is plain least squares
+//! over absolute times, without re-weighting: every kernel weighs as its time does, slow ones
+//! included, so the fitted times add up to about the measured ones (exactly when `fixed_us` is
+//! above its bound 0: least squares with a free offset leaves residuals that sum to zero). A twin that predicts
+//! steps (sums of kernels) and their means wants that when the kernels' times have a long tail
+//! (a shared CPU: the CPU engine's kernels are 20% slower on average than at their median).
+//!
 //! **What the samples determine.** A parameter the samples cannot see keeps the prior value (the
 //! shipped cost file's) and is reported as not determined: `compute` and `rows_pad` need
 //! compute-bound samples (`rows_pad` at two row counts or more), `memory` a memory-bound one,
@@ -38,6 +46,32 @@ const ROBUST_ROUNDS: usize = 8;
 const HUBER_K: f64 = 1.345;
 /// Smallest residual scale the weights use (0.1%): below it every sample fits.
 const MIN_SCALE: f64 = 1e-3;
+
+/// What the fit minimizes (module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    /// Relative errors, robustly re-weighted: the typical kernel.
+    #[default]
+    Relative,
+    /// Absolute errors, every kernel at full weight: the total time.
+    Total,
+}
+
+impl Objective {
+    pub const ALL: [Objective; 2] = [Objective::Relative, Objective::Total];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::Relative => "relative",
+            Objective::Total => "total",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Objective> {
+        Objective::ALL.into_iter().find(|o| o.name() == s)
+    }
+}
 
 /// One kernel as the fit sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -139,10 +173,11 @@ struct Problem<'a> {
     x: Vec<(f64, f64, f64, f64)>,
     samples: &'a [Sample],
     holds: Holds,
+    objective: Objective,
 }
 
 impl<'a> Problem<'a> {
-    fn new(samples: &'a [Sample], holds: Holds) -> Problem<'a> {
+    fn new(samples: &'a [Sample], holds: Holds, objective: Objective) -> Problem<'a> {
         let x = samples
             .iter()
             .map(|s| {
@@ -150,7 +185,12 @@ impl<'a> Problem<'a> {
                 (a, b, d, s.time_us)
             })
             .collect();
-        Problem { x, samples, holds }
+        Problem {
+            x,
+            samples,
+            holds,
+            objective,
+        }
     }
 
     /// Bounded least squares for an assignment (true: compute branch) and weights.
@@ -162,7 +202,10 @@ impl<'a> Problem<'a> {
             .zip(assign)
             .zip(weights)
             .map(|((&(a, b, d, t), &c), &wt)| {
-                let s = wt.sqrt() / t;
+                let s = match self.objective {
+                    Objective::Relative => wt.sqrt() / t,
+                    Objective::Total => wt.sqrt(),
+                };
                 let row = if c {
                     // With rows_pad held, its term folds into the compute column.
                     let a = a + h.rows_pad.map_or(0.0, |r| b * r);
@@ -171,7 +214,7 @@ impl<'a> Problem<'a> {
                 } else {
                     vec![s, 0.0, 0.0, d * s]
                 };
-                (row, wt.sqrt())
+                (row, t * s)
             })
             .collect();
         let inf = f64::INFINITY;
@@ -206,7 +249,10 @@ impl<'a> Problem<'a> {
         self.samples
             .iter()
             .zip(weights)
-            .map(|(s, w)| w * (p.time_us(s) / s.time_us - 1.0).powi(2))
+            .map(|(s, w)| match self.objective {
+                Objective::Relative => w * (p.time_us(s) / s.time_us - 1.0).powi(2),
+                Objective::Total => w * (p.time_us(s) - s.time_us).powi(2),
+            })
             .sum()
     }
 
@@ -280,9 +326,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// Fits one class to its samples over relative errors ([`fit_class_with`]).
+pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit> {
+    fit_class_with(samples, prior, Objective::Relative)
+}
+
 /// Fits one class to its samples; parameters the samples cannot determine keep `prior`'s value.
 /// `None` without usable samples (each needs a positive time and finite work).
-pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit> {
+pub fn fit_class_with(
+    samples: &[Sample],
+    prior: ClassParams,
+    objective: Objective,
+) -> Option<EfficiencyFit> {
     let samples: Vec<Sample> = samples
         .iter()
         .copied()
@@ -309,7 +364,7 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
     // Decide what the samples determine, refitting until that settles (at most once per
     // parameter).
     for _ in 0..5 {
-        let problem = Problem::new(&samples, holds);
+        let problem = Problem::new(&samples, holds, objective);
         params = problem.fit(&weights, problem.assign(&prior))?;
         let assign = problem.assign(&params);
         let compute_rows: Vec<f64> = samples
@@ -365,9 +420,13 @@ pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit
         }
         holds = next;
     }
-    let problem = Problem::new(&samples, holds);
-    // Robust re-weighting.
-    for _ in 0..ROBUST_ROUNDS {
+    let problem = Problem::new(&samples, holds, objective);
+    // Robust re-weighting (the relative objective; the total one counts every kernel).
+    let rounds = match objective {
+        Objective::Relative => ROBUST_ROUNDS,
+        Objective::Total => 0,
+    };
+    for _ in 0..rounds {
         let r = rel_errors(&samples, &params);
         let scale = (1.4826 * median(r.iter().map(|x| x.abs()).collect())).max(MIN_SCALE);
         let delta = HUBER_K * scale;

@@ -23,11 +23,11 @@ use crate::kernels::{
 use comm::{alpha_beta, fit_collective, AlphaBeta, CollectiveFit, CommSample, GroupKey};
 use dstwin_hwmodels::{CostModel, DType, OpClass};
 use dstwin_traces::profile::{Profile, ProfileFormat};
-use efficiency::{fit_class, ClassParams, EfficiencyFit, Sample};
+use efficiency::{fit_class_with, ClassParams, EfficiencyFit, Objective, Sample};
 use host::{fit_host, HostFit};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use work::kernel_work;
+use work::{engine_op_work, kernel_work, EngineModel};
 
 /// Default of [`TraceOptions::idle_factor`]: a gap five times the median is idling.
 pub const DEFAULT_IDLE_FACTOR: f64 = 5.0;
@@ -47,6 +47,10 @@ pub struct TraceOptions {
     pub idle_factor: f64,
     /// The format the engine computed in, for traces that do not say (the CPU engine's).
     pub dtype: Option<DType>,
+    /// The model the traces ran (the CPU engine's): the work of its ops that are not GEMMs.
+    pub model: Option<EngineModel>,
+    /// What the efficiency fits minimize.
+    pub objective: Objective,
 }
 
 /// One trace as read.
@@ -170,7 +174,12 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                 if k.calls != 1 {
                     continue;
                 }
-                if let Some(w) = kernel_work(k, class == OpClass::Gemm, opts.dtype) {
+                let work = kernel_work(k, class == OpClass::Gemm, opts.dtype).or_else(|| {
+                    opts.model
+                        .as_ref()
+                        .and_then(|m| engine_op_work(k, class, m))
+                });
+                if let Some(w) = work {
                     samples.entry(class).or_default().push(Sample {
                         flops: w.flops,
                         bytes: w.bytes,
@@ -214,7 +223,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                 kernels: counts.get(&class).copied().unwrap_or(0),
                 with_work: s.len(),
                 prior,
-                fit: prior.and_then(|p| fit_class(&s, p)),
+                fit: prior.and_then(|p| fit_class_with(&s, p, opts.objective)),
             }
         })
         .collect();

@@ -11,9 +11,14 @@
 //!   it computes in, so the caller gives it (`calibrate --dtype`), for operands and result alike.
 //!
 //! Other kernels (attention, grouped GEMMs, glue) carry no shapes a fit can price without the
-//! model's dimensions: they are counted as "without work" in the report, not guessed.
+//! model's dimensions: they are counted as "without work" in the report, not guessed. Given the
+//! model (`calibrate --model`), the CPU engine's other ops get the work the op graph gives that
+//! op on the batch the event describes ([`engine_op_work`]): the very numbers the twin prices.
 
-use dstwin_hwmodels::DType;
+use dstwin_core::batch::BatchShape;
+use dstwin_core::model::{ModelConfig, Quant};
+use dstwin_core::opgraph::op_work;
+use dstwin_hwmodels::{DType, OpClass};
 use dstwin_traces::profile::{elem_type, ElemType, KernelRecord, NumberKind};
 use serde_json::Value;
 
@@ -57,6 +62,51 @@ pub fn kernel_work(k: &KernelRecord, gemm: bool, dtype: Option<DType>) -> Option
         .map(|t| elem_type(t))
         .collect::<Option<_>>()?;
     gemm_work(&shapes, &types)
+}
+
+/// The model a CPU engine trace ran, for the work of its ops that are not GEMMs.
+#[derive(Clone, Debug)]
+pub struct EngineModel {
+    pub config: ModelConfig,
+    /// The op graph's formats for the engine's numerics.
+    pub quant: Quant,
+}
+
+/// The work of a CPU engine op that is not a GEMM, from its shape arguments and the model: the
+/// op graph's op of that name on the batch the event describes. Attention events are one
+/// sequence each (`tokens` new after `context - tokens` cached); the routed experts' `tokens`
+/// are rows (tokens x top-k); every other op runs on `tokens` rows. `None` for events without
+/// those arguments, or ops the graph does not price as compute.
+pub fn engine_op_work(k: &KernelRecord, class: OpClass, m: &EngineModel) -> Option<KernelWork> {
+    let text = k.shapes.as_deref()?;
+    let Ok(Value::Object(args)) = serde_json::from_str::<Value>(text) else {
+        return None;
+    };
+    let dim = |key: &str| args.get(key).and_then(Value::as_u64);
+    let tokens = dim("tokens").filter(|t| *t > 0)?;
+    let cap = m.config.attn_cap();
+    let mut b = BatchShape::default();
+    let mut group_tokens = tokens;
+    match class {
+        OpClass::Attention => b.add_decode(tokens, dim("context")?.checked_sub(tokens)?, cap),
+        OpClass::PrefillAttention => {
+            b.add_prefill(tokens, dim("context")?.checked_sub(tokens)?, cap)
+        }
+        OpClass::Gemm | OpClass::Indexer => return None,
+        OpClass::GroupedGemm | OpClass::Elementwise => {
+            if &*k.name == "experts" {
+                group_tokens = tokens.div_ceil(m.config.top_k.max(1));
+            }
+            b = BatchShape::uniform_decode(u32::try_from(group_tokens).ok()?, 1, 0, cap);
+        }
+    }
+    let w = op_work(&m.config, m.quant, &k.name, &b, group_tokens)?;
+    (w.class == class).then_some(KernelWork {
+        flops: w.flops,
+        bytes: w.bytes,
+        rows: (w.rows > 0.0).then_some(w.rows),
+        dtype: Some(w.dtype),
+    })
 }
 
 /// A GEMM as the CPU engine describes it: `tokens` x `k` by `k` x `n`, `heads` of them.
@@ -216,5 +266,55 @@ mod tests {
         k.shapes = Some(r#"{"tokens":4,"context":900,"heads":16}"#.into());
         assert!(kernel_work(&k, true, Some(DType::Fp32)).is_none());
         assert!(kernel_work(&k, false, Some(DType::Fp32)).is_none());
+    }
+
+    #[test]
+    fn the_cpu_engines_other_ops_take_the_op_graphs_work_given_the_model() {
+        let config = dstwin_core::model::builtin("deepseek-v3").unwrap();
+        let m = EngineModel {
+            config: config.clone(),
+            quant: Quant::Bf16,
+        };
+        let cap = config.attn_cap();
+        let event = |name: &str, args: &str| {
+            let mut k = KernelRecord::new(name.into(), Some(0), 1000, 1);
+            k.shapes = Some(args.into());
+            k
+        };
+        // One decoding sequence: 1 new token after 899 cached ones.
+        let k = event("attn_decode", r#"{"tokens":1,"context":900,"heads":128}"#);
+        let w = engine_op_work(&k, OpClass::Attention, &m).unwrap();
+        let mut b = BatchShape::default();
+        b.add_decode(1, 899, cap);
+        let g = op_work(&config, Quant::Bf16, "attn_decode", &b, 1).unwrap();
+        assert_eq!(
+            (w.flops, w.bytes, w.dtype),
+            (g.flops, g.bytes, Some(g.dtype))
+        );
+        // A prompt chunk of 64 after 128 cached tokens.
+        let k = event("attn_prefill", r#"{"tokens":64,"context":192,"heads":128}"#);
+        let w = engine_op_work(&k, OpClass::PrefillAttention, &m).unwrap();
+        let mut b = BatchShape::default();
+        b.add_prefill(64, 128, cap);
+        let g = op_work(&config, Quant::Bf16, "attn_prefill", &b, 64).unwrap();
+        assert_eq!(w.flops, g.flops);
+        // The routed experts' tokens are rows: 32 tokens routed to 8 experts each.
+        let k = event("experts", r#"{"tokens":256,"experts":256}"#);
+        let w = engine_op_work(&k, OpClass::GroupedGemm, &m).unwrap();
+        let b = BatchShape::uniform_decode(32, 1, 0, cap);
+        let g = op_work(&config, Quant::Bf16, "experts", &b, 32).unwrap();
+        assert_eq!(w.flops, g.flops);
+        assert_eq!(
+            w.flops,
+            2.0 * 256.0 * 3.0 * config.hidden as f64 * config.expert_ffn as f64
+        );
+        // A norm over 10 rows; a GEMM is not priced this way, nor an event without tokens,
+        // nor an op whose class the event contradicts.
+        let k = event("attn_norm", r#"{"tokens":10}"#);
+        let w = engine_op_work(&k, OpClass::Elementwise, &m).unwrap();
+        assert_eq!(w.flops, 4.0 * 10.0 * config.hidden as f64);
+        assert!(engine_op_work(&k, OpClass::Gemm, &m).is_none());
+        assert!(engine_op_work(&event("attn_norm", "{}"), OpClass::Elementwise, &m).is_none());
+        assert!(engine_op_work(&k, OpClass::Attention, &m).is_none());
     }
 }

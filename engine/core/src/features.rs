@@ -182,6 +182,10 @@ pub struct Features {
     pub flashcomm1: bool,
     #[serde(default)]
     pub mlapo: bool,
+    /// Attention kernels run one sequence at a time (the CPU engine's MLA: `engine/cpu/src/
+    /// attention.rs`), each paying its own fixed cost, instead of one batched kernel per layer.
+    #[serde(default)]
+    pub attention_per_sequence: bool,
 }
 
 /// vLLM's default capture sizes up to `max`: 1, 2, 4, then every 8 to 256, then every 16.
@@ -210,6 +214,7 @@ pub struct Resolved {
     pub capture_sizes: Vec<u32>,
     pub flashcomm1: bool,
     pub mlapo: bool,
+    pub attention_per_sequence: bool,
 }
 
 /// What a decode step's MoE uses and why.
@@ -295,6 +300,7 @@ impl Features {
             capture_sizes,
             flashcomm1: self.flashcomm1,
             mlapo: self.mlapo,
+            attention_per_sequence: self.attention_per_sequence,
         })
     }
 }
@@ -311,6 +317,7 @@ impl Resolved {
             capture_sizes: Vec::new(),
             flashcomm1: false,
             mlapo: false,
+            attention_per_sequence: false,
         }
     }
 

@@ -154,6 +154,24 @@ impl Builder<'_> {
         }
     }
 
+    /// With `attention_per_sequence`, the ops pushed from `first` on run once per sequence of
+    /// `seqs`, each on its share of the work (an equal share: the cost is linear in the work but
+    /// for the fixed cost per kernel and the row padding, which now count per sequence).
+    fn per_sequence(&mut self, first: usize, seqs: u32) {
+        if !self.s.features.attention_per_sequence || seqs <= 1 {
+            return;
+        }
+        let n = f64::from(seqs);
+        for op in &mut self.ops[first..] {
+            op.repeat *= u64::from(seqs);
+            if let OpKind::Compute(w) = &mut op.kind {
+                w.flops /= n;
+                w.bytes /= n;
+                w.rows /= n;
+            }
+        }
+    }
+
     /// A GEMM of `tokens` x `k` by `k` x `n`, weights stored as `wdt`, math in `cdt`.
     // The arguments are the GEMM's shape and formats; a struct would only rename them.
     #[allow(clippy::too_many_arguments)]
@@ -306,6 +324,7 @@ impl Builder<'_> {
                     (b.prefill_pairs, b.decode_pairs)
                 };
                 if b.prefill_tokens > 0 {
+                    let first = self.ops.len();
                     // Prefill form: up-project the latent to per-head K and V, then attend. The
                     // tokens already cached before this chunk (prefix hits, earlier chunks) are
                     // read back from the latent cache and up-projected again, as MLA's
@@ -339,8 +358,10 @@ impl Builder<'_> {
                             tp_tok * hh,
                         ),
                     );
+                    self.per_sequence(first, b.prefill_seqs);
                 }
                 if b.decode_tokens > 0 {
+                    let first = self.ops.len();
                     // Absorbed form: attend in the latent space, W_UK and W_UV folded into the query
                     // and output sides.
                     if !mlapo {
@@ -366,6 +387,7 @@ impl Builder<'_> {
                         work(OpClass::Attention, flops, bytes, DType::Bf16, td * hh),
                     );
                     self.gemm("v_absorb", layer, repeat, td, hh * kvl, v, lin, DType::Bf16);
+                    self.per_sequence(first, b.decode_seqs);
                 }
                 if let Some(ix) = indexer {
                     let pairs = (b.prefill_pairs + b.decode_pairs) as f64;
@@ -847,6 +869,57 @@ pub fn step_ops(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad) -> Vec<Op> {
     bld.ops
 }
 
+/// An instance of `ep` single-die DP ranks (tp 1), the routed experts spread over all of them.
+fn bare_plan(model: &ModelConfig, ep: u32) -> Plan {
+    Plan {
+        role: Role::Mixed,
+        dies: ep,
+        dp: ep,
+        tp: 1,
+        ep,
+        dense_tp: 1,
+        redundant_experts: 0,
+        shared_expert_dies: 0,
+        routed_dies: ep,
+        slots_per_die: (model.routed_experts as u32).div_ceil(ep).max(1),
+    }
+}
+
+/// The work of one kernel of the op `name` as the bare graph of one die holding every expert
+/// (tp 1, in `quant`) prices it for the batch `b` with `group_tokens` tokens entering the
+/// MoE layers: what an engine that runs that op on that batch computes, for fitting its
+/// measured time. `None` when the graph has no compute op of that name for `b`.
+pub fn op_work(
+    model: &ModelConfig,
+    quant: Quant,
+    name: &str,
+    b: &BatchShape,
+    group_tokens: u64,
+) -> Option<Work> {
+    let plan = bare_plan(model, 1);
+    let features = crate::features::Resolved::plain("");
+    let spec = StepSpec {
+        model,
+        quant,
+        kv_dtype: DType::Bf16,
+        plan: &plan,
+        mtp_tokens: 0,
+        features: &features,
+    };
+    let load = MoeLoad {
+        group_tokens,
+        imbalance: 1.0,
+        comm: crate::features::MoeCommUsed::Mc2,
+    };
+    step_ops(spec, b, &load)
+        .into_iter()
+        .find(|o| o.name == name)
+        .and_then(|o| match o.kind {
+            OpKind::Compute(w) => Some(w),
+            OpKind::Comm(_) => None,
+        })
+}
+
 /// The ops the graph names for `model` on an instance of `ep` single-die DP ranks (tp 1, the
 /// routed experts spread over all of them), in a step that both computes prompt tokens and
 /// decodes with `mtp_tokens` drafts: op name -> class name ([`Op::class_name`]). The vocabulary
@@ -858,18 +931,7 @@ pub fn vocabulary(
     mtp_tokens: u32,
 ) -> BTreeMap<&'static str, &'static str> {
     let ep = ep.max(1);
-    let plan = Plan {
-        role: Role::Mixed,
-        dies: ep,
-        dp: ep,
-        tp: 1,
-        ep,
-        dense_tp: 1,
-        redundant_experts: 0,
-        shared_expert_dies: 0,
-        routed_dies: ep,
-        slots_per_die: (model.routed_experts as u32).div_ceil(ep).max(1),
-    };
+    let plan = bare_plan(model, ep);
     // The bare graph: no fused or overlapped mechanisms, so every op shows under its own name.
     let features = crate::features::Resolved::plain("");
     let spec = StepSpec {

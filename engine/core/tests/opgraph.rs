@@ -3,7 +3,7 @@
 use dstwin_core::batch::{AttnCap, BatchShape};
 use dstwin_core::layout::{Layout, Role};
 use dstwin_core::model::{self, builtin, ModelConfig, Quant};
-use dstwin_core::opgraph::{step_ops, total_flops, MoeLoad, StepSpec};
+use dstwin_core::opgraph::{op_work, step_ops, total_flops, MoeLoad, OpKind, StepSpec};
 use dstwin_hwmodels::{Catalog, DType};
 
 /// The ops of one step of `shape` on one die holding every expert: no communication, every
@@ -142,4 +142,74 @@ fn the_vocabulary_names_every_op_with_its_class() {
     assert_eq!(ep.get("dispatch"), Some(&"dispatch"));
     assert_eq!(ep.get("combine"), Some(&"combine"));
     assert_eq!(ep.get("mtp_eh_proj"), Some(&"gemm"));
+}
+
+#[test]
+fn attention_per_sequence_runs_one_kernel_per_sequence_on_its_share() {
+    let m = builtin("deepseek-v3").unwrap();
+    let sys = Catalog::builtin().system("cloudmatrix384").unwrap();
+    let plan = Layout::dp_ep(Role::Mixed, 1).validate(&m, sys).unwrap();
+    let mut shape = BatchShape::uniform_decode(6, 1, 300, m.attn_cap());
+    shape.add_prefill(100, 50, m.attn_cap());
+    shape.add_prefill(40, 0, m.attn_cap());
+    let ops = |per_seq: bool| {
+        let mut features = dstwin_core::features::Resolved::plain("ascend-910c");
+        features.attention_per_sequence = per_seq;
+        let spec = StepSpec {
+            model: &m,
+            quant: Quant::Bf16,
+            kv_dtype: DType::Bf16,
+            plan: &plan,
+            mtp_tokens: 0,
+            features: &features,
+        };
+        let load = MoeLoad {
+            group_tokens: shape.tokens(),
+            imbalance: 1.0,
+            comm: dstwin_core::features::MoeCommUsed::Mc2,
+        };
+        step_ops(spec, &shape, &load)
+    };
+    let (batched, split) = (ops(false), ops(true));
+    assert_eq!(batched.len(), split.len());
+    for (a, b) in batched.iter().zip(&split) {
+        assert_eq!(a.name, b.name);
+        let seqs = match a.name {
+            "q_absorb" | "attn_decode" | "v_absorb" => 6,
+            "kv_b_proj" | "attn_prefill" => 2,
+            _ => 1,
+        };
+        assert_eq!(b.repeat, a.repeat * seqs, "{}", a.name);
+        // The same work in all, spread over the kernels.
+        let (OpKind::Compute(wa), OpKind::Compute(wb)) = (a.kind, b.kind) else {
+            continue;
+        };
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(1.0);
+        assert!(close(wa.flops, wb.flops * seqs as f64), "{}", a.name);
+        assert!(close(wa.bytes, wb.bytes * seqs as f64), "{}", a.name);
+        assert!(close(wa.rows, wb.rows * seqs as f64), "{}", a.name);
+    }
+    assert_eq!(total_flops(&batched), total_flops(&split));
+}
+
+#[test]
+fn op_work_is_the_graphs_own_op() {
+    let m = builtin("deepseek-v3").unwrap();
+    let shape = BatchShape::uniform_decode(4, 1, 200, m.attn_cap());
+    let ops = one_die_ops(&m, &shape, 0);
+    for name in ["attn_decode", "experts", "attn_norm", "q_a_proj"] {
+        let from_graph = ops.iter().find(|o| o.name == name).unwrap();
+        let OpKind::Compute(w) = from_graph.kind else {
+            panic!("{name} is compute")
+        };
+        assert_eq!(
+            op_work(&m, Quant::Bf16, name, &shape, shape.tokens()),
+            Some(w),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        op_work(&m, Quant::Bf16, "no_such_op", &shape, shape.tokens()),
+        None
+    );
 }

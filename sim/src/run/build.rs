@@ -202,10 +202,20 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
             };
             let placement = experts.as_ref().map(|e| e.placement.clone());
             let sc = &setup.scheduler;
+            // The scenario's host time, else the cost file's (fitted from an engine's trace).
+            let host = s.cost.params.host.as_ref();
+            let step_us = sc
+                .host_overhead_us
+                .or(host.map(|h| h.step_us))
+                .unwrap_or(0.0);
+            let per_seq_us = sc
+                .host_overhead_per_seq_us
+                .or(host.map(|h| h.per_seq_us))
+                .unwrap_or(0.0);
             let device = SimDevice::new(pricer, mtp, capacity, experts)
                 .with_host(HostOverhead {
-                    step_s: sc.host_overhead_us * 1e-6,
-                    per_seq_s: sc.host_overhead_per_seq_us * 1e-6,
+                    step_s: step_us * 1e-6,
+                    per_seq_s: per_seq_us * 1e-6,
                     overlapped: sc.async_scheduling,
                 })
                 .with_span(s.dies());

@@ -74,6 +74,7 @@ fn is_instance_key(k: &str) -> bool {
             | "cudagraph_capture_sizes"
             | "flashcomm1"
             | "mlapo"
+            | "attention_per_sequence"
             | "placement"
             | "scheduler"
     )

@@ -191,13 +191,14 @@ pub struct SchedulerSpec {
     pub async_scheduling: bool,
     /// Host (CPU) time of one step per DP rank: scheduling, input preparation, output
     /// processing, in microseconds, plus `host_overhead_per_seq_us` per scheduled request.
-    /// Synchronous scheduling adds it to the device step; async scheduling overlaps them. No
-    /// anchor measures it, so it defaults to 0 (the fitted device efficiencies absorb it); set
-    /// it from a profiler trace of your engine.
+    /// Synchronous scheduling adds it to the device step; async scheduling overlaps them.
+    /// Absent: the hardware cost file's `[host]` (what `calibrate --trace` fits from the gaps
+    /// between an engine's steps), else 0 (no anchor measures it; the fitted device
+    /// efficiencies absorb it).
     #[serde(default)]
-    pub host_overhead_us: f64,
+    pub host_overhead_us: Option<f64>,
     #[serde(default)]
-    pub host_overhead_per_seq_us: f64,
+    pub host_overhead_per_seq_us: Option<f64>,
 }
 
 impl Default for SchedulerSpec {
@@ -212,8 +213,8 @@ impl Default for SchedulerSpec {
             max_model_len: None,
             preemption: PreemptionSpec::Recompute,
             async_scheduling: false,
-            host_overhead_us: 0.0,
-            host_overhead_per_seq_us: 0.0,
+            host_overhead_us: None,
+            host_overhead_per_seq_us: None,
         }
     }
 }
@@ -288,6 +289,10 @@ pub struct InstanceSpec {
     /// MLAPO: the MLA pre-processing of decode steps (up to 1024 tokens) as one fused kernel.
     #[serde(default)]
     pub mlapo: bool,
+    /// Attention kernels one sequence at a time, each with its fixed cost (the CPU engine's
+    /// MLA), instead of one batched kernel per layer.
+    #[serde(default)]
+    pub attention_per_sequence: bool,
     /// An expert placement file to start from instead of computing one (what `dstwin eplb
     /// --json` prints, or its `placement` object), relative to the scenario file; it must match
     /// this instance's MoE layers (MTP included when on) and routed-expert slots.

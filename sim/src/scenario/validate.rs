@@ -177,10 +177,10 @@ pub(super) fn validate(
                 s.host_overhead_per_seq_us,
             ),
         ] {
-            if !(v.is_finite() && v >= 0.0) {
+            if v.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
                 return Err(field(
                     f(k),
-                    v,
+                    v.unwrap_or_default(),
                     "must be a finite number of microseconds >= 0",
                 ));
             }
@@ -272,6 +272,7 @@ pub(super) fn validate(
             cudagraph_capture_sizes: spec.cudagraph_capture_sizes.clone(),
             flashcomm1: spec.flashcomm1,
             mlapo: spec.mlapo,
+            attention_per_sequence: spec.attention_per_sequence,
         }
         .resolve(&system.chip.name, s.max_num_seqs, raw.mtp.tokens, plan.tp)
         .map_err(|e| field(f(e.field), e.value, e.reason))?;
