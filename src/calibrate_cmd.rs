@@ -6,8 +6,8 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use dstwin_calibration::fit::{fit_concentration, parse_eplb_gap, EXPERT_LOAD};
 use dstwin_calibration::globals::{self, param, Param, Residual, Values};
-use dstwin_calibration::micro;
 use dstwin_calibration::target::{parse_targets, TARGETS};
+use dstwin_calibration::{kernels, micro};
 
 #[derive(Args, Debug)]
 #[command(
@@ -138,6 +138,10 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     let acceptance = micro::fit_mtp(&bench);
     let mtp_fit = micro::mtp_residuals(&bench, acceptance.unwrap_or(shipped_acceptance));
     let mtp_shipped = micro::mtp_residuals(&bench, shipped_acceptance);
+    let run = |e: micro::MicroError| Failure::Runtime(e.into());
+    let kernel_fits = kernels::fit(&bench.kernel).map_err(run)?;
+    let kernel_fit = kernels::residuals(&bench.kernel, &kernel_fits).map_err(run)?;
+    let kernel_shipped = kernels::residuals(&bench.kernel, &[]).map_err(run)?;
     let targets = parse_targets(&file, &text).map_err(|e| Failure::Input(e.into()))?;
     let on: Vec<_> = targets
         .iter()
@@ -180,6 +184,11 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
                 "residuals_of_fit": a2a_fit,
                 "residuals_of_shipped": a2a_shipped,
             },
+            "kernels": {
+                "fit": kernel_fits,
+                "residuals_of_fit": kernel_fit,
+                "residuals_of_shipped": kernel_shipped,
+            },
             "mtp_acceptance": {
                 "fit": acceptance,
                 "shipped": shipped_acceptance,
@@ -199,6 +208,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     }
     print_alltoall(&a2a, &a2a_fit, &a2a_shipped)?;
     print_mtp(acceptance, &mtp_fit, &mtp_shipped)?;
+    print_kernels(&kernel_fits, &kernel_fit, &kernel_shipped)?;
     outln!(
         "cost model {} ({} targets, {} parameter sets evaluated)",
         a.cost_model,
@@ -276,6 +286,27 @@ fn print_mtp(
     if let Some(a) = fit {
         outln!()?;
         outln!("# for engine/core/src/mtp.rs\nCALIBRATED_ACCEPTANCE = {a:.3}")?;
+    }
+    outln!()?;
+    Ok(())
+}
+
+/// Step 1c: DeepSeek-V4's fused kernels per cost model, each point's error under the fit and
+/// under the shipped entries, and the `[[kernel]]` entries for the cost files.
+fn print_kernels(
+    fits: &[kernels::KernelFit],
+    of_fit: &[micro::MicroResidual],
+    shipped: &[micro::MicroResidual],
+) -> Result<(), Failure> {
+    outln!("V4 kernel microbenchmarks (calibration/data/microbenchmarks.toml, [[kernel]])")?;
+    print_residual_pairs([16, 30, 10, 10], 2, of_fit, shipped)?;
+    for f in fits {
+        outln!()?;
+        outln!(
+            "# for hwmodels/data/costs/{}.toml (each entry keeps its source)",
+            f.cost_model
+        )?;
+        outln!("{}", f.toml())?;
     }
     outln!()?;
     Ok(())

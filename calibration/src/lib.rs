@@ -6,6 +6,8 @@
 //! - [`micro`]: the all-to-all parameters of each cost model fitted to the dispatch/combine
 //!   microbenchmarks (`data/microbenchmarks.toml`), the MTP acceptance fitted to the measured
 //!   acceptance figures in the same file, and their residuals.
+//! - [`kernels`]: DeepSeek-V4's fused kernels (mHC, KV compressors) fitted to their published
+//!   microbenchmarks (the `[[kernel]]` blocks of the same file), and their residuals.
 //! - [`fit`]: the coordinate-search fit of the global parameters (in-situ efficiency, overlap
 //!   efficiencies) that minimizes the squared relative errors over all targets of one hardware,
 //!   and the per-request routing concentration fitted to the EPLB gap.
@@ -19,6 +21,7 @@
 pub mod anchors;
 pub mod fit;
 pub mod globals;
+pub mod kernels;
 pub mod measured;
 pub mod micro;
 pub mod target;

@@ -8,6 +8,8 @@
 //! `efficiency = at_ep8 + per_doubling * log2(EP / 8)` to the achieved bandwidth over the
 //! level's bandwidth, also over relative errors, dispatch and combine each their own line.
 //!
+//! V4's fused kernels have their own fit ([`crate::kernels`]).
+//!
 //! MTP acceptance: one probability p for every draft position (the twin's chain with a single
 //! value), fitted by golden-section search over the relative errors of the blocks marked
 //! `fit = true`; the mean tokens per step with n drafts is 1 + p + ... + p^n.
@@ -133,6 +135,9 @@ pub struct Microbenchmarks {
     pub normal: Vec<NormalBlock>,
     #[serde(default)]
     pub mtp: Vec<MtpBlock>,
+    /// DeepSeek-V4's fused kernels ([`crate::kernels`]).
+    #[serde(default)]
+    pub kernel: Vec<crate::kernels::KernelBlock>,
 }
 
 /// Parses a microbenchmark file; every point must be positive and every block's system known.
@@ -178,6 +183,9 @@ pub fn parse(file: &str, text: &str) -> Result<Microbenchmarks, MicroError> {
             b.bound,
             &mut b.points.iter().map(|p| (p.ep, p.gb_s)),
         )?;
+    }
+    for b in &m.kernel {
+        crate::kernels::check(b)?;
     }
     for b in &m.mtp {
         let bad = |message: String| MicroError::Block {
@@ -368,7 +376,7 @@ fn lstsq(rows: &[(Vec<f64>, f64)], fixed: &[Option<f64>]) -> Option<Vec<f64>> {
 /// Least squares with each parameter held inside `[lo, hi]` (each side may be infinite): every
 /// way of holding some parameters at a finite limit is solved, and the feasible solution with
 /// the smallest squared residual wins (exact for box bounds; at most four parameters here).
-fn bounded_lstsq(rows: &[(Vec<f64>, f64)], lo: &[f64], hi: &[f64]) -> Option<Vec<f64>> {
+pub(crate) fn bounded_lstsq(rows: &[(Vec<f64>, f64)], lo: &[f64], hi: &[f64]) -> Option<Vec<f64>> {
     let n = lo.len();
     let sse = |x: &[f64]| -> f64 {
         rows.iter()
@@ -718,6 +726,7 @@ mod tests {
         let mut m = Microbenchmarks {
             low_latency: vec![],
             normal: vec![],
+            kernel: vec![],
             mtp: vec![
                 block(
                     true,
