@@ -14,7 +14,9 @@ use dstwin_calibration::{kernels, micro};
     after_help = "Step 1 fits each cost model's all-to-all parameters (dispatch/combine base, per-doubling latency, \
 bandwidth efficiencies of the low-latency and normal modes) to the built-in dispatch/combine microbenchmarks \
 (calibration/data/microbenchmarks.toml), and the MTP acceptance (one probability per draft position, the \
-default of a scenario's mtp.acceptance) to the measured acceptance figures in the same file. Step 2 fits the \
+default of a scenario's mtp.acceptance) to the measured acceptance figures in the same file, and the fixed cost \
+and efficiency of each of DeepSeek-V4's fused kernels (the cost files' [[kernel]] entries) to their published \
+timings there. Step 2 fits the \
 parameters a cost file lists in its `fit = [...]` (or those given with --fit) to the steady-step targets of \
 every end-to-end anchor on that cost model (calibration/data/targets.toml), by least squares over relative \
 errors with each anchor weighing one, and prints the fitted values, the residuals of the fit and of the \
@@ -206,9 +208,35 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
         )?;
         return Ok(());
     }
-    print_alltoall(&a2a, &a2a_fit, &a2a_shipped)?;
+    let costs = |name: &str, what: &str| format!("hwmodels/data/costs/{name}.toml {what}");
+    let a2a_lines: Vec<_> = a2a
+        .iter()
+        .map(|f| (costs(&f.cost_model, "[alltoall]"), f.toml()))
+        .collect();
+    print_fit(
+        "all-to-all microbenchmarks",
+        [20, 22, 10, 10],
+        1,
+        &a2a_fit,
+        &a2a_shipped,
+        &a2a_lines,
+    )?;
     print_mtp(acceptance, &mtp_fit, &mtp_shipped)?;
-    print_kernels(&kernel_fits, &kernel_fit, &kernel_shipped)?;
+    let kernel_lines: Vec<_> = kernel_fits
+        .iter()
+        .map(|f| {
+            let place = costs(&f.cost_model, "(each [[kernel]] keeps its source)");
+            (place, f.toml())
+        })
+        .collect();
+    print_fit(
+        "V4 kernel microbenchmarks, [[kernel]]",
+        [16, 30, 10, 10],
+        2,
+        &kernel_fit,
+        &kernel_shipped,
+        &kernel_lines,
+    )?;
     outln!(
         "cost model {} ({} targets, {} parameter sets evaluated)",
         a.cost_model,
@@ -291,40 +319,23 @@ fn print_mtp(
     Ok(())
 }
 
-/// Step 1c: DeepSeek-V4's fused kernels per cost model, each point's error under the fit and
-/// under the shipped entries, and the `[[kernel]]` entries for the cost files.
-fn print_kernels(
-    fits: &[kernels::KernelFit],
+/// Steps 1 and 1c, a microbenchmark fit per cost model (the all-to-all parameters, the V4
+/// kernel entries): each point's error under the fit and under the shipped values, and for each
+/// cost file the lines to paste (`(where, lines)`).
+fn print_fit(
+    title: &str,
+    widths: [usize; 4],
+    prec: usize,
     of_fit: &[micro::MicroResidual],
     shipped: &[micro::MicroResidual],
+    paste: &[(String, String)],
 ) -> Result<(), Failure> {
-    outln!("V4 kernel microbenchmarks (calibration/data/microbenchmarks.toml, [[kernel]])")?;
-    print_residual_pairs([16, 30, 10, 10], 2, of_fit, shipped)?;
-    for f in fits {
+    outln!("{title} (calibration/data/microbenchmarks.toml)")?;
+    print_residual_pairs(widths, prec, of_fit, shipped)?;
+    for (place, lines) in paste {
         outln!()?;
-        outln!(
-            "# for hwmodels/data/costs/{}.toml (each entry keeps its source)",
-            f.cost_model
-        )?;
-        outln!("{}", f.toml())?;
-    }
-    outln!()?;
-    Ok(())
-}
-
-/// Step 1: the all-to-all fit per cost model, each point's error under the fit and under the
-/// shipped parameters, and the lines for the cost files.
-fn print_alltoall(
-    fits: &[micro::A2aFit],
-    of_fit: &[micro::MicroResidual],
-    shipped: &[micro::MicroResidual],
-) -> Result<(), Failure> {
-    outln!("all-to-all microbenchmarks (calibration/data/microbenchmarks.toml)")?;
-    print_residual_pairs([20, 22, 10, 10], 1, of_fit, shipped)?;
-    for f in fits {
-        outln!()?;
-        outln!("# for hwmodels/data/costs/{}.toml [alltoall]", f.cost_model)?;
-        outln!("{}", f.toml())?;
+        outln!("# for {place}")?;
+        outln!("{lines}")?;
     }
     outln!()?;
     Ok(())
