@@ -21,6 +21,11 @@ fn one() -> u64 {
     1
 }
 
+/// Most sequences, and most tokens per sequence, a point may have (products stay exact in f64).
+const MAX_SIZE: u64 = 1 << 24;
+/// Latest start position a point may have.
+const MAX_POSITION: u64 = 1 << 40;
+
 /// One timed call of a kernel.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,11 +62,9 @@ impl KernelPoint {
     /// Compression windows the call completes over all its sequences.
     fn entries(&self, m: &ModelConfig) -> u64 {
         match (kernel_compressor(m, &self.op), self.start_pos) {
+            // Positions p + 1 in (start, start + tokens] that are multiples of the ratio.
             (Some(c), Some(start)) => {
-                let per_seq = (start..start + self.tokens)
-                    .filter(|p| (p + 1) % c.ratio == 0)
-                    .count() as u64;
-                per_seq * self.batch
+                ((start + self.tokens) / c.ratio - start / c.ratio) * self.batch
             }
             _ => 0,
         }
@@ -106,11 +109,18 @@ pub fn check(b: &KernelBlock) -> Result<(), MicroError> {
                 p.op, b.model
             )));
         }
-        if p.batch == 0 || p.tokens == 0 {
-            return Err(bad(format!(
-                "{}: batch = {}, tokens = {}: must be at least 1",
-                p.op, p.batch, p.tokens
-            )));
+        for (field, v, max) in [
+            ("batch", p.batch, MAX_SIZE),
+            ("tokens", p.tokens, MAX_SIZE),
+            ("start_pos", p.start_pos.unwrap_or(0), MAX_POSITION),
+        ] {
+            if (field != "start_pos" && v == 0) || v > max {
+                return Err(bad(format!(
+                    "{}: {field} = {v}: must be in [{}, {max}]",
+                    p.op,
+                    u64::from(field != "start_pos")
+                )));
+            }
         }
         if !(p.us.is_finite() && p.us > 0.0) {
             return Err(bad(format!("{}: us = {}: must be positive", p.op, p.us)));
