@@ -1,13 +1,16 @@
-//! `dstwin calibrate`: fits the cost-model parameters to published figures.
+//! `dstwin calibrate`: fits the cost-model parameters to published figures, or (with `--trace`,
+//! src/calibrate_trace_cmd.rs) the cost model to profiler traces.
 
 use crate::output::outln;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
+use dstwin_calibration::expert_load::{self, LeftOut, LoadFit};
 use dstwin_calibration::fit::{fit_concentration, parse_eplb_gap, EXPERT_LOAD};
 use dstwin_calibration::globals::{self, param, Param, Residual, Values};
 use dstwin_calibration::target::{parse_targets, TARGETS};
-use dstwin_calibration::{kernels, micro};
+use dstwin_calibration::{micro, v4_kernels};
+use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(
@@ -21,23 +24,62 @@ parameters a cost file lists in its `fit = [...]` (or those given with --fit) to
 every end-to-end anchor on that cost model (calibration/data/targets.toml), by least squares over relative \
 errors with each anchor weighing one, and prints the fitted values, the residuals of the fit and of the \
 shipped values. Paste the printed lines into the cost file to adopt a new fit. `dstwin validate` shows how the \
-fit predicts each anchor it was not fitted to (leave-one-out).\n\nExamples:\n  dstwin calibrate\n      the built-in targets, the Ascend 910C cost model\n  dstwin calibrate --fit op_overhead_us,overlap_efficiency_normal\n      fit another parameter list\n  dstwin calibrate --targets my-cluster-targets.toml --json"
+fit predicts each anchor it was not fitted to (leave-one-out). Step 3 (built-in targets only) fits the default routed-expert load \
+(a log-normal popularity per layer and the per-request routing concentration) jointly to measured DeepSeek-R1 \
+expert loads and the CloudMatrix384 EPLB gap (calibration/data/expert-load-measured.toml, expert-load.toml) on the \
+shipped cost model, prints every figure's error, each fitted figure's error when left out of the fit, and the \
+lines for sim/twin/data/expert-load.toml.\n\nWith --trace, calibrates from profiler traces instead (docs/calibration.md): kernels are mapped onto the op graph's ops and classes by per-backend rules (calibration/data/kernels/*.toml, extended with --rules), the time by class and by op is printed with what could not be mapped, and the cost model is fitted to the mapped kernels: per-class efficiency curves where kernels carry their work, alpha-beta per collective and group size where they carry bytes, host overhead per step from the gaps between device steps. --out writes a cost file with the fits.\n\nExamples:\n  dstwin calibrate\n      the built-in targets, the Ascend 910C cost model\n  dstwin calibrate --fit op_overhead_us,overlap_efficiency_normal\n      fit another parameter list\n  dstwin calibrate --targets my-cluster-targets.toml --json\n  dstwin calibrate --trace prof/ASCEND_PROFILER_OUTPUT --hardware atlas-800-a3 --out my-a3.toml --system-out my-a3-system.toml\n      a torch_npu profile: mapping, fits, and a system file for --hardware\n  dstwin calibrate --trace trace.json --backend cuda --hardware nvidia-h800-8\n      a PyTorch (Kineto) GPU trace"
 )]
 pub struct CalibrateArgs {
     /// Target file (TOML, `[[target]]` tables like calibration/data/targets.toml); default: the
     /// built-in targets of every end-to-end anchor.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace")]
     targets: Option<String>,
     /// Cost model whose parameters are fitted (a name from hwmodels/data/costs).
-    #[arg(long, default_value = "ascend-910c")]
+    #[arg(long, default_value = "ascend-910c", conflicts_with = "trace")]
     cost_model: String,
     /// Parameters to fit, comma-separated (default: the cost file's `fit` list). Known: the
     /// names `dstwin calibrate --list-params` prints.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "trace")]
     fit: Vec<String>,
     /// Print the parameters the fit can set, with their search ranges, and exit.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace")]
     list_params: bool,
+    /// Calibrate from profiler traces instead: Kineto / Chrome JSON, torch_npu trace_view.json,
+    /// kernel_details.csv, op_summary_*.csv, op_statistic.csv, communication.json, a torch_npu
+    /// output directory, or the CPU engine's profile.
+    #[arg(long, num_args = 1.., value_name = "TRACE")]
+    trace: Vec<PathBuf>,
+    /// Backend of the traces: ascend, cuda or cpu (default: detected per trace).
+    #[arg(long, requires = "trace")]
+    backend: Option<String>,
+    /// Your own kernel rules (TOML like calibration/data/kernels/*.toml), tried before the
+    /// built-in ones.
+    #[arg(long, requires = "trace")]
+    rules: Option<PathBuf>,
+    /// The system the traces ran on (catalog name or system TOML): its peaks, bandwidth and
+    /// fabric price the fits, its cost file is kept where the traces say nothing. Default:
+    /// nvidia-h800-8 for CUDA traces, atlas-800-a3 for Ascend ones, none for the CPU engine.
+    #[arg(long, requires = "trace")]
+    hardware: Option<String>,
+    /// Write a cost file with the fits (needs the hardware).
+    #[arg(long, requires = "trace")]
+    out: Option<PathBuf>,
+    /// Also write a system file (the hardware's, using the --out cost file) for --hardware and
+    /// scenarios.
+    #[arg(long, requires = "out")]
+    system_out: Option<PathBuf>,
+    /// The format the engine computed in (bf16, fp16, fp32, ...), for traces that do not say:
+    /// the CPU engine's GEMM shapes need it to count bytes.
+    #[arg(long, requires = "trace")]
+    dtype: Option<String>,
+    /// Gaps between device steps longer than this many times the median are idle time, not
+    /// host overhead [default: 5].
+    #[arg(long, requires = "trace")]
+    idle_factor: Option<f64>,
+    /// Rows printed per table of the trace report (all of them in --json).
+    #[arg(long, default_value_t = 25)]
+    top: usize,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -114,7 +156,33 @@ pub fn shipped_cost(name: &str) -> Result<dstwin_hwmodels::CostParams, Failure> 
         })
 }
 
+/// The shipped cost model of the EPLB gap's base deployment.
+fn shipped_cost_model(
+    on: &[dstwin_calibration::target::Target],
+) -> Result<dstwin_hwmodels::CostModel, Failure> {
+    let gap =
+        parse_eplb_gap("expert-load.toml", EXPERT_LOAD).map_err(|e| Failure::Input(e.into()))?;
+    gap.base_target(on)
+        .map_err(|e| Failure::Runtime(e.into()))?
+        .base_cost()
+        .map_err(|e| Failure::Input(e.into()))
+}
+
 pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
+    if !a.trace.is_empty() {
+        return crate::calibrate_trace_cmd::run(crate::calibrate_trace_cmd::TraceArgs {
+            traces: a.trace,
+            backend: a.backend,
+            rules: a.rules,
+            hardware: a.hardware,
+            out: a.out,
+            system_out: a.system_out,
+            idle_factor: a.idle_factor,
+            dtype: a.dtype,
+            top: a.top,
+            json: a.json,
+        });
+    }
     if a.list_params {
         for p in globals::PARAMS {
             outln!("{:<40} [{}, {}]", p.name, p.lo, p.hi)?;
@@ -141,9 +209,9 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     let mtp_fit = micro::mtp_residuals(&bench, acceptance.unwrap_or(shipped_acceptance));
     let mtp_shipped = micro::mtp_residuals(&bench, shipped_acceptance);
     let run = |e: micro::MicroError| Failure::Runtime(e.into());
-    let kernel_fits = kernels::fit(&bench.kernel).map_err(run)?;
-    let kernel_fit = kernels::residuals(&bench.kernel, &kernel_fits).map_err(run)?;
-    let kernel_shipped = kernels::residuals(&bench.kernel, &[]).map_err(run)?;
+    let kernel_fits = v4_kernels::fit(&bench.kernel).map_err(run)?;
+    let kernel_fit = v4_kernels::residuals(&bench.kernel, &kernel_fits).map_err(run)?;
+    let kernel_shipped = v4_kernels::residuals(&bench.kernel, &[]).map_err(run)?;
     let targets = parse_targets(&file, &text).map_err(|e| Failure::Input(e.into()))?;
     let on: Vec<_> = targets
         .iter()
@@ -161,17 +229,27 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::Input(e.into()))?;
     let shipped_r =
         globals::residuals(&on, &a.cost_model, &shipped).map_err(|e| Failure::Input(e.into()))?;
-    // The per-request routing concentration, fitted to the one figure that isolates it, with
-    // the fitted parameters (only for the built-in targets, which hold its base deployment).
-    let conc = if a.targets.is_none() && a.cost_model == "ascend-910c" {
+    let builtin_910c = a.targets.is_none() && a.cost_model == "ascend-910c";
+    // The default expert load, fitted jointly to the measured loads and the EPLB gap on the
+    // shipped cost model (the one the simulator prices with); only for the built-in targets,
+    // which hold the gap's base deployment.
+    let load = if builtin_910c {
+        let p = expert_load::builtin(&on, shipped_cost_model(&on)?)
+            .map_err(|e| Failure::Runtime(e.into()))?;
+        let f = p.fit().map_err(|e| Failure::Runtime(e.into()))?;
+        let loo = p
+            .leave_one_out(&f)
+            .map_err(|e| Failure::Runtime(e.into()))?;
+        Some((f, loo))
+    } else {
+        None
+    };
+    // The `zipf` kind's per-request routing concentration, fitted to the one figure that
+    // isolates it, with the fitted parameters.
+    let conc = if builtin_910c {
         let gap = parse_eplb_gap("expert-load.toml", EXPERT_LOAD)
             .map_err(|e| Failure::Input(e.into()))?;
-        let base = on
-            .iter()
-            .find(|t| t.id == gap.base)
-            .ok_or_else(|| Failure::Runtime(anyhow!("target {} not found", gap.base)))?
-            .base_cost()
-            .map_err(|e| Failure::Input(e.into()))?;
+        let base = shipped_cost_model(&on)?;
         Some(
             fit_concentration(&gap, &on, &f.values.apply(&base))
                 .map_err(|e| Failure::Input(e.into()))?,
@@ -200,7 +278,12 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             "cost_model": a.cost_model,
             "fit": f,
             "shipped": { "values": shipped, "residuals": shipped_r },
-            "expert_load_concentration": conc,
+            "expert_load": load.as_ref().map(|(f, loo)| serde_json::json!({
+                "fit": f,
+                "shipped": dstwin_twin::expert_load::fitted(),
+                "leave_one_out": loo,
+            })),
+            "zipf_concentration": conc,
         });
         outln!(
             "{}",
@@ -252,14 +335,18 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     for (n, v) in f.values.names.iter().zip(&f.values.values) {
         outln!("{n} = {v:.3}")?;
     }
+    if let Some((f, loo)) = &load {
+        outln!()?;
+        print_expert_load(f, loo)?;
+    }
     if let Some(c) = conc {
         outln!()?;
         outln!(
-            "expert-load concentration fitted to {}: {:.2} (default/perfect EPLB throughput {:.3}, published {:.3})",
+            "zipf(0.5) concentration fitted to {} alone: {:.2} (default/perfect EPLB throughput {:.3}, published {:.3})",
             c.id, c.concentration, c.predicted_ratio, c.published_ratio
         )?;
         outln!(
-            "# for sim/twin/src/expert_load.rs: DEFAULT_CONCENTRATION = {:.1} (shipped {:.1})",
+            "# for sim/twin/src/expert_load/mod.rs: DEFAULT_CONCENTRATION = {:.1} (shipped {:.1})",
             c.concentration,
             dstwin_twin::expert_load::DEFAULT_CONCENTRATION
         )?;
@@ -299,6 +386,62 @@ fn print_residual_pairs(
             s.error * 100.0
         )?;
     }
+    Ok(())
+}
+
+/// Step 3: the default expert load's joint fit, every figure's error (fitted and checked), each
+/// fitted figure's error when left out of the fit, and the lines for the data file.
+fn print_expert_load(f: &LoadFit, loo: &[LeftOut]) -> Result<(), Failure> {
+    let p = f.params;
+    let fitted = f.residuals.iter().filter(|r| r.fitted).count();
+    outln!("expert load, the fitted default (calibration/data/expert-load-measured.toml, expert-load.toml)")?;
+    outln!(
+        "  sigma {:.4}, sigma_spread {:.4}, concentration {:.2}: rms error {:.1}% over {fitted} fitted figures ({} evaluations)",
+        p.sigma,
+        p.sigma_spread,
+        p.concentration,
+        f.rms_error * 100.0,
+        f.evaluations
+    )?;
+    outln!(
+        "  {:<50} {:>10} {:>10} {:>8}  {:<7} {:>9}",
+        "figure",
+        "published",
+        "predicted",
+        "error",
+        "role",
+        "left out"
+    )?;
+    for r in &f.residuals {
+        let left = loo
+            .iter()
+            .find(|l| l.id == r.id)
+            .map_or(String::new(), |l| format!("{:+.1}%", l.error * 100.0));
+        outln!(
+            "  {:<50} {:>10.4} {:>10.4} {:>+7.1}%  {:<7} {:>9}",
+            r.id,
+            r.published,
+            r.predicted,
+            r.error * 100.0,
+            if r.fitted { "fit" } else { "check" },
+            left
+        )?;
+    }
+    let s = dstwin_twin::expert_load::fitted();
+    outln!(
+        "  shipped: sigma {}, sigma_spread {}, concentration {}",
+        s.sigma,
+        s.sigma_spread,
+        s.concentration
+    )?;
+    outln!()?;
+    outln!("# for sim/twin/data/expert-load.toml")?;
+    outln!(
+        "sigma = {:.4}\nsigma_spread = {:.4}\nconcentration = {:.2}",
+        p.sigma,
+        p.sigma_spread,
+        p.concentration
+    )?;
     Ok(())
 }
 

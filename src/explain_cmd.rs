@@ -7,7 +7,8 @@ use clap::Args;
 use dstwin_core::layout::{Layout, Role};
 use dstwin_core::model::{self, Quant};
 use dstwin_hwmodels::{Catalog, DType};
-use dstwin_twin::explain::{explain, BatchSpec, ExplainInput, Mtp};
+use dstwin_twin::expert_load::ExpertLoadSpec;
+use dstwin_twin::explain::{explain_under, BatchSpec, ExplainInput, Mtp, SkewedLoad};
 use std::path::Path;
 
 /// Defaults reproduce the CloudMatrix384 decode deployment of the CloudMatrix-Infer paper:
@@ -16,7 +17,7 @@ use std::path::Path;
 /// acceptance (0.717).
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin explain\n      CloudMatrix384 decode, EP320, 96 seqs per NPU at KV 4K, MTP 1 at the calibrated 71.7%\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --mtp 0\n      CloudMatrix384 prefill instance of 16 NPUs, 16K tokens per NPU in 4K prompts\n  dstwin explain --hardware atlas-800i-a2 --dies 32 --redundant-experts 0 --shared-expert-dies 0 --seqs 24 --kv 2048 --json\n      Atlas 800I A2, 4 nodes, as JSON for scripts\n\nSizes count dies, as vllm-ascend's flags do (a 910C card = 2 dies).\nExit codes: 0 ok, 2 invalid input or impossible layout (the message names the field and numbers)."
+    after_help = "Examples:\n  dstwin explain\n      CloudMatrix384 decode, EP320, 96 seqs per NPU at KV 4K, MTP 1 at the calibrated 71.7%\n  dstwin explain --skew\n      the same with the simulator's default expert load (fitted to measured DeepSeek-R1 loads) on a greedy EPLB placement\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --mtp 0\n      CloudMatrix384 prefill instance of 16 NPUs, 16K tokens per NPU in 4K prompts\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --cached 12288 --mtp 0\n      the same step as the last chunks of 16K prompts (or after 12K-token prefix hits): attention over the cached 12K and its latent up-projected again\n  dstwin explain --hardware atlas-800i-a2 --dies 32 --redundant-experts 0 --shared-expert-dies 0 --seqs 24 --kv 2048 --json\n      Atlas 800I A2, 4 nodes, as JSON for scripts\n\nSizes count dies, as vllm-ascend's flags do (a 910C card = 2 dies).\nExit codes: 0 ok, 2 invalid input or impossible layout (the message names the field and numbers)."
 )]
 pub struct ExplainArgs {
     /// Built-in model name (see `dstwin catalog`) or path to a HuggingFace config.json.
@@ -67,6 +68,11 @@ pub struct ExplainArgs {
     /// Tokens per prompt (prefill).
     #[arg(long, default_value_t = 4096)]
     prompt: u64,
+    /// Tokens of each prompt already in KV (prefix-cache hits, or the earlier chunks of a long
+    /// prompt): the step computes --prompt new tokens after them, attends to them and
+    /// up-projects their cached latent again.
+    #[arg(long, default_value_t = 0)]
+    cached: u64,
     /// MTP draft tokens per step (0 = off).
     #[arg(long, default_value_t = 1)]
     mtp: u32,
@@ -74,21 +80,25 @@ pub struct ExplainArgs {
     /// (default: the calibrated acceptance, 0.717 at every position; see docs/validation.md).
     #[arg(long, value_delimiter = ',')]
     mtp_accept: Vec<f64>,
-    /// Tokens on the hottest routed die over the mean (1.0 = perfect expert balance).
+    /// Tokens on the hottest routed die over the mean (1.0 = perfect expert balance, the
+    /// default without --skew).
     #[arg(long, default_value_t = 1.0, conflicts_with = "skew")]
     imbalance: f64,
-    /// Skew the routed-expert load (Zipf exponent; 0.5 is the simulator's default) and compute the
-    /// imbalance per layer from it and the --eplb placement.
-    #[arg(long)]
-    skew: Option<f64>,
+    /// Price a skewed routed-expert load, its imbalance computed per layer on the --eplb
+    /// placement: `fitted` (the default of --skew and of scenarios: log-normal per layer fitted
+    /// to measured DeepSeek-R1 loads), `lognormal:SIGMA`, `zipf:EXPONENT` or a bare Zipf
+    /// exponent.
+    #[arg(long, num_args = 0..=1, default_missing_value = "fitted", value_name = "LOAD")]
+    skew: Option<String>,
     /// EPLB policy placing a skewed load: identity, global, hierarchical, greedy.
     #[arg(long, default_value = "greedy", requires = "skew")]
     eplb: String,
     /// With --skew: Dirichlet concentration of each request's routing around the mean; the
     /// fewer requests a step holds, the further its load strays from what EPLB placed for
-    /// (0: no per-batch fluctuation). Default: the value fitted by `dstwin calibrate`.
-    #[arg(long, default_value_t = dstwin_twin::expert_load::DEFAULT_CONCENTRATION, requires = "skew")]
-    concentration: f64,
+    /// (0: no per-batch fluctuation). Default: the load's own (fitted with the skew for
+    /// `fitted` and `lognormal`; the Zipf(0.5) fit for `zipf`).
+    #[arg(long, requires = "skew")]
+    concentration: Option<f64>,
     /// Per-rank token budget the workspace is sized for (default: the batch's tokens).
     #[arg(long)]
     max_tokens: Option<u64>,
@@ -123,6 +133,51 @@ pub struct ExplainArgs {
     json: bool,
 }
 
+/// The load `--skew` names, with `--concentration` when given.
+fn skew_spec(load: &str, concentration: Option<f64>) -> anyhow::Result<ExpertLoadSpec> {
+    let number = |v: &str| -> anyhow::Result<f64> {
+        v.parse()
+            .map_err(|_| anyhow!("--skew {load}: '{v}' is not a number"))
+    };
+    let fitted = dstwin_twin::expert_load::fitted();
+    let lognormal = |sigma, sigma_spread| ExpertLoadSpec::Lognormal {
+        sigma,
+        sigma_spread,
+        concentration: concentration.unwrap_or(fitted.concentration),
+        drift: 0.0,
+        epoch_steps: 1,
+    };
+    let zipf = |exponent| ExpertLoadSpec::Zipf {
+        exponent,
+        drift: 0.0,
+        epoch_steps: 1,
+        concentration: concentration.unwrap_or(dstwin_twin::expert_load::DEFAULT_CONCENTRATION),
+    };
+    let spec = match load.split_once(':') {
+        None if load == "fitted" => match concentration {
+            // Another concentration is no longer the fitted load: say so in the report.
+            Some(_) => lognormal(fitted.sigma, fitted.sigma_spread),
+            None => ExpertLoadSpec::Fitted {
+                drift: 0.0,
+                epoch_steps: 1,
+            },
+        },
+        None => zipf(number(load).map_err(|_| {
+            anyhow!("--skew {load}: give fitted, lognormal:SIGMA, zipf:EXPONENT or a Zipf exponent")
+        })?),
+        Some(("lognormal", v)) => lognormal(number(v)?, 0.0),
+        Some(("zipf", v)) => zipf(number(v)?),
+        Some((kind, _)) => {
+            return Err(anyhow!(
+                "--skew {load}: unknown load '{kind}'; give fitted, lognormal:SIGMA, zipf:EXPONENT or a Zipf exponent"
+            ))
+        }
+    };
+    spec.validate()
+        .map_err(|(field, value, reason)| anyhow!("--skew {load}: {field} = {value} {reason}"))?;
+    Ok(spec)
+}
+
 fn parse_moe_comm(s: &str) -> Result<dstwin_core::features::MoeComm, String> {
     use dstwin_core::features::MoeComm;
     [
@@ -145,7 +200,7 @@ fn parse_graph_mode(s: &str) -> Result<dstwin_core::features::CudagraphMode, Str
     }
 }
 
-fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
+fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLoad>)> {
     let model = dstwin_sim::scenario::load_model(&a.model, Path::new("."))?;
     let quant: Quant = a.quant.parse().map_err(|e| anyhow!("--quant: {e}"))?;
     let kv_dtype: DType = a
@@ -175,12 +230,25 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
         Role::Prefill => (0, a.tokens),
         Role::Mixed => (a.seqs, a.tokens),
     };
+    if a.cached > 0 && tokens == 0 {
+        return Err(anyhow!(
+            "--cached {}: cached prompt tokens need prompt tokens this step (--tokens, role prefill or mixed)",
+            a.cached
+        ));
+    }
     if role == Role::Prefill && tokens == 0 {
         return Err(anyhow!(
             "--tokens 0: a prefill step needs prompt tokens per DP rank"
         ));
     }
-    Ok(ExplainInput {
+    let load = match &a.skew {
+        Some(l) => Some(SkewedLoad {
+            spec: skew_spec(l, a.concentration)?,
+            policy: a.eplb.parse().map_err(|e: String| anyhow!("--eplb: {e}"))?,
+        }),
+        None => None,
+    };
+    let input = ExplainInput {
         model,
         quant,
         kv_dtype,
@@ -191,20 +259,15 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
             kv_len: if seqs > 0 { a.kv } else { 0 },
             prefill_tokens: tokens,
             prompt_len: if tokens > 0 { a.prompt } else { 0 },
+            prompt_cached: if tokens > 0 { a.cached } else { 0 },
         },
         mtp: Mtp {
             tokens: a.mtp,
             acceptance: dstwin_core::mtp::or_calibrated(a.mtp_accept.clone()),
         },
         moe_imbalance: a.imbalance,
-        expert_skew: match a.skew {
-            Some(x) => Some((
-                x,
-                a.eplb.parse().map_err(|e: String| anyhow!("--eplb: {e}"))?,
-            )),
-            None => None,
-        },
-        expert_concentration: a.concentration,
+        expert_skew: None,
+        expert_concentration: 0.0,
         max_tokens_per_step: a.max_tokens,
         features: dstwin_core::features::Features {
             two_microbatch: a.two_microbatch,
@@ -216,12 +279,13 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<ExplainInput> {
             flashcomm1: a.flashcomm1,
             mlapo: a.mlapo,
         },
-    })
+    };
+    Ok((input, load))
 }
 
 pub fn run(a: ExplainArgs) -> Result<(), Failure> {
-    let input = build_input(&a).map_err(Failure::Input)?;
-    let report = explain(&input).map_err(|e| Failure::Input(e.into()))?;
+    let (input, load) = build_input(&a).map_err(Failure::Input)?;
+    let report = explain_under(&input, load.as_ref()).map_err(|e| Failure::Input(e.into()))?;
     if a.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| Failure::Runtime(e.into()))?;
         outln!("{text}")?;

@@ -2,6 +2,7 @@
 
 mod bench_cmd;
 mod calibrate_cmd;
+mod calibrate_trace_cmd;
 mod eplb_cmd;
 mod explain_cmd;
 mod init_weights_cmd;
@@ -45,7 +46,7 @@ enum Command {
     /// after, and the placement as JSON.
     Eplb(eplb_cmd::EplbArgs),
     /// Fit the cost models to published figures (all-to-all, MTP acceptance, global parameters,
-    /// routing concentration) and print every error.
+    /// routing concentration) and print every error; or, with --trace, to profiler traces.
     Calibrate(calibrate_cmd::CalibrateArgs),
     /// Serve an OpenAI-compatible API on the shared scheduler with the twin as the device: an
     /// emulated deployment whose every step takes the time the twin predicts.

@@ -10,7 +10,7 @@ use dstwin_calibration::fit::{eplb_gap_ratio, parse_eplb_gap, EXPERT_LOAD};
 use dstwin_calibration::globals::{self, Values};
 use dstwin_calibration::measured::compare;
 use dstwin_calibration::target::{parse_targets, Target, TARGETS};
-use dstwin_calibration::{kernels, micro};
+use dstwin_calibration::{micro, v4_kernels};
 use dstwin_hwmodels::{CostParams, OpClass};
 use dstwin_sim::run::{run as simulate, RunOptions};
 use dstwin_sim::scenario::load_path;
@@ -328,7 +328,7 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
         micro::residuals(&bench, &[])
             .map_err(runtime)?
             .into_iter()
-            .chain(kernels::residuals(&bench.kernel, &[]).map_err(runtime)?)
+            .chain(v4_kernels::residuals(&bench.kernel, &[]).map_err(runtime)?)
             .chain(micro::mtp_residuals(
                 &bench,
                 dstwin_core::mtp::CALIBRATED_ACCEPTANCE,

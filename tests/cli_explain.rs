@@ -52,40 +52,29 @@ fn text_report_snapshot() {
     insta::assert_snapshot!("explain_a2_decode", stdout(&o));
 }
 
+/// The CloudMatrix384 prefill instance (16 NPUs, EP32, 32 redundant experts), 8K prompt tokens
+/// per die, as JSON.
+const CM_PREFILL: &[&str] = &[
+    "explain",
+    "--json",
+    "--role",
+    "prefill",
+    "--dies",
+    "32",
+    "--redundant-experts",
+    "32",
+    "--shared-expert-dies",
+    "0",
+    "--tokens",
+    "8192",
+    "--mtp",
+    "0",
+];
+
 #[test]
 fn same_input_gives_identical_json() {
-    let a = dstwin(&[
-        "explain",
-        "--json",
-        "--role",
-        "prefill",
-        "--dies",
-        "32",
-        "--redundant-experts",
-        "32",
-        "--shared-expert-dies",
-        "0",
-        "--tokens",
-        "8192",
-        "--mtp",
-        "0",
-    ]);
-    let b = dstwin(&[
-        "explain",
-        "--json",
-        "--role",
-        "prefill",
-        "--dies",
-        "32",
-        "--redundant-experts",
-        "32",
-        "--shared-expert-dies",
-        "0",
-        "--tokens",
-        "8192",
-        "--mtp",
-        "0",
-    ]);
+    let a = dstwin(CM_PREFILL);
+    let b = dstwin(CM_PREFILL);
     assert!(a.status.success(), "{}", stderr(&a));
     assert_eq!(a.stdout, b.stdout);
 }
@@ -206,6 +195,19 @@ fn calibrate_prints_the_fit_and_its_errors() {
         let (e, b) = (p["error"].as_f64().unwrap(), p["bound"].as_f64().unwrap());
         assert!(e.abs() <= b, "{p}");
     }
+    // The default expert load's joint fit: every figure reported, the fitted ones within 5%
+    // and left out one at a time, and the shipped parameters next to the fit.
+    let load = &v["expert_load"];
+    let residuals = load["fit"]["residuals"].as_array().unwrap();
+    assert!(residuals.len() >= 14, "{load}");
+    for r in residuals.iter().filter(|r| r["fitted"] == true) {
+        assert!(r["error"].as_f64().unwrap().abs() < 0.05, "{r}");
+    }
+    assert_eq!(
+        load["leave_one_out"].as_array().unwrap().len(),
+        residuals.iter().filter(|r| r["fitted"] == true).count()
+    );
+    assert!(load["shipped"]["sigma"].as_f64().unwrap() > 0.0);
     // Another parameter list, as the user asks.
     let o = dstwin(&["calibrate", "--fit", "overlap_efficiency_normal", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -213,6 +215,57 @@ fn calibrate_prints_the_fit_and_its_errors() {
     assert_eq!(v["fit"]["values"]["names"].as_array().unwrap().len(), 1);
     let o = dstwin(&["calibrate", "--list-params"]);
     assert!(stdout(&o).contains("efficiency.attention.compute"));
+}
+
+#[test]
+fn skew_defaults_to_the_fitted_load_and_reports_what_it_assumed() {
+    let json = |args: &[&str]| -> serde_json::Value {
+        let o = dstwin(args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let fitted = dstwin_twin::expert_load::fitted();
+    let v = json(&["explain", "--skew", "--json"]);
+    let moe = &v["moe"];
+    assert_eq!(moe["load"]["kind"], "fitted");
+    assert_eq!(moe["load"]["parameters"]["sigma"], fitted.sigma);
+    assert_eq!(
+        moe["load"]["parameters"]["concentration"],
+        fitted.concentration
+    );
+    assert_eq!(moe["policy"], "greedy");
+    assert_eq!(moe["redundant_experts"], 32);
+    let placed = moe["placed_imbalance"].as_f64().unwrap();
+    let total = v["moe_imbalance"].as_f64().unwrap();
+    assert!(
+        (total - placed - moe["fluctuation"].as_f64().unwrap()).abs() < 1e-9 && placed > 1.0,
+        "{moe}"
+    );
+    // Named loads, and a concentration of one's own (no longer the fitted load).
+    let l = json(&["explain", "--skew", "lognormal:1.3", "--json"]);
+    assert_eq!(l["moe"]["load"]["kind"], "lognormal");
+    assert_eq!(l["moe"]["load"]["parameters"]["sigma"], 1.3);
+    let z = json(&["explain", "--skew", "zipf:0.5", "--json"]);
+    assert_eq!(z["moe"]["load"]["kind"], "zipf");
+    assert_eq!(
+        z["moe_imbalance"],
+        json(&["explain", "--skew", "0.5", "--json"])["moe_imbalance"]
+    );
+    let c = json(&["explain", "--skew", "--concentration", "0", "--json"]);
+    assert_eq!(c["moe"]["load"]["kind"], "lognormal");
+    assert_eq!(c["moe"]["fluctuation"], 0.0);
+    // The text report says what was assumed, perfect balance included.
+    let text = stdout(&dstwin(&["explain", "--skew"]));
+    assert!(
+        text.contains("expert load      fitted [") && text.contains("TensorRT-LLM"),
+        "{text}"
+    );
+    assert!(stdout(&dstwin(&["explain"])).contains("perfect expert balance assumed"));
+    for bad in ["foo:1", "lognormal:x", "lognormal:20", "2x"] {
+        let o = dstwin(&["explain", "--skew", bad]);
+        assert_eq!(o.status.code(), Some(2), "{bad}");
+        assert!(stderr(&o).contains(bad), "{bad}: {}", stderr(&o));
+    }
 }
 
 #[test]
@@ -236,4 +289,39 @@ fn a_skewed_expert_load_is_priced_per_layer() {
         dstwin(&["explain", "--eplb", "global"]).status.code(),
         Some(2)
     );
+}
+
+#[test]
+fn cached_prompt_tokens_cost_attention_and_the_latent_up_projection() {
+    let prefill = |cached: &str| {
+        let o = dstwin(&[CM_PREFILL, &["--prompt", "4096", "--cached", cached]].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+    };
+    let whole = prefill("0");
+    let last_chunks = prefill("12288");
+    // The same new tokens after 12K cached ones: three times the earlier keys plus the causal
+    // half, so more attention, and kv_b_proj over the cached latent as well.
+    assert_eq!(last_chunks["shape"]["prefill_tokens"], 8192);
+    assert_eq!(last_chunks["shape"]["prefill_cached"], 2 * 12288);
+    assert_eq!(whole["shape"]["prefill_cached"], 0);
+    let ms = |v: &serde_json::Value, class: &str| v["by_class_ms"][class].as_f64().unwrap();
+    assert!(ms(&last_chunks, "prefill_attention") > 3.0 * ms(&whole, "prefill_attention"));
+    assert!(ms(&last_chunks, "gemm") > ms(&whole, "gemm"));
+    assert!(last_chunks["step_ms"].as_f64() > whole["step_ms"].as_f64());
+    // Cached tokens without prompt tokens, or past the model's context, are refused by name.
+    let o = dstwin(&["explain", "--cached", "100"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--cached 100"), "{}", stderr(&o));
+    let o = dstwin(&[
+        "explain",
+        "--role",
+        "prefill",
+        "--tokens",
+        "4096",
+        "--cached",
+        "999999999",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("prompt_cached"), "{}", stderr(&o));
 }

@@ -376,6 +376,29 @@ fn expert_skew_is_the_default_and_perfect_balance_is_explicit() {
     let imb = |v: &serde_json::Value| v["instances"][1]["moe_imbalance"].as_f64().unwrap();
     assert!(imb(&skewed) > 1.1, "{}", imb(&skewed));
     assert_eq!(imb(&perfect), 1.0);
+    // The report says what the run assumed: the fitted load, its parameters and source, the
+    // placement policy, each instance's redundant experts and the placement's imbalance.
+    let el = &skewed["expert_load"];
+    assert_eq!(el["kind"], "fitted");
+    assert_eq!(
+        el["parameters"]["sigma"],
+        dstwin_twin::expert_load::fitted().sigma
+    );
+    assert!(
+        el["source"].as_str().unwrap().contains("TensorRT-LLM"),
+        "{el}"
+    );
+    assert_eq!(el["eplb_policy"], "greedy");
+    assert_eq!(el["eplb_dynamic"], false);
+    let decode = &skewed["instances"][1];
+    assert_eq!(decode["redundant_experts"], 0);
+    let placed = decode["placed_imbalance"].as_f64().unwrap();
+    assert!(placed > 1.0 && placed <= imb(&skewed), "{decode}");
+    assert_eq!(perfect["expert_load"]["kind"], "perfect");
+    assert_eq!(perfect["instances"][1]["placed_imbalance"], 1.0);
+    let zipf = run(&["--set", "expert_load.kind=zipf"]);
+    assert_eq!(zipf["expert_load"]["kind"], "zipf");
+    assert_eq!(zipf["expert_load"]["parameters"]["exponent"], 0.5);
     let tpot = |v: &serde_json::Value| v["latency"]["tpot_ms"]["mean"].as_f64().unwrap();
     assert!(tpot(&perfect) < tpot(&skewed));
     // Identity placement is worse than the default greedy EPLB.

@@ -167,7 +167,7 @@ fn tpot_limited_anchors_run_the_largest_batch_under_the_limit() {
 
 /// The shipped batches of the TPOT-limited anchors (their scenario files say the same).
 const SEQS_CM384: u32 = 39;
-const SEQS_A2: u32 = 34;
+const SEQS_A2: u32 = 33;
 
 #[test]
 fn error_bound_and_text_report() {

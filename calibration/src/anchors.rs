@@ -317,7 +317,7 @@ mod tests {
             e.contains("nope.toml") && e.contains("cm384-prefill.toml"),
             "{e}"
         );
-        let bad = ANCHOR_RUNS.replacen("bound = 0.12", "bound = 0.12, tolerance = 1", 1);
+        let bad = ANCHOR_RUNS.replacen("bound = 0.06", "bound = 0.06, tolerance = 1", 1);
         let e = parse_runs("x.toml", &bad).unwrap_err().to_string();
         assert!(e.contains("tolerance"), "{e}");
     }

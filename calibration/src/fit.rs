@@ -11,7 +11,7 @@ use serde::Serialize;
 pub struct EplbGapTarget {
     pub id: String,
     pub source: String,
-    /// The target of the cloudmatrix384 file whose deployment this is.
+    /// The target (of the targets file) whose deployment this is.
     pub base: String,
     pub default_eplb: f64,
     pub perfect_eplb: f64,
@@ -32,6 +32,19 @@ pub struct ConcentrationFit {
     pub predicted_ratio: f64,
 }
 
+impl EplbGapTarget {
+    /// The target whose deployment the gap was measured on (`base`).
+    pub fn base_target<'a>(&self, targets: &'a [Target]) -> Result<&'a Target, CalibrationError> {
+        targets
+            .iter()
+            .find(|t| t.id == self.base)
+            .ok_or_else(|| CalibrationError::Target {
+                id: self.id.clone(),
+                message: format!("base target '{}' not found", self.base),
+            })
+    }
+}
+
 /// Predicted default-over-perfect EPLB throughput ratio of the gap target's deployment at a
 /// concentration.
 pub fn eplb_gap_ratio(
@@ -40,14 +53,7 @@ pub fn eplb_gap_ratio(
     cost: &CostModel,
     concentration: f64,
 ) -> Result<f64, CalibrationError> {
-    let base =
-        targets
-            .iter()
-            .find(|t| t.id == gap.base)
-            .ok_or_else(|| CalibrationError::Target {
-                id: gap.id.clone(),
-                message: format!("base target '{}' not found", gap.base),
-            })?;
+    let base = gap.base_target(targets)?;
     let perfect = base.input(cost.clone())?;
     let mut skewed = perfect.clone();
     skewed.expert_skew = Some((gap.skew, dstwin_core::eplb::Policy::Greedy));

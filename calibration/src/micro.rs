@@ -8,12 +8,13 @@
 //! `efficiency = at_ep8 + per_doubling * log2(EP / 8)` to the achieved bandwidth over the
 //! level's bandwidth, also over relative errors, dispatch and combine each their own line.
 //!
-//! V4's fused kernels have their own fit ([`crate::kernels`]).
+//! V4's fused kernels have their own fit ([`crate::v4_kernels`]).
 //!
 //! MTP acceptance: one probability p for every draft position (the twin's chain with a single
 //! value), fitted by golden-section search over the relative errors of the blocks marked
 //! `fit = true`; the mean tokens per step with n drafts is 1 + p + ... + p^n.
 
+use crate::lsq::{bounded_lstsq, lstsq};
 use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, CostModel};
 use dstwin_twin::explain::Mtp;
 use serde::{Deserialize, Serialize};
@@ -135,9 +136,9 @@ pub struct Microbenchmarks {
     pub normal: Vec<NormalBlock>,
     #[serde(default)]
     pub mtp: Vec<MtpBlock>,
-    /// DeepSeek-V4's fused kernels ([`crate::kernels`]).
+    /// DeepSeek-V4's fused kernels ([`crate::v4_kernels`]).
     #[serde(default)]
-    pub kernel: Vec<crate::kernels::KernelBlock>,
+    pub kernel: Vec<crate::v4_kernels::KernelBlock>,
 }
 
 /// Parses a microbenchmark file; every point must be positive and every block's system known.
@@ -185,7 +186,7 @@ pub fn parse(file: &str, text: &str) -> Result<Microbenchmarks, MicroError> {
         )?;
     }
     for b in &m.kernel {
-        crate::kernels::check(b)?;
+        crate::v4_kernels::check(b)?;
     }
     for b in &m.mtp {
         let bad = |message: String| MicroError::Block {
@@ -328,95 +329,6 @@ fn ll_fabric(cm: &CostModel, ep: u32) -> &dstwin_hwmodels::FabricLevel {
 fn ll_level(cm: &CostModel, ep: u32) -> (f64, f64) {
     let level = ll_fabric(cm, ep);
     (level.latency_us, level.bw_gb_s_per_die * 1e3)
-}
-
-/// Least squares of `rows` (features, target) over the free columns; fixed columns keep their
-/// value. Returns None when the free columns are not independent.
-fn lstsq(rows: &[(Vec<f64>, f64)], fixed: &[Option<f64>]) -> Option<Vec<f64>> {
-    let n = fixed.len();
-    let free: Vec<usize> = (0..n).filter(|&j| fixed[j].is_none()).collect();
-    let m = free.len();
-    let mut a = vec![vec![0.0; m + 1]; m];
-    for (x, y) in rows {
-        let rest = y
-            - (0..n)
-                .filter_map(|j| fixed[j].map(|v| v * x[j]))
-                .sum::<f64>();
-        for (r, &i) in free.iter().enumerate() {
-            for (c, &j) in free.iter().enumerate() {
-                a[r][c] += x[i] * x[j];
-            }
-            a[r][m] += x[i] * rest;
-        }
-    }
-    // Gauss-Jordan with partial pivoting on the normal equations (at most four unknowns).
-    for c in 0..m {
-        let p = (c..m).max_by(|&i, &j| a[i][c].abs().total_cmp(&a[j][c].abs()))?;
-        if a[p][c].abs() < 1e-12 {
-            return None;
-        }
-        a.swap(c, p);
-        let pivot = a[c].clone();
-        for (r, row) in a.iter_mut().enumerate() {
-            if r != c {
-                let f = row[c] / pivot[c];
-                for (x, p) in row.iter_mut().zip(&pivot).skip(c) {
-                    *x -= f * p;
-                }
-            }
-        }
-    }
-    let mut out: Vec<f64> = fixed.iter().map(|f| f.unwrap_or(0.0)).collect();
-    for (r, &j) in free.iter().enumerate() {
-        out[j] = a[r][m] / a[r][r];
-    }
-    Some(out)
-}
-
-/// Least squares with each parameter held inside `[lo, hi]` (each side may be infinite): every
-/// way of holding some parameters at a finite limit is solved, and the feasible solution with
-/// the smallest squared residual wins (exact for box bounds; at most four parameters here).
-pub(crate) fn bounded_lstsq(rows: &[(Vec<f64>, f64)], lo: &[f64], hi: &[f64]) -> Option<Vec<f64>> {
-    let n = lo.len();
-    let sse = |x: &[f64]| -> f64 {
-        rows.iter()
-            .map(|(f, y)| (f.iter().zip(x).map(|(a, b)| a * b).sum::<f64>() - y).powi(2))
-            .sum()
-    };
-    let mut best: Option<(f64, Vec<f64>)> = None;
-    // Each parameter: free, at its lower limit or at its upper limit.
-    for code in 0..3usize.pow(n as u32) {
-        let mut fixed = vec![None; n];
-        let mut c = code;
-        let mut possible = true;
-        for j in 0..n {
-            let limit = match c % 3 {
-                0 => None,
-                1 => Some(lo[j]),
-                _ => Some(hi[j]),
-            };
-            c /= 3;
-            if let Some(l) = limit {
-                if !l.is_finite() {
-                    possible = false;
-                }
-                fixed[j] = Some(l);
-            }
-        }
-        if !possible {
-            continue;
-        }
-        let Some(x) = lstsq(rows, &fixed) else {
-            continue;
-        };
-        if (0..n).all(|j| lo[j] - 1e-12 <= x[j] && x[j] <= hi[j] + 1e-12) {
-            let e = sse(&x);
-            if best.as_ref().is_none_or(|b| e < b.0) {
-                best = Some((e, x));
-            }
-        }
-    }
-    best.map(|b| b.1)
 }
 
 /// Fits every cost model the microbenchmarks cover.
@@ -670,40 +582,6 @@ pub fn mtp_residuals(m: &Microbenchmarks, acceptance: f64) -> Vec<MicroResidual>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn least_squares_recovers_an_exact_line_and_respects_bounds() {
-        let rows: Vec<(Vec<f64>, f64)> = (0..6)
-            .map(|i| {
-                let x = i as f64;
-                (vec![1.0, x], 3.0 + 2.0 * x)
-            })
-            .collect();
-        let x = lstsq(&rows, &[None, None]).unwrap();
-        assert!(
-            (x[0] - 3.0).abs() < 1e-9 && (x[1] - 2.0).abs() < 1e-9,
-            "{x:?}"
-        );
-        // Slope held at <= 1: the intercept refits to the best line of slope 1.
-        let x = bounded_lstsq(&rows, &[f64::NEG_INFINITY; 2], &[f64::INFINITY, 1.0]).unwrap();
-        assert_eq!(x[1], 1.0);
-        assert!((x[0] - (3.0 + 2.5)).abs() < 1e-9, "{x:?}");
-        // A bound that does not bind changes nothing.
-        let x = bounded_lstsq(&rows, &[0.0, 0.0], &[f64::INFINITY; 2]).unwrap();
-        assert!(
-            (x[0] - 3.0).abs() < 1e-9 && (x[1] - 2.0).abs() < 1e-9,
-            "{x:?}"
-        );
-        // Intercept held at >= 10: the slope refits below the data.
-        let x = bounded_lstsq(&rows, &[10.0, f64::NEG_INFINITY], &[f64::INFINITY; 2]).unwrap();
-        assert_eq!(x[0], 10.0);
-        let x = bounded_lstsq(&rows, &[f64::NEG_INFINITY; 2], &[f64::INFINITY, 1.0]).unwrap();
-        assert_eq!(x[1], 1.0);
-        assert!((x[0] - (3.0 + 2.5)).abs() < 1e-9, "{x:?}");
-        // Dependent columns cannot be fitted.
-        let rows = vec![(vec![1.0, 2.0], 1.0), (vec![2.0, 4.0], 2.0)];
-        assert!(lstsq(&rows, &[None, None]).is_none());
-    }
 
     #[test]
     fn mtp_fit_recovers_the_acceptance_that_made_the_points() {

@@ -263,6 +263,7 @@ impl Target {
                 kv_len: self.kv,
                 prefill_tokens: self.tokens,
                 prompt_len: self.prompt,
+                prompt_cached: 0,
             },
             mtp: Mtp {
                 tokens: self.mtp,

@@ -1,8 +1,8 @@
 //! The shipped all-to-all parameters and V4 kernel entries are the microbenchmark fits, and every
 //! microbenchmark point stays within its documented bound.
 
-use dstwin_calibration::kernels;
 use dstwin_calibration::micro::{builtin, fit, fit_mtp, mtp_residuals, residuals, MicroResidual};
+use dstwin_calibration::v4_kernels;
 use dstwin_hwmodels::Catalog;
 
 #[test]
@@ -136,7 +136,7 @@ fn shipped_mtp_acceptance_is_the_fit_and_every_point_stays_within_its_bound() {
 #[test]
 fn shipped_kernel_entries_are_the_fit_and_every_point_stays_within_its_bound() {
     let m = builtin().unwrap();
-    let fits = kernels::fit(&m.kernel).unwrap();
+    let fits = v4_kernels::fit(&m.kernel).unwrap();
     assert_eq!(fits.len(), 1, "the V4 kernels were timed on A3 only");
     let shipped = &Catalog::builtin()
         .cost_params(&fits[0].cost_model)
@@ -156,7 +156,7 @@ fn shipped_kernel_entries_are_the_fit_and_every_point_stays_within_its_bound() {
             s.efficiency
         );
     }
-    let r = kernels::residuals(&m.kernel, &[]).unwrap();
+    let r = v4_kernels::residuals(&m.kernel, &[]).unwrap();
     assert_eq!(
         r.len(),
         m.kernel.iter().map(|b| b.points.len()).sum::<usize>()
@@ -172,8 +172,8 @@ fn shipped_kernel_entries_are_the_fit_and_every_point_stays_within_its_bound() {
             }
         }
     }
-    let refit = kernels::fit(&slower).unwrap();
-    let fixed = |f: &kernels::KernelFit| {
+    let refit = v4_kernels::fit(&slower).unwrap();
+    let fixed = |f: &v4_kernels::KernelFit| {
         f.entries
             .iter()
             .find(|k| k.ops[0] == "c4li")

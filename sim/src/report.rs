@@ -91,8 +91,34 @@ pub fn render_explain(e: &Explain) -> String {
     if let Some(m) = &e.moe {
         let _ = writeln!(
             s,
-            "MoE imbalance      {:>9.2} x  (hottest routed die over the mean; layers {:.2} .. {:.2}; Zipf {} placed by {:?}): +{:.3} ms over perfect balance",
-            e.moe_imbalance, m.imbalance_min, m.imbalance_max, m.skew, m.policy, m.imbalance_cost_ms
+            "MoE imbalance      {:>9.2} x  (hottest routed die over the mean: placed {:.2}, layers {:.2} .. {:.2}, + {:.2} per-batch fluctuation of {:.0} requests, {:.0} tokens): +{:.3} ms over perfect balance",
+            e.moe_imbalance,
+            m.placed_imbalance,
+            m.imbalance_min,
+            m.imbalance_max,
+            m.fluctuation,
+            m.requests_per_step,
+            m.tokens_per_step,
+            m.imbalance_cost_ms
+        );
+        let _ = writeln!(
+            s,
+            "  expert load      {}; placed by {} EPLB with {} redundant experts",
+            m.load.summary(),
+            m.policy,
+            m.redundant_experts
+        );
+    } else if e.moe_imbalance == 1.0 {
+        let _ = writeln!(
+            s,
+            "MoE imbalance      {:>9.2} x  (perfect expert balance assumed; --skew prices the fitted expert load)",
+            e.moe_imbalance
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "MoE imbalance      {:>9.2} x  (given: hottest routed die over the mean)",
+            e.moe_imbalance
         );
     }
     let t = &e.throughput;
@@ -236,6 +262,18 @@ pub fn render_sim(r: &SimReport) -> String {
         r.kv_transfers,
         r.kv_transfer_gb
     );
+    let el = &r.expert_load;
+    let _ = writeln!(
+        s,
+        "expert load {}; placed by {} EPLB on the mean load at the start{}",
+        el.load.summary(),
+        el.eplb_policy,
+        if el.eplb_dynamic {
+            ", re-placed by the dynamic cycle"
+        } else {
+            ""
+        }
+    );
     let _ = writeln!(s);
     let _ = writeln!(
         s,
@@ -252,7 +290,7 @@ pub fn render_sim(r: &SimReport) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "  {:<14} {:<8} {:>5} {:>9} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6}  top op classes",
+        "  {:<14} {:<8} {:>5} {:>9} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>5} {:>7} {:>6}  top op classes",
         "instance",
         "role",
         "dies",
@@ -263,6 +301,8 @@ pub fn render_sim(r: &SimReport) -> String {
         "KV mean",
         "KV max",
         "preempt",
+        "redun",
+        "placed",
         "MoE x"
     );
     for i in &r.instances {
@@ -275,7 +315,7 @@ pub fn render_sim(r: &SimReport) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "  {:<14} {:<8} {:>5} {:>9} {:>5.0}% {:>9.2} {:>9.1} {:>7.1}% {:>7.1}% {:>8} {:>6.2}  {}",
+            "  {:<14} {:<8} {:>5} {:>9} {:>5.0}% {:>9.2} {:>9.1} {:>7.1}% {:>7.1}% {:>8} {:>5} {:>7.2} {:>6.2}  {}",
             i.name,
             i.role.name(),
             i.dies,
@@ -286,6 +326,8 @@ pub fn render_sim(r: &SimReport) -> String {
             i.kv_usage_mean * 100.0,
             i.kv_usage_max * 100.0,
             i.preemptions,
+            i.redundant_experts,
+            i.placed_imbalance,
             i.moe_imbalance,
             top.join(", ")
         );

@@ -11,7 +11,7 @@
 //! Columns are found by name; extra columns are ignored.
 
 use crate::error::TraceError;
-use crate::reader::{open, shown, token_count};
+use crate::reader::{csv_error, open, shown, token_count};
 use crate::timestamp;
 use crate::workload::{Workload, WorkloadBuilder};
 use std::io::Read;
@@ -145,28 +145,5 @@ impl<R: Read> Rows<R> {
             output: tokens(out_col, COL_OUTPUT)?,
             line,
         }))
-    }
-}
-
-fn csv_error(err: csv::Error, origin: &str) -> TraceError {
-    let line = err.position().map_or(0, |p| p.line());
-    let message = err.to_string();
-    match err.into_kind() {
-        csv::ErrorKind::Io(source) => TraceError::Io {
-            origin: origin.to_owned(),
-            source,
-        },
-        csv::ErrorKind::UnequalLengths {
-            expected_len, len, ..
-        } => TraceError::Syntax {
-            origin: origin.to_owned(),
-            line,
-            reason: format!("row has {len} fields, the header has {expected_len}"),
-        },
-        _ => TraceError::Syntax {
-            origin: origin.to_owned(),
-            line,
-            reason: message,
-        },
     }
 }

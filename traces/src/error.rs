@@ -53,6 +53,11 @@ pub enum TraceError {
     #[error("{origin}: no requests")]
     Empty { origin: String },
 
+    /// A path is not a profile any reader knows (or a directory holds none). Check the path and
+    /// the formats docs/calibration.md lists.
+    #[error("{origin}: {reason}")]
+    Unrecognized { origin: String, reason: String },
+
     /// A parameter (of a transformation, a distribution or a scenario field) is out of its domain.
     /// `field` is the full path as written in the scenario where known (`workload.arrival.rate`).
     #[error("invalid `{field}` = {value}: {reason}")]

@@ -1,5 +1,7 @@
 //! Workload traces in one normalized form: every source becomes a [`Workload`] of
-//! [`TraceRequest`]s sorted by arrival, which the simulator replays.
+//! [`TraceRequest`]s sorted by arrival, which the simulator replays. Profiler traces likewise
+//! become a [`profile::Profile`] of kernel records and step markers, which calibration maps onto
+//! the op graph.
 //!
 //! Module map:
 //!
@@ -17,14 +19,19 @@
 //! - [`spec`]: the `[workload]` table of a scenario file (serde), its validation into a
 //!   [`WorkloadPlan`] and building that into a [`WorkloadSource`].
 //! - `stats` ([`Workload::stats`]): count, span, rate, length percentiles, prefix reuse.
+//! - [`profile`]: profiler traces (Kineto / Chrome JSON, torch_npu and msprof output, the CPU
+//!   engine's profile) in one normalized form of kernel records and step markers, for
+//!   calibration.
 //! - [`error`]: [`TraceError`], which names the file and line or the field path, and the value.
 //!
-//! The crate depends on no other dstwin crate and does no IO except in the readers' `from_path`.
+//! The crate depends on no other dstwin crate and does no IO except in the readers' `from_path`
+//! (and `profile::read_path`, which picks a reader for a path).
 //! Time is integer nanoseconds (`arrival_ns`) on the workload's own clock.
 
 pub mod azure;
 pub mod error;
 pub mod mooncake;
+pub mod profile;
 mod reader;
 pub mod spec;
 mod stats;

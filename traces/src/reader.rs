@@ -43,3 +43,27 @@ pub(crate) fn token_count(
         Err(_) => Err(bad("more tokens than the twin supports (u32)")),
     }
 }
+
+/// A CSV reader error as a trace error naming the line.
+pub(crate) fn csv_error(err: csv::Error, origin: &str) -> TraceError {
+    let line = err.position().map_or(0, |p| p.line());
+    let message = err.to_string();
+    match err.into_kind() {
+        csv::ErrorKind::Io(source) => TraceError::Io {
+            origin: origin.to_owned(),
+            source,
+        },
+        csv::ErrorKind::UnequalLengths {
+            expected_len, len, ..
+        } => TraceError::Syntax {
+            origin: origin.to_owned(),
+            line,
+            reason: format!("row has {len} fields, the header has {expected_len}"),
+        },
+        _ => TraceError::Syntax {
+            origin: origin.to_owned(),
+            line,
+            reason: message,
+        },
+    }
+}

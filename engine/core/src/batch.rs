@@ -116,9 +116,15 @@ impl BatchShape {
 
     /// A uniform batch: `seqs` whole prompts of `prompt` tokens each, nothing cached.
     pub fn uniform_prefill(seqs: u32, prompt: u64, cap: AttnCap) -> Self {
+        Self::uniform_chunks(seqs, prompt, 0, cap)
+    }
+
+    /// `seqs` prompt chunks of `new_tokens` each, after `cached_tokens` of the same prompt
+    /// already in KV (prefix-cache hits or earlier chunks).
+    pub fn uniform_chunks(seqs: u32, new_tokens: u64, cached_tokens: u64, cap: AttnCap) -> Self {
         let mut s = BatchShape::default();
         for _ in 0..seqs.min(1) {
-            s.add_prefill(prompt, 0, cap);
+            s.add_prefill(new_tokens, cached_tokens, cap);
         }
         s.scale(seqs as u64)
     }

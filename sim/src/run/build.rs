@@ -88,7 +88,14 @@ fn experts_for(
         + 2.0 * expert_bytes / s.system().chip.hbm_bytes_per_s();
     let reports_heat = eplb.is_some();
     Ok((
-        Experts::new(load, placement, reports_heat, move_s, spec.concentration()),
+        Experts::new(
+            load,
+            placement,
+            reports_heat,
+            move_s,
+            spec.concentration(),
+            s.model.top_k as u32,
+        ),
         eplb,
     ))
 }

@@ -3,8 +3,10 @@
 use super::driver::Sim;
 use crate::metrics::LatencyReport;
 use dstwin_core::device::{ReqId, CLASS_NAMES};
+use dstwin_core::eplb::Policy as EplbPolicy;
 use dstwin_core::layout::Role;
 use dstwin_core::time::{SimDuration, SimTime};
+use dstwin_twin::expert_load::LoadAssumption;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -49,7 +51,13 @@ pub struct InstanceReport {
     pub utilization: f64,
     pub mean_step_ms: f64,
     pub mean_tokens_per_step: f64,
-    /// Hottest routed-expert die over the mean, averaged over layers and steps (1.0: perfect).
+    /// Redundant routed-expert slots of the instance's placement.
+    pub redundant_experts: u32,
+    /// Hottest routed-expert die over the mean under the mean load, averaged over layers: the
+    /// placement made at the start (1.0: perfect balance).
+    pub placed_imbalance: f64,
+    /// Hottest routed-expert die over the mean, averaged over layers and steps, with each
+    /// step's per-batch fluctuation (1.0: perfect).
     pub moe_imbalance: f64,
     /// MoE layers whose experts EPLB moved, and the step time the moves added.
     pub eplb_layer_moves: u64,
@@ -61,6 +69,16 @@ pub struct InstanceReport {
     pub preemptions: u64,
     /// Share of step time by op class or collective.
     pub time_share: BTreeMap<&'static str, f64>,
+}
+
+/// What a run assumed about the routed-expert load: the load (kind, parameters, source), the
+/// EPLB policy that placed it at the start, and whether it re-placed experts during the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExpertLoadReport {
+    #[serde(flatten)]
+    pub load: LoadAssumption,
+    pub eplb_policy: EplbPolicy,
+    pub eplb_dynamic: bool,
 }
 
 /// The report of a run: deterministic (no wall-clock figures), serialized by `--json`.
@@ -102,6 +120,8 @@ pub struct SimReport {
     pub prefix_hit_rate: f64,
     pub kv_transfers: u64,
     pub kv_transfer_gb: f64,
+    /// What the run assumed about the routed-expert load and its placement.
+    pub expert_load: ExpertLoadReport,
     pub instances: Vec<InstanceReport>,
     pub price_cache_hit_rate: f64,
     pub events: u64,
@@ -165,6 +185,8 @@ impl Sim<'_, '_> {
                     },
                     eplb_layer_moves: i.device.eplb_moves,
                     eplb_move_ms: i.device.eplb_move_s * 1e3,
+                    redundant_experts: s.instances[i.setup].plan.redundant_experts,
+                    placed_imbalance: i.device.placed_imbalance(),
                     moe_imbalance: if i.steps > 0 {
                         i.imbalance_sum / i.steps as f64
                     } else {
@@ -220,6 +242,11 @@ impl Sim<'_, '_> {
             },
             kv_transfers: self.kv_transfers,
             kv_transfer_gb: self.kv_bytes / 1e9,
+            expert_load: ExpertLoadReport {
+                load: s.expert_load.assumption(),
+                eplb_policy: s.eplb.policy,
+                eplb_dynamic: s.eplb.dynamic,
+            },
             instances,
             price_cache_hit_rate: if hits + misses > 0 {
                 hits as f64 / (hits + misses) as f64

@@ -47,7 +47,8 @@ pub struct ScenarioFile {
     pub instance: Vec<InstanceSpec>,
     #[serde(default)]
     pub eplb: EplbSpec,
-    /// How routed tokens spread over experts (default: Zipf skew 0.5 with slow drift).
+    /// How routed tokens spread over experts (default: `fitted`, a log-normal popularity per
+    /// layer fitted to measured DeepSeek-R1 expert loads, static).
     #[serde(default)]
     pub expert_load: ExpertLoadSpec,
     pub workload: WorkloadSpec,

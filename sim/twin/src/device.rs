@@ -2,7 +2,7 @@
 //! (memoized on quantized shapes), takes the slowest rank as the lockstep step time, and draws MTP
 //! acceptance per sequence.
 
-use crate::expert_load::{effective_requests, fluctuation, imbalance, ExpertLoad};
+use crate::expert_load::{fluctuation, imbalance, step_routing, ExpertLoad};
 use crate::pricing::{price, price_step, two_microbatch_time, StepCost};
 use dstwin_core::batch::BatchShape;
 use dstwin_core::device::{
@@ -403,6 +403,7 @@ pub struct SimDevice {
     /// balance).
     experts: Option<Experts>,
     imbalance: f64,
+    placed_imbalance: f64,
     step_imbalance: f64,
     host: HostOverhead,
     /// Dies spanned by the deployment's prefill and decode instances together (sets the fabric
@@ -435,6 +436,8 @@ pub struct Experts {
     pub move_s_per_slot: f64,
     /// Per-batch fluctuation of the routing (0: none), see `expert_load::fluctuation`.
     pub concentration: f64,
+    /// Experts each token is routed to.
+    pub top_k: u32,
 }
 
 impl Experts {
@@ -444,6 +447,7 @@ impl Experts {
         reports_heat: bool,
         move_s_per_slot: f64,
         concentration: f64,
+        top_k: u32,
     ) -> Self {
         Experts {
             load,
@@ -451,6 +455,7 @@ impl Experts {
             reports_heat,
             move_s_per_slot,
             concentration,
+            top_k,
         }
     }
 
@@ -507,6 +512,7 @@ impl SimDevice {
             dummy: BatchShape::uniform_decode(1, DUMMY_TOKENS, 1, cap),
             experts,
             imbalance,
+            placed_imbalance: imbalance,
             step_imbalance: imbalance,
             host: HostOverhead::default(),
             span_dies: capacity.dp_ranks,
@@ -519,6 +525,12 @@ impl SimDevice {
     /// placement's imbalance for the mean load plus the step's per-batch fluctuation).
     pub fn step_imbalance(&self) -> f64 {
         self.step_imbalance
+    }
+
+    /// Hottest routed die over the mean under the mean load, averaged over MoE layers, for the
+    /// placement the device started with (1.0: perfect balance).
+    pub fn placed_imbalance(&self) -> f64 {
+        self.placed_imbalance
     }
 
     /// Sets the dies the deployment spans (the fabric level of KV transfers).
@@ -571,8 +583,8 @@ impl Device for SimDevice {
         // The batch's own routing strays from the mean the placement was made for.
         let step_imbalance = match &self.experts {
             Some(e) if e.concentration > 0.0 => {
-                let n = effective_requests(plan.ranks.iter().map(|r| &r.shape));
-                self.imbalance + fluctuation(e.dies(), n, e.concentration)
+                let step = step_routing(plan.ranks.iter().map(|r| &r.shape));
+                self.imbalance + fluctuation(e.dies(), step, e.top_k, e.concentration)
             }
             _ => self.imbalance,
         };

@@ -1,6 +1,8 @@
 //! `dstwin explain`: one step of one instance, priced and broken down.
 
-use crate::expert_load::{effective_requests, fluctuation, ExpertLoad, ExpertLoadSpec};
+use crate::expert_load::{
+    fluctuation, step_routing, ExpertLoad, ExpertLoadSpec, LoadAssumption, StepRouting,
+};
 use crate::pricing::{price, price_step, StepCost};
 use dstwin_core::batch::{BatchShape, MAX_SEQS_PER_STEP, MAX_TOKENS_PER_STEP};
 use dstwin_core::eplb::{balancedness, place, EpLayout, Policy as EplbPolicy};
@@ -23,8 +25,12 @@ pub struct BatchSpec {
     pub kv_len: u64,
     /// Prompt tokens per DP rank computed this step.
     pub prefill_tokens: u64,
-    /// Tokens per prompt (prompts are whole, nothing cached).
+    /// Tokens per prompt computed this step.
     pub prompt_len: u64,
+    /// Tokens of each prompt already in KV before this step (prefix-cache hits, or the chunks
+    /// of a long prompt computed in earlier steps): the step attends to them and MLA
+    /// up-projects their cached latent again. 0: whole prompts, nothing cached.
+    pub prompt_cached: u64,
 }
 
 /// MTP settings: draft tokens per step and the acceptance probability of each draft given the
@@ -73,12 +79,12 @@ pub struct ExplainInput {
     pub batch: BatchSpec,
     pub mtp: Mtp,
     /// Tokens on the hottest routed die over the mean (1.0 = perfect balance); replaced by the
-    /// value `expert_skew` implies when that is given.
+    /// value a skewed load implies when one is given.
     pub moe_imbalance: f64,
-    /// Zipf skew of the routed-expert load and the EPLB policy placing it: the imbalance is
-    /// computed per layer from them.
+    /// A Zipf load by its exponent and the EPLB policy placing it (what [`explain`] prices;
+    /// [`explain_under`] takes any load, the fitted default included).
     pub expert_skew: Option<(f64, EplbPolicy)>,
-    /// With a skew: Dirichlet concentration of each request's routing around the mean
+    /// With `expert_skew`: Dirichlet concentration of each request's routing around the mean
     /// (`expert_load::fluctuation`; 0: no per-batch fluctuation).
     pub expert_concentration: f64,
     /// Per-rank token budget the workspace is sized for (default: this batch's tokens).
@@ -122,18 +128,30 @@ pub struct Throughput {
     pub input_tok_s_per_package: f64,
 }
 
+/// A routed-expert load and the EPLB policy placing it: [`explain_under`] computes the imbalance
+/// per layer from them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SkewedLoad {
+    pub spec: ExpertLoadSpec,
+    pub policy: EplbPolicy,
+}
+
 /// What expert imbalance costs the step.
 #[derive(Clone, Debug, Serialize)]
 pub struct MoeReport {
-    /// Zipf exponent of the load and the placement policy.
-    pub skew: f64,
+    /// What the load assumes (kind, parameters, source), the policy placing it and the
+    /// redundant expert slots it places.
+    pub load: LoadAssumption,
     pub policy: EplbPolicy,
+    pub redundant_experts: u32,
     /// Hottest routed die over the mean load, per MoE layer (MTP layer last when loaded), for
-    /// the placement and the mean load.
+    /// the placement and the mean load; and their mean.
     pub imbalance_per_layer: Vec<f64>,
-    /// Requests in the EP group's step (effective count) and what their own routing adds to
-    /// the hottest die over the mean load.
+    pub placed_imbalance: f64,
+    /// Requests (effective count) and tokens in the EP group's step, and what their own
+    /// routing adds to the hottest die over the mean load.
     pub requests_per_step: f64,
+    pub tokens_per_step: f64,
     pub fluctuation: f64,
     pub imbalance_min: f64,
     pub imbalance_max: f64,
@@ -203,45 +221,39 @@ fn shape_for(b: &BatchSpec, tokens_per_seq: u64, model: &ModelConfig, halve: boo
     };
     if pt > 0 {
         let prompts = pt / b.prompt_len;
-        let p = BatchShape::uniform_prefill(prompts as u32, b.prompt_len, cap);
+        let p = BatchShape::uniform_chunks(prompts as u32, b.prompt_len, b.prompt_cached, cap);
         s.prefill_seqs = p.prefill_seqs;
         s.prefill_tokens = p.prefill_tokens;
         s.prefill_pairs = p.prefill_pairs;
         s.prefill_pairs_capped = p.prefill_pairs_capped;
+        s.prefill_cached = p.prefill_cached;
         let rest = pt - prompts * b.prompt_len;
         // A partial prompt (half a batch of an odd prompt count) computes as a chunk.
-        s.add_prefill(rest, 0, cap);
+        s.add_prefill(rest, b.prompt_cached, cap);
     }
     s
 }
 
-/// Hottest routed die over the mean, per MoE layer, for a Zipf load of `exponent` (seeded, each
-/// layer its own ranking) placed by `policy` on the plan's routed-expert dies.
+/// Hottest routed die over the mean, per MoE layer, for `load` (seeded: each layer its own
+/// draw) placed by its policy on the plan's routed-expert dies.
 fn layer_imbalance(
     inp: &ExplainInput,
     plan: &Plan,
-    exponent: f64,
-    policy: EplbPolicy,
+    load: &SkewedLoad,
 ) -> Result<Vec<f64>, ExplainError> {
-    if !(exponent.is_finite() && exponent >= 0.0) {
-        return Err(input("skew", exponent, "must be a number >= 0"));
-    }
+    let (spec, policy) = (&load.spec, load.policy);
+    spec.validate()
+        .map_err(|(field, value, reason)| input("skew", value, format!("{field} {reason}")))?;
     let m = &inp.model;
     let layers = (m.moe_layers() + if inp.mtp.tokens > 0 { m.mtp_layers } else { 0 }) as usize;
-    let spec = ExpertLoadSpec::Zipf {
-        exponent,
-        drift: 0.0,
-        epoch_steps: 1,
-        concentration: 0.0,
-    };
     let load = ExpertLoad::new(
-        &spec,
+        spec,
         layers,
         m.routed_experts as usize,
         1,
         std::path::Path::new("."),
     )
-    .map_err(|e| input("skew", exponent, e.to_string()))?;
+    .map_err(|e| input("skew", spec.kind(), e.to_string()))?;
     let layout = EpLayout {
         slots: m.routed_experts as u32 + plan.redundant_experts,
         dies: plan.routed_dies,
@@ -257,8 +269,26 @@ fn layer_imbalance(
         .collect())
 }
 
-/// Prices one step of one instance and everything around it.
+/// Prices one step of one instance and everything around it, under perfect balance, the given
+/// `moe_imbalance` or the Zipf load of `expert_skew`.
 pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
+    let zipf = inp.expert_skew.map(|(exponent, policy)| SkewedLoad {
+        spec: ExpertLoadSpec::Zipf {
+            exponent,
+            drift: 0.0,
+            epoch_steps: 1,
+            concentration: inp.expert_concentration,
+        },
+        policy,
+    });
+    explain_under(inp, zipf.as_ref())
+}
+
+/// [`explain`] under a routed-expert load and its placement (`None`: `moe_imbalance`).
+pub fn explain_under(
+    inp: &ExplainInput,
+    load: Option<&SkewedLoad>,
+) -> Result<Explain, ExplainError> {
     let system = &inp.cost.system;
     let plan = inp.layout.validate(&inp.model, system)?;
     let b = &inp.batch;
@@ -290,6 +320,16 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
             format!(
                 "at most {} draft tokens per step",
                 dstwin_core::mtp::MAX_POSITIONS
+            ),
+        ));
+    }
+    if b.prompt_cached + b.prompt_len > inp.model.max_context {
+        return Err(input(
+            "batch.prompt_cached",
+            b.prompt_cached,
+            format!(
+                "cached plus new prompt tokens ({} + {}) exceed the model's context of {}",
+                b.prompt_cached, b.prompt_len, inp.model.max_context
             ),
         ));
     }
@@ -395,16 +435,20 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
         plan.slots_per_die as u64,
         plan.ep,
     );
-    let per_layer = match inp.expert_skew {
-        Some((exponent, policy)) => Some(layer_imbalance(inp, &plan, exponent, policy)?),
+    let per_layer = match load {
+        Some(l) => Some(layer_imbalance(inp, &plan, l)?),
         None => None,
     };
     // Every DP rank of the EP group computes the same shape.
-    let requests = effective_requests(std::iter::repeat_n(&unpadded, plan.dp as usize));
-    let fluct = if per_layer.is_some() {
-        fluctuation(plan.routed_dies, requests, inp.expert_concentration)
-    } else {
-        0.0
+    let routing: StepRouting = step_routing(std::iter::repeat_n(&unpadded, plan.dp as usize));
+    let fluct = match load {
+        Some(l) => fluctuation(
+            plan.routed_dies,
+            routing,
+            inp.model.top_k as u32,
+            l.spec.concentration(),
+        ),
+        None => 0.0,
     };
     let imbalance = per_layer.as_ref().map_or(inp.moe_imbalance, |v| {
         v.iter().sum::<f64>() / v.len() as f64 + fluct
@@ -437,16 +481,17 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
     let step = priced.full.clone();
     let moe = per_layer.map(|v| {
         let perfect = step_at(1.0).0.time_s;
-        let (exponent, policy) = inp
-            .expert_skew
-            .expect("per-layer imbalance comes from a skew");
+        let l = load.expect("per-layer imbalance comes from a load");
         MoeReport {
-            skew: exponent,
-            policy,
+            load: l.spec.assumption(),
+            policy: l.policy,
+            redundant_experts: plan.redundant_experts,
             imbalance_min: v.iter().copied().fold(f64::INFINITY, f64::min),
             imbalance_max: v.iter().copied().fold(1.0, f64::max),
+            placed_imbalance: v.iter().sum::<f64>() / v.len() as f64,
             imbalance_per_layer: v,
-            requests_per_step: requests,
+            requests_per_step: routing.requests,
+            tokens_per_step: routing.tokens,
             fluctuation: fluct,
             perfect_step_ms: perfect * 1e3,
             imbalance_cost_ms: (step_s - perfect) * 1e3,
@@ -464,7 +509,14 @@ pub fn explain(inp: &ExplainInput) -> Result<Explain, ExplainError> {
             max_tokens_per_step: inp.max_tokens_per_step.unwrap_or(full.tokens()),
         },
     )?;
-    let needed = b.decode_seqs as u64 * (b.kv_len + tokens_per_seq) + b.prefill_tokens;
+    let prompts = if b.prompt_len > 0 {
+        b.prefill_tokens.div_ceil(b.prompt_len)
+    } else {
+        0
+    };
+    let needed = b.decode_seqs as u64 * (b.kv_len + tokens_per_seq)
+        + b.prefill_tokens
+        + prompts * b.prompt_cached;
     if needed > memory.kv_capacity_tokens {
         return Err(input(
             "batch",

@@ -6,7 +6,8 @@
 //!   expert imbalance and the price of moving experts).
 //! - [`fabric`]: `TwinFabric`, KV links shared by concurrent transfers (processor sharing).
 //! - [`pricing`]: prices an op list with the cost model; critical path; two-micro-batch overlap.
-//! - [`expert_load`]: skewed, drifting (or replayed) expert load and the imbalance it causes.
+//! - [`expert_load`]: the routed-expert load (the fitted default, log-normal, Zipf, replayed heat
+//!   maps), its drift, the imbalance of a placement and the per-batch fluctuation of routing.
 //! - [`explain`]: one step of one instance, priced and broken down (`dstwin explain`).
 
 pub mod device;

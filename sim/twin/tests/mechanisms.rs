@@ -34,6 +34,7 @@ fn decode(seqs: u32, kv: u64, features: Features) -> Explain {
         kv_len: kv,
         prefill_tokens: 0,
         prompt_len: 0,
+        prompt_cached: 0,
     };
     explain(&input(layout, batch, features, "atlas-a3-superpod")).unwrap()
 }
@@ -79,6 +80,7 @@ fn flashcomm1_cuts_prefill_communication() {
             kv_len: 0,
             prefill_tokens: 8192,
             prompt_len: 4096,
+            prompt_cached: 0,
         };
         let f = Features {
             flashcomm1: fc1,
@@ -189,6 +191,7 @@ fn moe_communication_follows_the_platform_rule() {
         kv_len: 0,
         prefill_tokens: 8192,
         prompt_len: 4096,
+        prompt_cached: 0,
     };
     let e = explain(&input(
         layout,
@@ -206,6 +209,7 @@ fn moe_communication_follows_the_platform_rule() {
         kv_len: 0,
         prefill_tokens: 4096,
         prompt_len: 4096,
+        prompt_cached: 0,
     };
     let e = explain(&input(layout, batch, Features::default(), "atlas-800i-a2")).unwrap();
     assert_eq!(e.moe_comm.name(), "allgather");
@@ -222,6 +226,7 @@ fn reports_say_when_the_all_to_all_runs_on_a_fabric_it_was_not_fitted_on() {
             kv_len: 1024,
             prefill_tokens: 0,
             prompt_len: 0,
+            prompt_cached: 0,
         },
         Features::default(),
         "atlas-800-a3",

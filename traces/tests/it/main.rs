@@ -5,6 +5,7 @@ mod fuzz_readers;
 mod mooncake;
 #[path = "../../../tests/common/mutate.rs"]
 mod mutate;
+mod profile;
 mod spec;
 mod stats;
 mod synthetic;

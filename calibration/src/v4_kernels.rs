@@ -11,7 +11,8 @@
 //! linear in `(fixed, 1 / efficiency)` per entry. The fit is least squares over relative errors
 //! with every fixed cost >= 0 and every efficiency <= 1.
 
-use crate::micro::{bounded_lstsq, MicroError, MicroResidual};
+use crate::lsq::bounded_lstsq;
+use crate::micro::{MicroError, MicroResidual};
 use dstwin_core::model::{builtin, ModelConfig};
 use dstwin_core::opgraph::{kernel_compressor, kernel_ops};
 use dstwin_hwmodels::{Catalog, CostModel, KernelParams, Resource, Work};

@@ -1,0 +1,315 @@
+//! A cost file from a trace calibration: the hardware's shipped cost file with what the traces
+//! determined replaced, each replaced value's `source` naming the traces and the fit's
+//! residuals, and a comment header with the mapping shares, the alpha-beta fits and what could
+//! not be fitted.
+//!
+//! The per-class form is the cost model's `[efficiency.<class>] compute, memory, rows_pad,
+//! fixed_us, source` and `[host] step_us, per_seq_us, source`. Values the model applies to every
+//! class are folded into the classes so that the file prices exactly what was fitted: the
+//! in-situ factor multiplies each class's efficiencies (and is then 1), the per-op launch
+//! overhead becomes each class's `fixed_us` where the class has none (and is then 0).
+
+use super::{ClassReport, TraceCalibration};
+use dstwin_hwmodels::{CostParams, System};
+use std::fmt::Write as _;
+use toml::{Table, Value};
+
+/// Rounds to 4 significant digits, for a readable file.
+fn sig(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let p = 10f64.powi(3 - x.abs().log10().floor() as i32);
+    (x * p).round() / p
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+/// The traces, for sources: `a.json, b.csv`.
+fn origins(cal: &TraceCalibration) -> String {
+    cal.traces
+        .iter()
+        .map(|t| t.origin.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn class_source(r: &ClassReport, traces: &str, base: &str) -> Option<String> {
+    let f = r.fit.as_ref()?;
+    let d = &f.determined;
+    let kept: Vec<&str> = [
+        ("compute", d.compute),
+        ("memory", d.memory),
+        ("rows_pad", d.rows_pad),
+        ("fixed_us", d.fixed_us),
+    ]
+    .iter()
+    .filter(|(_, det)| !det)
+    .map(|(n, _)| *n)
+    .collect();
+    let mut s = format!(
+        "fit by dstwin calibrate --trace to {} kernels of {traces} ({} compute-bound, {} memory-bound): rms error {}, max {}, {} outliers",
+        f.samples,
+        f.compute_bound,
+        f.memory_bound,
+        pct(f.rms_error),
+        pct(f.max_error),
+        f.outliers
+    );
+    if !kept.is_empty() {
+        let _ = write!(
+            s,
+            "; {} not determined by these kernels, kept from {base}",
+            kept.join(", ")
+        );
+    }
+    Some(s)
+}
+
+/// The cost file text: `base` with the fits of `cal` applied, named `name`.
+pub fn cost_file(
+    base: &CostParams,
+    name: &str,
+    cal: &TraceCalibration,
+) -> Result<String, toml::ser::Error> {
+    let traces = origins(cal);
+    let mut t: Table = Table::try_from(base)?;
+    t.insert("name".into(), Value::String(name.to_owned()));
+    t.insert(
+        "source".into(),
+        Value::String(format!(
+            "{} calibrated from profiler traces ({traces}) by dstwin calibrate --trace; every fitted value's source says so, the others are {}'s",
+            base.name, base.name
+        )),
+    );
+    // Fold the global factors into the classes.
+    let in_situ = t.get("in_situ_efficiency").and_then(Value::as_float);
+    let overhead = t.get("op_overhead_us").and_then(Value::as_float);
+    if let Some(Value::Table(eff)) = t.get_mut("efficiency") {
+        for (_, e) in eff.iter_mut() {
+            let Value::Table(e) = e else { continue };
+            if let Some(k) = in_situ.filter(|k| *k != 1.0) {
+                for field in ["compute", "memory"] {
+                    if let Some(v) = e.get(field).and_then(Value::as_float) {
+                        e.insert(field.into(), Value::Float(sig(v * k)));
+                    }
+                }
+                if let Some(Value::String(src)) = e.get_mut("source") {
+                    src.push_str(&format!(" (times in_situ_efficiency {k}, folded in)"));
+                }
+            }
+            e.entry("rows_pad").or_insert(Value::Float(0.0));
+            e.entry("fixed_us")
+                .or_insert(Value::Float(overhead.unwrap_or(0.0)));
+        }
+    }
+    if in_situ.is_some() {
+        t.insert("in_situ_efficiency".into(), Value::Float(1.0));
+    }
+    if overhead.is_some() {
+        t.insert("op_overhead_us".into(), Value::Float(0.0));
+    }
+    // The fits.
+    if let Some(Value::Table(eff)) = t.get_mut("efficiency") {
+        for r in &cal.efficiency {
+            let (Some(f), Some(source)) = (&r.fit, class_source(r, &traces, &base.name)) else {
+                continue;
+            };
+            let mut e = Table::new();
+            e.insert("compute".into(), Value::Float(sig(f.params.compute)));
+            e.insert("memory".into(), Value::Float(sig(f.params.memory)));
+            e.insert("rows_pad".into(), Value::Float(sig(f.params.rows_pad)));
+            e.insert("fixed_us".into(), Value::Float(sig(f.params.fixed_us)));
+            e.insert("source".into(), Value::String(source));
+            eff.insert(r.class.name().into(), Value::Table(e));
+        }
+    }
+    let host: Vec<_> = cal
+        .host
+        .iter()
+        .filter_map(|h| h.fit.as_ref().map(|f| (h, f)))
+        .collect();
+    if let Some((h, f)) = host.first() {
+        let mut table = Table::new();
+        table.insert("step_us".into(), Value::Float(sig(f.step_us)));
+        table.insert(
+            "per_seq_us".into(),
+            Value::Float(sig(f.per_seq_us.unwrap_or(0.0))),
+        );
+        table.insert(
+            "source".into(),
+            Value::String(format!(
+                "fit by dstwin calibrate --trace to {} gaps between {} device steps of {} ({} idle gaps left out): rms {:.1} us{}",
+                f.gaps,
+                f.steps,
+                h.origin,
+                f.idle_gaps,
+                f.rms_us,
+                if f.per_seq_us.is_none() {
+                    "; per_seq_us not determined (steps carry no varying sequence counts), 0"
+                } else {
+                    ""
+                }
+            )),
+        );
+        t.insert("host".into(), Value::Table(table));
+    }
+    // What the traces now determine leaves the list `dstwin calibrate` fits to the end-to-end
+    // anchors: a refit would overwrite measured kernels with a figure that only constrains
+    // them through a whole step. The folded global factors go too (each class has its own).
+    let fitted = |name: &str| -> bool {
+        if name == "op_overhead_us" {
+            return overhead.is_some();
+        }
+        if name == "in_situ_efficiency" {
+            return in_situ.is_some();
+        }
+        if name.starts_with("host.") {
+            return !host.is_empty();
+        }
+        let mut parts = name.split('.');
+        let (Some("efficiency"), Some(class), Some(field)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return false;
+        };
+        cal.efficiency.iter().any(|r| {
+            r.class.name() == class
+                && r.fit.as_ref().is_some_and(|f| match field {
+                    "compute" => f.determined.compute,
+                    "memory" => f.determined.memory,
+                    "rows_pad" => f.determined.rows_pad,
+                    "fixed_us" => f.determined.fixed_us,
+                    _ => false,
+                })
+        })
+    };
+    let fit: Vec<Value> = base
+        .fit
+        .iter()
+        .filter(|n| !fitted(n))
+        .map(|n| Value::String(n.clone()))
+        .collect();
+    t.insert("fit".into(), Value::Array(fit));
+    if let (Some(c), Some(Value::Table(coll))) = (&cal.collective, t.get_mut("collective")) {
+        coll.insert("base_us".into(), Value::Float(sig(c.base_us)));
+        coll.insert("bw_eff".into(), Value::Float(sig(c.bw_eff)));
+        coll.insert(
+            "source".into(),
+            Value::String(format!(
+                "fit by dstwin calibrate --trace to {} ring collectives of {traces}: rms error {}, max {}",
+                c.samples,
+                pct(c.rms_error),
+                pct(c.max_error)
+            )),
+        );
+    }
+    Ok(format!(
+        "{}{}",
+        header(cal, &base.name),
+        toml::to_string_pretty(&t)?
+    ))
+}
+
+/// A system file: `system` renamed `name`, priced by the cost file at `cost_model` (a path
+/// relative to the system file), for `--hardware` and scenarios.
+pub fn system_file(
+    system: &System,
+    name: &str,
+    cost_model: &str,
+) -> Result<String, toml::ser::Error> {
+    let mut s = system.clone();
+    s.name = name.to_owned();
+    s.cost_model = cost_model.to_owned();
+    s.source = format!(
+        "{}; cost model calibrated from profiler traces ({cost_model})",
+        s.source
+    );
+    Ok(format!(
+        "# {} with the cost model calibrated from profiler traces by `dstwin calibrate --trace`.\n{}",
+        system.name,
+        toml::to_string_pretty(&s)?
+    ))
+}
+
+/// The comment block: what was read, mapped and fitted, and what was not.
+fn header(cal: &TraceCalibration, base: &str) -> String {
+    let mut h = String::new();
+    let m = &cal.mapping;
+    let _ = writeln!(
+        h,
+        "# Cost model calibrated from profiler traces by `dstwin calibrate --trace`, on {base}."
+    );
+    for t in &cal.traces {
+        let _ = writeln!(h, "# trace {}", t.line());
+    }
+    let _ = writeln!(
+        h,
+        "# kernel time mapped onto the op graph {}, outside it (training, copies) {}, unmapped {}",
+        pct(m.mapped_share),
+        pct(m.outside_share),
+        pct(m.unmapped_share)
+    );
+    for r in &cal.efficiency {
+        match &r.fit {
+            Some(f) => {
+                let _ = writeln!(
+                    h,
+                    "# efficiency.{}: {} of {} kernels with known work; residuals rms {}, max {}",
+                    r.class.name(),
+                    r.with_work,
+                    r.kernels,
+                    pct(f.rms_error),
+                    pct(f.max_error)
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    h,
+                    "# efficiency.{}: not fitted ({} kernels, {} with known work); {}'s values",
+                    r.class.name(),
+                    r.kernels,
+                    r.with_work,
+                    base
+                );
+            }
+        }
+    }
+    for a in &cal.alpha_beta {
+        let _ = match (a.alpha_us, a.rms_error) {
+            (Some(alpha), Some(rms)) => writeln!(
+                h,
+                "# alpha-beta {} {}: alpha {:.2} us, beta {} over {} kernels, {} sizes; rms error {}",
+                a.kind.name(),
+                a.group,
+                alpha,
+                a.beta_gb_s
+                    .map_or_else(|| "unbounded".to_owned(), |b| format!("{b:.1} GB/s")),
+                a.samples,
+                a.sizes,
+                pct(rms)
+            ),
+            _ => writeln!(
+                h,
+                "# alpha-beta {} {}: not fitted (one message size over {} kernels), mean {:.2} us",
+                a.kind.name(),
+                a.group,
+                a.samples,
+                a.mean_time_us
+            ),
+        };
+    }
+    if cal.collective.is_none() {
+        let _ = writeln!(h, "# [collective]: not fitted (needs ring collectives with bytes and group sizes at two sizes or more); {base}'s values");
+    }
+    if cal.host.iter().all(|x| x.fit.is_none()) {
+        let _ = writeln!(
+            h,
+            "# [host]: not fitted (the traces mark fewer than two device steps)"
+        );
+    }
+    h.push('\n');
+    h
+}

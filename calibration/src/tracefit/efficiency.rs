@@ -1,0 +1,415 @@
+//! The efficiency curve of one op class, fitted to kernels: for an op with F FLOPs, B HBM bytes
+//! and R rows (the GEMM M dimension) on a chip with peak P and bandwidth W,
+//!
+//! ```text
+//! time = fixed_us + max( F / (P * compute) * (R + rows_pad) / R ,  B / (W * memory) )
+//! ```
+//!
+//! (the cost model's form per op class; without R the factor is 1).
+//!
+//! **Fit.** With `u = 1/compute`, `w = rows_pad/compute`, `v = 1/memory`, each branch of the max
+//! is linear: the compute branch `(F/P)·u + (F/(P·R))·w`, the memory branch `(B/W)·v`. For a given
+//! assignment of samples to branches the fit is a bounded linear least squares over relative
+//! errors (`fixed_us >= 0`, `compute, memory <= 1`, `rows_pad >= 0`; [`crate::lsq`]). The
+//! assignment is found by alternating (fit, re-assign each sample to its larger branch) from
+//! several starts: everything compute-bound, everything memory-bound, and cuts along the samples'
+//! arithmetic intensity; the start whose converged fit has the smallest error under the true
+//! `max` wins.
+//!
+//! **Robust.** The fit is then re-weighted (Huber weights on the relative residuals, scale from
+//! their median absolute value), so that a few kernels slowed by something the model does not
+//! see (contention, a cold cache) do not pull it; they are counted as outliers.
+//!
+//! **What the samples determine.** A parameter the samples cannot see keeps the prior value (the
+//! shipped cost file's) and is reported as not determined: `compute` and `rows_pad` need
+//! compute-bound samples (`rows_pad` at two row counts or more), `memory` a memory-bound one,
+//! `fixed_us` one distinct kernel shape more than the other parameters fitted.
+
+use crate::lsq::bounded_lstsq;
+use serde::Serialize;
+
+/// Most starting cuts along the arithmetic intensity.
+const MAX_CUTS: usize = 24;
+/// Most alternations from one start.
+const MAX_ALTERNATIONS: usize = 40;
+/// Re-weighting rounds of the robust fit.
+const ROBUST_ROUNDS: usize = 8;
+/// Huber's tuning constant (95% efficiency under normal errors).
+const HUBER_K: f64 = 1.345;
+/// Smallest residual scale the weights use (0.1%): below it every sample fits.
+const MIN_SCALE: f64 = 1e-3;
+
+/// One kernel as the fit sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Sample {
+    pub flops: f64,
+    pub bytes: f64,
+    pub rows: Option<f64>,
+    /// Peak FLOP/s of the format the kernel computes in.
+    pub peak_flops: f64,
+    pub hbm_bytes_per_s: f64,
+    /// Measured duration, µs.
+    pub time_us: f64,
+}
+
+impl Sample {
+    /// µs at the compute peak, the same over rows, and µs at the memory peak.
+    fn features(&self) -> (f64, f64, f64) {
+        let a = self.flops / self.peak_flops * 1e6;
+        let b = self.rows.map_or(0.0, |r| a / r);
+        (a, b, self.bytes / self.hbm_bytes_per_s * 1e6)
+    }
+}
+
+/// One class's parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ClassParams {
+    pub compute: f64,
+    pub memory: f64,
+    pub rows_pad: f64,
+    pub fixed_us: f64,
+}
+
+impl ClassParams {
+    /// The compute and memory branches, µs.
+    pub fn branches_us(&self, s: &Sample) -> (f64, f64) {
+        let (a, b, d) = s.features();
+        ((a + b * self.rows_pad) / self.compute, d / self.memory)
+    }
+
+    /// Predicted duration, µs.
+    pub fn time_us(&self, s: &Sample) -> f64 {
+        let (c, m) = self.branches_us(s);
+        self.fixed_us + c.max(m)
+    }
+}
+
+/// Which parameters the samples determined (the others kept the prior's value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Determined {
+    pub compute: bool,
+    pub memory: bool,
+    pub rows_pad: bool,
+    pub fixed_us: bool,
+}
+
+/// A fitted class.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EfficiencyFit {
+    pub params: ClassParams,
+    pub determined: Determined,
+    pub samples: usize,
+    /// Samples on each branch under the fit.
+    pub compute_bound: usize,
+    pub memory_bound: usize,
+    /// Relative errors of the fit over every sample (unweighted).
+    pub rms_error: f64,
+    pub max_error: f64,
+    /// Samples the robust fit weighed below one half.
+    pub outliers: usize,
+}
+
+/// Unknowns in the linear form: fixed, 1/compute, rows_pad/compute, 1/memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Linear([f64; 4]);
+
+impl Linear {
+    fn params(self, rows_pad: Option<f64>) -> ClassParams {
+        let [f, u, w, v] = self.0;
+        ClassParams {
+            compute: 1.0 / u,
+            memory: 1.0 / v,
+            rows_pad: rows_pad.unwrap_or(w / u),
+            fixed_us: f,
+        }
+    }
+}
+
+/// What is held fixed, and at what.
+#[derive(Clone, Copy, Debug)]
+struct Holds {
+    compute: Option<f64>,
+    memory: Option<f64>,
+    rows_pad: Option<f64>,
+    fixed_us: Option<f64>,
+}
+
+struct Problem<'a> {
+    /// (a, b, d, t) per sample: µs at compute peak, the same over rows, µs at memory peak, µs.
+    x: Vec<(f64, f64, f64, f64)>,
+    samples: &'a [Sample],
+    holds: Holds,
+}
+
+impl<'a> Problem<'a> {
+    fn new(samples: &'a [Sample], holds: Holds) -> Problem<'a> {
+        let x = samples
+            .iter()
+            .map(|s| {
+                let (a, b, d) = s.features();
+                (a, b, d, s.time_us)
+            })
+            .collect();
+        Problem { x, samples, holds }
+    }
+
+    /// Bounded least squares for an assignment (true: compute branch) and weights.
+    fn solve(&self, assign: &[bool], weights: &[f64]) -> Option<ClassParams> {
+        let h = self.holds;
+        let rows: Vec<(Vec<f64>, f64)> = self
+            .x
+            .iter()
+            .zip(assign)
+            .zip(weights)
+            .map(|((&(a, b, d, t), &c), &wt)| {
+                let s = wt.sqrt() / t;
+                let row = if c {
+                    // With rows_pad held, its term folds into the compute column.
+                    let a = a + h.rows_pad.map_or(0.0, |r| b * r);
+                    let b = if h.rows_pad.is_some() { 0.0 } else { b };
+                    vec![s, a * s, b * s, 0.0]
+                } else {
+                    vec![s, 0.0, 0.0, d * s]
+                };
+                (row, wt.sqrt())
+            })
+            .collect();
+        let inf = f64::INFINITY;
+        let mut lo = [0.0, 1.0, 0.0, 1.0];
+        let mut hi = [inf, inf, inf, inf];
+        let mut hold = |j: usize, v: Option<f64>| {
+            if let Some(v) = v {
+                lo[j] = v;
+                hi[j] = v;
+            }
+        };
+        hold(0, h.fixed_us);
+        hold(1, h.compute.map(|c| 1.0 / c));
+        hold(2, h.rows_pad.map(|_| 0.0));
+        hold(3, h.memory.map(|m| 1.0 / m));
+        let x = bounded_lstsq(&rows, &lo, &hi)?;
+        let x = Linear([x[0], x[1], x[2], x[3]]);
+        Some(x.params(h.rows_pad))
+    }
+
+    fn assign(&self, p: &ClassParams) -> Vec<bool> {
+        self.samples
+            .iter()
+            .map(|s| {
+                let (c, m) = p.branches_us(s);
+                c >= m
+            })
+            .collect()
+    }
+
+    fn loss(&self, p: &ClassParams, weights: &[f64]) -> f64 {
+        self.samples
+            .iter()
+            .zip(weights)
+            .map(|(s, w)| w * (p.time_us(s) / s.time_us - 1.0).powi(2))
+            .sum()
+    }
+
+    /// Alternates fit and assignment from `start` until the assignment holds.
+    fn converge(&self, start: Vec<bool>, weights: &[f64]) -> Option<ClassParams> {
+        let mut assign = start;
+        let mut best: Option<(f64, ClassParams)> = None;
+        for _ in 0..MAX_ALTERNATIONS {
+            let p = self.solve(&assign, weights)?;
+            let l = self.loss(&p, weights);
+            if best.as_ref().is_none_or(|b| l < b.0) {
+                best = Some((l, p));
+            }
+            let next = self.assign(&p);
+            if next == assign {
+                break;
+            }
+            assign = next;
+        }
+        best.map(|b| b.1)
+    }
+
+    /// The best converged fit over the starts; `first` is tried first and wins ties (with a
+    /// sample or two, either branch can fit exactly: the prior's branches are the better guess).
+    fn fit(&self, weights: &[f64], first: Vec<bool>) -> Option<ClassParams> {
+        let n = self.x.len();
+        let intensity: Vec<f64> = self
+            .x
+            .iter()
+            .map(|&(a, _, d, _)| if d > 0.0 { a / d } else { f64::INFINITY })
+            .collect();
+        let mut sorted = intensity.clone();
+        sorted.sort_by(f64::total_cmp);
+        sorted.dedup();
+        let mut starts = vec![first, vec![true; n], vec![false; n]];
+        let cuts = sorted.len().saturating_sub(1).min(MAX_CUTS);
+        for c in 1..=cuts {
+            let thr = sorted[c * (sorted.len() - 1) / cuts.max(1)];
+            starts.push(intensity.iter().map(|&i| i >= thr).collect());
+        }
+        // A later start must be better by more than rounding to displace an earlier one.
+        starts
+            .into_iter()
+            .filter_map(|s| self.converge(s, weights))
+            .map(|p| (self.loss(&p, weights), p))
+            .fold(None, |best: Option<(f64, ClassParams)>, c| match best {
+                Some(b) if c.0 >= b.0 * (1.0 - 1e-9) - 1e-18 => Some(b),
+                _ => Some(c),
+            })
+            .map(|b| b.1)
+    }
+}
+
+fn rel_errors(samples: &[Sample], p: &ClassParams) -> Vec<f64> {
+    samples
+        .iter()
+        .map(|s| p.time_us(s) / s.time_us - 1.0)
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Fits one class to its samples; parameters the samples cannot determine keep `prior`'s value.
+/// `None` without usable samples (each needs a positive time and finite work).
+pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit> {
+    let samples: Vec<Sample> = samples
+        .iter()
+        .copied()
+        .filter(|s| {
+            let (a, b, d) = s.features();
+            s.time_us > 0.0
+                && s.time_us.is_finite()
+                && [a, b, d].iter().all(|x| x.is_finite() && *x >= 0.0)
+                && a + d > 0.0
+        })
+        .collect();
+    if samples.is_empty() {
+        return None;
+    }
+    let n = samples.len();
+    let mut holds = Holds {
+        compute: None,
+        memory: None,
+        rows_pad: None,
+        fixed_us: (n < 2).then_some(prior.fixed_us),
+    };
+    let mut weights = vec![1.0; n];
+    let mut params = prior;
+    // Decide what the samples determine, refitting until that settles (at most once per
+    // parameter).
+    for _ in 0..5 {
+        let problem = Problem::new(&samples, holds);
+        params = problem.fit(&weights, problem.assign(&prior))?;
+        let assign = problem.assign(&params);
+        let compute_rows: Vec<f64> = samples
+            .iter()
+            .zip(&assign)
+            .filter(|(_, c)| **c)
+            .filter_map(|(s, _)| s.rows)
+            .collect();
+        let mut distinct = compute_rows.clone();
+        distinct.sort_by(f64::total_cmp);
+        distinct.dedup();
+        let mut next = holds;
+        if !assign.iter().any(|c| *c) {
+            next.compute = Some(prior.compute);
+            next.rows_pad = Some(prior.rows_pad);
+        } else if distinct.len() < 2 {
+            next.rows_pad = Some(prior.rows_pad);
+        }
+        if assign.iter().all(|c| *c) {
+            next.memory = Some(prior.memory);
+        }
+        // fixed_us is an offset shared by every sample: it needs one distinct point more than
+        // the slopes fitted with it (two kernels of one shape cannot split time into a fixed
+        // part and a rate).
+        let mut points: Vec<(bool, u64, u64)> = problem
+            .x
+            .iter()
+            .zip(&assign)
+            .map(|(&(a, b, d, _), &c)| {
+                if c {
+                    (true, a.to_bits(), b.to_bits())
+                } else {
+                    (false, d.to_bits(), 0)
+                }
+            })
+            .collect();
+        points.sort_unstable();
+        points.dedup();
+        let slopes = [next.compute, next.rows_pad, next.memory]
+            .iter()
+            .filter(|h| h.is_none())
+            .count();
+        if points.len() <= slopes {
+            next.fixed_us = Some(prior.fixed_us);
+        }
+        let same = |a: Option<f64>, b: Option<f64>| a.is_some() == b.is_some();
+        if same(next.compute, holds.compute)
+            && same(next.memory, holds.memory)
+            && same(next.rows_pad, holds.rows_pad)
+            && same(next.fixed_us, holds.fixed_us)
+        {
+            break;
+        }
+        holds = next;
+    }
+    let problem = Problem::new(&samples, holds);
+    // Robust re-weighting.
+    for _ in 0..ROBUST_ROUNDS {
+        let r = rel_errors(&samples, &params);
+        let scale = (1.4826 * median(r.iter().map(|x| x.abs()).collect())).max(MIN_SCALE);
+        let delta = HUBER_K * scale;
+        weights = r
+            .iter()
+            .map(|x| {
+                if x.abs() <= delta {
+                    1.0
+                } else {
+                    delta / x.abs()
+                }
+            })
+            .collect();
+        let start = problem.assign(&params);
+        let next = problem.fit(&weights, start)?;
+        let moved = (next.compute / params.compute - 1.0).abs()
+            + (next.memory / params.memory - 1.0).abs()
+            + (next.rows_pad - params.rows_pad).abs() / (1.0 + params.rows_pad)
+            + (next.fixed_us - params.fixed_us).abs() / (1.0 + params.fixed_us);
+        params = next;
+        if moved < 1e-9 {
+            break;
+        }
+    }
+    let assign = problem.assign(&params);
+    let r = rel_errors(&samples, &params);
+    let compute_bound = assign.iter().filter(|c| **c).count();
+    Some(EfficiencyFit {
+        params,
+        determined: Determined {
+            compute: holds.compute.is_none(),
+            memory: holds.memory.is_none(),
+            rows_pad: holds.rows_pad.is_none(),
+            fixed_us: holds.fixed_us.is_none(),
+        },
+        samples: n,
+        compute_bound,
+        memory_bound: n - compute_bound,
+        rms_error: (r.iter().map(|x| x * x).sum::<f64>() / n as f64).sqrt(),
+        max_error: r
+            .iter()
+            .fold(0.0, |m, x| if x.abs() > m.abs() { *x } else { m }),
+        outliers: weights.iter().filter(|w| **w < 0.5).count(),
+    })
+}

@@ -1,0 +1,134 @@
+//! Host overhead per step, from the gaps between a device's steps: what the device waits for
+//! the host (scheduling, input preparation, launch) between the end of one step and the start of
+//! the next.
+//!
+//! Device steps are, in order of preference: the trace's on-device step markers (a GPU
+//! `ProfilerStep#N` annotation, the CPU engine's step events); else per step id the span of
+//! its kernels on each device (Ascend kernel tables carry a step id). Host-side markers alone
+//! (Kineto's CPU `ProfilerStep#N`) do not say when the device was busy and are not used.
+//!
+//! Gaps longer than `idle_factor` times the median gap are the engine idling without work, not
+//! overhead, and are left out (counted). Overlapping steps (the host ran ahead) give a gap of 0.
+//! Fit: `gap = step_us + per_seq_us x seqs of the next step` by least squares (both >= 0) when
+//! the steps carry their sequence counts and at least two differ; else `step_us` is the mean gap.
+
+use crate::lsq::bounded_lstsq;
+use dstwin_traces::profile::Profile;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Where the step spans came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepSource {
+    DeviceMarkers,
+    KernelStepIds,
+}
+
+/// The host-overhead fit.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HostFit {
+    pub step_us: f64,
+    /// Fitted when steps carry sequence counts that vary.
+    pub per_seq_us: Option<f64>,
+    pub source: StepSource,
+    pub steps: usize,
+    /// Gaps used, and gaps left out as idle.
+    pub gaps: usize,
+    pub idle_gaps: usize,
+    pub median_gap_us: f64,
+    /// Residuals of the fit over the gaps used, µs.
+    pub rms_us: f64,
+    pub max_us: f64,
+}
+
+/// A device step: device, start, end (ns), sequences.
+type Span = (Option<u32>, u64, u64, Option<u64>);
+
+fn spans(p: &Profile) -> Option<(StepSource, Vec<Span>)> {
+    let markers: Vec<Span> = p
+        .steps
+        .iter()
+        .filter(|s| s.on_device)
+        .map(|s| (s.device, s.start_ns, s.end_ns(), s.seqs))
+        .collect();
+    if !markers.is_empty() {
+        return Some((StepSource::DeviceMarkers, markers));
+    }
+    let mut by_step: BTreeMap<(Option<u32>, u64), (u64, u64)> = BTreeMap::new();
+    for k in &p.kernels {
+        if let (Some(step), Some(start), Some(end)) = (k.step, k.start_ns, k.end_ns()) {
+            let e = by_step.entry((k.device, step)).or_insert((start, end));
+            e.0 = e.0.min(start);
+            e.1 = e.1.max(end);
+        }
+    }
+    (!by_step.is_empty()).then(|| {
+        let v = by_step
+            .into_iter()
+            .map(|((d, _), (s, e))| (d, s, e, None))
+            .collect();
+        (StepSource::KernelStepIds, v)
+    })
+}
+
+/// Fits host overhead per step to one profile; `None` when it marks fewer than two steps on a
+/// device.
+pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
+    let (source, mut spans) = spans(p)?;
+    spans.sort_by_key(|s| (s.0, s.1));
+    // (gap µs, sequences of the next step)
+    let mut gaps: Vec<(f64, Option<u64>)> = Vec::new();
+    for w in spans.windows(2) {
+        let (a, b) = (&w[0], &w[1]);
+        if a.0 == b.0 {
+            gaps.push((b.1.saturating_sub(a.2) as f64 / 1e3, b.3));
+        }
+    }
+    if gaps.is_empty() {
+        return None;
+    }
+    let mut sorted: Vec<f64> = gaps.iter().map(|g| g.0).collect();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let kept: Vec<(f64, Option<u64>)> = gaps
+        .iter()
+        .copied()
+        .filter(|g| median <= 0.0 || g.0 <= idle_factor * median)
+        .collect();
+    let idle = gaps.len() - kept.len();
+    let seqs: Option<Vec<f64>> = kept.iter().map(|g| g.1.map(|s| s as f64)).collect();
+    let varied = seqs.as_ref().is_some_and(|s| s.iter().any(|x| *x != s[0]));
+    let (step_us, per_seq) = match (varied, &seqs) {
+        (true, Some(s)) => {
+            let rows: Vec<(Vec<f64>, f64)> = kept
+                .iter()
+                .zip(s)
+                .map(|(g, n)| (vec![1.0, *n], g.0))
+                .collect();
+            let x = bounded_lstsq(&rows, &[0.0, 0.0], &[f64::INFINITY; 2])?;
+            (x[0], Some(x[1]))
+        }
+        _ => (
+            kept.iter().map(|g| g.0).sum::<f64>() / kept.len() as f64,
+            None,
+        ),
+    };
+    let resid: Vec<f64> = kept
+        .iter()
+        .map(|g| step_us + per_seq.unwrap_or(0.0) * g.1.unwrap_or(0) as f64 - g.0)
+        .collect();
+    Some(HostFit {
+        step_us,
+        per_seq_us: per_seq,
+        source,
+        steps: spans.len(),
+        gaps: kept.len(),
+        idle_gaps: idle,
+        median_gap_us: median,
+        rms_us: (resid.iter().map(|r| r * r).sum::<f64>() / resid.len() as f64).sqrt(),
+        max_us: resid
+            .iter()
+            .fold(0.0, |m, r| if r.abs() > m.abs() { *r } else { m }),
+    })
+}

@@ -1,0 +1,240 @@
+//! Calibration from profiler traces: kernels mapped onto the op graph ([`crate::kernels`]), then
+//! what the mapped kernels can tell the cost model.
+//!
+//! - [`work`]: a GEMM's FLOPs, bytes and rows, read off the shapes its trace gives.
+//! - [`efficiency`]: per op class, `compute`, `memory`, `rows_pad`, `fixed_us` fitted to the
+//!   kernels with known work (robust bounded least squares over relative errors).
+//! - [`comm`]: alpha-beta per collective kind and group size, and the cost file's ring-collective
+//!   parameters, from kernels that carry their bytes.
+//! - [`host`]: host overhead per step from the gaps between device steps.
+//! - [`costfile`]: a cost file with what was fitted, its residuals and the traces it came from.
+//!
+//! [`calibrate`] runs all of it over a set of profiles.
+
+pub mod comm;
+pub mod costfile;
+pub mod efficiency;
+pub mod host;
+pub mod work;
+
+use crate::kernels::{
+    detect_backend, map_kernels, summarize, Backend, MapSummary, OpKindName, RuleSet, Target,
+};
+use comm::{alpha_beta, fit_collective, AlphaBeta, CollectiveFit, CommSample, GroupKey};
+use dstwin_hwmodels::{CostModel, DType, OpClass};
+use dstwin_traces::profile::{Profile, ProfileFormat};
+use efficiency::{fit_class, ClassParams, EfficiencyFit, Sample};
+use host::{fit_host, HostFit};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use work::kernel_work;
+
+/// Default of [`TraceOptions::idle_factor`]: a gap five times the median is idling.
+pub const DEFAULT_IDLE_FACTOR: f64 = 5.0;
+
+/// How to read and fit the traces.
+#[derive(Clone, Debug)]
+pub struct TraceOptions {
+    /// The backend of every trace (default: detected per trace).
+    pub backend: Option<Backend>,
+    /// A user's rules, tried before the built-in ones.
+    pub rules: RuleSet,
+    /// The hardware the traces ran on: its peaks, bandwidth and fabric for the fits, and its
+    /// shipped parameters as the prior for what the traces cannot determine. Without it only
+    /// the mapping, the alpha-beta fits and the host overhead are computed.
+    pub cost: Option<CostModel>,
+    /// Gaps between steps longer than this many times the median are idling.
+    pub idle_factor: f64,
+    /// The format the engine computed in, for traces that do not say (the CPU engine's).
+    pub dtype: Option<DType>,
+}
+
+/// One trace as read.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TraceSummary {
+    pub origin: String,
+    pub format: ProfileFormat,
+    pub backend: Backend,
+    pub kernels: usize,
+    pub steps: usize,
+    pub kernel_time_ms: f64,
+    pub notes: BTreeMap<String, String>,
+    pub skipped: BTreeMap<String, u64>,
+}
+
+impl TraceSummary {
+    /// One line: the trace, its format and backend, kernels, kernel time and step markers.
+    pub fn line(&self) -> String {
+        format!(
+            "{} ({}, {} backend): {} kernels, {:.3} ms of kernel time, step markers: {}",
+            self.origin,
+            self.format.name(),
+            self.backend,
+            self.kernels,
+            self.kernel_time_ms,
+            self.steps
+        )
+    }
+}
+
+/// One op class: its kernels and, when they carry their work and the hardware is known, its fit.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClassReport {
+    pub class: OpClass,
+    /// Launches mapped to the class (outside-the-graph kernels excluded).
+    pub kernels: u64,
+    /// Of those, launches whose work (FLOPs, bytes) is known: the fit's samples.
+    pub with_work: usize,
+    /// The hardware's shipped parameters, the prior of what the samples cannot determine.
+    pub prior: Option<ClassParams>,
+    pub fit: Option<EfficiencyFit>,
+}
+
+/// Host overhead of one trace.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HostReport {
+    pub origin: String,
+    pub fit: Option<HostFit>,
+}
+
+/// Everything [`calibrate`] found.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TraceCalibration {
+    pub traces: Vec<TraceSummary>,
+    /// The rule files used, with their sources.
+    pub rules: Vec<(String, String)>,
+    pub mapping: MapSummary,
+    /// The system the fits used.
+    pub hardware: Option<String>,
+    pub efficiency: Vec<ClassReport>,
+    pub alpha_beta: Vec<AlphaBeta>,
+    pub collective: Option<CollectiveFit>,
+    pub host: Vec<HostReport>,
+}
+
+/// The shipped parameters of a class in the fitted form: the class's efficiencies times the
+/// file's in-situ factor, its tile padding, and its fixed cost per kernel (the file's
+/// `op_overhead_us` where the class gives none). Prefill attention falls back to attention's.
+pub fn prior_params(cm: &CostModel, class: OpClass) -> ClassParams {
+    let p = &cm.params;
+    let e = p.efficiency(class);
+    ClassParams {
+        compute: e.compute * p.in_situ_efficiency,
+        memory: e.memory * p.in_situ_efficiency,
+        rows_pad: e.rows_pad,
+        fixed_us: e.fixed_us.unwrap_or(p.op_overhead_us),
+    }
+}
+
+/// Maps and fits every profile.
+pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration {
+    let mut traces = Vec::new();
+    let mut targets: Vec<Vec<Target>> = Vec::new();
+    let mut rule_files: Vec<(String, String)> = opts.rules.sources.clone();
+    for p in profiles {
+        let backend = opts.backend.unwrap_or_else(|| detect_backend(p));
+        let builtin = backend.builtin_rules();
+        for s in &builtin.sources {
+            if !rule_files.contains(s) {
+                rule_files.push(s.clone());
+            }
+        }
+        let rules = opts.rules.clone().then(builtin);
+        targets.push(map_kernels(p, backend, &rules));
+        traces.push(TraceSummary {
+            origin: p.origin.clone(),
+            format: p.format,
+            backend,
+            kernels: p.kernels.len(),
+            steps: p.steps.len(),
+            kernel_time_ms: p.kernel_time_ns() as f64 / 1e6,
+            notes: p.notes.clone(),
+            skipped: p.skipped.clone(),
+        });
+    }
+    let all = || {
+        profiles
+            .iter()
+            .zip(&targets)
+            .flat_map(|(p, t)| p.kernels.iter().zip(t))
+    };
+    let mapping = summarize(all());
+    let mut samples: BTreeMap<OpClass, Vec<Sample>> = BTreeMap::new();
+    let mut counts: BTreeMap<OpClass, u64> = BTreeMap::new();
+    let mut comm_samples = Vec::new();
+    for (k, t) in all() {
+        match t.kind() {
+            Some(OpKindName::Compute(class)) => {
+                *counts.entry(class).or_default() += k.calls;
+                let Some(cm) = &opts.cost else { continue };
+                if k.calls != 1 {
+                    continue;
+                }
+                if let Some(w) = kernel_work(k, class == OpClass::Gemm, opts.dtype) {
+                    samples.entry(class).or_default().push(Sample {
+                        flops: w.flops,
+                        bytes: w.bytes,
+                        rows: w.rows,
+                        peak_flops: cm.peak_flops(w.dtype.unwrap_or(DType::Bf16)),
+                        hbm_bytes_per_s: cm.system.chip.hbm_bytes_per_s(),
+                        time_us: k.dur_ns as f64 / 1e3,
+                    });
+                }
+            }
+            Some(OpKindName::Comm(kind)) => {
+                let c = k.comm.as_ref();
+                let bytes = c.and_then(|c| c.bytes).or(k.bytes);
+                let group = match (
+                    c.and_then(|c| c.group_size),
+                    c.and_then(|c| c.group.clone()),
+                ) {
+                    (Some(g), _) => GroupKey::Size(g),
+                    (None, Some(n)) => GroupKey::Name(n),
+                    (None, None) => GroupKey::Unknown,
+                };
+                if let (Some(bytes), 1) = (bytes, k.calls) {
+                    comm_samples.push(CommSample {
+                        kind,
+                        group,
+                        bytes,
+                        time_us: k.dur_ns as f64 / 1e3,
+                    });
+                }
+            }
+            None => {}
+        }
+    }
+    let efficiency = OpClass::ALL
+        .iter()
+        .map(|&class| {
+            let s = samples.remove(&class).unwrap_or_default();
+            let prior = opts.cost.as_ref().map(|cm| prior_params(cm, class));
+            ClassReport {
+                class,
+                kernels: counts.get(&class).copied().unwrap_or(0),
+                with_work: s.len(),
+                prior,
+                fit: prior.and_then(|p| fit_class(&s, p)),
+            }
+        })
+        .collect();
+    TraceCalibration {
+        traces,
+        rules: rule_files,
+        mapping,
+        hardware: opts.cost.as_ref().map(|cm| cm.system.name.clone()),
+        efficiency,
+        alpha_beta: alpha_beta(&comm_samples),
+        collective: opts
+            .cost
+            .as_ref()
+            .and_then(|cm| fit_collective(&comm_samples, cm)),
+        host: profiles
+            .iter()
+            .map(|p| HostReport {
+                origin: p.origin.clone(),
+                fit: fit_host(p, opts.idle_factor),
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,413 @@
+//! Fits from profiler traces: each fit recovers the parameters that generated its samples,
+//! exactly without noise, within a tolerance with noise, and despite a few outliers; the mapping
+//! of real and documented traces accounts for every kernel.
+
+use dstwin_calibration::kernels::{
+    detect_backend, map_kernels, summarize, Backend, OpKindName, RuleSet, Target,
+};
+use dstwin_calibration::tracefit::comm::{alpha_beta, fit_collective, CommSample, GroupKey};
+use dstwin_calibration::tracefit::efficiency::{fit_class, ClassParams, Sample};
+use dstwin_calibration::tracefit::host::{fit_host, StepSource};
+use dstwin_calibration::tracefit::{calibrate, TraceOptions, DEFAULT_IDLE_FACTOR};
+use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, CostModel, DType, OpClass};
+use dstwin_traces::profile::{read_path, Profile, ProfileFormat, StepMarker};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::path::PathBuf;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../traces/tests/data")
+        .join(name)
+}
+
+const TRUTH: ClassParams = ClassParams {
+    compute: 0.72,
+    memory: 0.81,
+    rows_pad: 48.0,
+    fixed_us: 6.0,
+};
+const PRIOR: ClassParams = ClassParams {
+    compute: 0.5,
+    memory: 0.5,
+    rows_pad: 0.0,
+    fixed_us: 1.0,
+};
+
+/// GEMMs of every M from 1 to 8192 over a few weight shapes, bf16 on an H800-like chip: small
+/// M memory-bound, large M compute-bound; times from `truth`, times `noise(i)`.
+fn gemm_samples(truth: ClassParams, noise: impl Fn(usize) -> f64) -> Vec<Sample> {
+    let mut v = Vec::new();
+    for (i, m) in (0..14).map(|e| 1u32 << e).enumerate() {
+        for (j, (k, n)) in [(7168.0, 1536.0), (7168.0, 2048.0), (2048.0, 7168.0)]
+            .iter()
+            .enumerate()
+        {
+            let m = f64::from(m);
+            let mut s = Sample {
+                flops: 2.0 * m * k * n,
+                bytes: 2.0 * (m * k + k * n + m * n),
+                rows: Some(m),
+                peak_flops: 989e12,
+                hbm_bytes_per_s: 3.35e12,
+                time_us: 0.0,
+            };
+            s.time_us = truth.time_us(&s) * noise(i * 3 + j);
+            v.push(s);
+        }
+    }
+    v
+}
+
+fn close(got: f64, want: f64, rel: f64) -> bool {
+    (got / want - 1.0).abs() <= rel
+}
+
+#[test]
+fn the_efficiency_fit_recovers_exact_parameters() {
+    let f = fit_class(&gemm_samples(TRUTH, |_| 1.0), PRIOR).unwrap();
+    let p = f.params;
+    assert!(close(p.compute, TRUTH.compute, 1e-6), "{p:?}");
+    assert!(close(p.memory, TRUTH.memory, 1e-6), "{p:?}");
+    assert!(close(p.rows_pad, TRUTH.rows_pad, 1e-5), "{p:?}");
+    assert!(close(p.fixed_us, TRUTH.fixed_us, 1e-5), "{p:?}");
+    assert!(f.rms_error < 1e-9, "{f:?}");
+    assert!(f.compute_bound > 0 && f.memory_bound > 0);
+    assert!(f.determined.compute && f.determined.memory && f.determined.rows_pad);
+}
+
+#[test]
+fn the_efficiency_fit_tolerates_noise_and_outliers() {
+    // 3% log-normal-ish noise, seeded.
+    let mut rng = ChaCha8Rng::seed_from_u64(18);
+    let noise: Vec<f64> = (0..42)
+        .map(|_| 1.0 + rng.random_range(-0.03..0.03))
+        .collect();
+    let f = fit_class(&gemm_samples(TRUTH, |i| noise[i]), PRIOR).unwrap();
+    let p = f.params;
+    assert!(close(p.compute, TRUTH.compute, 0.03), "{p:?}");
+    assert!(close(p.memory, TRUTH.memory, 0.03), "{p:?}");
+    assert!((p.rows_pad - TRUTH.rows_pad).abs() < 15.0, "{p:?}");
+    assert!((p.fixed_us - TRUTH.fixed_us).abs() < 1.5, "{p:?}");
+    assert!(f.rms_error < 0.03, "{f:?}");
+    // Every seventh kernel twice as slow (contention the model does not see): the robust fit
+    // keeps close to the truth and counts them.
+    let f = fit_class(
+        &gemm_samples(TRUTH, |i| if i % 7 == 3 { 2.0 } else { 1.0 }),
+        PRIOR,
+    )
+    .unwrap();
+    let p = f.params;
+    assert!(close(p.compute, TRUTH.compute, 0.02), "{p:?}");
+    assert!(close(p.memory, TRUTH.memory, 0.02), "{p:?}");
+    assert!(f.outliers >= 5, "{f:?}");
+}
+
+#[test]
+fn what_the_samples_cannot_see_keeps_the_prior() {
+    // Only memory-bound kernels: compute and rows_pad are not determined.
+    let small: Vec<Sample> = gemm_samples(TRUTH, |_| 1.0)
+        .into_iter()
+        .filter(|s| s.rows.unwrap() <= 4.0)
+        .collect();
+    let f = fit_class(&small, PRIOR).unwrap();
+    assert!(
+        !f.determined.compute && !f.determined.rows_pad && f.determined.memory,
+        "{f:?}"
+    );
+    assert_eq!(f.params.compute, PRIOR.compute);
+    assert_eq!(f.params.rows_pad, PRIOR.rows_pad);
+    assert!(close(f.params.memory, TRUTH.memory, 1e-3), "{f:?}");
+    // Two kernels of one compute-bound shape: time cannot split into a fixed part and a rate,
+    // so fixed_us keeps the prior and compute takes the rest.
+    let big: Vec<Sample> = gemm_samples(TRUTH, |_| 1.0)
+        .into_iter()
+        .filter(|s| s.rows == Some(8192.0) && s.flops == 2.0 * 8192.0 * 7168.0 * 1536.0)
+        .collect();
+    let twice = [big[0], big[0]];
+    let f = fit_class(&twice, PRIOR).unwrap();
+    assert!(
+        !f.determined.fixed_us && !f.determined.rows_pad && f.determined.compute,
+        "{f:?}"
+    );
+    assert_eq!(f.params.fixed_us, PRIOR.fixed_us);
+    assert!(f.rms_error < 1e-9, "{f:?}");
+    // No usable sample at all.
+    assert!(fit_class(&[], PRIOR).is_none());
+}
+
+#[test]
+fn alpha_beta_recovers_latency_and_bandwidth_per_group() {
+    let mut samples = Vec::new();
+    for (g, alpha, beta) in [(8u32, 12.0, 150.0), (16, 20.0, 40.0)] {
+        for mb in [0.5, 1.0, 4.0, 16.0, 64.0] {
+            let bytes = mb * 1e6;
+            samples.push(CommSample {
+                kind: CommKind::AllReduce,
+                group: GroupKey::Size(g),
+                bytes,
+                time_us: alpha + bytes / (beta * 1e3),
+            });
+        }
+    }
+    // One message size: not fitted, mean reported.
+    samples.push(CommSample {
+        kind: CommKind::Dispatch,
+        group: GroupKey::Name("ep".into()),
+        bytes: 1e6,
+        time_us: 80.0,
+    });
+    let fits = alpha_beta(&samples);
+    assert_eq!(fits.len(), 3);
+    let a8 = &fits[0];
+    assert_eq!(a8.group, GroupKey::Size(8));
+    assert!(
+        close(a8.alpha_us.unwrap(), 12.0, 1e-9) && close(a8.beta_gb_s.unwrap(), 150.0, 1e-9),
+        "{a8:?}"
+    );
+    assert!(
+        close(fits[1].beta_gb_s.unwrap(), 40.0, 1e-9),
+        "{:?}",
+        fits[1]
+    );
+    let d = &fits[2];
+    assert_eq!(
+        (d.kind, d.sizes, d.alpha_us, d.mean_time_us),
+        (CommKind::Dispatch, 1, None, 80.0)
+    );
+}
+
+#[test]
+fn the_collective_fit_recovers_the_cost_models_own_parameters() {
+    let cat = Catalog::builtin();
+    let cm = cat
+        .cost_model(cat.system("nvidia-h800-8").unwrap(), None)
+        .unwrap();
+    let mut truth = cm.params.clone();
+    truth.collective.base_us = 9.0;
+    truth.collective.bw_eff = 0.62;
+    let truth = CostModel::new(cm.system.clone(), truth);
+    let mut samples = Vec::new();
+    for (kind, g) in [
+        (CommKind::AllReduce, 8u32),
+        (CommKind::AllGather, 8),
+        (CommKind::AllReduce, 16),
+    ] {
+        for mb in [1.0, 8.0, 64.0] {
+            let c = Comm {
+                kind,
+                bytes: mb * 1e6,
+                group: g,
+                mode: A2aMode::Normal,
+                copies: 0.0,
+            };
+            samples.push(CommSample {
+                kind,
+                group: GroupKey::Size(g),
+                bytes: c.bytes,
+                time_us: truth.comm(&c).time_s * 1e6,
+            });
+        }
+    }
+    let f = fit_collective(&samples, &cm).unwrap();
+    assert!(
+        close(f.base_us, 9.0, 1e-6) && close(f.bw_eff, 0.62, 1e-6),
+        "{f:?}"
+    );
+    assert!(f.rms_error < 1e-9);
+}
+
+/// A profile of one device's steps: (start µs, duration µs, sequences).
+fn steps(spans: &[(u64, u64, u64)]) -> Profile {
+    Profile {
+        origin: "synthetic".into(),
+        format: ProfileFormat::ChromeJson,
+        kernels: vec![],
+        steps: spans
+            .iter()
+            .enumerate()
+            .map(|(i, &(start, dur, seqs))| StepMarker {
+                step: i as u64,
+                device: Some(0),
+                start_ns: start * 1000,
+                dur_ns: dur * 1000,
+                on_device: true,
+                seqs: Some(seqs),
+                tokens: None,
+                line: 1,
+            })
+            .collect(),
+        notes: Default::default(),
+        skipped: Default::default(),
+    }
+}
+
+#[test]
+fn host_overhead_comes_from_the_gaps_between_device_steps() {
+    // Gaps of 30, 50, 40, 20 µs before steps of 2, 4, 3, 1 sequences (10 + 10 per sequence),
+    // then a 100 ms idle gap.
+    let p = steps(&[
+        (1000, 500, 2),
+        (1530, 480, 2),
+        (2060, 560, 4),
+        (2660, 500, 3),
+        (3180, 300, 1),
+        (103_480, 400, 2),
+    ]);
+    let f = fit_host(&p, DEFAULT_IDLE_FACTOR).unwrap();
+    assert_eq!(f.source, StepSource::DeviceMarkers);
+    assert_eq!((f.steps, f.gaps, f.idle_gaps), (6, 4, 1));
+    assert!((f.step_us - 10.0).abs() < 1e-9, "{f:?}");
+    assert!((f.per_seq_us.unwrap() - 10.0).abs() < 1e-9, "{f:?}");
+    assert!(f.rms_us < 1e-9);
+    // The CPU engine's real trace: 13 gaps, none idle; more sequences did not take longer
+    // (per_seq_us held at its bound 0), so step_us is the mean gap, 8,152.418 / 13 µs.
+    let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
+    let f = fit_host(&p, DEFAULT_IDLE_FACTOR).unwrap();
+    assert_eq!((f.steps, f.gaps, f.idle_gaps), (14, 13, 0));
+    assert_eq!(f.per_seq_us, Some(0.0));
+    assert!((f.step_us - 8_152.418 / 13.0).abs() < 1e-6, "{f:?}");
+    // Kernel step ids stand in for markers (Ascend tables); one device, two steps: one gap.
+    let p = read_path(fixture("kernel_details_block_dim.csv")).unwrap();
+    let f = fit_host(&p, DEFAULT_IDLE_FACTOR).unwrap();
+    assert_eq!((f.source, f.gaps), (StepSource::KernelStepIds, 1));
+    // Step 1 ends at 401241 + 402.250 µs, step 2 starts at 402000 µs.
+    assert!((f.step_us - (402_000.0 - 401_643.25)).abs() < 1e-6, "{f:?}");
+    assert_eq!(f.per_seq_us, None);
+    // One host-side step marker: nothing to fit.
+    let p = read_path(fixture("kineto_h800_train_slice.json")).unwrap();
+    assert!(fit_host(&p, DEFAULT_IDLE_FACTOR).is_none());
+}
+
+#[test]
+fn every_kernel_of_the_h800_slice_is_accounted_for() {
+    let p = read_path(fixture("kineto_h800_train_slice.json")).unwrap();
+    assert_eq!(detect_backend(&p), Backend::Cuda);
+    let t = map_kernels(&p, Backend::Cuda, &Backend::Cuda.builtin_rules());
+    let s = summarize(p.kernels.iter().zip(&t));
+    assert_eq!(s.kernels, 93);
+    let sum: f64 = [&s.by_class, &s.outside, &s.unmapped]
+        .iter()
+        .flat_map(|v| v.iter().map(|r| r.share))
+        .sum();
+    assert!((sum - 1.0).abs() < 1e-9, "{sum}");
+    assert!((s.mapped_share + s.outside_share + s.unmapped_share - 1.0).abs() < 1e-9);
+    // DeepEP (the layout, the notify and two dispatch kernels), the grouped GEMMs and
+    // FlashAttention are recognized.
+    let op = |name: &str| s.by_op.iter().find(|r| r.name == name).map(|r| r.kernels);
+    assert_eq!(op("dispatch"), Some(4), "{:?}", s.by_op);
+    assert_eq!(op("attn_prefill"), Some(1));
+    assert_eq!(op("experts"), Some(2));
+    assert!(s
+        .outside
+        .iter()
+        .any(|r| r.name == "backward pass (training)"));
+    assert!(s.unmapped_share < 0.05, "{:?}", s.unmapped);
+}
+
+#[test]
+fn ascend_and_cpu_engine_kernels_map_onto_ops_and_classes() {
+    let p = read_path(fixture("kernel_details_block_num.csv")).unwrap();
+    assert_eq!(detect_backend(&p), Backend::Ascend);
+    let t = map_kernels(&p, Backend::Ascend, &Backend::Ascend.builtin_rules());
+    let ops: Vec<String> = t
+        .iter()
+        .map(|t| match t {
+            Target::Op { op, .. } => (*op).to_owned(),
+            Target::Kind(k) => k.label(),
+            Target::Outside { reason, .. } => format!("outside: {reason}"),
+            Target::Unmapped => "unmapped".into(),
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "dispatch",
+            "experts",
+            "combine",
+            "gemm",
+            "gemm",
+            "outside: memory set",
+            "unmapped"
+        ]
+    );
+    // The CPU engine: its ops map as themselves, its EPLB weight move is outside the op graph,
+    // nothing is unmapped.
+    let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
+    assert_eq!(detect_backend(&p), Backend::Cpu);
+    let t = map_kernels(&p, Backend::Cpu, &Backend::Cpu.builtin_rules());
+    let s = summarize(p.kernels.iter().zip(&t));
+    for k in p.kernels.iter().zip(&t) {
+        match k {
+            (k, Target::Op { op, kind }) => {
+                assert_eq!(*op, &*k.name);
+                assert_eq!(
+                    Some(*kind),
+                    k.op_class.as_deref().and_then(OpKindName::parse)
+                );
+            }
+            (k, other) => assert_eq!((&*k.name, other.kind()), ("eplb_move", None)),
+        }
+    }
+    assert!(s.unmapped.is_empty());
+    assert_eq!(s.outside.len(), 1);
+}
+
+#[test]
+fn a_users_rules_come_first() {
+    let p = read_path(fixture("kernel_details_block_num.csv")).unwrap();
+    let mine = RuleSet::parse(
+        "mine.toml",
+        "backend = \"ascend\"\nsource = \"test\"\n[[rule]]\ntype = \"NewOp\"\nop = \"o_proj\"\n[[rule]]\ntype = \"GroupedMatmul\"\nclass = \"gemm\"\n",
+    )
+    .unwrap();
+    let t = map_kernels(
+        &p,
+        Backend::Ascend,
+        &mine.then(Backend::Ascend.builtin_rules()),
+    );
+    assert!(matches!(t[6], Target::Op { op: "o_proj", .. }));
+    assert!(matches!(t[1], Target::Kind(k) if k.label() == "gemm"));
+}
+
+#[test]
+fn calibrate_fits_what_the_cpu_engine_profile_carries() {
+    let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
+    let cat = Catalog::builtin();
+    // A stand-in system: the fits need a peak and a bandwidth; which does not matter here.
+    let cm = cat
+        .cost_model(cat.system("nvidia-h800-8").unwrap(), None)
+        .unwrap();
+    let opts = |dtype| TraceOptions {
+        backend: None,
+        rules: RuleSet::default(),
+        cost: Some(cm.clone()),
+        idle_factor: DEFAULT_IDLE_FACTOR,
+        dtype,
+    };
+    // The 146 GEMMs carry tokens, k and n; their bytes need the format the engine ran in.
+    let cal = calibrate(std::slice::from_ref(&p), &opts(Some(DType::Fp32)));
+    let gemm = cal
+        .efficiency
+        .iter()
+        .find(|r| r.class == OpClass::Gemm)
+        .unwrap();
+    assert_eq!((gemm.kernels, gemm.with_work), (146, 146));
+    assert!(gemm.fit.is_some());
+    let cal = calibrate(std::slice::from_ref(&p), &opts(None));
+    let gemm = cal
+        .efficiency
+        .iter()
+        .find(|r| r.class == OpClass::Gemm)
+        .unwrap();
+    assert_eq!((gemm.with_work, gemm.fit.is_none()), (0, true));
+    // Attention, grouped GEMMs and glue carry no shapes a fit can price.
+    assert!(cal
+        .efficiency
+        .iter()
+        .filter(|r| r.class != OpClass::Gemm)
+        .all(|r| r.with_work == 0));
+    // Dispatch and combine carry no bytes: no alpha-beta.
+    assert!(cal.alpha_beta.is_empty());
+    assert!(cal.host[0].fit.is_some());
+}

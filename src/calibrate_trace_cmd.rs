@@ -1,0 +1,398 @@
+//! `dstwin calibrate --trace`: profiler traces mapped onto the op graph, the cost model fitted
+//! to the mapped kernels, and optionally a cost file (and a system file using it) written.
+
+use crate::output::{check_file, outln};
+use crate::Failure;
+use anyhow::{anyhow, Context};
+use dstwin_calibration::kernels::{Backend, RuleSet, Share};
+use dstwin_calibration::tracefit::costfile::{cost_file, system_file};
+use dstwin_calibration::tracefit::{
+    calibrate, TraceCalibration, TraceOptions, DEFAULT_IDLE_FACTOR,
+};
+use dstwin_hwmodels::{Catalog, CostModel, DType};
+use std::path::{Path, PathBuf};
+
+/// What the trace mode of `calibrate` was given.
+pub struct TraceArgs {
+    pub traces: Vec<PathBuf>,
+    pub backend: Option<String>,
+    pub rules: Option<PathBuf>,
+    pub hardware: Option<String>,
+    pub out: Option<PathBuf>,
+    pub system_out: Option<PathBuf>,
+    pub idle_factor: Option<f64>,
+    pub dtype: Option<String>,
+    pub top: usize,
+    pub json: bool,
+}
+
+/// The system a backend's traces usually come from, when `--hardware` is not given.
+fn default_hardware(b: Backend) -> Option<&'static str> {
+    match b {
+        Backend::Cuda => Some("nvidia-h800-8"),
+        Backend::Ascend => Some("atlas-800-a3"),
+        Backend::Cpu => None,
+    }
+}
+
+pub fn run(a: TraceArgs) -> Result<(), Failure> {
+    let input = |e: anyhow::Error| Failure::Input(e);
+    let backend = match &a.backend {
+        None => None,
+        Some(b) => Some(Backend::parse(b).ok_or_else(|| {
+            input(anyhow!(
+                "--backend {b}: must be one of {}",
+                Backend::ALL.map(Backend::name).join(", ")
+            ))
+        })?),
+    };
+    let idle_factor = a.idle_factor.unwrap_or(DEFAULT_IDLE_FACTOR);
+    if !(idle_factor.is_finite() && idle_factor > 1.0) {
+        return Err(input(anyhow!(
+            "--idle-factor {idle_factor}: must be a number above 1 (gaps this many times the median are idle)"
+        )));
+    }
+    let dtype = match &a.dtype {
+        None => None,
+        Some(d) => Some(
+            d.parse::<DType>()
+                .map_err(|e| input(anyhow!("--dtype {d}: {e}")))?,
+        ),
+    };
+    if a.system_out.is_some() && a.out.is_none() {
+        return Err(input(anyhow!(
+            "--system-out needs --out (the cost file it uses)"
+        )));
+    }
+    let rules = match &a.rules {
+        None => RuleSet::default(),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("--rules {}", p.display()))
+                .map_err(input)?;
+            RuleSet::parse(&p.display().to_string(), &text).map_err(|e| input(e.into()))?
+        }
+    };
+    for p in [&a.out, &a.system_out].into_iter().flatten() {
+        check_file(p, "output")?;
+    }
+    let profiles = dstwin_traces::profile::read_paths(&a.traces).map_err(|e| input(e.into()))?;
+    let first = profiles
+        .first()
+        .ok_or_else(|| input(anyhow!("--trace: give at least one trace")))?;
+    let detected = backend.unwrap_or_else(|| dstwin_calibration::kernels::detect_backend(first));
+    let cat = Catalog::builtin();
+    let hardware = a
+        .hardware
+        .clone()
+        .or(default_hardware(detected).map(str::to_owned));
+    let cost: Option<(CostModel, String)> = match &hardware {
+        None => None,
+        Some(h) => {
+            let system = cat.resolve_system(h).map_err(|e| input(e.into()))?;
+            let cm = cat
+                .cost_model(&system, Path::new(h).parent())
+                .map_err(|e| input(e.into()))?;
+            Some((cm, h.clone()))
+        }
+    };
+    if a.out.is_some() && cost.is_none() {
+        return Err(input(anyhow!(
+            "--out needs --hardware: the system the traces ran on (its cost file is the base of the new one)"
+        )));
+    }
+    let opts = TraceOptions {
+        backend,
+        rules,
+        cost: cost.as_ref().map(|c| c.0.clone()),
+        idle_factor,
+        dtype,
+    };
+    let cal = calibrate(&profiles, &opts);
+    if cal.mapping.kernels == 0 {
+        return Err(input(anyhow!(
+            "{}: no device kernels found (is this a device trace? docs/calibration.md lists the formats)",
+            a.traces.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    let written = match (&a.out, &cost) {
+        (Some(out), Some((cm, _))) => Some(write_files(out, a.system_out.as_deref(), cm, &cal)?),
+        _ => None,
+    };
+    if a.json {
+        let v = serde_json::json!({ "calibration": cal, "written": written });
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| Failure::Runtime(e.into()))?
+        )?;
+        return Ok(());
+    }
+    print(&cal, a.top, hardware.as_deref(), a.hardware.is_none())?;
+    if let Some(w) = written {
+        outln!()?;
+        for line in w {
+            outln!("{line}")?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the cost file (and the system file using it); the lines saying what was written.
+fn write_files(
+    out: &Path,
+    system_out: Option<&Path>,
+    cm: &CostModel,
+    cal: &TraceCalibration,
+) -> Result<Vec<String>, Failure> {
+    let stem = out.file_stem().map_or_else(
+        || "calibrated".to_owned(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    let text = cost_file(&cm.params, &stem, cal).map_err(|e| Failure::Runtime(e.into()))?;
+    std::fs::write(out, text)
+        .with_context(|| format!("writing {}", out.display()))
+        .map_err(Failure::Runtime)?;
+    let mut lines = vec![format!("cost file written to {}", out.display())];
+    if let Some(sys) = system_out {
+        let name = sys.file_stem().map_or_else(
+            || "calibrated".to_owned(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        let text = system_file(&cm.system, &name, &relative_to(out, sys))
+            .map_err(|e| Failure::Runtime(e.into()))?;
+        std::fs::write(sys, text)
+            .with_context(|| format!("writing {}", sys.display()))
+            .map_err(Failure::Runtime)?;
+        lines.push(format!(
+            "system file written to {} (use it: --hardware {} or hardware = {:?} in a scenario)",
+            sys.display(),
+            sys.display(),
+            sys.display().to_string()
+        ));
+    } else {
+        lines.push(format!(
+            "use it from a system file: cost_model = {:?} (or write one with --system-out)",
+            out.display().to_string()
+        ));
+    }
+    Ok(lines)
+}
+
+/// `target` as a path relative to the directory of `from` when both share it, else as given.
+fn relative_to(target: &Path, from: &Path) -> String {
+    let dir = from.parent().unwrap_or(Path::new(""));
+    target
+        .strip_prefix(dir)
+        .unwrap_or(target)
+        .display()
+        .to_string()
+}
+
+fn truncate(name: &str, width: usize) -> String {
+    match name.char_indices().nth(width) {
+        Some((cut, _)) => format!("{}...", &name[..cut]),
+        None => name.to_owned(),
+    }
+}
+
+fn table(title: &str, rows: &[Share], top: usize, width: usize) -> Result<(), Failure> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    outln!("{title}")?;
+    outln!(
+        "  {:<width$} {:>9} {:>11} {:>7}",
+        "",
+        "kernels",
+        "time ms",
+        "share"
+    )?;
+    for r in rows.iter().take(top) {
+        outln!(
+            "  {:<width$} {:>9} {:>11.3} {:>6.1}%",
+            truncate(&r.name, width),
+            r.kernels,
+            r.time_ms,
+            r.share * 100.0
+        )?;
+    }
+    if rows.len() > top {
+        let rest = &rows[top..];
+        outln!(
+            "  ... {} more: {} kernels, {:.3} ms, {:.1}% (all of them in --json)",
+            rest.len(),
+            rest.iter().map(|r| r.kernels).sum::<u64>(),
+            rest.iter().map(|r| r.time_ms).sum::<f64>(),
+            rest.iter().map(|r| r.share).sum::<f64>() * 100.0
+        )?;
+    }
+    Ok(())
+}
+
+fn print(
+    cal: &TraceCalibration,
+    top: usize,
+    hardware: Option<&str>,
+    defaulted: bool,
+) -> Result<(), Failure> {
+    for t in &cal.traces {
+        outln!("trace {}", t.line())?;
+        if !t.notes.is_empty() {
+            let notes: Vec<String> = t.notes.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+            outln!("  says: {}", notes.join("; "))?;
+        }
+        if !t.skipped.is_empty() {
+            let skipped: Vec<String> = t.skipped.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            outln!("  not device kernels (left out): {}", skipped.join(", "))?;
+        }
+    }
+    for (backend, source) in &cal.rules {
+        outln!("rules ({backend}): {source}")?;
+    }
+    let m = &cal.mapping;
+    outln!()?;
+    outln!(
+        "{} kernels, {:.3} ms of kernel time (streams overlap: summed device work, not wall time)",
+        m.kernels,
+        m.time_ms
+    )?;
+    outln!(
+        "  mapped onto the op graph {:.1}%, outside it {:.1}%, unmapped {:.1}%",
+        m.mapped_share * 100.0,
+        m.outside_share * 100.0,
+        m.unmapped_share * 100.0
+    )?;
+    outln!()?;
+    table("by class", &m.by_class, top, 40)?;
+    table("by op", &m.by_op, top, 40)?;
+    table(
+        "outside the op graph (recognized, not an op of inference)",
+        &m.outside,
+        top,
+        56,
+    )?;
+    table(
+        "unmapped (no rule matched), largest first",
+        &m.unmapped,
+        top,
+        96,
+    )?;
+    outln!()?;
+    match hardware {
+        None => outln!(
+            "efficiency and collective fits: give --hardware (the system the traces ran on)"
+        )?,
+        Some(h) => {
+            let how = if defaulted {
+                " (default for this backend; --hardware to change)"
+            } else {
+                ""
+            };
+            outln!("efficiency per op class on {h}{how}")?;
+            outln!(
+                "  {:<13} {:>8} {:>9} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8}",
+                "class",
+                "kernels",
+                "with work",
+                "compute",
+                "memory",
+                "rows_pad",
+                "fixed_us",
+                "rms",
+                "max"
+            )?;
+            for r in &cal.efficiency {
+                match &r.fit {
+                    Some(f) => {
+                        let d = &f.determined;
+                        let mark = |det: bool| if det { "" } else { "*" };
+                        outln!(
+                            "  {:<13} {:>8} {:>9} {:>7.3}{} {:>7.3}{} {:>8.1}{} {:>8.2}{} {:>7.1}% {:>7.1}%",
+                            r.class.name(),
+                            r.kernels,
+                            r.with_work,
+                            f.params.compute,
+                            mark(d.compute),
+                            f.params.memory,
+                            mark(d.memory),
+                            f.params.rows_pad,
+                            mark(d.rows_pad),
+                            f.params.fixed_us,
+                            mark(d.fixed_us),
+                            f.rms_error * 100.0,
+                            f.max_error * 100.0
+                        )?;
+                    }
+                    None => outln!(
+                        "  {:<13} {:>8} {:>9}   not fitted: no kernel with known work (FLOPs, bytes)",
+                        r.class.name(),
+                        r.kernels,
+                        r.with_work
+                    )?,
+                }
+            }
+            if cal.efficiency.iter().any(|r| r.fit.is_some()) {
+                outln!("  * not determined by these kernels: the shipped value")?;
+            }
+        }
+    }
+    outln!()?;
+    if cal.alpha_beta.is_empty() {
+        outln!("collectives: no collective kernel carries its bytes; no alpha-beta fit")?;
+    } else {
+        outln!("collectives: time = alpha + bytes / beta")?;
+        for x in &cal.alpha_beta {
+            match (x.alpha_us, x.rms_error) {
+                (Some(alpha), Some(rms)) => outln!(
+                    "  {:<15} {:<24} alpha {:>8.2} us, beta {:>10}, {} kernels at {} sizes, rms error {:.1}%",
+                    x.kind.name(),
+                    x.group.to_string(),
+                    alpha,
+                    x.beta_gb_s
+                        .map_or_else(|| "unbounded".to_owned(), |b| format!("{b:.1} GB/s")),
+                    x.samples,
+                    x.sizes,
+                    rms * 100.0
+                )?,
+                _ => outln!(
+                    "  {:<15} {:<24} not fitted: one message size ({} kernels, mean {:.2} us)",
+                    x.kind.name(),
+                    x.group.to_string(),
+                    x.samples,
+                    x.mean_time_us
+                )?,
+            }
+        }
+        if let Some(c) = &cal.collective {
+            outln!(
+                "  [collective] base_us = {:.2}, bw_eff = {:.3} over {} ring collectives, rms error {:.1}%",
+                c.base_us,
+                c.bw_eff,
+                c.samples,
+                c.rms_error * 100.0
+            )?;
+        }
+    }
+    outln!()?;
+    for h in &cal.host {
+        match &h.fit {
+            Some(f) => outln!(
+                "host overhead per step ({}): step_us = {:.1}{}, from {} gaps between {} device steps ({:?}), {} idle gaps left out, rms {:.1} us",
+                h.origin,
+                f.step_us,
+                f.per_seq_us
+                    .map_or_else(String::new, |p| format!(", per_seq_us = {p:.2}")),
+                f.gaps,
+                f.steps,
+                f.source,
+                f.idle_gaps,
+                f.rms_us
+            )?,
+            None => outln!(
+                "host overhead per step ({}): not fitted: the trace marks fewer than two device steps",
+                h.origin
+            )?,
+        }
+    }
+    Ok(())
+}
