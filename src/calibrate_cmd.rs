@@ -8,8 +8,8 @@ use clap::Args;
 use dstwin_calibration::expert_load::{self, LeftOut, LoadFit};
 use dstwin_calibration::fit::{fit_concentration, parse_eplb_gap, EXPERT_LOAD};
 use dstwin_calibration::globals::{self, param, Param, Residual, Values};
-use dstwin_calibration::micro;
 use dstwin_calibration::target::{parse_targets, TARGETS};
+use dstwin_calibration::{micro, v4_kernels};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -17,7 +17,9 @@ use std::path::PathBuf;
     after_help = "Step 1 fits each cost model's all-to-all parameters (dispatch/combine base, per-doubling latency, \
 bandwidth efficiencies of the low-latency and normal modes) to the built-in dispatch/combine microbenchmarks \
 (calibration/data/microbenchmarks.toml), and the MTP acceptance (one probability per draft position, the \
-default of a scenario's mtp.acceptance) to the measured acceptance figures in the same file. Step 2 fits the \
+default of a scenario's mtp.acceptance) to the measured acceptance figures in the same file, and the fixed cost \
+and efficiency of each of DeepSeek-V4's fused kernels (the cost files' [[kernel]] entries) to their published \
+timings there. Step 2 fits the \
 parameters a cost file lists in its `fit = [...]` (or those given with --fit) to the steady-step targets of \
 every end-to-end anchor on that cost model (calibration/data/targets.toml), by least squares over relative \
 errors with each anchor weighing one, and prints the fitted values, the residuals of the fit and of the \
@@ -218,6 +220,10 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     let acceptance = micro::fit_mtp(&bench);
     let mtp_fit = micro::mtp_residuals(&bench, acceptance.unwrap_or(shipped_acceptance));
     let mtp_shipped = micro::mtp_residuals(&bench, shipped_acceptance);
+    let run = |e: micro::MicroError| Failure::Runtime(e.into());
+    let kernel_fits = v4_kernels::fit(&bench.kernel).map_err(run)?;
+    let kernel_fit = v4_kernels::residuals(&bench.kernel, &kernel_fits).map_err(run)?;
+    let kernel_shipped = v4_kernels::residuals(&bench.kernel, &[]).map_err(run)?;
     let targets = parse_targets(&file, &text).map_err(|e| Failure::Input(e.into()))?;
     let on: Vec<_> = targets
         .iter()
@@ -270,6 +276,11 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
                 "residuals_of_fit": a2a_fit,
                 "residuals_of_shipped": a2a_shipped,
             },
+            "kernels": {
+                "fit": kernel_fits,
+                "residuals_of_fit": kernel_fit,
+                "residuals_of_shipped": kernel_shipped,
+            },
             "mtp_acceptance": {
                 "fit": acceptance,
                 "shipped": shipped_acceptance,
@@ -292,8 +303,35 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
         )?;
         return Ok(());
     }
-    print_alltoall(&a2a, &a2a_fit, &a2a_shipped)?;
+    let costs = |name: &str, what: &str| format!("hwmodels/data/costs/{name}.toml {what}");
+    let a2a_lines: Vec<_> = a2a
+        .iter()
+        .map(|f| (costs(&f.cost_model, "[alltoall]"), f.toml()))
+        .collect();
+    print_fit(
+        "all-to-all microbenchmarks",
+        [20, 22, 10, 10],
+        1,
+        &a2a_fit,
+        &a2a_shipped,
+        &a2a_lines,
+    )?;
     print_mtp(acceptance, &mtp_fit, &mtp_shipped)?;
+    let kernel_lines: Vec<_> = kernel_fits
+        .iter()
+        .map(|f| {
+            let place = costs(&f.cost_model, "(each [[kernel]] keeps its source)");
+            (place, f.toml())
+        })
+        .collect();
+    print_fit(
+        "V4 kernel microbenchmarks, [[kernel]]",
+        [16, 30, 10, 10],
+        2,
+        &kernel_fit,
+        &kernel_shipped,
+        &kernel_lines,
+    )?;
     outln!(
         "cost model {} ({} targets, {} parameter sets evaluated)",
         a.cost_model,
@@ -436,19 +474,23 @@ fn print_mtp(
     Ok(())
 }
 
-/// Step 1: the all-to-all fit per cost model, each point's error under the fit and under the
-/// shipped parameters, and the lines for the cost files.
-fn print_alltoall(
-    fits: &[micro::A2aFit],
+/// Steps 1 and 1c, a microbenchmark fit per cost model (the all-to-all parameters, the V4
+/// kernel entries): each point's error under the fit and under the shipped values, and for each
+/// cost file the lines to paste (`(where, lines)`).
+fn print_fit(
+    title: &str,
+    widths: [usize; 4],
+    prec: usize,
     of_fit: &[micro::MicroResidual],
     shipped: &[micro::MicroResidual],
+    paste: &[(String, String)],
 ) -> Result<(), Failure> {
-    outln!("all-to-all microbenchmarks (calibration/data/microbenchmarks.toml)")?;
-    print_residual_pairs([20, 22, 10, 10], 1, of_fit, shipped)?;
-    for f in fits {
+    outln!("{title} (calibration/data/microbenchmarks.toml)")?;
+    print_residual_pairs(widths, prec, of_fit, shipped)?;
+    for (place, lines) in paste {
         outln!()?;
-        outln!("# for hwmodels/data/costs/{}.toml [alltoall]", f.cost_model)?;
-        outln!("{}", f.toml())?;
+        outln!("# for {place}")?;
+        outln!("{lines}")?;
     }
     outln!()?;
     Ok(())

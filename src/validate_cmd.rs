@@ -9,8 +9,8 @@ use dstwin_calibration::anchors::{builtin_runs, Evaluated};
 use dstwin_calibration::fit::{eplb_gap_ratio, parse_eplb_gap, EXPERT_LOAD};
 use dstwin_calibration::globals::{self, Values};
 use dstwin_calibration::measured::compare;
-use dstwin_calibration::micro;
 use dstwin_calibration::target::{parse_targets, Target, TARGETS};
+use dstwin_calibration::{micro, v4_kernels};
 use dstwin_hwmodels::{CostParams, OpClass};
 use dstwin_sim::run::{run as simulate, RunOptions};
 use dstwin_sim::scenario::load_path;
@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin validate\n      every built-in anchor: the all-to-all and MTP acceptance microbenchmarks, the calibration\n      fit's residuals, then each end-to-end anchor simulated from its shipped scenario\n      (sim/scenarios/anchors/): published vs predicted, error, documented bound, and the mean\n      absolute error\n  dstwin validate --max-error 15     (exit 1 if any anchor is off by more than 15%)\n  dstwin validate --measured bench.json --scenario my-cluster.toml\n      your cluster's `vllm bench serve --save-result` (or `dstwin bench-serve --save-result`,\n      or a `dstwin-measured/1` file: docs/validation.md) against the twin's simulation of the\n      same deployment and workload"
+    after_help = "Examples:\n  dstwin validate\n      every built-in anchor: the all-to-all, V4 kernel and MTP acceptance microbenchmarks, the\n      calibration fit's residuals, then each end-to-end anchor simulated from its shipped scenario\n      (sim/scenarios/anchors/): published vs predicted, error, documented bound, and the mean\n      absolute error\n  dstwin validate --max-error 15     (exit 1 if any anchor is off by more than 15%)\n  dstwin validate --measured bench.json --scenario my-cluster.toml\n      your cluster's `vllm bench serve --save-result` (or `dstwin bench-serve --save-result`,\n      or a `dstwin-measured/1` file: docs/validation.md) against the twin's simulation of the\n      same deployment and workload"
 )]
 pub struct ValidateArgs {
     /// Measurements to compare with: the JSON of `vllm bench serve --save-result`, or a
@@ -332,6 +332,7 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
         micro::residuals(&bench, &[])
             .map_err(runtime)?
             .into_iter()
+            .chain(v4_kernels::residuals(&bench.kernel, &[]).map_err(runtime)?)
             .chain(micro::mtp_residuals(
                 &bench,
                 dstwin_core::mtp::CALIBRATED_ACCEPTANCE,
@@ -481,7 +482,7 @@ fn print_table(report: &Builtin) -> Result<(), Failure> {
         ("fit", fit_title.as_str()),
         (
             "micro",
-            "Microbenchmarks: all-to-all and MTP acceptance points (the all-to-all and acceptance parameters are fitted to them)",
+            "Microbenchmarks: all-to-all, V4 kernel and MTP acceptance points (the all-to-all, kernel and acceptance parameters are fitted to them)",
         ),
         (
             "measured",

@@ -14,7 +14,13 @@ fn builtin_anchors_stay_within_their_documented_bounds() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let rows = |section: &str| v[section]["rows"].as_array().unwrap().clone();
     let (oos, fit, micro) = (rows("out_of_sample"), rows("fit"), rows("micro"));
-    assert!(micro.len() >= 39, "every all-to-all microbenchmark point");
+    assert!(
+        micro.len() >= 39 + 21,
+        "every all-to-all and V4 kernel point"
+    );
+    for id in ["a3-hc-pre", "a3-hc-post", "a3-compressor"] {
+        assert!(micro.iter().any(|r| r["id"] == id), "{id} missing");
+    }
     assert!(fit
         .iter()
         .any(|r| r["id"] == "cm384-prefill-default-vs-perfect-eplb"));
@@ -33,7 +39,7 @@ fn builtin_anchors_stay_within_their_documented_bounds() {
             "{id} missing"
         );
     }
-    for prefix in ["cann-r1-", "cann-v32-", "sglang-lowlat-"] {
+    for prefix in ["cann-r1-", "cann-v32-", "cann-v4flash-", "sglang-lowlat-"] {
         assert!(
             oos.iter().any(|r| r["id"].as_str().unwrap().starts_with(prefix)
                 && r["how"] == "steady step"),
@@ -74,6 +80,15 @@ fn builtin_anchors_stay_within_their_documented_bounds() {
             b * 100.0
         );
     }
+    // DeepSeek-V4-Flash, predicted with its mHC and compressor kernels priced from their
+    // microbenchmarks (not fitted to these rows), stays within the goal.
+    for r in oos
+        .iter()
+        .filter(|r| r["id"].as_str().unwrap().starts_with("cann-v4flash-"))
+    {
+        let e = r["error"].as_f64().unwrap();
+        assert!(e.abs() <= 0.15, "{}: {:+.1}%", r["id"], e * 100.0);
+    }
     let mae = |section: &str| {
         v[section]["summary"]["mean_absolute_error"]
             .as_f64()
@@ -82,12 +97,12 @@ fn builtin_anchors_stay_within_their_documented_bounds() {
     // Regression guards at the levels docs/validation.md reports (with a little room): a change
     // that makes the predictions worse fails here.
     assert!(
-        mae("out_of_sample") > 0.0 && mae("out_of_sample") < 0.14,
+        mae("out_of_sample") > 0.0 && mae("out_of_sample") < 0.10,
         "{}",
         mae("out_of_sample")
     );
-    assert!(mae("fit") < 0.08, "{}", mae("fit"));
-    assert!(mae("micro") < 0.06, "{}", mae("micro"));
+    assert!(mae("fit") < 0.07, "{}", mae("fit"));
+    assert!(mae("micro") < 0.05, "{}", mae("micro"));
     assert_eq!(v["runs"].as_array().unwrap().len(), 5);
     assert!(!v["sensitivity"].as_array().unwrap().is_empty());
 }

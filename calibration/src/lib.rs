@@ -14,6 +14,9 @@
 //! - [`expert_load`]: the default routed-expert load (log-normal per layer and the per-request
 //!   concentration) fitted jointly to measured DeepSeek-R1 expert loads and the EPLB gap
 //!   (`data/expert-load-measured.toml`, `data/expert-load.toml`), its checks and leave-one-out.
+//! - [`v4_kernels`]: DeepSeek-V4's fused kernels (mHC, KV compressors) fitted to their
+//!   published microbenchmarks (the `[[kernel]]` blocks of `data/microbenchmarks.toml`), and
+//!   their residuals.
 //! - [`anchors`]: the end-to-end anchors as shipped scenarios (`sim/scenarios/anchors/`), the
 //!   figures each is compared on and their regression bounds (`data/anchor-scenarios.toml`).
 //! - [`measured`]: a team's `vllm bench serve` results against a simulation of the same run.
@@ -33,3 +36,4 @@ pub mod measured;
 pub mod micro;
 pub mod target;
 pub mod tracefit;
+pub mod v4_kernels;

@@ -8,6 +8,8 @@
 //! `efficiency = at_ep8 + per_doubling * log2(EP / 8)` to the achieved bandwidth over the
 //! level's bandwidth, also over relative errors, dispatch and combine each their own line.
 //!
+//! V4's fused kernels have their own fit ([`crate::v4_kernels`]).
+//!
 //! MTP acceptance: one probability p for every draft position (the twin's chain with a single
 //! value), fitted by golden-section search over the relative errors of the blocks marked
 //! `fit = true`; the mean tokens per step with n drafts is 1 + p + ... + p^n.
@@ -134,6 +136,9 @@ pub struct Microbenchmarks {
     pub normal: Vec<NormalBlock>,
     #[serde(default)]
     pub mtp: Vec<MtpBlock>,
+    /// DeepSeek-V4's fused kernels ([`crate::v4_kernels`]).
+    #[serde(default)]
+    pub kernel: Vec<crate::v4_kernels::KernelBlock>,
 }
 
 /// Parses a microbenchmark file; every point must be positive and every block's system known.
@@ -179,6 +184,9 @@ pub fn parse(file: &str, text: &str) -> Result<Microbenchmarks, MicroError> {
             b.bound,
             &mut b.points.iter().map(|p| (p.ep, p.gb_s)),
         )?;
+    }
+    for b in &m.kernel {
+        crate::v4_kernels::check(b)?;
     }
     for b in &m.mtp {
         let bad = |message: String| MicroError::Block {
@@ -596,6 +604,7 @@ mod tests {
         let mut m = Microbenchmarks {
             low_latency: vec![],
             normal: vec![],
+            kernel: vec![],
             mtp: vec![
                 block(
                     true,

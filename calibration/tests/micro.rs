@@ -1,7 +1,8 @@
-//! The shipped all-to-all parameters are the microbenchmark fit, and every microbenchmark point
-//! stays within its documented bound.
+//! The shipped all-to-all parameters and V4 kernel entries are the microbenchmark fits, and every
+//! microbenchmark point stays within its documented bound.
 
 use dstwin_calibration::micro::{builtin, fit, fit_mtp, mtp_residuals, residuals, MicroResidual};
+use dstwin_calibration::v4_kernels;
 use dstwin_hwmodels::Catalog;
 
 #[test]
@@ -130,4 +131,94 @@ fn shipped_mtp_acceptance_is_the_fit_and_every_point_stays_within_its_bound() {
     let r = mtp_residuals(&m, shipped);
     assert_eq!(r.len(), m.mtp.iter().map(|b| b.points.len()).sum::<usize>());
     assert_within_bounds(&r);
+}
+
+#[test]
+fn shipped_kernel_entries_are_the_fit_and_every_point_stays_within_its_bound() {
+    let m = builtin().unwrap();
+    let fits = v4_kernels::fit(&m.kernel).unwrap();
+    assert_eq!(fits.len(), 1, "the V4 kernels were timed on A3 only");
+    let shipped = &Catalog::builtin()
+        .cost_params(&fits[0].cost_model)
+        .unwrap()
+        .kernel;
+    assert_eq!(fits[0].entries.len(), shipped.len());
+    for (f, s) in fits[0].entries.iter().zip(shipped) {
+        assert_eq!((&f.ops, f.bound), (&s.ops, s.bound));
+        assert!(
+            (f.fixed_us - s.fixed_us).abs() <= 0.01
+                && (f.efficiency / s.efficiency - 1.0).abs() <= 0.001,
+            "{:?}: fitted {} us, {} vs shipped {} us, {}",
+            f.ops,
+            f.fixed_us,
+            f.efficiency,
+            s.fixed_us,
+            s.efficiency
+        );
+    }
+    let r = v4_kernels::residuals(&m.kernel, &[]).unwrap();
+    assert_eq!(
+        r.len(),
+        m.kernel.iter().map(|b| b.points.len()).sum::<usize>()
+    );
+    assert!(r.len() >= 21, "hc_pre, hc_post and the compressors");
+    assert_within_bounds(&r);
+    // The fit moves with its data: compressors timed 20% slower fit a larger fixed cost.
+    let mut slower = m.kernel.clone();
+    for b in &mut slower {
+        for p in &mut b.points {
+            if p.op.starts_with('c') {
+                p.us *= 1.2;
+            }
+        }
+    }
+    let refit = v4_kernels::fit(&slower).unwrap();
+    let fixed = |f: &v4_kernels::KernelFit| {
+        f.entries
+            .iter()
+            .find(|k| k.ops[0] == "c4li")
+            .unwrap()
+            .fixed_us
+    };
+    assert!(fixed(&refit[0]) > fixed(&fits[0]) * 1.1);
+}
+
+#[test]
+fn bad_kernel_points_name_the_block_and_field() {
+    let text = dstwin_calibration::micro::MICROBENCHMARKS;
+    for (from, to, says) in [
+        ("us = 32.8", "us = -32.8", "us = -32.8"),
+        (
+            "op = \"hc_pre\", batch = 16",
+            "op = \"hc_mid\", batch = 16",
+            "hc_mid",
+        ),
+        (
+            "start_pos = 8192, us = 55",
+            "us = 55",
+            "start_pos is needed",
+        ),
+        (
+            "{ op = \"hc_post\", batch = 8,",
+            "{ op = \"hc_post\", batch = 8, start_pos = 3,",
+            "compressors only",
+        ),
+        (
+            "model = \"deepseek-v4-flash\"",
+            "model = \"deepseek-v9\"",
+            "deepseek-v9",
+        ),
+        (
+            "op = \"hc_post\", batch = 16",
+            "op = \"hc_post\", batch = 0",
+            "batch = 0",
+        ),
+    ] {
+        assert!(text.contains(from), "{from}");
+        let bad = text.replacen(from, to, 1);
+        let e = dstwin_calibration::micro::parse("x.toml", &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a3-") && e.contains(says), "{says}: {e}");
+    }
 }

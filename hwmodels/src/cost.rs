@@ -114,6 +114,42 @@ fn is_zero(v: &f64) -> bool {
     *v == 0.0
 }
 
+/// Which resource bound a kernel in its microbenchmarks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resource {
+    Compute,
+    Memory,
+}
+
+impl Resource {
+    pub fn name(self) -> &'static str {
+        match self {
+            Resource::Compute => "compute",
+            Resource::Memory => "memory",
+        }
+    }
+}
+
+/// A fused kernel priced by its own microbenchmarks rather than by its op class: the ops (by
+/// the op graph's names) it covers, its fixed cost per call, and the efficiency of the resource
+/// that bound it in the microbenchmarks; the other resource keeps the op class's efficiency.
+/// Microbenchmarks time a kernel alone, so the fixed cost holds no launch gap; the class's
+/// fixed cost (`op_overhead_us`, fitted to whole steps) does.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelParams {
+    /// Op names, e.g. "hc_pre" or "c4a".
+    pub ops: Vec<String>,
+    /// Fixed cost of one call, µs.
+    pub fixed_us: f64,
+    /// The resource whose efficiency the microbenchmarks give.
+    pub bound: Resource,
+    /// Achieved fraction of that resource's peak.
+    pub efficiency: f64,
+    pub source: String,
+}
+
 /// Host (CPU) time of one engine step, outside the device's kernels: scheduling, input
 /// preparation, graph launch, output processing. Synchronous scheduling adds it to every step;
 /// asynchronous scheduling hides it behind the device step.
@@ -223,6 +259,10 @@ pub struct CostParams {
     /// microbenchmark or is an assumption, as its comment says.
     #[serde(default)]
     pub fit: Vec<String>,
+    /// Fused kernels with microbenchmarks of their own (absent: every op is priced by its
+    /// class).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernel: Vec<KernelParams>,
 }
 
 fn one() -> f64 {
@@ -252,6 +292,11 @@ impl CostParams {
             Some(e) => e,
             None => &self.efficiency[&OpClass::Attention],
         }
+    }
+
+    /// The kernel entry that prices the op named `op`, if any.
+    pub fn kernel(&self, op: &str) -> Option<&KernelParams> {
+        self.kernel.iter().find(|k| k.ops.iter().any(|o| o == op))
     }
 
     /// Two-micro-batch overlap efficiency of steps whose all-to-all runs in `mode`.
@@ -365,6 +410,26 @@ impl CostParams {
         }
         check_nonneg(file, "collective.base_us", self.collective.base_us)?;
         check_frac(file, "collective.bw_eff".into(), self.collective.bw_eff)?;
+        let mut named: Vec<&str> = Vec::new();
+        for (i, k) in self.kernel.iter().enumerate() {
+            let field = |f: &str| format!("kernel[{i}].{f}");
+            if k.ops.is_empty() {
+                return Err(invalid(file, field("ops"), "[]", "name at least one op"));
+            }
+            for op in &k.ops {
+                if named.contains(&op.as_str()) {
+                    return Err(invalid(
+                        file,
+                        field("ops"),
+                        op,
+                        "an op may have one kernel entry only",
+                    ));
+                }
+                named.push(op);
+            }
+            check_nonneg(file, &field("fixed_us"), k.fixed_us)?;
+            check_frac(file, field("efficiency"), k.efficiency)?;
+        }
         Ok(())
     }
 }
@@ -475,18 +540,40 @@ impl CostModel {
     /// on the rows tile padding makes the kernel compute), plus the class's fixed cost per
     /// kernel when the op does anything.
     pub fn compute(&self, w: &Work) -> Cost {
-        let chip = &self.system.chip;
         let e = self.eff(w.class);
+        self.roofline(w, e.compute, e.memory, e.rows_pad, self.fixed_s(w.class))
+    }
+
+    /// [`CostModel::compute`] of the op named `op`: a kernel with its own entry
+    /// ([`CostParams::kernel`]) is priced with that entry's fixed cost and efficiency (and its
+    /// class's efficiency for the other resource, without row padding); any other op by its
+    /// class.
+    pub fn compute_op(&self, op: &str, w: &Work) -> Cost {
+        let Some(k) = self.params.kernel(op) else {
+            return self.compute(w);
+        };
+        let e = self.eff(w.class);
+        let (compute, memory) = match k.bound {
+            Resource::Compute => (k.efficiency, e.memory),
+            Resource::Memory => (e.compute, k.efficiency),
+        };
+        self.roofline(w, compute, memory, 0.0, k.fixed_us * 1e-6)
+    }
+
+    /// `fixed_s` plus the slower of compute (with `rows_pad` rows of padding) and memory time at
+    /// the given efficiencies; nothing for an op with no work.
+    fn roofline(&self, w: &Work, compute: f64, memory: f64, rows_pad: f64, fixed_s: f64) -> Cost {
+        let chip = &self.system.chip;
         let k = self.params.in_situ_efficiency;
         let padding = if w.rows > 0.0 {
-            (w.rows + e.rows_pad) / w.rows
+            (w.rows + rows_pad) / w.rows
         } else {
             1.0
         };
-        let compute_s = w.flops * padding / (self.peaks[w.dtype.index()] * e.compute * k);
-        let memory_s = w.bytes / (chip.hbm_bytes_per_s() * e.memory * k);
+        let compute_s = w.flops * padding / (self.peaks[w.dtype.index()] * compute * k);
+        let memory_s = w.bytes / (chip.hbm_bytes_per_s() * memory * k);
         let overhead_s = if w.flops > 0.0 || w.bytes > 0.0 {
-            self.fixed_s(w.class)
+            fixed_s
         } else {
             0.0
         };

@@ -1,6 +1,6 @@
 //! The hardware catalog loads, validates user files, and the cost model behaves like one.
 
-use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, DType, OpClass, Scope, Work};
+use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, DType, OpClass, Resource, Scope, Work};
 use proptest::prelude::*;
 
 #[test]
@@ -234,6 +234,56 @@ fn normal_mode_combine_has_its_own_efficiency_when_given() {
     );
     let err = user_cost_model("bad", &bad).unwrap_err();
     assert!(err.contains("normal_combine_bw_eff_at_ep8 = 1.5"), "{err}");
+}
+
+#[test]
+fn a_kernel_entry_prices_its_ops_and_leaves_the_class_to_the_others() {
+    let cm = cost_model();
+    let w = Work {
+        class: OpClass::Elementwise,
+        flops: 1e6,
+        bytes: 64e6,
+        dtype: DType::Bf16,
+        rows: 0.0,
+    };
+    // Another op of the same class: the class's efficiency and the file's per-kernel cost.
+    let class = cm.compute_op("ffn_norm", &w);
+    assert_eq!(class, cm.compute(&w));
+    // An op with its own entry: its fixed cost and its bound resource's efficiency.
+    let k = cm
+        .params
+        .kernel("hc_post")
+        .expect("the 910C file prices hc_post");
+    assert_eq!(k.bound, Resource::Memory);
+    let own = cm.compute_op("hc_post", &w);
+    let memory = w.bytes / (cm.system.chip.hbm_bytes_per_s() * k.efficiency);
+    assert!((own.time_s - (k.fixed_us * 1e-6 + memory)).abs() < 1e-12);
+    assert!((own.memory_s - memory).abs() < 1e-15);
+    // The resource it does not bind keeps the class's efficiency.
+    assert_eq!(own.compute_s, class.compute_s);
+    // An entry with a bad efficiency, no ops, or an op already priced is an error naming it.
+    let entry = "[[kernel]]\nops = [\"hc_post\"]";
+    for (bad, says) in [
+        (
+            COST_910C.replacen("efficiency = 0.6025", "efficiency = 1.7", 1),
+            "efficiency = 1.7",
+        ),
+        (
+            COST_910C.replacen("ops = [\"hc_post\"]", "ops = []", 1),
+            "ops = []",
+        ),
+        (
+            COST_910C.replacen(entry, &format!("{entry}\nops2 = 1"), 1),
+            "ops2",
+        ),
+        (
+            COST_910C.replacen("ops = [\"hc_pre\"]", "ops = [\"hc_post\"]", 1),
+            "one kernel entry",
+        ),
+    ] {
+        let err = user_cost_model("kernel", &bad).unwrap_err();
+        assert!(err.contains(says), "{says}: {err}");
+    }
 }
 
 #[test]

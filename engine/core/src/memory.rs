@@ -76,8 +76,9 @@ pub fn memory_map(
     let tp = plan.tp as f64;
     let dtp = plan.dense_tp as f64;
     let attn_layer = c.attn_layer.replicated as f64 + c.attn_layer.sharded as f64 / tp;
-    let v4_indexers = (c.attention - c.attn_layer.total() * m.layers) as f64;
-    let attention_weights = (attn_layer * (m.layers + mtp) as f64 + v4_indexers) * lin;
+    // V4's indexers and KV compressors, in the layers that have them.
+    let v4_extras = (c.attention - c.attn_layer.total() * m.layers) as f64;
+    let attention_weights = (attn_layer * (m.layers + mtp) as f64 + v4_extras) * lin;
     let dense_ffn_weights = c.dense_ffn as f64 / dtp * lin;
     let embedding_weights = (c.embedding + c.lm_head) as f64 / dtp * emb;
     let moe_layers = (m.moe_layers() + mtp) as f64;

@@ -4,8 +4,12 @@
 //! op one die executes (with how many layers repeat it and which dies run it): MLA projections and
 //! attention in prefill and absorbed-decode forms, the DSA / V4 indexer, dense FFN, gating,
 //! dispatch, grouped expert GEMMs, shared expert, combine, TP collectives, norms, LM head, and the
-//! MTP module. The simulator prices it, calibration maps profiler kernels onto its op names, and a
-//! real engine executes the same ops.
+//! MTP module; for V4 also its hyper-connections and KV compressors (`hybrid`). The simulator
+//! prices it, calibration maps profiler kernels onto its op names, and a real engine executes the
+//! same ops.
+
+mod hybrid;
+pub use hybrid::{hc_head, hc_post, hc_pre, kernel_compressor, kernel_ops};
 
 use crate::batch::BatchShape;
 use crate::features::{MoeCommUsed, Resolved};
@@ -117,14 +121,19 @@ struct Builder<'a> {
 }
 
 /// Compute work of `rows` rows (0: an op without a row dimension, e.g. elementwise).
-fn work(class: OpClass, flops: f64, bytes: f64, dtype: DType, rows: f64) -> OpKind {
-    OpKind::Compute(Work {
+fn compute(class: OpClass, flops: f64, bytes: f64, dtype: DType, rows: f64) -> Work {
+    Work {
         class,
         flops,
         bytes,
         dtype,
         rows,
-    })
+    }
+}
+
+/// [`compute`] as an op's kind.
+fn work(class: OpClass, flops: f64, bytes: f64, dtype: DType, rows: f64) -> OpKind {
+    OpKind::Compute(compute(class, flops, bytes, dtype, rows))
 }
 
 impl Builder<'_> {
@@ -169,6 +178,25 @@ impl Builder<'_> {
                 w.bytes /= n;
                 w.rows /= n;
             }
+        }
+    }
+
+    /// Compute work on every die.
+    fn push_work(&mut self, name: &'static str, layer: LayerKind, repeat: u64, w: Work) {
+        self.push(name, layer, repeat, DieSet::All, OpKind::Compute(w));
+    }
+
+    /// `hc_pre` over `tokens` tokens, for a model with hyper-connections.
+    fn hc_pre(&mut self, layer: LayerKind, repeat: u64, tokens: f64) {
+        if let Some(w) = hc_pre(self.s.model, tokens) {
+            self.push_work("hc_pre", layer, repeat, w);
+        }
+    }
+
+    /// `hc_post` over `tokens` tokens, for a model with hyper-connections.
+    fn hc_post(&mut self, layer: LayerKind, repeat: u64, tokens: f64) {
+        if let Some(w) = hc_post(self.s.model, tokens) {
+            self.push_work("hc_post", layer, repeat, w);
         }
     }
 
@@ -262,6 +290,8 @@ impl Builder<'_> {
         // MLAPO: norm, q/kv projections, RoPE and the cache write of a decode step in one kernel.
         let mlapo = matches!(m.attention, Attention::Mla { .. })
             && self.s.features.mlapo_applies(b.decode_tokens, prompts);
+        // mHC: the residual copies mixed into the attention block's input.
+        self.hc_pre(layer, repeat, norm_tokens);
         if !mlapo {
             self.elementwise("attn_norm", layer, repeat, norm_tokens * h);
         }
@@ -391,15 +421,8 @@ impl Builder<'_> {
                 }
                 if let Some(ix) = indexer {
                     let pairs = (b.prefill_pairs + b.decode_pairs) as f64;
-                    self.indexer(
-                        layer,
-                        repeat,
-                        t,
-                        ql,
-                        ix,
-                        pairs,
-                        kv_reads(b.decode_pairs) + tp_tok,
-                    );
+                    let reads = kv_reads(b.decode_pairs) + tp_tok;
+                    self.indexer(layer, repeat, t, ql, ix, pairs, reads, true);
                 }
                 self.gemm("o_proj", layer, repeat, t, hh * v, h, lin, cdt);
             }
@@ -411,7 +434,6 @@ impl Builder<'_> {
                 o_groups,
                 window,
                 indexer,
-                hc_mult,
                 ..
             } => {
                 let hh = *heads as f64 / tp;
@@ -422,12 +444,11 @@ impl Builder<'_> {
                     *o_groups as f64,
                     *window as f64,
                 );
-                self.elementwise("hc_mix", layer, repeat, t * h * *hc_mult as f64);
                 self.gemm("q_a_proj", layer, repeat, t, h, ql, lin, cdt);
                 self.gemm("kv_proj", layer, repeat, t, h, hd, lin, cdt);
                 self.gemm("q_b_proj", layer, repeat, t, ql, hh * hd, lin, cdt);
                 let r = ratio.unwrap_or(0);
-                let csa = self.csa_ratio();
+                let csa = m.sparse_ratio();
                 // Keys per query: the sliding window plus compressed entries (top-k of them in
                 // the indexed layers, all of them in the heavily compressed ones).
                 let window_keys = ((b.prefill_pairs + b.decode_pairs) as f64).min(t * w);
@@ -442,8 +463,14 @@ impl Builder<'_> {
                         b.decode_pairs as f64 / r as f64,
                     ),
                 };
-                if r > 0 {
-                    self.gemm("kv_compress", layer, repeat, t, hd, hd, lin, cdt);
+                // The KV compressors: every token updates the window states; a step of t
+                // tokens completes t / r windows on average, each pooled into an entry.
+                for c in m.compressors(r) {
+                    let (project, pool) = hybrid::names(&c);
+                    self.push_work(project, layer, repeat, hybrid::project(&c, h, t));
+                    let entries = t / r as f64;
+                    let w = hybrid::pool(&c, hybrid::rope_dim(m), entries);
+                    self.push_work(pool, layer, repeat, w);
                 }
                 let keys = window_keys + comp_p + comp_d;
                 let flops = 2.0 * keys * hh * 2.0 * hd;
@@ -464,9 +491,10 @@ impl Builder<'_> {
                     work(class, flops, bytes, DType::Bf16, t * hh),
                 );
                 if r > 0 && Some(r) == csa {
+                    // Its keys come from its own compressor (`c4li`), not a projection.
                     let pairs = (b.prefill_pairs + b.decode_pairs) as f64 / r as f64;
                     let reads = kv_reads(b.decode_pairs) / r as f64 + tp_tok;
-                    self.indexer(layer, repeat, t, ql, indexer, pairs, reads);
+                    self.indexer(layer, repeat, t, ql, indexer, pairs, reads, false);
                 }
                 // Grouped low-rank output: each group maps its heads to o_lora (block-diagonal).
                 self.gemm("o_a_proj", layer, repeat, t, hh * hd, ol, lin, cdt);
@@ -493,6 +521,10 @@ impl Builder<'_> {
                 );
             }
         }
+        // mHC: the attention output spread back over the residual copies, which are mixed
+        // again into the FFN's input.
+        self.hc_post(layer, repeat, norm_tokens);
+        self.hc_pre(layer, repeat, norm_tokens);
         self.elementwise("ffn_norm", layer, repeat, norm_tokens * h);
         if fc1 {
             // The all-gather runs after the norm and the activations' quantization, so it moves
@@ -538,8 +570,9 @@ impl Builder<'_> {
         );
     }
 
-    /// A sparse-attention indexer: its projections, FP8 scores over `pairs` query-key pairs that
-    /// read `key_reads` cached keys, and the top-k selection.
+    /// A sparse-attention indexer: its projections (with a key projection when `key_proj`; V4's
+    /// keys come from a compressor instead), FP8 scores over `pairs` query-key pairs that read
+    /// `key_reads` cached keys, and the top-k selection.
     #[allow(clippy::too_many_arguments)]
     fn indexer(
         &mut self,
@@ -550,9 +583,10 @@ impl Builder<'_> {
         ix: &Indexer,
         pairs: f64,
         key_reads: f64,
+        key_proj: bool,
     ) {
         let (ih, id) = (ix.heads as f64, ix.head_dim as f64);
-        self.indexer_proj(layer, repeat, t, q_lora, ih, id);
+        self.indexer_proj(layer, repeat, t, q_lora, ih, id, key_proj);
         let key = id * DType::Fp8.bytes() + SCALE_BYTES;
         let w = work(
             OpClass::Indexer,
@@ -565,8 +599,9 @@ impl Builder<'_> {
         self.elementwise("indexer_topk", layer, repeat, pairs / id.max(1.0));
     }
 
-    /// The indexer's projections: queries from the q latent, one key and the per-head weights
-    /// from the hidden state.
+    /// The indexer's projections: queries from the q latent, one key (`key_proj`) and the
+    /// per-head weights from the hidden state.
+    #[allow(clippy::too_many_arguments)]
     fn indexer_proj(
         &mut self,
         layer: LayerKind,
@@ -575,25 +610,15 @@ impl Builder<'_> {
         q_lora: f64,
         heads: f64,
         dim: f64,
+        key_proj: bool,
     ) {
         let (lin, cdt) = (self.s.quant.linear_weight(), self.s.quant.linear_compute());
         let h = self.s.model.hidden as f64;
         self.gemm("indexer_q", layer, repeat, t, q_lora, heads * dim, lin, cdt);
-        self.gemm("indexer_k", layer, repeat, t, h, dim, lin, cdt);
-        self.gemm("indexer_w", layer, repeat, t, h, heads, lin, cdt);
-    }
-
-    fn csa_ratio(&self) -> Option<u64> {
-        match &self.s.model.attention {
-            Attention::Hybrid {
-                compress_ratios, ..
-            } => compress_ratios[..self.s.model.layers as usize]
-                .iter()
-                .copied()
-                .filter(|&r| r > 0)
-                .min(),
-            Attention::Mla { .. } => None,
+        if key_proj {
+            self.gemm("indexer_k", layer, repeat, t, h, dim, lin, cdt);
         }
+        self.gemm("indexer_w", layer, repeat, t, h, heads, lin, cdt);
     }
 
     fn dense_ffn(&mut self, repeat: u64, b: &BatchShape) {
@@ -822,10 +847,22 @@ pub fn step_ops(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad) -> Vec<Op> {
     let h = m.hidden as f64;
     let t = b.tokens() as f64;
     bld.elementwise("embed", LayerKind::Embedding, 1, t * h);
+    // mHC ops cover the residual stream a die holds: 1/TP of the tokens under FLASHCOMM1.
+    let stream_tokens = |t: f64| {
+        if spec.features.flashcomm1 && spec.plan.tp > 1 {
+            t / spec.plan.tp as f64
+        } else {
+            t
+        }
+    };
     for (ratio, dense, moe) in layer_groups(m) {
         bld.attention(LayerKind::Attention, dense + moe, b, ratio);
         bld.dense_ffn(dense, b);
         bld.moe(LayerKind::Moe, moe, b, load);
+        bld.hc_post(LayerKind::Moe, dense + moe, stream_tokens(t));
+    }
+    if let Some(w) = hc_head(m, stream_tokens(t)) {
+        bld.push_work("hc_head", LayerKind::LmHead, 1, w);
     }
     // Logits for every decode token (drafts are verified) and the last token of each prefill.
     let logit_tokens = (b.decode_tokens + b.prefill_seqs as u64) as f64;
@@ -834,7 +871,11 @@ pub fn step_ops(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad) -> Vec<Op> {
         // MTP: the first pass runs the MTP module over every token of the step (it needs their
         // hidden states); each further draft runs it over one token per sequence.
         let seqs = b.seqs();
-        let last_ratio = layer_groups(m).last().and_then(|g| g.0);
+        // V4's MTP layer attends its sliding window only (no compressor, no indexer).
+        let mtp_ratio = match m.attention {
+            Attention::Mla { .. } => None,
+            Attention::Hybrid { .. } => Some(0),
+        };
         // Later drafts attend about the context of this step's decode tokens.
         let ctx = b
             .decode_pairs
@@ -856,13 +897,17 @@ pub fn step_ops(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad) -> Vec<Op> {
                 DType::Bf16,
                 DType::Bf16,
             );
-            bld.attention(LayerKind::Mtp, n, &pb, last_ratio);
+            bld.attention(LayerKind::Mtp, n, &pb, mtp_ratio);
             let mtp_load = MoeLoad {
                 group_tokens: load.group_tokens * pb.tokens() / b.tokens(),
                 imbalance: load.imbalance,
                 comm: load.comm,
             };
             bld.moe(LayerKind::Mtp, n, &pb, &mtp_load);
+            bld.hc_post(LayerKind::Mtp, n, stream_tokens(pt));
+            if let Some(w) = hc_head(m, stream_tokens(pt)) {
+                bld.push_work("hc_head", LayerKind::Mtp, n, w);
+            }
             bld.lm_head(LayerKind::Mtp, n, seqs as f64);
         }
     }

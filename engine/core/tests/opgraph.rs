@@ -213,3 +213,179 @@ fn op_work_is_the_graphs_own_op() {
         None
     );
 }
+
+/// A DeepSeek-V4-shaped model small enough to count by hand: hidden 8, two residual copies,
+/// 3 Sinkhorn iterations, RoPE on 2 dimensions, entries of 4 (indexer keys of 2), one
+/// window-only layer, one compressed-sparse layer (ratio 4) and one heavily compressed layer
+/// (ratio 8).
+fn tiny_v4() -> ModelConfig {
+    use dstwin_core::model::{Attention, Family, Indexer};
+    let m = ModelConfig {
+        name: "tiny-v4".into(),
+        family: Family::V4,
+        hidden: 8,
+        layers: 3,
+        mtp_layers: 1,
+        dense_layers: 0,
+        dense_ffn: 0,
+        routed_experts: 4,
+        top_k: 2,
+        shared_experts: 1,
+        expert_ffn: 4,
+        router_groups: 1,
+        vocab: 16,
+        max_context: 1024,
+        attention: Attention::Hybrid {
+            heads: 2,
+            head_dim: 4,
+            q_lora_rank: 4,
+            o_lora_rank: 4,
+            o_groups: 1,
+            window: 4,
+            compress_ratios: vec![0, 4, 8, 0],
+            indexer: Indexer {
+                heads: 2,
+                head_dim: 2,
+                topk: 2,
+            },
+            hc_mult: 2,
+            hc_sinkhorn_iters: 3,
+            rope_dim: 2,
+        },
+    };
+    m.validate().unwrap();
+    m
+}
+
+/// (FLOPs, bytes) of each op of a kernel call.
+fn kernel(m: &ModelConfig, name: &str, tokens: f64, entries: f64) -> Vec<(&'static str, f64, f64)> {
+    dstwin_core::opgraph::kernel_ops(m, name, tokens, entries)
+        .unwrap_or_else(|| panic!("{name}"))
+        .into_iter()
+        .map(|(n, w)| (n, w.flops, w.bytes))
+        .collect()
+}
+
+#[test]
+fn the_v4_kernels_count_their_work_by_hand() {
+    let m = tiny_v4();
+    // d = 8, c = 2, mixing width (2 + c) c = 8, 3 Sinkhorn iterations.
+    // hc_pre per token: projection 2 c d 8 = 256, RMS and weighted sum 4 c d = 64, Sinkhorn
+    // 4 x 3 x c^2 = 48 -> 368 FLOPs; bytes: copies in c d x 2 = 32, input out d x 2 = 16,
+    // coefficients c + c^2 fp32 = 24 -> 72 per token, plus the fp32 weights 8 x c d x 4 = 512.
+    assert_eq!(kernel(&m, "hc_pre", 1.0, 0.0), [("hc_pre", 368.0, 584.0)]);
+    assert_eq!(kernel(&m, "hc_pre", 3.0, 0.0), [("hc_pre", 1104.0, 728.0)]);
+    // hc_post per token: 2 c d (c + 1) = 96 FLOPs; copies read and written 2 x c d x 2 = 64,
+    // the block output 16, coefficients 24 -> 104 bytes.
+    assert_eq!(kernel(&m, "hc_post", 1.0, 0.0), [("hc_post", 96.0, 104.0)]);
+    // hc_head per token: 2 c d c + 4 c d = 128 FLOPs; copies in 32 + out 16, weights c c d x 4.
+    assert_eq!(kernel(&m, "hc_head", 1.0, 0.0), [("hc_head", 128.0, 176.0)]);
+    // The compressed-sparse layer's attention compressor: entries of 4, overlapping windows
+    // (states 2 x 4 wide, KV and score: 16 columns). Per token 2 d 16 = 256 FLOPs; bytes: the
+    // bf16 weights 16 x 8 x 2 = 256, the fp32 positional bias 4 x 2 x 4 x 4 = 128, and per
+    // token the input 16 plus its state rows 16 x 4 = 64.
+    // Pooling one window (2 x 4 = 8 rows of 4): softmax and sum 7 x 8 x 4 = 224, norm 4 x 4,
+    // RoPE 3 x 2 -> 246 FLOPs; both fp32 states of the window 2 x 8 x 4 x 4 = 256 + the entry 8.
+    assert_eq!(
+        kernel(&m, "c4a", 1.0, 1.0),
+        [("c4a", 256.0, 464.0), ("c4a_pool", 246.0, 264.0)]
+    );
+    // A call that completes no window runs no pooling.
+    assert_eq!(kernel(&m, "c4a", 1.0, 0.0), [("c4a", 256.0, 464.0)]);
+    // The indexer's keys: entries of 2 (8 columns), Hadamard-rotated: 2 x 2 x 2 more FLOPs and
+    // its 2 x 2 bf16 matrix read.
+    assert_eq!(
+        kernel(&m, "c4li", 1.0, 1.0),
+        [("c4li", 128.0, 240.0), ("c4li_pool", 134.0, 140.0)]
+    );
+    // The heavily compressed layer: ratio 8, no overlap (8 columns, windows of 8 rows).
+    assert_eq!(
+        kernel(&m, "c128a", 1.0, 1.0),
+        [("c128a", 128.0, 304.0), ("c128a_pool", 246.0, 264.0)]
+    );
+    // V3 has none of them.
+    assert!(
+        dstwin_core::opgraph::kernel_ops(&builtin("v3").unwrap(), "hc_pre", 1.0, 0.0).is_none()
+    );
+}
+
+#[test]
+fn a_v4_step_runs_the_mhc_around_every_block_and_the_compressors_of_its_layer() {
+    let m = tiny_v4();
+    let shape = BatchShape::uniform_decode(4, 2, 64, m.attn_cap());
+    let ops = one_die_ops(&m, &shape, 1);
+    let count = |name: &str, layer: &str| {
+        ops.iter()
+            .filter(|o| o.name == name && o.layer.name() == layer)
+            .map(|o| o.repeat)
+            .sum::<u64>()
+    };
+    // Two hc_pre and two hc_post per decoder layer (3) and in the MTP layer; one hc_head per
+    // pass.
+    assert_eq!(count("hc_pre", "attention"), 6);
+    assert_eq!(count("hc_post", "attention") + count("hc_post", "moe"), 6);
+    assert_eq!(count("hc_pre", "mtp") + count("hc_post", "mtp"), 4);
+    assert_eq!(count("hc_head", "lm_head") + count("hc_head", "mtp"), 2);
+    // Compressors only where a layer compresses, never in the window-only MTP layer.
+    for (name, n) in [("c4li", 1), ("c4a", 1), ("c128a", 1)] {
+        assert_eq!(count(name, "attention"), n, "{name}");
+        assert_eq!(count(name, "mtp"), 0, "{name}");
+    }
+    // A step of 8 tokens completes 8 / 4 windows in the ratio-4 layer, 8 / 8 in the other.
+    let pool = |name: &str| {
+        let o = ops.iter().find(|o| o.name == name).unwrap();
+        match o.kind {
+            dstwin_core::opgraph::OpKind::Compute(w) => w.flops,
+            _ => unreachable!(),
+        }
+    };
+    assert_eq!(pool("c4a_pool"), 2.0 * 246.0);
+    assert_eq!(pool("c128a_pool"), 246.0);
+    // V4's indexer takes its keys from its compressor: no key projection (V3.2 has one).
+    let names = |m: &ModelConfig| dstwin_core::opgraph::vocabulary(m, 1, 1);
+    assert!(!names(&m).contains_key("indexer_k"));
+    assert!(names(&builtin("v3.2").unwrap()).contains_key("indexer_k"));
+    assert_eq!(names(&m).get("hc_post"), Some(&"elementwise"));
+    assert_eq!(names(&m).get("c4a"), Some(&"gemm"));
+    assert_eq!(names(&m).get("c4a_pool"), Some(&"elementwise"));
+}
+
+/// Every op of the V3 family's graph, with its work, at a decode step (MTP 1) and a prefill
+/// step after cached tokens: the V4 kernels must leave them as they were. On a deliberate
+/// change, replace tests/data/v3-family-ops.txt with the listing this test prints.
+#[test]
+fn the_v3_family_op_lists_are_unchanged() {
+    let mut listing = String::new();
+    for name in ["deepseek-v3", "deepseek-v3.2"] {
+        let m = builtin(name).unwrap();
+        let mut prefill = BatchShape::default();
+        prefill.add_prefill(1024, 2048, m.attn_cap());
+        for (label, shape, mtp) in [
+            (
+                "decode",
+                BatchShape::uniform_decode(32, 2, 4096, m.attn_cap()),
+                1,
+            ),
+            ("prefill", prefill, 0),
+        ] {
+            for o in one_die_ops(&m, &shape, mtp) {
+                let (flops, bytes) = match o.kind {
+                    dstwin_core::opgraph::OpKind::Compute(w) => (w.flops, w.bytes),
+                    dstwin_core::opgraph::OpKind::Comm(c) => (0.0, c.bytes),
+                };
+                listing += &format!(
+                    "{name} {label} {} {} x{} {} flops={flops:e} bytes={bytes:e}\n",
+                    o.name,
+                    o.layer.name(),
+                    o.repeat,
+                    o.class_name()
+                );
+            }
+        }
+    }
+    let golden = include_str!("data/v3-family-ops.txt");
+    assert!(
+        listing == golden,
+        "the V3-family op lists changed; the new listing:\n{listing}"
+    );
+}

@@ -127,7 +127,13 @@ pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
             let (cost, class, flops, bytes, roof) = match &o.kind {
                 OpKind::Compute(w) => {
                     let roof = (w.flops / cm.peak_flops(w.dtype)).max(w.bytes / peak_bw);
-                    (cm.compute(w), w.class.name(), w.flops, w.bytes, roof)
+                    (
+                        cm.compute_op(o.name, w),
+                        w.class.name(),
+                        w.flops,
+                        w.bytes,
+                        roof,
+                    )
                 }
                 OpKind::Comm(c) => (cm.comm(c), c.kind.name(), 0.0, c.bytes, 0.0),
             };

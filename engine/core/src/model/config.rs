@@ -31,8 +31,15 @@ pub enum Attention {
         /// One ratio per layer (extra trailing entries are ignored).
         compress_ratios: Vec<u64>,
         indexer: Indexer,
-        /// Width of the hyper-connection residual stream (mHC x4).
+        /// Copies of the hidden state the residual stream holds (mHC: 4). Each decoder layer
+        /// mixes them into one before attention and before the MoE (`hc_pre`) and back after
+        /// each (`hc_post`); 1 is a plain residual.
         hc_mult: u64,
+        /// Sinkhorn-Knopp iterations that make `hc_pre`'s residual mixing matrix doubly
+        /// stochastic.
+        hc_sinkhorn_iters: u64,
+        /// Dimensions of each head (and each compressed KV entry) that carry RoPE.
+        rope_dim: u64,
     },
 }
 
@@ -43,6 +50,27 @@ pub struct Indexer {
     pub heads: u64,
     pub head_dim: u64,
     pub topk: u64,
+}
+
+/// A KV compressor of a V4 compressed layer: it turns every `ratio` tokens into one entry of
+/// `dim` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compressor {
+    pub ratio: u64,
+    /// Width of an entry: the attention head, or the indexer's key.
+    pub dim: u64,
+    /// Each entry also pools the window before its own (the compressed-sparse layers): the
+    /// states it keeps are twice as wide.
+    pub overlap: bool,
+    /// It compresses the indexer's keys (which are also rotated by a Hadamard transform).
+    pub indexer: bool,
+}
+
+impl Compressor {
+    /// Windows an entry pools (2 with overlap).
+    pub fn coff(&self) -> u64 {
+        1 + u64::from(self.overlap)
+    }
 }
 
 /// Which DeepSeek generation a config belongs to.
@@ -126,13 +154,26 @@ fn v3(name: &str) -> ModelConfig {
     }
 }
 
-/// V4-Flash per-layer `compress_ratios` as shipped: [0,0] + [4,128]*20 + [4,0,0,0].
+/// V4-Flash per-layer `compress_ratios` as shipped (its config.json): [0,0] + [4,128]*20 + [4,0];
+/// the trailing 0 is the MTP layer's entry.
 fn v4_flash_ratios() -> Vec<u64> {
     let mut r = vec![0, 0];
     for _ in 0..20 {
         r.extend([4, 128]);
     }
-    r.extend([4, 0, 0, 0]);
+    r.extend([4, 0]);
+    r
+}
+
+/// V4-Pro per-layer `compress_ratios` as shipped (its config.json): [128,128] + [4,128]*29 +
+/// [4,0]. Unlike Flash, its first two layers are heavily compressed, not window-only; the
+/// trailing 0 is the MTP layer's entry.
+fn v4_pro_ratios() -> Vec<u64> {
+    let mut r = vec![128, 128];
+    for _ in 0..29 {
+        r.extend([4, 128]);
+    }
+    r.extend([4, 0]);
     r
 }
 
@@ -185,6 +226,8 @@ pub fn builtin(name: &str) -> Option<ModelConfig> {
                     topk: 512,
                 },
                 hc_mult: 4,
+                hc_sinkhorn_iters: 20,
+                rope_dim: 64,
             },
         },
         "v4-pro" => ModelConfig {
@@ -209,22 +252,15 @@ pub fn builtin(name: &str) -> Option<ModelConfig> {
                 o_lora_rank: 1024,
                 o_groups: 16,
                 window: 128,
-                // Assumption: the Flash pattern (alternating CSA/HCA after two window-only layers)
-                // stretched to 61 layers; a real config.json overrides it.
-                compress_ratios: {
-                    let mut r = vec![0, 0];
-                    for _ in 0..29 {
-                        r.extend([4, 128]);
-                    }
-                    r.extend([4, 0]);
-                    r
-                },
+                compress_ratios: v4_pro_ratios(),
                 indexer: Indexer {
                     heads: 64,
                     head_dim: 128,
                     topk: 1024,
                 },
                 hc_mult: 4,
+                hc_sinkhorn_iters: 20,
+                rope_dim: 64,
             },
         },
         _ => return None,
@@ -313,6 +349,8 @@ fn ranges(m: &ModelConfig) -> Vec<(&'static str, u64, u64, u64)> {
             compress_ratios,
             indexer: ix,
             hc_mult,
+            hc_sinkhorn_iters,
+            rope_dim,
         } => {
             r.extend([
                 ("num_attention_heads", *heads, 1, 2048),
@@ -322,6 +360,8 @@ fn ranges(m: &ModelConfig) -> Vec<(&'static str, u64, u64, u64)> {
                 ("o_groups", *o_groups, 1, (*heads).max(1)),
                 ("sliding_window", *window, 1, 1 << 24),
                 ("hc_mult", *hc_mult, 1, 64),
+                ("hc_sinkhorn_iters", *hc_sinkhorn_iters, 0, 1024),
+                ("qk_rope_head_dim", *rope_dim, 0, *head_dim),
             ]);
             for &c in compress_ratios {
                 r.push(("compress_ratios", c, 0, 1 << 16));
@@ -362,6 +402,7 @@ impl ModelConfig {
             _ => return Err(ConfigError::Architecture(model_type)),
         };
         let heads = uint(&v, "num_attention_heads")?;
+        let hc_mult = uint_or(&v, "hc_mult", 1)?;
         let attention = match family {
             Family::V3 | Family::V32 => Attention::Mla {
                 heads,
@@ -399,7 +440,14 @@ impl ModelConfig {
                     head_dim: uint(&v, "index_head_dim")?,
                     topk: uint(&v, "index_topk")?,
                 },
-                hc_mult: uint_or(&v, "hc_mult", 1)?,
+                hc_mult,
+                // Only a widened residual stream has a mixing matrix to normalize.
+                hc_sinkhorn_iters: if hc_mult > 1 {
+                    uint(&v, "hc_sinkhorn_iters")?
+                } else {
+                    uint_or(&v, "hc_sinkhorn_iters", 0)?
+                },
+                rope_dim: uint(&v, "qk_rope_head_dim")?,
             },
         };
         let m = ModelConfig {
@@ -491,19 +539,55 @@ impl ModelConfig {
                 indexer: Some(ix), ..
             } => crate::batch::AttnCap(Some(ix.topk)),
             Attention::Mla { indexer: None, .. } => crate::batch::AttnCap(None),
-            Attention::Hybrid {
-                indexer,
-                compress_ratios,
-                ..
-            } => {
-                let csa_ratio = compress_ratios
-                    .iter()
-                    .copied()
-                    .filter(|&r| r > 0)
-                    .min()
-                    .unwrap_or(1);
-                crate::batch::AttnCap(Some(indexer.topk * csa_ratio))
+            Attention::Hybrid { indexer, .. } => {
+                crate::batch::AttnCap(Some(indexer.topk * self.sparse_ratio().unwrap_or(1)))
             }
+        }
+    }
+
+    /// V4: the KV compressors a layer of compression `ratio` runs: none in a window-only layer
+    /// (0); in the compressed-sparse layers (the smallest ratio) one for the attention's entries
+    /// and one for the indexer's keys, both overlapping their windows; one otherwise.
+    pub fn compressors(&self, ratio: u64) -> Vec<Compressor> {
+        let Attention::Hybrid {
+            head_dim, indexer, ..
+        } = &self.attention
+        else {
+            return Vec::new();
+        };
+        let attention = |overlap| Compressor {
+            ratio,
+            dim: *head_dim,
+            overlap,
+            indexer: false,
+        };
+        match ratio {
+            0 => Vec::new(),
+            r if Some(r) == self.sparse_ratio() => vec![
+                Compressor {
+                    ratio,
+                    dim: indexer.head_dim,
+                    overlap: true,
+                    indexer: true,
+                },
+                attention(true),
+            ],
+            _ => vec![attention(false)],
+        }
+    }
+
+    /// V4: the compression ratio of the compressed-sparse layers, the ones with the indexer
+    /// (the smallest non-zero ratio of the decoder layers); None without such a layer or V4.
+    pub fn sparse_ratio(&self) -> Option<u64> {
+        match &self.attention {
+            Attention::Hybrid {
+                compress_ratios, ..
+            } => compress_ratios[..self.layers as usize]
+                .iter()
+                .copied()
+                .filter(|&r| r > 0)
+                .min(),
+            Attention::Mla { .. } => None,
         }
     }
 }

@@ -52,14 +52,11 @@ pub fn kv_bytes(m: &ModelConfig, kv_dtype: DType, extra_layers: u64) -> KvBytes 
             ..
         } => {
             let entry = *head_dim as f64 * b;
-            let csa = compress_ratios[..m.layers as usize]
-                .iter()
-                .copied()
-                .filter(|&r| r > 0)
-                .min();
-            for i in 0..layers {
-                // MTP layers reuse the last decoder layer's pattern.
-                let r = compress_ratios[i.min(m.layers as usize - 1)];
+            let csa = m.sparse_ratio();
+            // The decoder layers' ratios; MTP layers attend their sliding window only.
+            let decoder = compress_ratios[..m.layers as usize].iter().copied();
+            let mtp = std::iter::repeat_n(0, layers - m.layers as usize);
+            for r in decoder.chain(mtp) {
                 fixed += *window as f64 * entry;
                 let per_tok = if r == 0 {
                     0.0

@@ -10,7 +10,9 @@ pub mod kv;
 pub mod params;
 pub mod quant;
 
-pub use config::{builtin, Attention, ConfigError, Family, Indexer, ModelConfig, BUILTIN_MODELS};
+pub use config::{
+    builtin, Attention, Compressor, ConfigError, Family, Indexer, ModelConfig, BUILTIN_MODELS,
+};
 pub use kv::{kv_bytes, KvBytes};
 pub use params::{active, count, ParamCounts};
 pub use quant::{Quant, QUANTS};

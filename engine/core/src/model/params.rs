@@ -31,6 +31,7 @@ pub struct ParamCounts {
     pub routed_experts: u64,
     pub shared_experts: u64,
     pub routers: u64,
+    /// Norms, and V4's mHC mixing weights.
     pub norms: u64,
     /// The MTP modules (attention + MoE layer + projection + norms); embedding and head shared.
     pub mtp: u64,
@@ -103,33 +104,59 @@ pub fn attn_layer_params(m: &ModelConfig) -> AttnParams {
     }
 }
 
-/// Indexer parameters of one V4 compressed-sparse layer.
-fn v4_indexer_params(m: &ModelConfig) -> u64 {
+/// Parameters a V4 decoder layer of compression `ratio` adds to [`attn_layer_params`]: its KV
+/// compressors (KV and score projections, positional bias, entry norm) and, in the
+/// compressed-sparse layers, the indexer (query projection from the q latent and per-head
+/// weights; its keys come from its compressor).
+fn v4_layer_params(m: &ModelConfig, ratio: u64) -> u64 {
+    let Attention::Hybrid {
+        q_lora_rank,
+        indexer,
+        ..
+    } = &m.attention
+    else {
+        return 0;
+    };
+    let compressors: u64 = m
+        .compressors(ratio)
+        .iter()
+        .map(|c| {
+            let width = c.coff() * c.dim;
+            2 * width * m.hidden + c.ratio * width + c.dim
+        })
+        .sum();
+    let idx = if ratio > 0 && Some(ratio) == m.sparse_ratio() {
+        q_lora_rank * indexer.heads * indexer.head_dim + m.hidden * indexer.heads
+    } else {
+        0
+    };
+    compressors + idx
+}
+
+/// Parameters of V4's per-layer extras ([`v4_layer_params`]) over the decoder layers.
+fn v4_extras(m: &ModelConfig) -> u64 {
     match &m.attention {
         Attention::Hybrid {
-            q_lora_rank,
-            indexer,
-            ..
-        } => {
-            q_lora_rank * indexer.heads * indexer.head_dim
-                + m.hidden * indexer.head_dim
-                + m.hidden * indexer.heads
-        }
+            compress_ratios, ..
+        } => compress_ratios[..m.layers as usize]
+            .iter()
+            .map(|&r| v4_layer_params(m, r))
+            .sum(),
         Attention::Mla { .. } => 0,
     }
 }
 
-/// V4 layers whose compression ratio is the smallest non-zero one carry an indexer.
-pub fn v4_indexed_layers(m: &ModelConfig) -> u64 {
+/// mHC weights of one decoder layer (the attention and FFN mixes: projection to the `(2 + c) c`
+/// coefficients, their bias and three scales) and of the head's final merge; 0 without
+/// hyper-connections.
+fn mhc_params(m: &ModelConfig) -> (u64, u64) {
     match &m.attention {
-        Attention::Hybrid {
-            compress_ratios, ..
-        } => {
-            let layers = &compress_ratios[..m.layers as usize];
-            let csa = layers.iter().copied().filter(|&r| r > 0).min();
-            csa.map_or(0, |c| layers.iter().filter(|&&r| r == c).count() as u64)
+        Attention::Hybrid { hc_mult: c, .. } if *c > 1 => {
+            let mix = (2 + c) * c;
+            let stream = c * m.hidden;
+            (2 * (mix * stream + mix + 3), c * stream + c + 1)
         }
-        Attention::Mla { .. } => 0,
+        _ => (0, 0),
     }
 }
 
@@ -138,21 +165,22 @@ pub fn count(m: &ModelConfig) -> ParamCounts {
     let h = m.hidden;
     let attn_layer = attn_layer_params(m);
     let moe = m.moe_layers();
-    let attention = attn_layer.total() * m.layers + v4_indexer_params(m) * v4_indexed_layers(m);
+    let attention = attn_layer.total() * m.layers + v4_extras(m);
     let dense_ffn = m.dense_layers * 3 * h * m.dense_ffn;
     let routed = moe * m.routed_experts * m.expert_params();
     let shared = moe * m.shared_experts * m.expert_params();
     let router_layer = m.routed_experts * h + m.routed_experts; // gate + correction bias
-    let hc = match &m.attention {
-        Attention::Hybrid { hc_mult, .. } => *hc_mult,
-        Attention::Mla { .. } => 1,
-    };
-    let norms_layer = 2 * h * hc;
+    let (mhc_layer, mhc_head) = mhc_params(m);
+    // Attention and FFN norms, and the mHC mixes around them.
+    let norms_layer = 2 * h + mhc_layer;
+    // V4's MTP layer attends its window only: no compressor, no indexer.
     let mtp_layer = attn_layer.total()
         + (m.routed_experts + m.shared_experts) * m.expert_params()
         + router_layer
         + 2 * h * h
-        + 4 * h;
+        + 4 * h
+        + mhc_layer
+        + mhc_head;
     ParamCounts {
         embedding: m.vocab * h,
         lm_head: m.vocab * h,
@@ -162,7 +190,7 @@ pub fn count(m: &ModelConfig) -> ParamCounts {
         routed_experts: routed,
         shared_experts: shared,
         routers: moe * router_layer,
-        norms: m.layers * norms_layer + h,
+        norms: m.layers * norms_layer + h + mhc_head,
         mtp: m.mtp_layers * mtp_layer,
     }
 }
