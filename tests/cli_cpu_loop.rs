@@ -111,7 +111,13 @@ fn a_fit_on_one_workload_predicts_another_on_the_real_engine() {
             source.contains("dstwin calibrate --trace"),
             "{class}: {e:?}"
         );
-        assert!(e["fixed_us"].as_float().unwrap() > 0.0, "{class}: {e:?}");
+        // The fixed cost may sit at its bound 0 (a class whose kernels the fit explains by
+        // their work alone, as prompt attention's jump at 128 tokens can make it): present
+        // and non-negative is what the cost file needs.
+        assert!(
+            e["fixed_us"].as_float().is_some_and(|f| f >= 0.0),
+            "{class}: {e:?}"
+        );
     }
     assert!(fitted["host"]["step_us"].as_float().unwrap() > 0.0);
     // 3. A workload not used in the fit, on the engine, then 4. against the twin.
