@@ -38,6 +38,11 @@ impl OpClass {
         OpClass::Indexer,
         OpClass::Elementwise,
     ];
+    /// Position in [`OpClass::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             OpClass::Gemm => "gemm",
@@ -500,27 +505,86 @@ pub struct Cost {
     pub bound: Bound,
 }
 
+/// What pricing an op of one class reads, resolved once from [`CostParams`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct ClassCost {
+    compute: f64,
+    memory: f64,
+    rows_pad: f64,
+    fixed_s: f64,
+}
+
+impl ClassCost {
+    fn of(params: &CostParams, class: OpClass) -> Self {
+        let e = params.efficiency(class);
+        ClassCost {
+            compute: e.compute,
+            memory: e.memory,
+            rows_pad: e.rows_pad,
+            fixed_s: e.fixed_us.unwrap_or(params.op_overhead_us) * 1e-6,
+        }
+    }
+}
+
 /// Prices work on one system with one parameter set.
+///
+/// What pricing reads on every op is resolved from `params` when the model is built: to price
+/// with other parameters, build a new model (debug builds check that `params` was not changed
+/// in place).
 #[derive(Clone, Debug)]
 pub struct CostModel {
     pub system: System,
     pub params: CostParams,
     /// Peak FLOP/s per die by format, resolved once (formats without a fast path fall back).
     peaks: [f64; DType::ALL.len()],
+    /// Per op class ([`OpClass::index`]): efficiencies, padding and fixed cost.
+    classes: [ClassCost; OpClass::ALL.len()],
+    /// Bit `n` set: some kernel entry covers an op name of `n` bytes (`n` < 64; bit 63 also
+    /// stands for every longer name). Most ops have no entry, and their names' lengths say so
+    /// without a search.
+    kernel_lens: u64,
+}
+
+/// [`CostModel::kernel_lens`]'s bit for an op name.
+fn len_bit(name: &str) -> u64 {
+    1 << name.len().min(63)
 }
 
 impl CostModel {
     pub fn new(system: System, params: CostParams) -> Self {
         let peaks = DType::ALL.map(|d| system.chip.peak_flops(d));
+        let classes = OpClass::ALL.map(|c| ClassCost::of(&params, c));
+        let kernel_lens = params
+            .kernel
+            .iter()
+            .flat_map(|k| &k.ops)
+            .fold(0, |bits, op| bits | len_bit(op));
         CostModel {
             system,
             params,
             peaks,
+            classes,
+            kernel_lens,
         }
     }
 
-    fn eff(&self, class: OpClass) -> &Efficiency {
-        self.params.efficiency(class)
+    fn class(&self, class: OpClass) -> &ClassCost {
+        let c = &self.classes[class.index()];
+        debug_assert_eq!(
+            *c,
+            ClassCost::of(&self.params, class),
+            "cost parameters changed in place after the model was built"
+        );
+        c
+    }
+
+    /// The kernel entry pricing the op named `op` ([`CostParams::kernel`]).
+    fn kernel(&self, op: &str) -> Option<&KernelParams> {
+        if self.kernel_lens & len_bit(op) == 0 {
+            debug_assert!(self.params.kernel(op).is_none(), "kernel entries changed");
+            return None;
+        }
+        self.params.kernel(op)
     }
 
     /// Peak FLOP/s per die for a format.
@@ -530,18 +594,15 @@ impl CostModel {
 
     /// Fixed cost of one kernel of `class`, seconds.
     pub fn fixed_s(&self, class: OpClass) -> f64 {
-        self.eff(class)
-            .fixed_us
-            .unwrap_or(self.params.op_overhead_us)
-            * 1e-6
+        self.class(class).fixed_s
     }
 
     /// Roofline time of `w` on one die: max(compute, memory) at the class's efficiency (compute
     /// on the rows tile padding makes the kernel compute), plus the class's fixed cost per
     /// kernel when the op does anything.
     pub fn compute(&self, w: &Work) -> Cost {
-        let e = self.eff(w.class);
-        self.roofline(w, e.compute, e.memory, e.rows_pad, self.fixed_s(w.class))
+        let e = self.class(w.class);
+        self.roofline(w, e.compute, e.memory, e.rows_pad, e.fixed_s)
     }
 
     /// [`CostModel::compute`] of the op named `op`: a kernel with its own entry
@@ -549,10 +610,10 @@ impl CostModel {
     /// class's efficiency for the other resource, without row padding); any other op by its
     /// class.
     pub fn compute_op(&self, op: &str, w: &Work) -> Cost {
-        let Some(k) = self.params.kernel(op) else {
+        let Some(k) = self.kernel(op) else {
             return self.compute(w);
         };
-        let e = self.eff(w.class);
+        let e = self.class(w.class);
         let (compute, memory) = match k.bound {
             Resource::Compute => (k.efficiency, e.memory),
             Resource::Memory => (e.compute, k.efficiency),
