@@ -539,32 +539,38 @@ pub struct CostModel {
     peaks: [f64; DType::ALL.len()],
     /// Per op class ([`OpClass::index`]): efficiencies, padding and fixed cost.
     classes: [ClassCost; OpClass::ALL.len()],
-    /// Bit `n` set: some kernel entry covers an op name of `n` bytes (`n` < 64; bit 63 also
-    /// stands for every longer name). Most ops have no entry, and their names' lengths say so
-    /// without a search.
-    kernel_lens: u64,
+    /// The op names kernel entries cover, each as its [`name_word`], with the entry: an op's
+    /// entry is found by comparing words (most ops have none).
+    kernel_ops: Vec<(u64, usize)>,
 }
 
-/// [`CostModel::kernel_lens`]'s bit for an op name.
-fn len_bit(name: &str) -> u64 {
-    1 << name.len().min(63)
+/// An op name's length and first seven bytes in one word: two names of at most seven bytes
+/// are equal exactly when their words are; longer names with equal words are compared whole.
+fn name_word(name: &str) -> u64 {
+    let b = name.as_bytes();
+    let mut w = [0u8; 8];
+    let n = b.len().min(7);
+    w[..n].copy_from_slice(&b[..n]);
+    w[7] = b.len().min(255) as u8;
+    u64::from_le_bytes(w)
 }
 
 impl CostModel {
     pub fn new(system: System, params: CostParams) -> Self {
         let peaks = DType::ALL.map(|d| system.chip.peak_flops(d));
         let classes = OpClass::ALL.map(|c| ClassCost::of(&params, c));
-        let kernel_lens = params
+        let kernel_ops = params
             .kernel
             .iter()
-            .flat_map(|k| &k.ops)
-            .fold(0, |bits, op| bits | len_bit(op));
+            .enumerate()
+            .flat_map(|(i, k)| k.ops.iter().map(move |op| (name_word(op), i)))
+            .collect();
         CostModel {
             system,
             params,
             peaks,
             classes,
-            kernel_lens,
+            kernel_ops,
         }
     }
 
@@ -580,11 +586,15 @@ impl CostModel {
 
     /// The kernel entry pricing the op named `op` ([`CostParams::kernel`]).
     fn kernel(&self, op: &str) -> Option<&KernelParams> {
-        if self.kernel_lens & len_bit(op) == 0 {
-            debug_assert!(self.params.kernel(op).is_none(), "kernel entries changed");
-            return None;
-        }
-        self.params.kernel(op)
+        let w = name_word(op);
+        let found = self
+            .kernel_ops
+            .iter()
+            .filter(|(k, _)| *k == w)
+            .map(|&(_, i)| &self.params.kernel[i])
+            .find(|k| op.len() <= 7 || k.ops.iter().any(|o| o == op));
+        debug_assert_eq!(found, self.params.kernel(op), "kernel entries changed");
+        found
     }
 
     /// Peak FLOP/s per die for a format.
