@@ -102,7 +102,16 @@ fn builtin_anchors_stay_within_their_documented_bounds() {
         mae("out_of_sample")
     );
     assert!(mae("fit") < 0.07, "{}", mae("fit"));
-    assert!(mae("micro") < 0.05, "{}", mae("micro"));
+    // The microbenchmarks' summary counts the points shown but not fitted (the A2 kernels the
+    // borrowed all-to-all numbers miss by up to 99%); the fitted ones are held tighter.
+    assert!(mae("micro") < 0.10, "{}", mae("micro"));
+    let fitted: Vec<f64> = micro
+        .iter()
+        .filter(|r| !r["metric"].as_str().unwrap().contains("not fitted"))
+        .map(|r| r["error"].as_f64().unwrap().abs())
+        .collect();
+    let fitted_mae = fitted.iter().sum::<f64>() / fitted.len() as f64;
+    assert!(fitted_mae < 0.05, "{fitted_mae}");
     assert_eq!(v["runs"].as_array().unwrap().len(), 5);
     assert!(!v["sensitivity"].as_array().unwrap().is_empty());
 }
@@ -167,7 +176,7 @@ fn tpot_limited_anchors_run_the_largest_batch_under_the_limit() {
 
 /// The shipped batches of the TPOT-limited anchors (their scenario files say the same).
 const SEQS_CM384: u32 = 39;
-const SEQS_A2: u32 = 33;
+const SEQS_A2: u32 = 36;
 
 #[test]
 fn error_bound_and_text_report() {

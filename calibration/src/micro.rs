@@ -69,6 +69,9 @@ pub struct LowLatencyBlock {
     pub id: String,
     pub source: String,
     pub system: String,
+    /// Whether the fit uses this block (otherwise its points are only reported, as checks).
+    #[serde(default = "fitted")]
+    pub fit: bool,
     pub tokens: u32,
     pub copies: u32,
     pub dispatch_bytes_per_token: f64,
@@ -91,8 +94,15 @@ pub struct NormalBlock {
     pub id: String,
     pub source: String,
     pub system: String,
+    /// Whether the fit uses this block (otherwise its points are only reported, as checks).
+    #[serde(default = "fitted")]
+    pub fit: bool,
     pub bound: f64,
     pub points: Vec<BandwidthPoint>,
+}
+
+fn fitted() -> bool {
+    true
 }
 
 /// Most draft tokens an MTP point may have.
@@ -341,9 +351,15 @@ pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
     let ll_models = models(&mut m.low_latency.iter().map(|b| &b.system))?;
     let normal_models = models(&mut m.normal.iter().map(|b| &b.system))?;
     // Each cost model once, in the order the file names it.
+    let fitted_ll = m.low_latency.iter().map(|b| b.fit);
+    let fitted_normal = m.normal.iter().map(|b| b.fit);
     let mut bases: Vec<&CostModel> = Vec::new();
-    for cm in ll_models.iter().chain(&normal_models) {
-        if !bases.iter().any(|b| b.params.name == cm.params.name) {
+    for (cm, fit) in ll_models
+        .iter()
+        .zip(fitted_ll)
+        .chain(normal_models.iter().zip(fitted_normal))
+    {
+        if fit && !bases.iter().any(|b| b.params.name == cm.params.name) {
             bases.push(cm);
         }
     }
@@ -355,7 +371,7 @@ pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
         // Low latency: columns dispatch base, combine base, per doubling, 1 / efficiency.
         let mut rows = Vec::new();
         for (b, cm) in m.low_latency.iter().zip(&ll_models) {
-            if cm.params.name != *name {
+            if cm.params.name != *name || !b.fit {
                 continue;
             }
             for p in &b.points {
@@ -395,7 +411,7 @@ pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
         // line fitted to both.
         let mut rows = [Vec::new(), Vec::new()];
         for (b, cm) in m.normal.iter().zip(&normal_models) {
-            if cm.params.name != *name {
+            if cm.params.name != *name || !b.fit {
                 continue;
             }
             for p in &b.points {
@@ -442,6 +458,15 @@ pub fn fit(m: &Microbenchmarks) -> Result<Vec<A2aFit>, MicroError> {
     Ok(fits)
 }
 
+/// The mark of a point the fit does not use.
+fn not_fitted(fit: bool) -> &'static str {
+    if fit {
+        ""
+    } else {
+        " (not fitted)"
+    }
+}
+
 /// Every point against the shipped cost models, or against `fits` where one covers the
 /// point's cost model.
 pub fn residuals(m: &Microbenchmarks, fits: &[A2aFit]) -> Result<Vec<MicroResidual>, MicroError> {
@@ -467,7 +492,7 @@ pub fn residuals(m: &Microbenchmarks, fits: &[A2aFit]) -> Result<Vec<MicroResidu
             let predicted = cm.comm(&c).time_s * 1e6;
             out.push(MicroResidual {
                 id: b.id.clone(),
-                metric: format!("{}_us EP{}", p.kind.name(), p.ep),
+                metric: format!("{}_us EP{}{}", p.kind.name(), p.ep, not_fitted(b.fit)),
                 published: p.us,
                 predicted,
                 error: predicted / p.us - 1.0,
@@ -482,7 +507,7 @@ pub fn residuals(m: &Microbenchmarks, fits: &[A2aFit]) -> Result<Vec<MicroResidu
             let predicted = cm.level(p.ep).bw_gb_s_per_die * eff;
             out.push(MicroResidual {
                 id: b.id.clone(),
-                metric: format!("{}_gb_s EP{}", p.kind.name(), p.ep),
+                metric: format!("{}_gb_s EP{}{}", p.kind.name(), p.ep, not_fitted(b.fit)),
                 published: p.gb_s,
                 predicted,
                 error: predicted / p.gb_s - 1.0,
@@ -567,7 +592,7 @@ pub fn mtp_residuals(m: &Microbenchmarks, acceptance: f64) -> Vec<MicroResidual>
                         "{metric} {} draft{}{}",
                         p.drafts,
                         if p.drafts == 1 { "" } else { "s" },
-                        if b.fit { "" } else { " (not fitted)" }
+                        not_fitted(b.fit)
                     ),
                     published: p.value,
                     predicted,

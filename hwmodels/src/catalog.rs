@@ -61,6 +61,18 @@ struct ChipsFile {
     chip: Vec<Chip>,
 }
 
+/// Merges `over` into `base`: tables key by key, recursively; anything else replaces.
+fn merge_tables(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge_tables(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
 fn parse<T: for<'de> Deserialize<'de>>(file: &str, text: &str) -> Result<T, HwError> {
     toml::from_str(text).map_err(|e| HwError::Parse {
         file: file.to_string(),
@@ -98,8 +110,7 @@ impl Catalog {
             cat.chips.insert(chip.name.clone(), chip);
         }
         for (file, text) in COSTS {
-            let p: CostParams = parse(file, text)?;
-            p.validate(file)?;
+            let p = cat.cost_params_from_str(file, text)?;
             cat.costs.insert(p.name.clone(), p);
         }
         for (file, text) in SYSTEMS {
@@ -193,8 +204,52 @@ impl Catalog {
             file: label.clone(),
             source,
         })?;
-        let p: CostParams = parse(&label, &text)?;
-        p.validate(&label)?;
+        self.cost_params_from_str(&label, &text)
+    }
+
+    /// Parses and validates a cost file. A file with `inherits = "NAME"` takes every number it
+    /// does not give from the catalog's cost model NAME: its tables merge into NAME's key by key
+    /// (a table it gives replaces only the keys it gives, `source` included; arrays and values
+    /// replace whole).
+    pub fn cost_params_from_str(&self, file: &str, text: &str) -> Result<CostParams, HwError> {
+        let own: toml::Table = parse(file, text)?;
+        let merged = match own.get("inherits") {
+            None => own,
+            Some(toml::Value::String(base)) => {
+                let b = self.cost_params(base).map_err(|e| match e {
+                    HwError::Unknown { known, .. } => crate::error::invalid(
+                        file,
+                        "inherits",
+                        format!("{base:?}"),
+                        &format!("no such cost model in the catalog; known: {known}"),
+                    ),
+                    e => e,
+                })?;
+                let mut table = toml::Table::try_from(b).map_err(|e| HwError::Parse {
+                    file: file.to_string(),
+                    message: format!("cost model {base}: {e}"),
+                })?;
+                // What the base itself inherited is already in its numbers.
+                table.remove("inherits");
+                merge_tables(&mut table, own);
+                table
+            }
+            Some(v) => {
+                return Err(crate::error::invalid(
+                    file,
+                    "inherits",
+                    v,
+                    "must be the name of a cost model in the catalog",
+                ))
+            }
+        };
+        let p: CostParams = merged
+            .try_into()
+            .map_err(|e: toml::de::Error| HwError::Parse {
+                file: file.to_string(),
+                message: e.to_string(),
+            })?;
+        p.validate(file)?;
         Ok(p)
     }
 

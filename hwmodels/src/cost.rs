@@ -238,6 +238,11 @@ pub struct CollectiveParams {
 #[serde(deny_unknown_fields)]
 pub struct CostParams {
     pub name: String,
+    /// The cost model this file's missing numbers come from (a catalog name): the file gives
+    /// only what differs, and every other number stays what that model's file (and its fit)
+    /// says. Kept after loading, so that reports can say where borrowed numbers come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inherits: Option<String>,
     pub source: String,
     /// Fixed cost per kernel in graph mode, µs, for classes that give no `fixed_us` of their own.
     pub op_overhead_us: f64,

@@ -191,6 +191,73 @@ fn user_cost_model(tag: &str, cost: &str) -> Result<dstwin_hwmodels::CostModel, 
 }
 
 #[test]
+fn the_910b_takes_every_kernel_number_from_the_910c_as_shipped() {
+    let cat = Catalog::builtin();
+    let (c, b) = (
+        cat.cost_params("ascend-910c").unwrap(),
+        cat.cost_params("ascend-910b").unwrap(),
+    );
+    assert_eq!(b.inherits.as_deref(), Some("ascend-910c"));
+    // No anchor is fitted on the A2, and its all-to-all is fitted on none of its fabrics.
+    assert!(b.fit.is_empty() && !c.fit.is_empty());
+    assert!(b.alltoall.fitted_on.is_empty());
+    // Everything but the names, sources and the A2's own collectives is the 910C's.
+    let strip = |p: &dstwin_hwmodels::CostParams| {
+        let mut p = p.clone();
+        p.name.clear();
+        p.source.clear();
+        p.inherits = None;
+        p.fit.clear();
+        p.alltoall.fitted_on.clear();
+        p.alltoall.source.clear();
+        p.collective = c.collective.clone();
+        p
+    };
+    assert_eq!(strip(b), strip(c));
+}
+
+#[test]
+fn a_cost_file_can_give_only_what_differs_from_a_catalog_model() {
+    let file = |body: &str| format!("name = \"mine\"\nsource = \"test\"\n{body}");
+    let cm = user_cost_model(
+        "inherit",
+        &file("inherits = \"ascend-910c\"\n[efficiency.gemm]\nmemory = 0.5\n"),
+    )
+    .unwrap();
+    let base = cost_model();
+    let (p, q) = (&cm.params, &base.params);
+    assert_eq!(p.name, "mine");
+    // The key given replaces its own value only; the rest of its table and file is the base's.
+    assert_eq!(p.efficiency[&OpClass::Gemm].memory, 0.5);
+    assert_eq!(
+        p.efficiency[&OpClass::Gemm].compute,
+        q.efficiency[&OpClass::Gemm].compute
+    );
+    assert_eq!(
+        p.efficiency[&OpClass::Attention],
+        q.efficiency[&OpClass::Attention]
+    );
+    assert_eq!(p.alltoall, q.alltoall);
+    assert_eq!(p.op_overhead_us, q.op_overhead_us);
+    assert_eq!(p.kernel, q.kernel);
+    // Errors name the field and the value.
+    let err = user_cost_model("nobase", &file("inherits = \"ascend-999\"\n")).unwrap_err();
+    assert!(
+        err.contains("inherits") && err.contains("ascend-999") && err.contains("ascend-910c"),
+        "{err}"
+    );
+    let err = user_cost_model("notname", &file("inherits = 3\n")).unwrap_err();
+    assert!(err.contains("inherits = 3"), "{err}");
+    // What the file gives is still validated.
+    let err = user_cost_model(
+        "badvalue",
+        &file("inherits = \"ascend-910c\"\n[efficiency.gemm]\nmemory = 1.5\n"),
+    )
+    .unwrap_err();
+    assert!(err.contains("1.5"), "{err}");
+}
+
+#[test]
 fn normal_mode_combine_has_its_own_efficiency_when_given() {
     let normal = |cm: &dstwin_hwmodels::CostModel, kind| {
         cm.comm(&Comm {

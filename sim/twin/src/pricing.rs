@@ -325,8 +325,13 @@ pub fn fabric_caveats(ep: u32, cost: &CostModel) -> Vec<String> {
             let fitted = &cost.params.alltoall.fitted_on;
             let name = &cost.params.name;
             out.push(if fitted.is_empty() {
+                let from = cost
+                    .params
+                    .inherits
+                    .as_ref()
+                    .map_or_else(|| "borrowed".to_string(), |b| format!("{b}'s"));
                 format!(
-                    "{what} of EP{ep} runs over {level}, but no all-to-all microbenchmark of {name} was fitted (its parameters are borrowed): its price is an extrapolation"
+                    "{what} of EP{ep} runs over {level}, but no all-to-all microbenchmark of {name} was fitted (its parameters are {from}): its price is an extrapolation"
                 )
             } else {
                 format!(
