@@ -246,19 +246,7 @@ impl Builder<'_> {
         bytes: f64,
         group: u32,
     ) {
-        self.push(
-            name,
-            layer,
-            repeat,
-            DieSet::All,
-            OpKind::Comm(Comm {
-                kind: CommKind::AllReduce,
-                bytes,
-                group,
-                mode: A2aMode::Normal,
-                copies: 0.0,
-            }),
-        );
+        self.collective(name, layer, repeat, CommKind::AllReduce, bytes, group);
     }
 
     /// Attention of `repeat` layers for the batch `b`, for one die of a TP group.
@@ -787,18 +775,13 @@ impl Builder<'_> {
         let e = self.s.quant.embedding();
         self.gemm("lm_head", layer, repeat, logit_tokens, h, v, e, e);
         if dtp > 1 {
-            self.push(
+            self.collective(
                 "logits_gather",
                 layer,
                 repeat,
-                DieSet::All,
-                OpKind::Comm(Comm {
-                    kind: CommKind::AllGather,
-                    bytes: logit_tokens * m.vocab as f64 * DType::Bf16.bytes(),
-                    group: dtp,
-                    mode: A2aMode::Normal,
-                    copies: 0.0,
-                }),
+                CommKind::AllGather,
+                logit_tokens * m.vocab as f64 * DType::Bf16.bytes(),
+                dtp,
             );
         }
         self.elementwise("sample", layer, repeat, logit_tokens * m.vocab as f64);
