@@ -100,6 +100,12 @@ pub struct ServeArgs {
     /// `dstwin explain` names them). The file is complete after every step.
     #[arg(long, value_name = "FILE")]
     profile: Option<PathBuf>,
+    /// Threads each CPU-engine kernel may use (its matrix multiplies; default: every core).
+    /// 1 makes a kernel's time follow its work: on a small machine shared with the load
+    /// generator, multi-threaded kernels wait on each other and their times jump with size,
+    /// which no cost model follows (docs/validation.md, "The CPU engine, end to end").
+    #[arg(long, value_name = "N")]
+    engine_threads: Option<usize>,
 }
 
 pub fn run(a: ServeArgs) -> Result<(), Failure> {
@@ -130,6 +136,20 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         .transpose()
         .map_err(|e| Failure::Input(e.into()))?;
     let cpu = matches!(a.device, DeviceKind::Cpu);
+    match a.engine_threads {
+        Some(0) => {
+            return Err(Failure::Input(anyhow!(
+                "--engine-threads must be at least 1, got 0"
+            )))
+        }
+        Some(_) if !cpu => return Err(Failure::Input(anyhow!(
+            "--engine-threads sets the CPU engine's kernel threads: add --device cpu --model DIR"
+        ))),
+        // The engine's kernels (candle) read the thread count from the variable rayon reads,
+        // at every call; set here, before the runtime starts any thread.
+        Some(n) => std::env::set_var("RAYON_NUM_THREADS", n.to_string()),
+        None => {}
+    }
     if a.profile.is_some() && !cpu {
         return Err(Failure::Input(anyhow!(
             "--profile traces the CPU engine's ops: add --device cpu --model DIR"

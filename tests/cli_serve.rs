@@ -1323,6 +1323,11 @@ fn the_cpu_engine_refuses_what_it_cannot_run() {
             "config.json",
         ),
         (vec!["--profile", "trace.json"], "--device cpu"),
+        (vec!["--engine-threads", "1"], "--device cpu"),
+        (
+            vec!["--device", "cpu", "--model", m, "--engine-threads", "0"],
+            "--engine-threads must be at least 1, got 0",
+        ),
         (
             vec![
                 "--device",
