@@ -136,19 +136,20 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         .transpose()
         .map_err(|e| Failure::Input(e.into()))?;
     let cpu = matches!(a.device, DeviceKind::Cpu);
-    match a.engine_threads {
-        Some(0) => {
+    if let Some(n) = a.engine_threads {
+        if n == 0 {
             return Err(Failure::Input(anyhow!(
                 "--engine-threads must be at least 1, got 0"
-            )))
+            )));
         }
-        Some(_) if !cpu => return Err(Failure::Input(anyhow!(
-            "--engine-threads sets the CPU engine's kernel threads: add --device cpu --model DIR"
-        ))),
+        if !cpu {
+            return Err(Failure::Input(anyhow!(
+                "--engine-threads sets the CPU engine's kernel threads: add --device cpu --model DIR"
+            )));
+        }
         // The engine's kernels (candle) read the thread count from the variable rayon reads,
         // at every call; set here, before the runtime starts any thread.
-        Some(n) => std::env::set_var("RAYON_NUM_THREADS", n.to_string()),
-        None => {}
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
     if a.profile.is_some() && !cpu {
         return Err(Failure::Input(anyhow!(
