@@ -270,6 +270,10 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             .context("serving")
             .map_err(Failure::Runtime)
     });
+    // The engine writes its trace when idle; what is still waiting is written now.
+    if let Some(t) = &trace {
+        t.flush();
+    }
     if let Some(e) = trace.and_then(|t| t.error()) {
         return Err(Failure::Runtime(anyhow!(
             "--profile: the trace stopped at a write error: {e}"

@@ -67,6 +67,18 @@ impl Server {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
+
+    /// Stops the server as a user does (SIGTERM: in-flight requests finish, a `--profile`
+    /// trace is written out) and waits for it to exit.
+    pub fn stop(mut self) {
+        let st = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(st.success(), "kill -TERM failed");
+        let st = self.child.wait().expect("waiting for dstwin serve");
+        assert!(st.success(), "dstwin serve exited with {st}");
+    }
 }
 
 impl Drop for Server {

@@ -140,4 +140,10 @@ fn main() {
             })
         );
     }
+    if let Some(t) = &trace {
+        t.flush();
+        if let Some(e) = t.error() {
+            eprintln!("--profile: the trace stopped at a write error: {e}");
+        }
+    }
 }

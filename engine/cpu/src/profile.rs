@@ -6,9 +6,16 @@
 //! A [`Profiler`] belongs to one device (one instance, the trace's `pid`); the forward pass
 //! brackets each op with [`Profiler::begin`] / [`Profiler::end`] under the context set by
 //! [`Profiler::at`] (DP rank = `tid`, layer, part of the model). Switched off
-//! ([`Profiler::off`]) a bracket is one branch: no clock is read and no argument is built. At
-//! the end of a step the device's events go to a [`TraceSink`] shared by the deployment's
-//! devices, which keeps its file a complete JSON document after every step.
+//! ([`Profiler::off`]) a bracket is one branch: no clock is read and no argument is built.
+//!
+//! Recording must not change what it measures: the calibration fits the twin to these times,
+//! and the twin then predicts the engine running without a profiler. So a step only reads the
+//! clock and keeps its events as they are; at the end of the step they move to a [`TraceSink`]
+//! shared by the deployment's devices, which writes them out when a device has nothing to run
+//! ([`TraceSink::flush_some`], in slices, from the device's idle hook), when too many wait
+//! ([`PENDING_CAP`]), and at [`TraceSink::flush`]. After every write the file is a complete
+//! JSON document. (Writing each step's events at its end, as the engine first did, cost the
+//! tiny model's decode steps about 40% of their time.)
 
 use dstwin_core::opgraph::LayerKind;
 use serde_json::{json, Map, Value};
@@ -22,8 +29,12 @@ use std::time::Instant;
 const HEAD: &str = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
 const TAIL: &str = "\n]}\n";
 
-/// A trace file shared by the devices of a deployment. Between steps it is a complete JSON
-/// object: each append overwrites the closing brackets and writes them again.
+/// Events waiting to be written beyond which the end of a step writes them all (a bound on
+/// the memory a trace holds when the engine is never idle).
+pub const PENDING_CAP: usize = 1 << 18;
+
+/// A trace file shared by the devices of a deployment. Between writes it is a complete JSON
+/// object: each write overwrites the closing brackets and writes them again.
 #[derive(Clone)]
 pub struct TraceSink {
     inner: Arc<Mutex<Sink>>,
@@ -35,11 +46,37 @@ struct Sink {
     out: BufWriter<File>,
     empty: bool,
     error: Option<String>,
+    /// Recorded, not yet written (oldest first from `next`).
+    pending: Vec<Event>,
+    next: usize,
+    /// [`PENDING_CAP`] (smaller in tests).
+    cap: usize,
+}
+
+/// One recorded interval, kept as recorded; its JSON is built when it is written.
+struct Event {
+    t0: Instant,
+    t1: Instant,
+    name: &'static str,
+    /// The op's class, or "step" on the step track.
+    cat: &'static str,
+    pid: u32,
+    tid: u32,
+    step: u64,
+    /// An op of the graph (with layer and part), not a step-track event.
+    op: bool,
+    layer: Option<usize>,
+    part: &'static str,
+    args: Value,
 }
 
 impl TraceSink {
     /// Creates (or truncates) `path` and writes an empty trace.
     pub fn create(path: &Path) -> std::io::Result<TraceSink> {
+        TraceSink::with_cap(path, PENDING_CAP)
+    }
+
+    fn with_cap(path: &Path, cap: usize) -> std::io::Result<TraceSink> {
         let mut out = BufWriter::new(File::create(path)?);
         out.write_all(HEAD.as_bytes())?;
         out.write_all(TAIL.as_bytes())?;
@@ -49,35 +86,94 @@ impl TraceSink {
                 out,
                 empty: true,
                 error: None,
+                pending: Vec::new(),
+                next: 0,
+                cap,
             })),
             origin: Instant::now(),
         })
     }
 
-    /// Appends `events`. A write error stops the trace; [`TraceSink::error`] says why.
-    fn append(&self, events: &[Value]) {
+    /// Queues `events`; writes everything when more than [`PENDING_CAP`] wait.
+    fn push(&self, events: &mut Vec<Event>) {
         let Ok(mut s) = self.inner.lock() else {
             return;
         };
-        if s.error.is_some() || events.is_empty() {
+        if s.error.is_some() {
+            events.clear();
             return;
         }
-        let mut empty = s.empty;
-        let r = (|| -> std::io::Result<()> {
-            s.out.seek(SeekFrom::End(-(TAIL.len() as i64)))?;
-            for e in events {
-                if !empty {
-                    s.out.write_all(b",\n")?;
-                }
-                serde_json::to_writer(&mut s.out, e)?;
-                empty = false;
+        s.pending.append(events);
+        if s.pending.len() - s.next > s.cap {
+            self.write(&mut s, usize::MAX);
+        }
+    }
+
+    /// Writes up to `max` waiting events; true while more wait. Devices call it when they
+    /// have no step to run, so the writing stays out of the steps it would slow.
+    pub fn flush_some(&self, max: usize) -> bool {
+        let Ok(mut s) = self.inner.lock() else {
+            return false;
+        };
+        self.write(&mut s, max);
+        s.error.is_none() && s.next < s.pending.len()
+    }
+
+    /// Writes every waiting event (at the end of a run, before the file is read).
+    pub fn flush(&self) {
+        self.flush_some(usize::MAX);
+    }
+
+    /// Appends up to `max` waiting events to the file.
+    fn write(&self, s: &mut Sink, max: usize) {
+        let end = s.pending.len().min(s.next.saturating_add(max));
+        if end == s.next {
+            return;
+        }
+        let Sink {
+            out,
+            empty,
+            error,
+            pending,
+            next,
+            ..
+        } = s;
+        emit(
+            out,
+            empty,
+            error,
+            pending[*next..end].iter_mut().map(|e| self.json(e)),
+        );
+        s.next = end;
+        if s.next == s.pending.len() {
+            s.pending.clear();
+            s.next = 0;
+        }
+    }
+
+    /// The event as the trace has it.
+    fn json(&self, e: &mut Event) -> Value {
+        let mut a = object(std::mem::take(&mut e.args));
+        a.insert("step".into(), e.step.into());
+        if e.op {
+            if let Some(l) = e.layer {
+                a.insert("layer".into(), l.into());
             }
-            s.out.write_all(TAIL.as_bytes())?;
-            s.out.flush()
-        })();
-        s.empty = empty;
-        if let Err(e) = r {
-            s.error = Some(e.to_string());
+            a.insert("class".into(), e.cat.into());
+            a.insert("part".into(), e.part.into());
+        }
+        json!({"name": e.name, "cat": e.cat, "ph": "X", "ts": us(self.micros(e.t0)),
+            "dur": us(e.t1.saturating_duration_since(e.t0).as_secs_f64() * 1e6),
+            "pid": e.pid, "tid": e.tid, "args": Value::Object(a)})
+    }
+
+    /// Writes `events` (metadata) now, ahead of any waiting.
+    fn append_now(&self, events: Vec<Value>) {
+        if let Ok(mut s) = self.inner.lock() {
+            let Sink {
+                out, empty, error, ..
+            } = &mut *s;
+            emit(out, empty, error, events.into_iter());
         }
     }
 
@@ -88,6 +184,37 @@ impl TraceSink {
 
     fn micros(&self, t: Instant) -> f64 {
         t.saturating_duration_since(self.origin).as_secs_f64() * 1e6
+    }
+}
+
+/// Appends `values` to the file and closes the document again. A write error stops the trace
+/// ([`TraceSink::error`] says why); nothing is written after it.
+fn emit(
+    out: &mut BufWriter<File>,
+    empty: &mut bool,
+    error: &mut Option<String>,
+    mut values: impl Iterator<Item = Value>,
+) {
+    if error.is_some() {
+        return;
+    }
+    let Some(first) = values.next() else {
+        return;
+    };
+    let r = (|| -> std::io::Result<()> {
+        out.seek(SeekFrom::End(-(TAIL.len() as i64)))?;
+        for v in std::iter::once(first).chain(values) {
+            if !*empty {
+                out.write_all(b",\n")?;
+            }
+            serde_json::to_writer(&mut *out, &v)?;
+            *empty = false;
+        }
+        out.write_all(TAIL.as_bytes())?;
+        out.flush()
+    })();
+    if let Err(e) = r {
+        *error = Some(e.to_string());
     }
 }
 
@@ -107,7 +234,8 @@ struct Recorder {
     rank: usize,
     layer: Option<usize>,
     part: &'static str,
-    events: Vec<Value>,
+    /// This step's events.
+    events: Vec<Event>,
 }
 
 /// Microseconds with nanosecond resolution (the trace's `ts` and `dur` unit).
@@ -136,7 +264,7 @@ impl Profiler {
             events.push(meta(r, "thread_name", format!("dp rank {r}")));
         }
         events.push(meta(ranks, "thread_name", "steps".to_string()));
-        sink.append(&events);
+        sink.append_now(events);
         Profiler {
             rec: Some(Box::new(Recorder {
                 sink,
@@ -154,6 +282,12 @@ impl Profiler {
 
     pub fn is_on(&self) -> bool {
         self.rec.is_some()
+    }
+
+    /// The device has no step to run: writes up to `max` of the trace's waiting events (see
+    /// the module doc); true while more wait.
+    pub fn idle(&self, max: usize) -> bool {
+        self.rec.as_ref().is_some_and(|r| r.sink.flush_some(max))
     }
 
     /// The context of the next ops: DP rank, decoder layer (cache-layer index; `None` outside
@@ -213,8 +347,7 @@ impl Profiler {
     pub fn end_step(&mut self, start: Option<Instant>, args: impl FnOnce() -> Value) {
         if let Some((r, t0, t1)) = self.stop(start) {
             r.on_step_track(t0, t1, "step", args());
-            r.sink.append(&r.events);
-            r.events.clear();
+            r.sink.push(&mut r.events);
             r.step += 1;
         }
     }
@@ -242,41 +375,39 @@ fn object(v: Value) -> Map<String, Value> {
 }
 
 impl Recorder {
-    fn on_step_track(&mut self, t0: Instant, t1: Instant, name: &str, args: Value) {
-        let mut a = object(args);
-        a.insert("step".into(), self.step.into());
-        let ev = self.event(t0, t1, name, "step", self.step_tid, a);
-        self.events.push(ev);
+    fn on_step_track(&mut self, t0: Instant, t1: Instant, name: &'static str, args: Value) {
+        self.events.push(Event {
+            t0,
+            t1,
+            name,
+            cat: "step",
+            pid: self.pid,
+            tid: self.step_tid,
+            step: self.step,
+            op: false,
+            layer: None,
+            part: "",
+            args,
+        });
     }
 
     fn op(&mut self, t0: Instant, t1: Instant, name: &'static str, args: Value) {
         let class = *self.classes.get(name).unwrap_or_else(|| {
             panic!("the engine names an op '{name}' that the op graph does not have")
         });
-        let mut a = object(args);
-        a.insert("step".into(), self.step.into());
-        if let Some(l) = self.layer {
-            a.insert("layer".into(), l.into());
-        }
-        a.insert("class".into(), class.into());
-        a.insert("part".into(), self.part.into());
-        let ev = self.event(t0, t1, name, class, self.rank as u32, a);
-        self.events.push(ev);
-    }
-
-    fn event(
-        &self,
-        t0: Instant,
-        t1: Instant,
-        name: &str,
-        cat: &str,
-        tid: u32,
-        args: Map<String, Value>,
-    ) -> Value {
-        let ts = us(self.sink.micros(t0));
-        let dur = us(t1.saturating_duration_since(t0).as_secs_f64() * 1e6);
-        json!({"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur,
-            "pid": self.pid, "tid": tid, "args": Value::Object(args)})
+        self.events.push(Event {
+            t0,
+            t1,
+            name,
+            cat: class,
+            pid: self.pid,
+            tid: self.rank as u32,
+            step: self.step,
+            op: true,
+            layer: self.layer,
+            part: self.part,
+            args,
+        });
     }
 }
 
@@ -285,39 +416,90 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_file_is_a_complete_trace_after_every_step() {
+    fn steps_keep_their_events_until_the_device_is_idle_and_every_write_is_a_complete_trace() {
         let path =
             std::env::temp_dir().join(format!("dstwin-profile-unit-{}.json", std::process::id()));
         let sink = TraceSink::create(&path).unwrap();
         let read =
             || -> Value { serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap() };
-        assert_eq!(read()["traceEvents"].as_array().unwrap().len(), 0);
+        let count = || read()["traceEvents"].as_array().unwrap().len();
+        assert_eq!(count(), 0);
         let mut classes = BTreeMap::new();
         classes.insert("embed", "elementwise");
         let mut p = Profiler::new(sink.clone(), 3, "engine", 2, classes);
-        for step in 0..2 {
+        // Metadata (process, two ranks, the step track) is written at once.
+        assert_eq!(count(), 4);
+        for _ in 0..2 {
             let s = p.begin();
             p.at(1, None, LayerKind::Embedding);
             let o = p.begin();
             p.end(o, "embed", || json!({"tokens": 4}));
             p.end_step(s, || json!({"tokens": 4}));
-            let v = read();
-            let evs = v["traceEvents"].as_array().unwrap();
-            // Metadata (process, two ranks, the step track), then op and step per step.
-            assert_eq!(evs.len(), 4 + 2 * (step + 1));
-            let op = &evs[evs.len() - 2];
+        }
+        // The steps wrote nothing: the file is still the metadata alone.
+        assert_eq!(count(), 4);
+        // Idle, the device writes in slices; each leaves a complete document.
+        assert!(p.idle(3), "one of four events still waits");
+        assert_eq!(count(), 7);
+        assert!(!p.idle(3));
+        let v = read();
+        let evs = v["traceEvents"].as_array().unwrap();
+        assert_eq!(evs.len(), 8);
+        for step in 0..2u64 {
+            let op = &evs[4 + 2 * step as usize];
             assert_eq!(op["name"], "embed");
+            assert_eq!(op["cat"], "elementwise");
             assert_eq!((op["pid"].as_u64(), op["tid"].as_u64()), (Some(3), Some(1)));
-            assert_eq!(op["args"]["step"], step as u64);
+            assert_eq!(op["args"]["step"], step);
             assert_eq!(op["args"]["class"], "elementwise");
+            assert_eq!(op["args"]["part"], "embedding");
             assert_eq!(op["args"]["tokens"], 4);
-            let st = &evs[evs.len() - 1];
+            assert!(op["args"].get("layer").is_none());
+            let st = &evs[5 + 2 * step as usize];
             assert_eq!(
                 (st["name"].as_str(), st["tid"].as_u64()),
                 (Some("step"), Some(2))
             );
+            assert_eq!(st["args"]["step"], step);
+            assert!(st["args"].get("class").is_none());
+            assert!(st["ts"].as_f64().unwrap() <= op["ts"].as_f64().unwrap());
         }
+        // Nothing waits: idle writes nothing more, flush neither.
+        sink.flush();
+        assert_eq!(count(), 8);
         assert!(sink.error().is_none());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn too_many_waiting_events_are_written_at_the_end_of_a_step() {
+        let path = std::env::temp_dir().join(format!(
+            "dstwin-profile-unit-cap-{}.json",
+            std::process::id()
+        ));
+        let sink = TraceSink::with_cap(&path, 64).unwrap();
+        let mut classes = BTreeMap::new();
+        classes.insert("embed", "elementwise");
+        let mut p = Profiler::new(sink.clone(), 0, "engine", 1, classes);
+        let mut steps = 0;
+        let waiting = || sink.inner.lock().unwrap().pending.len();
+        while waiting() <= 64 - 2 {
+            let s = p.begin();
+            let o = p.begin();
+            p.end(o, "embed", || Value::Null);
+            p.end_step(s, || Value::Null);
+            steps += 1;
+        }
+        assert!(waiting() > 0);
+        // The step that takes the queue over the cap writes it all.
+        let s = p.begin();
+        p.end_step(s, || Value::Null);
+        assert_eq!(waiting(), 0);
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(
+            v["traceEvents"].as_array().unwrap().len(),
+            3 + 2 * steps + 1
+        );
         let _ = std::fs::remove_file(&path);
     }
 

@@ -121,7 +121,21 @@ pub(crate) fn spawn(
         std::thread::Builder::new()
             .name(format!("device-{}", si.spec.name))
             .spawn(move || {
-                while let Ok(plan) = rx.recv() {
+                loop {
+                    // A step waiting runs first; with none, the device may use the moment.
+                    let plan = match rx.try_recv() {
+                        Ok(plan) => plan,
+                        Err(std::sync::mpsc::TryRecvError::Empty) => {
+                            if device.idle() {
+                                continue;
+                            }
+                            match rx.recv() {
+                                Ok(plan) => plan,
+                                Err(_) => return,
+                            }
+                        }
+                        Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
+                    };
                     let mut out = StepOutcome::default();
                     let result = device.execute(&plan, &mut out).map(|_| out);
                     if done.send(Done { inst: i, result }).is_err() {

@@ -304,4 +304,12 @@ impl Device for CpuDevice {
     fn wants_requests(&self) -> bool {
         true
     }
+
+    fn idle(&mut self) -> bool {
+        self.profiler.idle(IDLE_WRITE)
+    }
 }
+
+/// Trace events written per idle call: well under a millisecond, so a step that arrives
+/// meanwhile waits little.
+const IDLE_WRITE: usize = 256;

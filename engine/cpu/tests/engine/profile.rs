@@ -33,6 +33,7 @@ fn traced(l: Layout, experts: &Experts, tag: &str) -> (Value, u64, u64) {
         },
         |_, _, _| steps += 1,
     );
+    sink.flush();
     assert!(sink.error().is_none());
     let text = std::fs::read_to_string(&path).unwrap();
     (
