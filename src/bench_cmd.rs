@@ -192,6 +192,11 @@ pub struct BenchResult {
     pub p99_e2el_ms: f64,
     /// As `vllm bench serve --metric-percentiles 90` names it.
     pub p90_e2el_ms: f64,
+    /// Mean TTFT as the server measured it (its `vllm:time_to_first_token_seconds` histogram,
+    /// read from `/metrics` before and after the run), ms; null when the server exports no
+    /// such metric. Not in vLLM's file: the client's TTFT less this is the front end's time
+    /// (HTTP, tokenizing, streaming back), which `calibrate --trace --bench` fits.
+    pub server_mean_ttft_ms: Option<f64>,
     pub input_lens: Vec<u32>,
     pub output_lens: Vec<u32>,
     /// Seconds, per request (0 for failed ones).
@@ -416,6 +421,39 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
+/// The server's TTFT histogram in Prometheus text (`/metrics`): (sum in seconds, count) over
+/// every label set; `None` without one.
+fn ttft_histogram(text: &str) -> Option<(f64, f64)> {
+    let total = |suffix: &str| -> Option<f64> {
+        let name = format!("vllm:time_to_first_token_seconds{suffix}");
+        let values: Vec<f64> = text
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(name.as_str())?;
+                // `name{labels} value` or `name value`.
+                let value = match rest.strip_prefix('{') {
+                    Some(r) => r.split_once('}')?.1,
+                    None => rest,
+                };
+                value.split_whitespace().next()?.parse().ok()
+            })
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum())
+    };
+    Some((total("_sum")?, total("_count")?))
+}
+
+/// The server's TTFT histogram now, when it has `/metrics` with one.
+async fn server_ttft(client: &HttpClient, base: &str) -> Option<(f64, f64)> {
+    let url = format!("{base}/metrics");
+    let resp = client.get(url.parse().ok()?).await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let body = resp.into_body().collect().await.ok()?.to_bytes();
+    ttft_histogram(&String::from_utf8_lossy(&body))
+}
+
 async fn get_json(client: &HttpClient, url: &str) -> anyhow::Result<serde_json::Value> {
     let resp = client
         .get(url.parse().with_context(|| format!("bad URL {url}"))?)
@@ -427,6 +465,22 @@ async fn get_json(client: &HttpClient, url: &str) -> anyhow::Result<serde_json::
         return Err(anyhow!("GET {url}: {status}"));
     }
     Ok(serde_json::from_slice(&body)?)
+}
+
+/// Whether a streamed chunk's JSON `payload` is a token chunk, and whether it has text. A token
+/// chunk has a choice with text or is not the closing one: as `vllm bench serve` counts, a
+/// token whose text is still empty (part of a UTF-8 sequence, a special token) was made when
+/// its chunk came, and the first token is the first such chunk. A closing chunk without text
+/// (finish reason only) and the usage chunk (no choices) are no tokens. Read from the text, not
+/// parsed: this runs for every token of every stream.
+fn token_chunk(payload: &str) -> (bool, bool) {
+    let has_text = ["\"text\":\"", "\"content\":\""].iter().any(|k| {
+        payload
+            .find(k)
+            .is_some_and(|p| payload.as_bytes().get(p + k.len()) != Some(&b'"'))
+    });
+    let open = payload.contains("\"choices\":[{") && payload.contains("\"finish_reason\":null");
+    (has_text || open, has_text)
 }
 
 async fn one(
@@ -505,7 +559,7 @@ async fn one(
                 s.ok = true;
                 continue;
             }
-            // Parse only the usage chunk; a token chunk is recognised by its non-empty text.
+            // Parse only the usage chunk.
             if payload.contains("\"usage\"") {
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(payload) {
                     if let Some(u) = v.get("usage").and_then(|u| u.get("completion_tokens")) {
@@ -513,16 +567,14 @@ async fn one(
                     }
                 }
             }
-            let has_text = ["\"text\":\"", "\"content\":\""].iter().any(|k| {
-                payload
-                    .find(k)
-                    .is_some_and(|p| payload.as_bytes().get(p + k.len()) != Some(&b'"'))
-            });
-            if has_text {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(payload) {
-                    let c = &v["choices"][0];
-                    if let Some(t) = c["text"].as_str().or(c["delta"]["content"].as_str()) {
-                        s.text.push_str(t);
+            let (token, has_text) = token_chunk(payload);
+            if token {
+                if has_text {
+                    if let Ok(v) = serde_json::from_str::<serde_json::Value>(payload) {
+                        let c = &v["choices"][0];
+                        if let Some(t) = c["text"].as_str().or(c["delta"]["content"].as_str()) {
+                            s.text.push_str(t);
+                        }
                     }
                 }
                 let now = Instant::now();
@@ -561,8 +613,9 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let tokio = tokio::runtime::Runtime::new()
         .context("starting the async runtime")
         .map_err(Failure::Runtime)?;
-    let (samples, duration, model) = tokio.block_on(bench(&a, jobs, concurrency))?;
+    let (samples, duration, model, server_ttft) = tokio.block_on(bench(&a, jobs, concurrency))?;
     let mut result = summarize(samples, duration, slo);
+    result.server_mean_ttft_ms = server_ttft;
     result.model_id = model.clone();
     result.tokenizer_id = model;
     result.max_concurrency = concurrency;
@@ -601,7 +654,7 @@ async fn bench(
     a: &BenchArgs,
     jobs: Vec<Job>,
     concurrency: Option<usize>,
-) -> Result<(Vec<Sample>, f64, String), Failure> {
+) -> Result<(Vec<Sample>, f64, String, Option<f64>), Failure> {
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_nodelay(true);
     let client: HttpClient = Client::builder(TokioExecutor::new())
@@ -621,6 +674,7 @@ async fn bench(
         }
     };
     let url = format!("{base}/v1/completions");
+    let before = server_ttft(&client, &base).await;
     let bar = crate::progress::bar(
         Some(jobs.len() as u64),
         a.quiet,
@@ -656,7 +710,12 @@ async fn bench(
     }
     let duration = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    Ok((samples, duration, model))
+    // The server's mean TTFT over this run's requests (its histogram's growth).
+    let server = match (before, server_ttft(&client, &base).await) {
+        (Some((s0, c0)), Some((s1, c1))) if c1 > c0 => Some((s1 - s0) / (c1 - c0) * 1e3),
+        _ => None,
+    };
+    Ok((samples, duration, model, server))
 }
 
 /// The report over all samples (run metadata is filled in by the caller).
@@ -742,6 +801,7 @@ fn summarize(samples: Vec<Sample>, duration: f64, slo: Option<Slo>) -> BenchResu
         std_e2el_ms: e2e[2],
         p99_e2el_ms: e2e[3],
         p90_e2el_ms: e2e[4],
+        server_mean_ttft_ms: None,
         input_lens: samples.iter().map(|s| s.input).collect(),
         output_lens: samples
             .iter()
@@ -817,6 +877,48 @@ mod tests {
             index,
             prefix: prefix.map(|ids| (Arc::from(ids), 4)),
         }
+    }
+
+    #[test]
+    fn the_servers_ttft_histogram_is_read_over_every_label_set() {
+        let text = "# HELP vllm:time_to_first_token_seconds x\n\
+            vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\"} 3\n\
+            vllm:time_to_first_token_seconds_sum{engine=\"0\",model_name=\"m\"} 0.25\n\
+            vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"m\"} 5\n\
+            vllm:time_to_first_token_seconds_sum{engine=\"1\",model_name=\"m\"} 0.5\n\
+            vllm:time_to_first_token_seconds_count{engine=\"1\",model_name=\"m\"} 5\n\
+            vllm:e2e_request_latency_seconds_sum{engine=\"0\"} 9\n";
+        assert_eq!(ttft_histogram(text), Some((0.75, 10.0)));
+        // Without labels, as other exporters write it.
+        let bare =
+            "vllm:time_to_first_token_seconds_sum 1.5\nvllm:time_to_first_token_seconds_count 3\n";
+        assert_eq!(ttft_histogram(bare), Some((1.5, 3.0)));
+        assert_eq!(
+            ttft_histogram("vllm:e2e_request_latency_seconds_sum 1\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_token_without_text_is_a_token_and_a_closing_chunk_is_not() {
+        let chunk = |text: &str, finish: &str| {
+            format!(
+                r#"{{"id":"cmpl-0","object":"text_completion","created":1,"model":"m","choices":[{{"index":0,"text":{text},"logprobs":null,"finish_reason":{finish}}}]}}"#
+            )
+        };
+        assert_eq!(token_chunk(&chunk(r#""p""#, "null")), (true, true));
+        // The first token may have no text of its own yet: it is still the first token.
+        assert_eq!(token_chunk(&chunk(r#""""#, "null")), (true, false));
+        // The last token's text with the finish reason is a token; the finish alone is not.
+        assert_eq!(token_chunk(&chunk(r#""y""#, r#""length""#)), (true, true));
+        assert_eq!(token_chunk(&chunk(r#""""#, r#""length""#)), (false, false));
+        let usage = r#"{"choices":[],"created":1,"id":"cmpl-0","model":"m","object":"text_completion","usage":{"completion_tokens":8,"prompt_tokens":6,"total_tokens":14}}"#;
+        assert_eq!(token_chunk(usage), (false, false));
+        // Chat deltas.
+        let delta = r#"{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}"#;
+        assert_eq!(token_chunk(delta), (true, true));
+        let empty = r#"{"choices":[{"index":0,"delta":{},"finish_reason":null}]}"#;
+        assert_eq!(token_chunk(empty), (true, false));
     }
 
     #[test]

@@ -1079,6 +1079,31 @@ fn the_cpu_engine_serves_real_text() {
         })
         .collect();
     assert_eq!(streamed, want);
+    // As vLLM streams: every token is a chunk when it is made, its text empty while it is
+    // incomplete (the tiny model's random weights make such tokens often). Clients time the
+    // first token by the first chunk. (Several tokens waiting at once may share a chunk.)
+    let r = post(
+        &a,
+        "/v1/completions",
+        serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 32,
+            "temperature": 0, "ignore_eos": true, "stream": true}),
+    );
+    let texts: Vec<String> = events(&r.body)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter_map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e).unwrap();
+            let c = &v["choices"][0];
+            c["finish_reason"]
+                .is_null()
+                .then(|| c["text"].as_str().unwrap().to_string())
+        })
+        .collect();
+    assert!(texts.len() <= 32 && texts.len() > 1, "{texts:?}");
+    assert!(
+        texts.iter().any(String::is_empty) && texts.iter().any(|t| !t.is_empty()),
+        "tokens without text of their own get their chunk: {texts:?}"
+    );
     // Seeded sampling repeats itself; another seed draws otherwise.
     let sample = |seed: u64| {
         post(
@@ -1249,8 +1274,9 @@ fn the_cpu_engine_serves_ep4_with_dynamic_eplb_and_traces_every_op() {
         let want = tok.tokenizer().unwrap().decode(&ids, true).unwrap();
         assert_eq!(text.as_str(), Some(want.as_str()));
     }
-    // The trace is complete after every step: ops by their op-graph names on the four ranks'
-    // tracks, whole steps on the fifth, and the weight moves of the rebalance.
+    // Stopped, the server has written the whole trace: ops by their op-graph names on the
+    // four ranks' tracks, whole steps on the fifth, and the weight moves of the rebalance.
+    srv.stop();
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     let vocab = dstwin_core::opgraph::vocabulary(&m.cfg.model, 4, 0);

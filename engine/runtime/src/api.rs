@@ -636,6 +636,7 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
                 st.meta.stop = stop;
                 continue;
             }
+            let tokens = matches!(o, Out::Tokens { .. });
             let raw = match o {
                 Out::Tokens { n, ids } => c.push(n, &ids, &stop),
                 Out::Finished(reason) => {
@@ -661,7 +662,12 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
             if ended {
                 st.open -= 1;
             }
-            if !piece.is_empty() || ended {
+            // As vLLM streams: a chunk for every step's new tokens, their text empty when it
+            // is still incomplete (part of a UTF-8 sequence, a skipped special token, a held
+            // possible stop string), so a client sees each token when it is made. A reasoning
+            // or tool parser that keeps the text back sends nothing, as vLLM's does.
+            let plain = c.parser.is_none();
+            if !piece.is_empty() || ended || (tokens && plain) {
                 let chat = st.meta.chat;
                 let d = Delta {
                     role: false,
