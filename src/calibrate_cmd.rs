@@ -78,6 +78,11 @@ pub struct CalibrateArgs {
     /// fitted too (else only its GEMMs are).
     #[arg(long, requires = "trace", value_name = "DIR|config.json")]
     model: Option<PathBuf>,
+    /// bench-serve results (--save-result) of the profiled runs, against a server exporting
+    /// vllm:time_to_first_token_seconds (dstwin serve, vLLM): the front end's time per request
+    /// (the client's mean TTFT less the server's) goes into the cost file as [host] request_us.
+    #[arg(long, requires = "trace", num_args = 1.., value_name = "RESULT")]
+    bench: Vec<PathBuf>,
     /// What the efficiency fits minimize: `relative` errors, robustly (the typical kernel), or
     /// `total` time (plain least squares over absolute times: the slow tail of a shared
     /// machine counts in full; what a twin predicting means of steps wants).
@@ -191,6 +196,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             dtype: a.dtype,
             model: a.model,
             objective: a.objective,
+            bench: a.bench,
             top: a.top,
             json: a.json,
         });

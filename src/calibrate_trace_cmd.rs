@@ -9,7 +9,7 @@ use dstwin_calibration::tracefit::costfile::{cost_file, system_file};
 use dstwin_calibration::tracefit::efficiency::Objective;
 use dstwin_calibration::tracefit::work::EngineModel;
 use dstwin_calibration::tracefit::{
-    calibrate, TraceCalibration, TraceOptions, DEFAULT_IDLE_FACTOR,
+    calibrate, FrontEnd, TraceCalibration, TraceOptions, DEFAULT_IDLE_FACTOR,
 };
 use dstwin_core::model::{ModelConfig, Quant};
 use dstwin_hwmodels::{Catalog, CostModel, DType};
@@ -27,6 +27,7 @@ pub struct TraceArgs {
     pub dtype: Option<String>,
     pub model: Option<PathBuf>,
     pub objective: String,
+    pub bench: Vec<PathBuf>,
     pub top: usize,
     pub json: bool,
 }
@@ -126,7 +127,21 @@ pub fn run(a: TraceArgs) -> Result<(), Failure> {
         model,
         objective,
     };
-    let cal = calibrate(&profiles, &opts);
+    let mut cal = calibrate(&profiles, &opts);
+    if !a.bench.is_empty() {
+        let mut results = Vec::new();
+        for p in &a.bench {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("--bench {}", p.display()))
+                .map_err(input)?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("--bench {}: not a bench-serve result", p.display()))
+                .map_err(input)?;
+            results.push((p.display().to_string(), v));
+        }
+        cal.frontend =
+            Some(FrontEnd::from_bench(&results).map_err(|e| input(anyhow!("--bench {e}")))?);
+    }
     if cal.mapping.kernels == 0 {
         return Err(input(anyhow!(
             "{}: no device kernels found (is this a device trace? docs/calibration.md lists the formats)",
@@ -358,6 +373,25 @@ fn print(
                             f.rms_error * 100.0,
                             f.max_error * 100.0
                         )?;
+                        if let (Some(o), Some((split, joint))) = (&r.one_row, r.rms_error_split) {
+                            let d = &o.determined;
+                            outln!(
+                                "    one row    {:>8} {:>9} {:>7.3}{} {:>7.3}{} {:>9} {:>8.2}{} {:>7.1}% {:>7.1}%   (all: rms {:.1}%, {:.1}% as one form)",
+                                o.samples,
+                                o.samples,
+                                o.params.compute,
+                                mark(d.compute),
+                                o.params.memory,
+                                mark(d.memory),
+                                "",
+                                o.params.fixed_us,
+                                mark(d.fixed_us),
+                                o.rms_error * 100.0,
+                                o.max_error * 100.0,
+                                split * 100.0,
+                                joint * 100.0
+                            )?;
+                        }
                     }
                     None => outln!(
                         "  {:<13} {:>8} {:>9}   not fitted: no kernel with known work (FLOPs, bytes)",
@@ -413,7 +447,7 @@ fn print(
     for h in &cal.host {
         match &h.fit {
             Some(f) => outln!(
-                "host overhead per step ({}): step_us = {:.1}{}, from {} gaps between {} device steps ({:?}), {} idle gaps left out, rms {:.1} us",
+                "host overhead per step ({}): step_us = {:.1}{}, from {} gaps between {} device steps ({:?}) and the time inside them no kernel covers (mean {:.1} us), {} idle gaps left out, rms {:.1} us",
                 h.origin,
                 f.step_us,
                 f.per_seq_us
@@ -421,6 +455,7 @@ fn print(
                 f.gaps,
                 f.steps,
                 f.source,
+                f.in_step_us,
                 f.idle_gaps,
                 f.rms_us
             )?,
@@ -429,6 +464,14 @@ fn print(
                 h.origin
             )?,
         }
+    }
+    if let Some(fe) = &cal.frontend {
+        outln!(
+            "front end per request: request_us = {:.1}, the client's mean TTFT less the server's over {} requests ({})",
+            fe.request_us,
+            fe.requests,
+            fe.origins.join(", ")
+        )?;
     }
     Ok(())
 }

@@ -60,6 +60,8 @@ fn measure(model: &Path, scenario: &str, extra: &[&str], sets: &[String], out: &
         bench.extend(["--set", s.as_str()]);
     }
     ok(&dstwin(&bench), "bench-serve");
+    // SIGTERM, as the documented loop stops it: the engine's trace is complete on exit.
+    server.stop();
 }
 
 #[test]
@@ -92,6 +94,12 @@ fn a_fit_on_one_workload_predicts_another_on_the_real_engine() {
             "fp32",
             "--model",
             model.to_str().unwrap(),
+            // Means of steps are what the twin predicts (docs/validation.md).
+            "--objective",
+            "total",
+            // The front end's time per request, from the profiled run's benchmark.
+            "--bench",
+            dir.join("calibrate.json").to_str().unwrap(),
             "--out",
             costs.to_str().unwrap(),
             "--system-out",
@@ -124,6 +132,13 @@ fn a_fit_on_one_workload_predicts_another_on_the_real_engine() {
         );
     }
     assert!(fitted["host"]["step_us"].as_float().unwrap() > 0.0);
+    // The client's TTFT less the server's: the HTTP front end's time, fitted as measured (a
+    // loaded machine may make it anything from a fraction of a millisecond up; it is there).
+    assert!(
+        fitted["host"]["request_us"].as_float().is_some(),
+        "{fitted:?}"
+    );
+    assert!(report.contains("front end per request"), "{report}");
     // 3. A workload not used in the fit, on the engine, then 4. against the twin.
     let low = scenario("mixed-low");
     let measured = dir.join("mixed-low.json");

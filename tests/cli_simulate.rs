@@ -266,6 +266,35 @@ fn overrides_change_the_scenario_and_its_hash() {
 }
 
 #[test]
+fn the_front_end_adds_to_ttft_and_end_to_end_and_not_to_tpot() {
+    let run = |set: &[&str]| -> serde_json::Value {
+        let scenario = data("tiny-pd.toml");
+        let mut args = vec!["simulate", &scenario, "--json", "--quiet"];
+        for s in set {
+            args.extend(["--set", s]);
+        }
+        serde_json::from_str(&out(&dstwin(&args))).unwrap()
+    };
+    let (a, b) = (run(&[]), run(&["frontend_us=2500"]));
+    let m = |v: &serde_json::Value, k: &str, s: &str| v["latency"][k][s].as_f64().unwrap();
+    // Percentiles come from histograms of three significant digits.
+    for s in ["mean", "p50", "p99"] {
+        for k in ["ttft_ms", "e2e_ms"] {
+            let (x, y) = (m(&a, k, s), m(&b, k, s));
+            assert!(
+                (y - x - 2.5).abs() <= 2e-3 * y + 1e-6,
+                "{k} {s}: {x} -> {y}"
+            );
+        }
+        assert_eq!(m(&b, "tpot_ms", s), m(&a, "tpot_ms", s), "{s}");
+    }
+    assert_eq!(a["output_tokens"], b["output_tokens"]);
+    let o = dstwin(&["simulate", &data("tiny-pd.toml"), "--set", "frontend_us=-1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("frontend_us"), "{}", err(&o));
+}
+
+#[test]
 fn bad_input_exits_2_names_the_field_and_writes_nothing() {
     let dir = tmp("bad");
     let reqs = dir.join("reqs.csv");

@@ -7,12 +7,12 @@ use dstwin_calibration::kernels::{
 };
 use dstwin_calibration::tracefit::comm::{alpha_beta, fit_collective, CommSample, GroupKey};
 use dstwin_calibration::tracefit::efficiency::{
-    fit_class, fit_class_with, ClassParams, Objective, Sample,
+    fit_class, fit_class_with, fit_split, ClassParams, Objective, Sample,
 };
 use dstwin_calibration::tracefit::host::{fit_host, StepSource};
 use dstwin_calibration::tracefit::{calibrate, TraceOptions, DEFAULT_IDLE_FACTOR};
 use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, CostModel, DType, OpClass};
-use dstwin_traces::profile::{read_path, Profile, ProfileFormat, StepMarker};
+use dstwin_traces::profile::{read_path, KernelRecord, Profile, ProfileFormat, StepMarker};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::PathBuf;
@@ -136,6 +136,70 @@ fn the_total_objective_adds_up_to_the_measured_time() {
     );
     assert_eq!(Objective::parse("total"), Some(Objective::Total));
     assert_eq!(Objective::parse("mean"), None);
+}
+
+#[test]
+fn one_row_kernels_get_their_own_form_when_they_run_another_kernel() {
+    // The GEMMs of TRUTH from 2 rows up, and one-row GEMMs of 36 weight shapes that run a
+    // matrix-vector kernel: memory-bound at 40% of the bandwidth with a 9 us fixed cost.
+    let gemv = ClassParams {
+        compute: 0.72,
+        memory: 0.4,
+        rows_pad: 0.0,
+        fixed_us: 9.0,
+    };
+    let mut samples: Vec<Sample> = gemm_samples(TRUTH, |_| 1.0)
+        .into_iter()
+        .filter(|s| s.rows != Some(1.0))
+        .collect();
+    for k in [512.0, 1024.0, 2048.0, 4096.0, 7168.0, 8192.0] {
+        for n in [256.0, 512.0, 1536.0, 2048.0, 4096.0, 7168.0] {
+            let mut s = Sample {
+                flops: 2.0 * k * n,
+                bytes: 2.0 * (k + k * n + n),
+                rows: None,
+                peak_flops: 989e12,
+                hbm_bytes_per_s: 3.35e12,
+                time_us: 0.0,
+            };
+            s.time_us = gemv.time_us(&s);
+            s.rows = Some(1.0);
+            samples.push(s);
+        }
+    }
+    let f = fit_split(&samples, PRIOR, Objective::Relative).unwrap();
+    let one = f
+        .one_row
+        .as_ref()
+        .expect("the one-row kernels fitted apart");
+    assert_eq!(one.samples, 36);
+    assert!(close(one.params.memory, 0.4, 1e-6), "{one:?}");
+    assert!(close(one.params.fixed_us, 9.0, 1e-5), "{one:?}");
+    // Memory-bound one-row kernels do not see the compute efficiency: the wider ones' stands.
+    assert!(!one.determined.compute);
+    assert!(close(f.main.params.compute, TRUTH.compute, 1e-6), "{f:?}");
+    assert!(close(f.main.params.rows_pad, TRUTH.rows_pad, 1e-5), "{f:?}");
+    assert!(f.rms_error < 1e-9 && f.rms_error_joint > 0.1, "{f:?}");
+    // Kernels of one form everywhere: nothing is split off (it would not lower the error).
+    let same: Vec<Sample> = samples
+        .iter()
+        .map(|s| Sample {
+            time_us: TRUTH.time_us(s),
+            ..*s
+        })
+        .collect();
+    let f = fit_split(&same, PRIOR, Objective::Relative).unwrap();
+    assert!(f.one_row.is_none(), "{f:?}");
+    assert!(f.rms_error < 1e-6, "{f:?}");
+    // Too few one-row kernels to fit apart (the 3 of gemm_samples, with the wider ones).
+    let mut few: Vec<Sample> = samples
+        .iter()
+        .copied()
+        .filter(|s| s.rows != Some(1.0))
+        .collect();
+    few.extend(samples.iter().filter(|s| s.rows == Some(1.0)).take(3));
+    let f = fit_split(&few, PRIOR, Objective::Relative).unwrap();
+    assert!(f.one_row.is_none());
 }
 
 #[test]
@@ -295,23 +359,82 @@ fn host_overhead_comes_from_the_gaps_between_device_steps() {
     assert!((f.step_us - 10.0).abs() < 1e-9, "{f:?}");
     assert!((f.per_seq_us.unwrap() - 10.0).abs() < 1e-9, "{f:?}");
     assert!(f.rms_us < 1e-9);
-    // The CPU engine's real trace: 13 gaps, none idle; more sequences did not take longer
-    // (per_seq_us held at its bound 0), so step_us is the mean gap, 8,152.418 / 13 µs.
+    // The CPU engine's real trace: 13 gaps, none idle. Its ops run one after another, so the
+    // time of a step no op covers is its span less the sum of its ops; the slice keeps the ops
+    // of steps 0 and 10 only, and a step without ops says nothing about its inside.
     let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
     let f = fit_host(&p, DEFAULT_IDLE_FACTOR).unwrap();
     assert_eq!((f.steps, f.gaps, f.idle_gaps), (14, 13, 0));
-    assert_eq!(f.per_seq_us, Some(0.0));
-    assert!((f.step_us - 8_152.418 / 13.0).abs() < 1e-6, "{f:?}");
+    let inner: Vec<f64> = p.steps[1..]
+        .iter()
+        .map(|s| {
+            let ops: u64 = p
+                .kernels
+                .iter()
+                .filter(|k| {
+                    k.start_ns
+                        .is_some_and(|t| t >= s.start_ns && t < s.end_ns())
+                })
+                .map(|k| k.dur_ns)
+                .sum();
+            if ops == 0 {
+                0.0
+            } else {
+                (s.dur_ns - ops) as f64 / 1e3
+            }
+        })
+        .collect();
+    assert_eq!(inner.iter().filter(|x| **x > 0.0).count(), 1, "{inner:?}");
+    let mean_inner = inner.iter().sum::<f64>() / 13.0;
+    assert!((f.in_step_us - mean_inner).abs() < 1e-6, "{f:?} {inner:?}");
+    assert!(mean_inner > 0.0);
+    // The fit's residuals over gap plus inner time have mean 0 (a free offset).
+    let seqs: Vec<f64> = p.steps[1..].iter().map(|s| s.seqs.unwrap() as f64).collect();
+    let fitted: f64 = seqs
+        .iter()
+        .map(|n| f.step_us + f.per_seq_us.unwrap() * n)
+        .sum();
+    let total = 8_152.418 + inner.iter().sum::<f64>();
+    assert!((fitted - total).abs() < 1e-6 * total, "{f:?}");
     // Kernel step ids stand in for markers (Ascend tables); one device, two steps: one gap.
     let p = read_path(fixture("kernel_details_block_dim.csv")).unwrap();
     let f = fit_host(&p, DEFAULT_IDLE_FACTOR).unwrap();
     assert_eq!((f.source, f.gaps), (StepSource::KernelStepIds, 1));
-    // Step 1 ends at 401241 + 402.250 µs, step 2 starts at 402000 µs.
-    assert!((f.step_us - (402_000.0 - 401_643.25)).abs() < 1e-6, "{f:?}");
+    // Step 1 ends at 401241 + 402.250 µs, step 2 starts at 402000 µs; inside step 2 no kernel
+    // runs from 402012.66 to 402013 and from 402324.5 to 402330 (5.84 µs).
+    assert!((f.in_step_us - 5.84).abs() < 1e-6, "{f:?}");
+    assert!(
+        (f.step_us - (402_000.0 - 401_643.25 + 5.84)).abs() < 1e-6,
+        "{f:?}"
+    );
     assert_eq!(f.per_seq_us, None);
     // One host-side step marker: nothing to fit.
     let p = read_path(fixture("kineto_h800_train_slice.json")).unwrap();
     assert!(fit_host(&p, DEFAULT_IDLE_FACTOR).is_none());
+}
+
+#[test]
+fn host_time_counts_what_no_kernel_covers_inside_a_step() {
+    // Two steps on device 0 with a 20 µs gap; the second (100 µs) has kernels 10-40 and
+    // 30-60 (overlapping streams: 50 µs busy) and 70-80: 60 µs busy, 40 µs inside no kernel.
+    let mut p = steps(&[(1000, 100, 1), (1120, 100, 1)]);
+    for (s, d) in [(1130, 30), (1150, 30), (1190, 10)] {
+        let mut k = KernelRecord::new("k".into(), Some(s * 1000), d * 1000, 1);
+        k.device = Some(0);
+        p.kernels.push(k);
+    }
+    // A kernel of another device does not count for device 0.
+    let mut other = KernelRecord::new("k".into(), Some(1_120_000), 100_000, 1);
+    other.device = Some(1);
+    p.kernels.push(other);
+    let f = fit_host(&p, DEFAULT_IDLE_FACTOR).unwrap();
+    assert_eq!(f.gaps, 1);
+    assert!((f.in_step_us - 40.0).abs() < 1e-9, "{f:?}");
+    assert!((f.step_us - 60.0).abs() < 1e-9, "{f:?}");
+    // A device whose kernels the trace does not time says nothing about its steps' insides.
+    p.kernels.retain(|k| k.device == Some(1));
+    let f = fit_host(&p, DEFAULT_IDLE_FACTOR).unwrap();
+    assert_eq!((f.in_step_us, f.step_us), (0.0, 20.0));
 }
 
 #[test]

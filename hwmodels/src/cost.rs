@@ -98,7 +98,8 @@ pub enum A2aMode {
 ///
 /// An op of `F` FLOPs, `B` HBM bytes and `R` rows (the GEMM M dimension: tokens for dense
 /// GEMMs, tokens per expert for grouped GEMMs, query rows for attention) takes
-/// `fixed_us + max(F / (peak x compute) x (R + rows_pad) / R, B / (HBM x memory))`.
+/// `fixed_us + max(F / (peak x compute) x (R + rows_pad) / R, B / (HBM x memory))`; an op of one
+/// row with [`Efficiency::one_row`] given takes that entry's form instead (no padding).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Efficiency {
@@ -113,6 +114,21 @@ pub struct Efficiency {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fixed_us: Option<f64>,
     pub source: String,
+    /// Kernels of one row (a matrix-vector product: one sequence's decode step) where the
+    /// engine runs them as another kernel than wider ones (a GEMV path): their own
+    /// efficiencies and fixed cost. Absent: priced as every other op of the class. Fitted by
+    /// `calibrate --trace` where a trace holds enough of both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_row: Option<OneRow>,
+}
+
+/// The one-row form of an op class ([`Efficiency::one_row`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OneRow {
+    pub compute: f64,
+    pub memory: f64,
+    pub fixed_us: f64,
 }
 
 fn is_zero(v: &f64) -> bool {
@@ -166,6 +182,11 @@ pub struct HostParams {
     /// Per scheduled sequence, µs.
     #[serde(default)]
     pub per_seq_us: f64,
+    /// Front-end time per request, µs: between a client and the engine (HTTP, tokenizing,
+    /// streaming back), on every request's TTFT and end-to-end latency. A scenario's
+    /// `frontend_us` overrides it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub request_us: f64,
     pub source: String,
 }
 
@@ -353,10 +374,17 @@ impl CostParams {
             if let Some(f) = e.fixed_us {
                 check_nonneg(file, &format!("efficiency.{}.fixed_us", c.name()), f)?;
             }
+            if let Some(o) = &e.one_row {
+                let f = |x: &str| format!("efficiency.{}.one_row.{x}", c.name());
+                check_frac(file, f("compute"), o.compute)?;
+                check_frac(file, f("memory"), o.memory)?;
+                check_nonneg(file, &f("fixed_us"), o.fixed_us)?;
+            }
         }
         if let Some(h) = &self.host {
             check_nonneg(file, "host.step_us", h.step_us)?;
             check_nonneg(file, "host.per_seq_us", h.per_seq_us)?;
+            check_nonneg(file, "host.request_us", h.request_us)?;
         }
         let a = &self.alltoall;
         check_nonneg(file, "alltoall.dispatch_base_us", a.dispatch_base_us)?;
@@ -517,6 +545,8 @@ struct ClassCost {
     memory: f64,
     rows_pad: f64,
     fixed_s: f64,
+    /// One-row kernels: compute, memory, fixed seconds.
+    one_row: Option<(f64, f64, f64)>,
 }
 
 impl ClassCost {
@@ -527,6 +557,7 @@ impl ClassCost {
             memory: e.memory,
             rows_pad: e.rows_pad,
             fixed_s: e.fixed_us.unwrap_or(params.op_overhead_us) * 1e-6,
+            one_row: e.one_row.map(|o| (o.compute, o.memory, o.fixed_us * 1e-6)),
         }
     }
 }
@@ -617,7 +648,12 @@ impl CostModel {
     /// kernel when the op does anything.
     pub fn compute(&self, w: &Work) -> Cost {
         let e = self.class(w.class);
-        self.roofline(w, e.compute, e.memory, e.rows_pad, e.fixed_s)
+        match e.one_row {
+            Some((compute, memory, fixed_s)) if w.rows == 1.0 => {
+                self.roofline(w, compute, memory, 0.0, fixed_s)
+            }
+            _ => self.roofline(w, e.compute, e.memory, e.rows_pad, e.fixed_s),
+        }
     }
 
     /// [`CostModel::compute`] of the op named `op`: a kernel with its own entry

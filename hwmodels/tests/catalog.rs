@@ -258,6 +258,46 @@ fn a_cost_file_can_give_only_what_differs_from_a_catalog_model() {
 }
 
 #[test]
+fn one_row_kernels_take_their_own_form_when_the_file_gives_one() {
+    let file = |body: &str| {
+        format!("name = \"mine\"\nsource = \"test\"\ninherits = \"ascend-910c\"\n{body}")
+    };
+    let cm = user_cost_model(
+        "onerow",
+        &file("[efficiency.gemm.one_row]\ncompute = 0.5\nmemory = 0.25\nfixed_us = 7.0\n"),
+    )
+    .unwrap();
+    let base = user_cost_model("onerow-base", &file("")).unwrap();
+    let gemm = |rows: f64| Work {
+        class: OpClass::Gemm,
+        flops: 2.0 * rows * 7168.0 * 1536.0,
+        bytes: 2.0 * (rows * 7168.0 + 7168.0 * 1536.0 + rows * 1536.0),
+        dtype: DType::Bf16,
+        rows,
+    };
+    // One row: the entry's fixed cost and memory efficiency (the in-situ factor still applies).
+    let one = cm.compute(&gemm(1.0));
+    let k = cm.params.in_situ_efficiency;
+    let memory_s = gemm(1.0).bytes / (cm.system.chip.hbm_bytes_per_s() * 0.25 * k);
+    assert!((one.memory_s - memory_s).abs() < 1e-15, "{one:?}");
+    assert!((one.time_s - (7e-6 + memory_s)).abs() < 1e-12, "{one:?}");
+    // Two rows, and other classes at one row: as before.
+    assert_eq!(cm.compute(&gemm(2.0)), base.compute(&gemm(2.0)));
+    let norm = Work {
+        class: OpClass::Elementwise,
+        ..gemm(1.0)
+    };
+    assert_eq!(cm.compute(&norm), base.compute(&norm));
+    // Its fields are validated by name.
+    let err = user_cost_model(
+        "badonerow",
+        &file("[efficiency.gemm.one_row]\ncompute = 0.5\nmemory = 0.0\nfixed_us = 7.0\n"),
+    )
+    .unwrap_err();
+    assert!(err.contains("efficiency.gemm.one_row.memory"), "{err}");
+}
+
+#[test]
 fn normal_mode_combine_has_its_own_efficiency_when_given() {
     let normal = |cm: &dstwin_hwmodels::CostModel, kind| {
         cm.comm(&Comm {

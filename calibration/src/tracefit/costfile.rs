@@ -65,6 +65,17 @@ fn class_source(r: &ClassReport, traces: &str, base: &str) -> Option<String> {
             kept.join(", ")
         );
     }
+    if let (Some(o), Some((split, joint))) = (&r.one_row, r.rms_error_split) {
+        let _ = write!(
+            s,
+            "; one_row: {} one-row kernels fitted apart (rms error {}, max {}), the others above; over all the class's kernels rms {} against {} as one form",
+            o.samples,
+            pct(o.rms_error),
+            pct(o.max_error),
+            pct(split),
+            pct(joint)
+        );
+    }
     Some(s)
 }
 
@@ -95,6 +106,11 @@ pub fn cost_file(
                     if let Some(v) = e.get(field).and_then(Value::as_float) {
                         e.insert(field.into(), Value::Float(sig(v * k)));
                     }
+                    if let Some(Value::Table(o)) = e.get_mut("one_row") {
+                        if let Some(v) = o.get(field).and_then(Value::as_float) {
+                            o.insert(field.into(), Value::Float(sig(v * k)));
+                        }
+                    }
                 }
                 if let Some(Value::String(src)) = e.get_mut("source") {
                     src.push_str(&format!(" (times in_situ_efficiency {k}, folded in)"));
@@ -123,6 +139,13 @@ pub fn cost_file(
             e.insert("rows_pad".into(), Value::Float(sig(f.params.rows_pad)));
             e.insert("fixed_us".into(), Value::Float(sig(f.params.fixed_us)));
             e.insert("source".into(), Value::String(source));
+            if let Some(o) = &r.one_row {
+                let mut t = Table::new();
+                t.insert("compute".into(), Value::Float(sig(o.params.compute)));
+                t.insert("memory".into(), Value::Float(sig(o.params.memory)));
+                t.insert("fixed_us".into(), Value::Float(sig(o.params.fixed_us)));
+                e.insert("one_row".into(), Value::Table(t));
+            }
             eff.insert(r.class.name().into(), Value::Table(e));
         }
     }
@@ -141,10 +164,11 @@ pub fn cost_file(
         table.insert(
             "source".into(),
             Value::String(format!(
-                "fit by dstwin calibrate --trace to {} gaps between {} device steps of {} ({} idle gaps left out): rms {:.1} us{}",
+                "fit by dstwin calibrate --trace to {} gaps between {} device steps of {} and the time inside them no kernel covers (mean {:.1} us; {} idle gaps left out): rms {:.1} us{}",
                 f.gaps,
                 f.steps,
                 h.origin,
+                f.in_step_us,
                 f.idle_gaps,
                 f.rms_us,
                 if f.per_seq_us.is_none() {
@@ -155,6 +179,27 @@ pub fn cost_file(
             )),
         );
         t.insert("host".into(), Value::Table(table));
+    }
+    if let Some(fe) = &cal.frontend {
+        let host = t.entry("host").or_insert_with(|| {
+            let mut h = Table::new();
+            h.insert("step_us".into(), Value::Float(0.0));
+            h.insert(
+                "source".into(),
+                Value::String("no device steps in the traces: step time 0".into()),
+            );
+            Value::Table(h)
+        });
+        if let Value::Table(h) = host {
+            h.insert("request_us".into(), Value::Float(sig(fe.request_us)));
+            if let Some(Value::String(src)) = h.get_mut("source") {
+                src.push_str(&format!(
+                    "; request_us: mean client TTFT less the server's over {} requests of {}",
+                    fe.requests,
+                    fe.origins.join(", ")
+                ));
+            }
+        }
     }
     // What the traces now determine leaves the list `dstwin calibrate` fits to the end-to-end
     // anchors: a refit would overwrite measured kernels with a figure that only constrains

@@ -327,6 +327,90 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Fits one class to its samples over relative errors ([`fit_class_with`]).
+/// Fewest kernels on each side (one row, more rows) for a class's one-row kernels to get their
+/// own fit.
+pub const MIN_ONE_ROW: usize = 32;
+
+/// A class fitted with its one-row kernels apart ([`fit_split`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SplitFit {
+    /// The class's form, fitted to every kernel or, with `one_row`, to those of more rows.
+    pub main: EfficiencyFit,
+    /// The one-row kernels' own form (no tile padding): where the class has at least
+    /// [`MIN_ONE_ROW`] kernels of one row and as many of more, and fitting them apart lowers
+    /// the rms relative error over all of the class's kernels by a tenth and by at least one
+    /// point. (Engines run a one-row product as a
+    /// matrix-vector kernel: on the CPU engine a one-row projection takes a fifth of a two-row
+    /// one.)
+    pub one_row: Option<EfficiencyFit>,
+    /// Relative errors over every kernel of the class under the fit used.
+    pub rms_error: f64,
+    /// The same with one form for every kernel (the fit without a one-row part).
+    pub rms_error_joint: f64,
+}
+
+/// Fits a class, its one-row kernels apart when they are enough and it pays ([`SplitFit`]).
+pub fn fit_split(samples: &[Sample], prior: ClassParams, objective: Objective) -> Option<SplitFit> {
+    let joint = fit_class_with(samples, prior, objective)?;
+    let one = |s: &Sample| s.rows == Some(1.0);
+    let ones: Vec<Sample> = samples
+        .iter()
+        .filter(|s| one(s))
+        .map(|s| Sample { rows: None, ..*s })
+        .collect();
+    let wider: Vec<Sample> = samples.iter().copied().filter(|s| !one(s)).collect();
+    let apart = (ones.len() >= MIN_ONE_ROW && wider.len() >= MIN_ONE_ROW)
+        .then(|| {
+            let main = fit_class_with(&wider, prior, objective)?;
+            let first = ClassParams {
+                rows_pad: 0.0,
+                ..main.params
+            };
+            let single = fit_held(&ones, first, objective, true)?;
+            Some((main, single))
+        })
+        .flatten();
+    let rms = |r: &[f64]| (r.iter().map(|x| x * x).sum::<f64>() / r.len().max(1) as f64).sqrt();
+    let joint_rms = joint.rms_error;
+    match apart {
+        Some((main, single)) => {
+            let r: Vec<f64> = samples
+                .iter()
+                .map(|s| {
+                    let t = if one(s) {
+                        single.params.time_us(&Sample { rows: None, ..*s })
+                    } else {
+                        main.params.time_us(s)
+                    };
+                    t / s.time_us - 1.0
+                })
+                .collect();
+            let split_rms = rms(&r);
+            // Three more parameters must earn their keep: a tenth of the error and a point.
+            if split_rms < 0.9 * joint_rms && joint_rms - split_rms > 0.01 {
+                return Some(SplitFit {
+                    main,
+                    one_row: Some(single),
+                    rms_error: split_rms,
+                    rms_error_joint: joint_rms,
+                });
+            }
+            Some(SplitFit {
+                main: joint,
+                one_row: None,
+                rms_error: joint_rms,
+                rms_error_joint: joint_rms,
+            })
+        }
+        None => Some(SplitFit {
+            main: joint,
+            one_row: None,
+            rms_error: joint_rms,
+            rms_error_joint: joint_rms,
+        }),
+    }
+}
+
 pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit> {
     fit_class_with(samples, prior, Objective::Relative)
 }
@@ -337,6 +421,19 @@ pub fn fit_class_with(
     samples: &[Sample],
     prior: ClassParams,
     objective: Objective,
+) -> Option<EfficiencyFit> {
+    fit_held(samples, prior, objective, false)
+}
+
+/// [`fit_class_with`], with the compute efficiency and the tile padding held at `prior`'s when
+/// `hold_compute` (one-row kernels: a matrix-vector product's FLOPs and bytes grow together,
+/// so the two efficiencies cannot be told apart, and the wider kernels' compute efficiency
+/// stands).
+fn fit_held(
+    samples: &[Sample],
+    prior: ClassParams,
+    objective: Objective,
+    hold_compute: bool,
 ) -> Option<EfficiencyFit> {
     let samples: Vec<Sample> = samples
         .iter()
@@ -354,9 +451,9 @@ pub fn fit_class_with(
     }
     let n = samples.len();
     let mut holds = Holds {
-        compute: None,
+        compute: hold_compute.then_some(prior.compute),
         memory: None,
-        rows_pad: None,
+        rows_pad: hold_compute.then_some(prior.rows_pad),
         fixed_us: (n < 2).then_some(prior.fixed_us),
     };
     let mut weights = vec![1.0; n];

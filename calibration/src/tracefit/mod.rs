@@ -23,7 +23,7 @@ use crate::kernels::{
 use comm::{alpha_beta, fit_collective, AlphaBeta, CollectiveFit, CommSample, GroupKey};
 use dstwin_hwmodels::{CostModel, DType, OpClass};
 use dstwin_traces::profile::{Profile, ProfileFormat};
-use efficiency::{fit_class_with, ClassParams, EfficiencyFit, Objective, Sample};
+use efficiency::{fit_split, ClassParams, EfficiencyFit, Objective, Sample};
 use host::{fit_host, HostFit};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -91,7 +91,12 @@ pub struct ClassReport {
     pub with_work: usize,
     /// The hardware's shipped parameters, the prior of what the samples cannot determine.
     pub prior: Option<ClassParams>,
+    /// The class's form (fitted to the kernels of more than one row when `one_row` is there).
     pub fit: Option<EfficiencyFit>,
+    /// The one-row kernels' own form ([`efficiency::SplitFit`]).
+    pub one_row: Option<EfficiencyFit>,
+    /// With `one_row`: relative errors over every kernel of the class, split and as one form.
+    pub rms_error_split: Option<(f64, f64)>,
 }
 
 /// Host overhead of one trace.
@@ -114,6 +119,54 @@ pub struct TraceCalibration {
     pub alpha_beta: Vec<AlphaBeta>,
     pub collective: Option<CollectiveFit>,
     pub host: Vec<HostReport>,
+    /// The front end's time per request, from benchmark results of the profiled runs (set by
+    /// the caller: [`FrontEnd::from_bench`]).
+    pub frontend: Option<FrontEnd>,
+}
+
+/// The front end's time per request: what a client's TTFT adds to the server's (HTTP,
+/// tokenizing, streaming back), from `bench-serve` results that carry both.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FrontEnd {
+    pub request_us: f64,
+    /// Requests the means were over.
+    pub requests: u64,
+    /// The results read, for the source.
+    pub origins: Vec<String>,
+}
+
+impl FrontEnd {
+    /// From `(origin, result JSON)` pairs: per result the client's mean TTFT less the
+    /// server's, weighed by completed requests. Errors name the result and the field.
+    pub fn from_bench(results: &[(String, serde_json::Value)]) -> Result<FrontEnd, String> {
+        let (mut sum, mut n) = (0.0, 0u64);
+        for (origin, v) in results {
+            let num = |k: &str| -> Result<f64, String> {
+                v.get(k).and_then(serde_json::Value::as_f64).ok_or_else(|| {
+                    format!(
+                        "{origin}: {k} is {}: a bench-serve result of the profiled run is needed,                          against a server that exports vllm:time_to_first_token_seconds",
+                        v.get(k).map_or("missing".to_string(), |x| x.to_string())
+                    )
+                })
+            };
+            let (client, server) = (num("mean_ttft_ms")?, num("server_mean_ttft_ms")?);
+            let done = num("completed")?;
+            if !(done >= 1.0 && client.is_finite() && server.is_finite()) {
+                return Err(format!("{origin}: no completed request to compare"));
+            }
+            sum += (client - server) * 1e3 * done;
+            n += done as u64;
+        }
+        if n == 0 {
+            return Err("no benchmark result".into());
+        }
+        Ok(FrontEnd {
+            // The server cannot be slower than its client sees it: noise is clipped at 0.
+            request_us: (sum / n as f64).max(0.0),
+            requests: n,
+            origins: results.iter().map(|(o, _)| o.clone()).collect(),
+        })
+    }
 }
 
 /// The shipped parameters of a class in the fitted form: the class's efficiencies times the
@@ -218,12 +271,20 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
         .map(|&class| {
             let s = samples.remove(&class).unwrap_or_default();
             let prior = opts.cost.as_ref().map(|cm| prior_params(cm, class));
+            let split = prior.and_then(|p| fit_split(&s, p, opts.objective));
+            let rms_error_split = split
+                .as_ref()
+                .filter(|f| f.one_row.is_some())
+                .map(|f| (f.rms_error, f.rms_error_joint));
+            let (fit, one_row) = split.map_or((None, None), |f| (Some(f.main), f.one_row));
             ClassReport {
                 class,
                 kernels: counts.get(&class).copied().unwrap_or(0),
                 with_work: s.len(),
                 prior,
-                fit: prior.and_then(|p| fit_class_with(&s, p, opts.objective)),
+                fit,
+                one_row,
+                rms_error_split,
             }
         })
         .collect();
@@ -245,5 +306,6 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                 fit: fit_host(p, opts.idle_factor),
             })
             .collect(),
+        frontend: None,
     }
 }

@@ -330,7 +330,7 @@ impl<'s, 'o> Sim<'s, 'o> {
                     r.first_token = Some(now);
                     r.last_token = now;
                     if r.arrival >= self.warmup {
-                        self.lat.ttft.record(now - r.arrival);
+                        self.lat.ttft.record(now - r.arrival + self.s.frontend);
                     }
                     if mixed && measured {
                         // Mixed instances: the prompt is computed when the first token comes.
@@ -454,8 +454,9 @@ impl<'s, 'o> Sim<'s, 'o> {
         };
         self.finished += 1;
         let first = r.first_token.unwrap_or(now);
-        let ttft = first - r.arrival;
-        let e2e = now - r.arrival;
+        // The front end's time is the client's, on top of the engine's (scenario docs).
+        let ttft = first - r.arrival + self.s.frontend;
+        let e2e = now - r.arrival + self.s.frontend;
         let tpot = if r.output > 1 {
             SimDuration((now - first).0 / (r.output as u64 - 1))
         } else {

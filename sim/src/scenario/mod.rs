@@ -122,6 +122,9 @@ pub struct Scenario {
     pub duration: Option<SimDuration>,
     /// Statistics start here.
     pub warmup: SimDuration,
+    /// Front-end time added to every request's TTFT and end-to-end latency: the scenario's
+    /// `frontend_us`, else the cost file's `[host] request_us`, else 0.
+    pub frontend: SimDuration,
     /// FNV-1a of the scenario after overrides, as TOML: reports record it.
     pub hash: String,
     /// The scenario after overrides, as TOML.

@@ -39,6 +39,12 @@ pub struct ScenarioFile {
     /// started before it; rates are over the time after it.
     #[serde(default)]
     pub warmup_s: f64,
+    /// Front-end time per request, µs: the HTTP server, tokenizing and streaming between the
+    /// client and the engine, added to every request's TTFT and end-to-end latency (not to
+    /// TPOT). Default: the cost file's `[host] request_us` (fitted by `calibrate --trace
+    /// --bench`), else 0.
+    #[serde(default)]
+    pub frontend_us: Option<f64>,
     #[serde(default)]
     pub mtp: MtpSpec,
     #[serde(default)]

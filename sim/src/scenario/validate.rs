@@ -34,6 +34,13 @@ pub(super) fn validate(
             ));
         }
     }
+    if let Some(f) = raw.frontend_us.filter(|f| !(f.is_finite() && *f >= 0.0)) {
+        return Err(field(
+            "frontend_us",
+            f,
+            "must be a number of microseconds >= 0",
+        ));
+    }
     if !(raw.warmup_s.is_finite() && raw.warmup_s >= 0.0) {
         return Err(field(
             "warmup_s",
@@ -303,6 +310,12 @@ pub(super) fn validate(
     }
     let workload = raw.workload.validate()?;
     let ms = |v: Option<f64>| v.map(|x| SimDuration::from_secs_f64(x / 1e3));
+    let frontend = SimDuration::from_secs_f64(
+        raw.frontend_us
+            .or(cost.params.host.as_ref().map(|h| h.request_us))
+            .unwrap_or(0.0)
+            * 1e-6,
+    );
     Ok(Scenario {
         name: raw.name,
         description: raw.description,
@@ -333,6 +346,7 @@ pub(super) fn validate(
         },
         duration: raw.duration_s.map(SimDuration::from_secs_f64),
         warmup: SimDuration::from_secs_f64(raw.warmup_s),
+        frontend,
         hash: fnv1a(&canonical),
         canonical,
     })
