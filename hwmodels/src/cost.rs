@@ -98,8 +98,8 @@ pub enum A2aMode {
 ///
 /// An op of `F` FLOPs, `B` HBM bytes and `R` rows (the GEMM M dimension: tokens for dense
 /// GEMMs, tokens per expert for grouped GEMMs, query rows for attention) takes
-/// `fixed_us + max(F / (peak x compute) x (R + rows_pad) / R, B / (HBM x memory))`; an op of one
-/// row with [`Efficiency::one_row`] given takes that entry's form instead (no padding).
+/// `fixed_us + max(F / (peak x compute) x (R + rows_pad) / R, B / (HBM x memory))`; an op of at
+/// most one row with [`Efficiency::one_row`] given takes that entry's form instead (no padding).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Efficiency {
@@ -114,7 +114,8 @@ pub struct Efficiency {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fixed_us: Option<f64>,
     pub source: String,
-    /// Kernels of one row (a matrix-vector product: one sequence's decode step) where the
+    /// Kernels of at most one row (a matrix-vector product: one sequence's decode step; the
+    /// fraction of a row sparse expert parallelism expects per expert) where the
     /// engine runs them as another kernel than wider ones (a GEMV path): their own
     /// efficiencies and fixed cost. Absent: priced as every other op of the class. Fitted by
     /// `calibrate --trace` where a trace holds enough of both.
@@ -649,7 +650,7 @@ impl CostModel {
     pub fn compute(&self, w: &Work) -> Cost {
         let e = self.class(w.class);
         match e.one_row {
-            Some((compute, memory, fixed_s)) if w.rows == 1.0 => {
+            Some((compute, memory, fixed_s)) if w.rows > 0.0 && w.rows <= 1.0 => {
                 self.roofline(w, compute, memory, 0.0, fixed_s)
             }
             _ => self.roofline(w, e.compute, e.memory, e.rows_pad, e.fixed_s),

@@ -281,6 +281,12 @@ fn one_row_kernels_take_their_own_form_when_the_file_gives_one() {
     let memory_s = gemm(1.0).bytes / (cm.system.chip.hbm_bytes_per_s() * 0.25 * k);
     assert!((one.memory_s - memory_s).abs() < 1e-15, "{one:?}");
     assert!((one.time_s - (7e-6 + memory_s)).abs() < 1e-12, "{one:?}");
+    // Less than a row (sparse expert parallelism's expected rows per expert): one row's form.
+    let half = cm.compute(&gemm(0.5));
+    assert!(
+        (half.time_s - (7e-6 + half.memory_s)).abs() < 1e-12,
+        "{half:?}"
+    );
     // Two rows, and other classes at one row: as before.
     assert_eq!(cm.compute(&gemm(2.0)), base.compute(&gemm(2.0)));
     let norm = Work {

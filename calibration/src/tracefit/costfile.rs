@@ -180,6 +180,16 @@ pub fn cost_file(
         );
         t.insert("host".into(), Value::Table(table));
     }
+    // A refit without a benchmark keeps the base file's front end.
+    let base_request = base
+        .host
+        .as_ref()
+        .map(|h| h.request_us)
+        .filter(|r| *r > 0.0);
+    if let (None, Some(r), Some(Value::Table(h))) = (&cal.frontend, base_request, t.get_mut("host"))
+    {
+        h.entry("request_us").or_insert(Value::Float(r));
+    }
     if let Some(fe) = &cal.frontend {
         let host = t.entry("host").or_insert_with(|| {
             let mut h = Table::new();

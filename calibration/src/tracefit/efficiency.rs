@@ -351,8 +351,11 @@ pub struct SplitFit {
 
 /// Fits a class, its one-row kernels apart when they are enough and it pays ([`SplitFit`]).
 pub fn fit_split(samples: &[Sample], prior: ClassParams, objective: Objective) -> Option<SplitFit> {
-    let joint = fit_class_with(samples, prior, objective)?;
-    let one = |s: &Sample| s.rows == Some(1.0);
+    // The samples every fit keeps, so that both errors are over the same kernels.
+    let samples: Vec<Sample> = samples.iter().copied().filter(usable).collect();
+    let joint = fit_class_with(&samples, prior, objective)?;
+    // At most one row: one, or the fraction sparse expert parallelism expects per expert.
+    let one = |s: &Sample| s.rows.is_some_and(|r| r > 0.0 && r <= 1.0);
     let ones: Vec<Sample> = samples
         .iter()
         .filter(|s| one(s))
@@ -425,6 +428,15 @@ pub fn fit_class_with(
     fit_held(samples, prior, objective, false)
 }
 
+/// A sample a fit can use: a positive time and finite work.
+fn usable(s: &Sample) -> bool {
+    let (a, b, d) = s.features();
+    s.time_us > 0.0
+        && s.time_us.is_finite()
+        && [a, b, d].iter().all(|x| x.is_finite() && *x >= 0.0)
+        && a + d > 0.0
+}
+
 /// [`fit_class_with`], with the compute efficiency and the tile padding held at `prior`'s when
 /// `hold_compute` (one-row kernels: a matrix-vector product's FLOPs and bytes grow together,
 /// so the two efficiencies cannot be told apart, and the wider kernels' compute efficiency
@@ -435,17 +447,7 @@ fn fit_held(
     objective: Objective,
     hold_compute: bool,
 ) -> Option<EfficiencyFit> {
-    let samples: Vec<Sample> = samples
-        .iter()
-        .copied()
-        .filter(|s| {
-            let (a, b, d) = s.features();
-            s.time_us > 0.0
-                && s.time_us.is_finite()
-                && [a, b, d].iter().all(|x| x.is_finite() && *x >= 0.0)
-                && a + d > 0.0
-        })
-        .collect();
+    let samples: Vec<Sample> = samples.iter().copied().filter(usable).collect();
     if samples.is_empty() {
         return None;
     }

@@ -13,8 +13,10 @@
 //!
 //! Gaps longer than `idle_factor` times the median gap are the engine idling without work, not
 //! overhead, and are left out (counted). Overlapping steps (the host ran ahead) give a gap of 0.
-//! Fit: `gap + idle in the next step = step_us + per_seq_us x seqs of the next step` by least squares (both >= 0) when
-//! the steps carry their sequence counts and at least two differ; else `step_us` is the mean gap.
+//! Fit: `gap + idle in the next step = step_us + per_seq_us x seqs of the next step` by least
+//! squares (both >= 0) when the steps carry their sequence counts and at least two differ; else
+//! `step_us` is the mean. When the trace keeps the kernels of some steps only (a slice), the
+//! gaps alone are fitted and the mean inside of the steps it keeps is added to `step_us`.
 
 use crate::lsq::bounded_lstsq;
 use dstwin_traces::profile::Profile;
@@ -41,7 +43,8 @@ pub struct HostFit {
     pub gaps: usize,
     pub idle_gaps: usize,
     pub median_gap_us: f64,
-    /// Mean time per step inside the step not covered by a kernel (part of the fitted time).
+    /// Mean time per step inside the step not covered by a kernel, over the steps whose
+    /// kernels the trace has (part of the fitted time).
     pub in_step_us: f64,
     /// Residuals of the fit over the gaps used, µs.
     pub rms_us: f64,
@@ -84,20 +87,16 @@ pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
     let (source, mut spans) = spans(p)?;
     spans.sort_by_key(|s| (s.0, s.1));
     let busy = Busy::new(p);
-    // (gap µs, idle inside the next step µs, sequences of the next step)
-    let mut gaps: Vec<(f64, f64, Option<u64>)> = Vec::new();
+    // (gap µs, idle inside the next step µs when its kernels are in the trace, sequences of
+    // the next step)
+    let mut gaps: Vec<(f64, Option<f64>, Option<u64>)> = Vec::new();
     for w in spans.windows(2) {
         let (a, b) = (&w[0], &w[1]);
         if a.0 == b.0 {
-            // A step without timed kernels says nothing about its inside.
             let inner = busy
                 .within(b.0, b.1, b.2)
-                .map_or(0, |k| b.2.saturating_sub(b.1).saturating_sub(k));
-            gaps.push((
-                b.1.saturating_sub(a.2) as f64 / 1e3,
-                inner as f64 / 1e3,
-                b.3,
-            ));
+                .map(|k| b.2.saturating_sub(b.1).saturating_sub(k) as f64 / 1e3);
+            gaps.push((b.1.saturating_sub(a.2) as f64 / 1e3, inner, b.3));
         }
     }
     if gaps.is_empty() {
@@ -106,18 +105,21 @@ pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
     let mut sorted: Vec<f64> = gaps.iter().map(|g| g.0).collect();
     sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
-    // Idle is told by the gap alone; the time fitted is the gap and the step's own idle.
-    let kept: Vec<(f64, Option<u64>)> = gaps
+    // Idle is told by the gap alone.
+    let used: Vec<&(f64, Option<f64>, Option<u64>)> = gaps
         .iter()
         .filter(|g| median <= 0.0 || g.0 <= idle_factor * median)
-        .map(|g| (g.0 + g.1, g.2))
         .collect();
-    let in_step_us = gaps
+    let inner: Vec<f64> = used.iter().filter_map(|g| g.1).collect();
+    let in_step_us = inner.iter().sum::<f64>() / inner.len().max(1) as f64;
+    // Every step's inside known: each sample is its gap and its inside. A trace that keeps some
+    // steps' kernels only (a slice): the gaps are fitted, and the mean inside of the steps it
+    // keeps is added to the fixed part (a step without kernels says nothing about its inside).
+    let whole = inner.len() == used.len();
+    let kept: Vec<(f64, Option<u64>)> = used
         .iter()
-        .filter(|g| median <= 0.0 || g.0 <= idle_factor * median)
-        .map(|g| g.1)
-        .sum::<f64>()
-        / kept.len() as f64;
+        .map(|g| (g.0 + if whole { g.1.unwrap_or(0.0) } else { 0.0 }, g.2))
+        .collect();
     let idle = gaps.len() - kept.len();
     let seqs: Option<Vec<f64>> = kept.iter().map(|g| g.1.map(|s| s as f64)).collect();
     let varied = seqs.as_ref().is_some_and(|s| s.iter().any(|x| *x != s[0]));
@@ -141,7 +143,7 @@ pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
         .map(|g| step_us + per_seq.unwrap_or(0.0) * g.1.unwrap_or(0) as f64 - g.0)
         .collect();
     Some(HostFit {
-        step_us,
+        step_us: if whole { step_us } else { step_us + in_step_us },
         per_seq_us: per_seq,
         source,
         steps: spans.len(),

@@ -144,7 +144,7 @@ impl FrontEnd {
             let num = |k: &str| -> Result<f64, String> {
                 v.get(k).and_then(serde_json::Value::as_f64).ok_or_else(|| {
                     format!(
-                        "{origin}: {k} is {}: a bench-serve result of the profiled run is needed,                          against a server that exports vllm:time_to_first_token_seconds",
+                        "{origin}: {k} is {}: a bench-serve result of the profiled run is needed, against a server that exports vllm:time_to_first_token_seconds",
                         v.get(k).map_or("missing".to_string(), |x| x.to_string())
                     )
                 })

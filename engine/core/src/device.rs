@@ -384,9 +384,10 @@ pub trait Device {
     fn acceptance(&self) -> Option<Acceptance> {
         None
     }
-    /// The driver has no step for the device: a moment for work that must stay off the step
-    /// path (a real engine writing its profile), done in short slices. True while more is
-    /// left, and the driver calls again unless a step has come. Nothing by default.
+    /// The driver has had no step for the device for a while (the wall-clock driver: 1 ms): a
+    /// moment for work that must stay off the step path (a real engine writing its profile),
+    /// done in short slices. True while more is left, and the driver calls again unless a step
+    /// has come; when the driver stops it calls until false. Nothing by default.
     fn idle(&mut self) -> bool {
         false
     }

@@ -11,15 +11,15 @@
 //! Recording must not change what it measures: the calibration fits the twin to these times,
 //! and the twin then predicts the engine running without a profiler. So a step only reads the
 //! clock and keeps its events as they are; at the end of the step they move to a [`TraceSink`]
-//! shared by the deployment's devices, which writes them out when a device has nothing to run
-//! ([`TraceSink::flush_some`], in slices, from the device's idle hook), when too many wait
-//! ([`PENDING_CAP`]), and at [`TraceSink::flush`]. After every write the file is a complete
-//! JSON document. (Writing each step's events at its end, as the engine first did, cost the
-//! tiny model's decode steps about 40% of their time.)
+//! shared by the deployment's devices, which writes them out when a device has had nothing to
+//! run for a while ([`TraceSink::flush_some`], in short slices, from the device's idle hook),
+//! when too many wait ([`PENDING_CAP`]), and at [`TraceSink::flush`]. After every write the
+//! file is a complete JSON document. (Writing each step's events at its end, as the engine
+//! first did, cost the tiny model's decode steps about 40% of their time.)
 
 use dstwin_core::opgraph::LayerKind;
 use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::Path;
@@ -46,9 +46,8 @@ struct Sink {
     out: BufWriter<File>,
     empty: bool,
     error: Option<String>,
-    /// Recorded, not yet written (oldest first from `next`).
-    pending: Vec<Event>,
-    next: usize,
+    /// Recorded, not yet written, oldest first.
+    pending: VecDeque<Event>,
     /// [`PENDING_CAP`] (smaller in tests).
     cap: usize,
 }
@@ -86,8 +85,7 @@ impl TraceSink {
                 out,
                 empty: true,
                 error: None,
-                pending: Vec::new(),
-                next: 0,
+                pending: VecDeque::new(),
                 cap,
             })),
             origin: Instant::now(),
@@ -103,8 +101,8 @@ impl TraceSink {
             events.clear();
             return;
         }
-        s.pending.append(events);
-        if s.pending.len() - s.next > s.cap {
+        s.pending.extend(events.drain(..));
+        if s.pending.len() > s.cap {
             self.write(&mut s, usize::MAX);
         }
     }
@@ -116,7 +114,7 @@ impl TraceSink {
             return false;
         };
         self.write(&mut s, max);
-        s.error.is_none() && s.next < s.pending.len()
+        s.error.is_none() && !s.pending.is_empty()
     }
 
     /// Writes every waiting event (at the end of a run, before the file is read).
@@ -124,10 +122,10 @@ impl TraceSink {
         self.flush_some(usize::MAX);
     }
 
-    /// Appends up to `max` waiting events to the file.
+    /// Appends up to `max` waiting events to the file (written ones are dropped at once).
     fn write(&self, s: &mut Sink, max: usize) {
-        let end = s.pending.len().min(s.next.saturating_add(max));
-        if end == s.next {
+        let n = s.pending.len().min(max);
+        if n == 0 {
             return;
         }
         let Sink {
@@ -135,20 +133,14 @@ impl TraceSink {
             empty,
             error,
             pending,
-            next,
             ..
         } = s;
         emit(
             out,
             empty,
             error,
-            pending[*next..end].iter_mut().map(|e| self.json(e)),
+            pending.drain(..n).map(|mut e| self.json(&mut e)),
         );
-        s.next = end;
-        if s.next == s.pending.len() {
-            s.pending.clear();
-            s.next = 0;
-        }
     }
 
     /// The event as the trace has it.

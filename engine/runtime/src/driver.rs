@@ -94,6 +94,10 @@ struct Control {
 }
 
 /// Starts the device threads and the control task.
+/// How long a device thread waits for the next step before it counts as idle
+/// ([`dstwin_core::device::Device::idle`]).
+const IDLE_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
+
 pub(crate) fn spawn(
     shared: Weak<Shared>,
     instances: Vec<crate::ServeInstance>,
@@ -121,21 +125,37 @@ pub(crate) fn spawn(
         std::thread::Builder::new()
             .name(format!("device-{}", si.spec.name))
             .spawn(move || {
+                use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
+                // Whether no plan came for IDLE_AFTER since the last step: the device is idle
+                // (a busy engine's next plan follows its last step within microseconds).
+                let mut quiet = false;
                 loop {
-                    // A step waiting runs first; with none, the device may use the moment.
-                    let plan = match rx.try_recv() {
-                        Ok(plan) => plan,
-                        Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    // A step waiting runs first; with none, the device may use the moment, in
+                    // slices, looking for a step between them.
+                    let next = match rx.try_recv() {
+                        Ok(plan) => Some(plan),
+                        Err(TryRecvError::Disconnected) => None,
+                        Err(TryRecvError::Empty) if !quiet => match rx.recv_timeout(IDLE_AFTER) {
+                            Ok(plan) => Some(plan),
+                            Err(RecvTimeoutError::Disconnected) => None,
+                            Err(RecvTimeoutError::Timeout) => {
+                                quiet = true;
+                                continue;
+                            }
+                        },
+                        Err(TryRecvError::Empty) => {
                             if device.idle() {
                                 continue;
                             }
-                            match rx.recv() {
-                                Ok(plan) => plan,
-                                Err(_) => return,
-                            }
+                            rx.recv().ok()
                         }
-                        Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
                     };
+                    let Some(plan) = next else {
+                        // The runtime is gone: what the device keeps for idle moments is done now.
+                        while device.idle() {}
+                        return;
+                    };
+                    quiet = false;
                     let mut out = StepOutcome::default();
                     let result = device.execute(&plan, &mut out).map(|_| out);
                     if done.send(Done { inst: i, result }).is_err() {
