@@ -445,16 +445,12 @@ fn ttft_histogram(text: &str) -> Option<(f64, f64)> {
 
 /// The server's TTFT histogram now, when it has `/metrics` with one.
 async fn server_ttft(client: &HttpClient, base: &str) -> Option<(f64, f64)> {
-    let url = format!("{base}/metrics");
-    let resp = client.get(url.parse().ok()?).await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let body = resp.into_body().collect().await.ok()?.to_bytes();
+    let body = get_body(client, &format!("{base}/metrics")).await.ok()?;
     ttft_histogram(&String::from_utf8_lossy(&body))
 }
 
-async fn get_json(client: &HttpClient, url: &str) -> anyhow::Result<serde_json::Value> {
+/// The body of a successful GET of `url`.
+async fn get_body(client: &HttpClient, url: &str) -> anyhow::Result<Bytes> {
     let resp = client
         .get(url.parse().with_context(|| format!("bad URL {url}"))?)
         .await
@@ -464,7 +460,11 @@ async fn get_json(client: &HttpClient, url: &str) -> anyhow::Result<serde_json::
     if !status.is_success() {
         return Err(anyhow!("GET {url}: {status}"));
     }
-    Ok(serde_json::from_slice(&body)?)
+    Ok(body)
+}
+
+async fn get_json(client: &HttpClient, url: &str) -> anyhow::Result<serde_json::Value> {
+    Ok(serde_json::from_slice(&get_body(client, url).await?)?)
 }
 
 /// Whether a streamed chunk's JSON `payload` is a token chunk, and whether it has text. A token

@@ -373,10 +373,10 @@ pub fn fit_split(samples: &[Sample], prior: ClassParams, objective: Objective) -
             Some((main, single))
         })
         .flatten();
-    let rms = |r: &[f64]| (r.iter().map(|x| x * x).sum::<f64>() / r.len().max(1) as f64).sqrt();
     let joint_rms = joint.rms_error;
-    match apart {
-        Some((main, single)) => {
+    // Three more parameters must earn their keep: a tenth of the error and a point.
+    let split = apart
+        .map(|(main, single)| {
             let r: Vec<f64> = samples
                 .iter()
                 .map(|s| {
@@ -388,30 +388,24 @@ pub fn fit_split(samples: &[Sample], prior: ClassParams, objective: Objective) -
                     t / s.time_us - 1.0
                 })
                 .collect();
-            let split_rms = rms(&r);
-            // Three more parameters must earn their keep: a tenth of the error and a point.
-            if split_rms < 0.9 * joint_rms && joint_rms - split_rms > 0.01 {
-                return Some(SplitFit {
-                    main,
-                    one_row: Some(single),
-                    rms_error: split_rms,
-                    rms_error_joint: joint_rms,
-                });
-            }
-            Some(SplitFit {
-                main: joint,
-                one_row: None,
-                rms_error: joint_rms,
-                rms_error_joint: joint_rms,
-            })
-        }
-        None => Some(SplitFit {
+            let rms = (r.iter().map(|x| x * x).sum::<f64>() / r.len().max(1) as f64).sqrt();
+            (main, single, rms)
+        })
+        .filter(|&(_, _, rms)| rms < 0.9 * joint_rms && joint_rms - rms > 0.01);
+    Some(match split {
+        Some((main, single, rms)) => SplitFit {
+            main,
+            one_row: Some(single),
+            rms_error: rms,
+            rms_error_joint: joint_rms,
+        },
+        None => SplitFit {
             main: joint,
             one_row: None,
             rms_error: joint_rms,
             rms_error_joint: joint_rms,
-        }),
-    }
+        },
+    })
 }
 
 pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit> {

@@ -28,6 +28,8 @@ use std::time::Instant;
 
 const HEAD: &str = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
 const TAIL: &str = "\n]}\n";
+/// The category of the step track's events (op events carry their class).
+const STEP_TRACK: &str = "step";
 
 /// Events waiting to be written beyond which the end of a step writes them all (a bound on
 /// the memory a trace holds when the engine is never idle).
@@ -57,13 +59,12 @@ struct Event {
     t0: Instant,
     t1: Instant,
     name: &'static str,
-    /// The op's class, or "step" on the step track.
+    /// The op's class, or [`STEP_TRACK`] for an event of the step track (a whole step, an
+    /// EPLB move), which has no layer, part or class argument.
     cat: &'static str,
     pid: u32,
     tid: u32,
     step: u64,
-    /// An op of the graph (with layer and part), not a step-track event.
-    op: bool,
     layer: Option<usize>,
     part: &'static str,
     args: Value,
@@ -135,19 +136,15 @@ impl TraceSink {
             pending,
             ..
         } = s;
-        emit(
-            out,
-            empty,
-            error,
-            pending.drain(..n).map(|mut e| self.json(&mut e)),
-        );
+        emit(out, empty, error, pending.drain(..n).map(|e| self.json(e)));
     }
 
     /// The event as the trace has it.
-    fn json(&self, e: &mut Event) -> Value {
-        let mut a = object(std::mem::take(&mut e.args));
+    fn json(&self, e: Event) -> Value {
+        let op = e.cat != STEP_TRACK;
+        let mut a = object(e.args);
         a.insert("step".into(), e.step.into());
-        if e.op {
+        if op {
             if let Some(l) = e.layer {
                 a.insert("layer".into(), l.into());
             }
@@ -372,11 +369,10 @@ impl Recorder {
             t0,
             t1,
             name,
-            cat: "step",
+            cat: STEP_TRACK,
             pid: self.pid,
             tid: self.step_tid,
             step: self.step,
-            op: false,
             layer: None,
             part: "",
             args,
@@ -395,7 +391,6 @@ impl Recorder {
             pid: self.pid,
             tid: self.rank as u32,
             step: self.step,
-            op: true,
             layer: self.layer,
             part: self.part,
             args,
