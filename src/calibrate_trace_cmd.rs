@@ -404,6 +404,36 @@ fn print(
             if cal.efficiency.iter().any(|r| r.fit.is_some()) {
                 outln!("  * not determined by these kernels: the shipped value")?;
             }
+            if !cal.op_residuals.is_empty() {
+                outln!()?;
+                outln!("fitted against measured, by op (the twin prices every op of a class with its form)")?;
+                outln!(
+                    "  {:<24} {:<17} {:>8} {:>8} {:>11} {:>11} {:>8}",
+                    "op",
+                    "class",
+                    "kernels",
+                    "one row",
+                    "measured ms",
+                    "fitted ms",
+                    "error"
+                )?;
+                for r in cal.op_residuals.iter().take(top) {
+                    outln!(
+                        "  {:<24} {:<17} {:>8} {:>8} {:>11.3} {:>11.3} {:>+7.1}%",
+                        r.op,
+                        r.class.name(),
+                        r.kernels,
+                        r.one_row,
+                        r.measured_ms,
+                        r.fitted_ms,
+                        r.error() * 100.0
+                    )?;
+                }
+                let more = cal.op_residuals.len().saturating_sub(top);
+                if more > 0 {
+                    outln!("  ... {more} more (--top, --json)")?;
+                }
+            }
         }
     }
     outln!()?;
@@ -451,7 +481,9 @@ fn print(
                 h.origin,
                 f.step_us,
                 f.per_seq_us
-                    .map_or_else(String::new, |p| format!(", per_seq_us = {p:.2}")),
+                    .map_or_else(String::new, |p| format!(", per_seq_us = {p:.2}"))
+                    + &f.per_token_us
+                        .map_or_else(String::new, |p| format!(", per_token_us = {p:.3}")),
                 f.gaps,
                 f.steps,
                 f.source,

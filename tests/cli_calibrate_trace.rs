@@ -186,6 +186,8 @@ fn the_cpu_engine_profile_fits_its_gemms_and_host_time() {
         "unmapped 0.0%",
         "step_us = 1384.9",
         "per_seq_us = 0.00",
+        "per_token_us = 0.000",
+        "fitted against measured, by op",
     ] {
         assert!(s.contains(want), "{want}:\n{s}");
     }
@@ -196,8 +198,10 @@ fn the_cpu_engine_profile_fits_its_gemms_and_host_time() {
         "{gemm:?}"
     );
     // The slice keeps the ops of steps 0 and 10 only: the gaps are fitted alone (627.1 us, more
-    // sequences no slower) and step 10's time inside it no op covers (757.7 us) is added.
+    // sequences or tokens no slower: step 1's 145-token prompt tells tokens apart from
+    // sequences) and step 10's time inside it no op covers (757.7 us) is added.
     assert_eq!(t["host"]["per_seq_us"].as_float(), Some(0.0));
+    assert_eq!(t["host"]["per_token_us"].as_float(), Some(0.0));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

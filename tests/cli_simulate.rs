@@ -765,3 +765,84 @@ fn a_cost_files_host_time_reaches_the_twin_unless_the_scenario_gives_its_own() {
     assert_eq!(overridden, shipped);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn host_time_per_token_is_paid_on_every_token_a_step_computes() {
+    // One request alone: its prompt's step computes 700 tokens, each decode step one.
+    let scenario = data("tiny-mixed.toml");
+    let run = |per_token_us: &str| {
+        let mut args = vec!["simulate", scenario.as_str(), "--json", "--quiet"];
+        let host = format!("serve.host_overhead_per_token_us={per_token_us}");
+        for s in [
+            "workload.concurrency=1",
+            "workload.num_requests=1",
+            "expert_load.kind=perfect",
+            host.as_str(),
+        ] {
+            args.extend(["--set", s]);
+        }
+        let o = dstwin(&args);
+        assert!(o.status.success(), "{}", err(&o));
+        let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+        let mean = |k: &str| v["latency"][k]["mean"].as_f64().unwrap();
+        (mean("ttft_ms"), mean("tpot_ms"))
+    };
+    let (ttft0, tpot0) = run("0");
+    let (ttft, tpot) = run("100");
+    // The same from a cost file's `[host] per_token_us` (what `calibrate --trace` fits).
+    let dir = common::tmp_dir("sim", "host-token");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let system = common::read(&PathBuf::from(format!(
+        "{root}/hwmodels/data/systems/atlas-800-a3.toml"
+    )))
+    .replace(
+        "cost_model = \"ascend-910c\"",
+        "cost_model = \"costs.toml\"",
+    );
+    std::fs::write(dir.join("a3.toml"), system).unwrap();
+    let costs = common::read(&PathBuf::from(format!(
+        "{root}/hwmodels/data/costs/ascend-910c.toml"
+    )));
+    std::fs::write(
+        dir.join("costs.toml"),
+        format!("{costs}\n[host]\nstep_us = 0.0\nper_token_us = 100.0\nsource = \"test\"\n"),
+    )
+    .unwrap();
+    let hw = format!("hardware={}", dir.join("a3.toml").display());
+    let o = dstwin(&[
+        "simulate",
+        &scenario,
+        "--json",
+        "--quiet",
+        "--set",
+        "workload.concurrency=1",
+        "--set",
+        "workload.num_requests=1",
+        "--set",
+        "expert_load.kind=perfect",
+        "--set",
+        &hw,
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(v["latency"]["ttft_ms"]["mean"].as_f64(), Some(ttft));
+    assert_eq!(v["latency"]["tpot_ms"]["mean"].as_f64(), Some(tpot));
+    let _ = std::fs::remove_dir_all(&dir);
+    // 700 tokens x 100 us on the first token; 100 us on each later one. (The report's
+    // latencies come from histograms of three significant digits.)
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-3 * b.max(a);
+    assert!(close(ttft, ttft0 + 70.0), "{ttft0} -> {ttft}");
+    assert!(close(tpot, tpot0 + 0.1), "{tpot0} -> {tpot}");
+    let o = dstwin(&[
+        "simulate",
+        &scenario,
+        "--set",
+        "serve.host_overhead_per_token_us=-1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        err(&o).contains("host_overhead_per_token_us"),
+        "{}",
+        err(&o)
+    );
+}

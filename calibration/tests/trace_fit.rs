@@ -10,6 +10,7 @@ use dstwin_calibration::tracefit::efficiency::{
     fit_class, fit_class_with, fit_split, ClassParams, Objective, Sample,
 };
 use dstwin_calibration::tracefit::host::{fit_host, StepSource};
+use dstwin_calibration::tracefit::work::kernel_work;
 use dstwin_calibration::tracefit::{calibrate, TraceOptions, DEFAULT_IDLE_FACTOR};
 use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, CostModel, DType, OpClass};
 use dstwin_traces::profile::{read_path, KernelRecord, Profile, ProfileFormat, StepMarker};
@@ -318,6 +319,13 @@ fn the_collective_fit_recovers_the_cost_models_own_parameters() {
 
 /// A profile of one device's steps: (start µs, duration µs, sequences).
 fn steps(spans: &[(u64, u64, u64)]) -> Profile {
+    let spans: Vec<(u64, u64, u64, Option<u64>)> =
+        spans.iter().map(|&(a, b, c)| (a, b, c, None)).collect();
+    steps_with_tokens(&spans)
+}
+
+/// Steps of (start µs, duration µs, sequences, tokens).
+fn steps_with_tokens(spans: &[(u64, u64, u64, Option<u64>)]) -> Profile {
     Profile {
         origin: "synthetic".into(),
         format: ProfileFormat::ChromeJson,
@@ -325,20 +333,66 @@ fn steps(spans: &[(u64, u64, u64)]) -> Profile {
         steps: spans
             .iter()
             .enumerate()
-            .map(|(i, &(start, dur, seqs))| StepMarker {
+            .map(|(i, &(start, dur, seqs, tokens))| StepMarker {
                 step: i as u64,
                 device: Some(0),
                 start_ns: start * 1000,
                 dur_ns: dur * 1000,
                 on_device: true,
                 seqs: Some(seqs),
-                tokens: None,
+                tokens,
                 line: 1,
             })
             .collect(),
         notes: Default::default(),
         skipped: Default::default(),
     }
+}
+
+#[test]
+fn host_overhead_has_a_per_token_term_where_tokens_differ_from_sequences() {
+    // Host time 20 + 5 per sequence + 2 per token, all of it in the gap before each step:
+    // decode steps (tokens = sequences) and prompt chunks beside them.
+    let shapes = [
+        (1, 1),
+        (2, 2),
+        (1, 100),
+        (3, 3),
+        (2, 60),
+        (4, 4),
+        (1, 250),
+        (3, 40),
+    ];
+    let mut spans = Vec::new();
+    let mut t = 1000;
+    for (seqs, tokens) in shapes {
+        t += 20 + 5 * seqs + 2 * tokens;
+        spans.push((t, 300, seqs, Some(tokens)));
+        t += 300;
+    }
+    let f = fit_host(&steps_with_tokens(&spans), 1e9).unwrap();
+    // The first step has no gap before it.
+    assert_eq!(f.gaps, shapes.len() - 1);
+    assert!((f.step_us - 20.0).abs() < 1e-6, "{f:?}");
+    assert!((f.per_seq_us.unwrap() - 5.0).abs() < 1e-6, "{f:?}");
+    assert!((f.per_token_us.unwrap() - 2.0).abs() < 1e-6, "{f:?}");
+    assert!(f.rms_us < 1e-6, "{f:?}");
+    // Decode steps alone (tokens = sequences): tokens say nothing apart, no per-token term.
+    let spans: Vec<_> = spans
+        .iter()
+        .map(|&(a, b, s, _)| (a, b, s, Some(s)))
+        .collect();
+    let f = fit_host(&steps_with_tokens(&spans), 1e9).unwrap();
+    assert_eq!(f.per_token_us, None);
+    assert!(f.per_seq_us.is_some());
+    // Every step of one sequence, prompts of different lengths: a per-token term, no
+    // per-sequence one.
+    let spans: Vec<_> = (0..6u64)
+        .map(|i| (1000 + i * 1000, 300, 1, Some(10 + 30 * i)))
+        .collect();
+    let f = fit_host(&steps_with_tokens(&spans), 1e9).unwrap();
+    assert_eq!(f.per_seq_us, None);
+    assert!(f.per_token_us.is_some());
 }
 
 #[test]
@@ -358,6 +412,7 @@ fn host_overhead_comes_from_the_gaps_between_device_steps() {
     assert_eq!((f.steps, f.gaps, f.idle_gaps), (6, 4, 1));
     assert!((f.step_us - 10.0).abs() < 1e-9, "{f:?}");
     assert!((f.per_seq_us.unwrap() - 10.0).abs() < 1e-9, "{f:?}");
+    assert_eq!(f.per_token_us, None);
     assert!(f.rms_us < 1e-9);
     // The CPU engine's real trace: 13 gaps, none idle. Its ops run one after another, so the
     // time of a step no op covers is its span less the sum of its ops; the slice keeps the ops
@@ -389,15 +444,16 @@ fn host_overhead_comes_from_the_gaps_between_device_steps() {
     let kept_inside: f64 = inner.iter().sum();
     assert!(kept_inside > 0.0);
     assert!((f.in_step_us - kept_inside).abs() < 1e-6, "{f:?} {inner:?}");
-    // The gap fit's residuals have mean 0 (a free offset).
-    let seqs: Vec<f64> = p.steps[1..]
-        .iter()
-        .map(|s| s.seqs.unwrap() as f64)
-        .collect();
+    // The gap fit's residuals have mean 0 (a free offset). A prompt step's tokens differ from
+    // its sequences: the per-token term is fitted too.
     let gap_fit = f.step_us - f.in_step_us;
-    let fitted: f64 = seqs
+    let fitted: f64 = p.steps[1..]
         .iter()
-        .map(|n| gap_fit + f.per_seq_us.unwrap() * n)
+        .map(|s| {
+            gap_fit
+                + f.per_seq_us.unwrap() * s.seqs.unwrap() as f64
+                + f.per_token_us.unwrap() * s.tokens.unwrap() as f64
+        })
         .sum();
     assert!((fitted - 8_152.418).abs() < 1e-6 * 8_152.418, "{f:?}");
     // Kernel step ids stand in for markers (Ascend tables); one device, two steps: one gap.
@@ -558,6 +614,47 @@ fn calibrate_fits_what_the_cpu_engine_profile_carries() {
         .unwrap();
     assert_eq!((gemm.kernels, gemm.with_work), (146, 146));
     assert!(gemm.fit.is_some());
+    // Per op, the GEMMs' measured time against the class's fit: every sample counted once,
+    // under the op it came from, with the fit's own prediction of it.
+    let ops = &cal.op_residuals;
+    assert!(ops.iter().all(|r| r.class == OpClass::Gemm), "{ops:?}");
+    assert_eq!(ops.iter().map(|r| r.kernels).sum::<usize>(), 146);
+    let names: Vec<&str> = ops.iter().map(|r| r.op.as_str()).collect();
+    for op in ["q_a_proj", "q_b_proj", "kv_a_proj", "o_proj"] {
+        assert!(names.contains(&op), "{op}: {names:?}");
+    }
+    assert!(ops.windows(2).all(|w| w[0].measured_ms >= w[1].measured_ms));
+    let measured: f64 = p
+        .kernels
+        .iter()
+        .filter(|k| &*k.name == "q_a_proj")
+        .map(|k| k.dur_ns as f64 / 1e6)
+        .sum();
+    let q_a = ops.iter().find(|r| r.op == "q_a_proj").unwrap();
+    assert!((q_a.measured_ms - measured).abs() < 1e-9, "{q_a:?}");
+    let fit = gemm.fit.as_ref().unwrap();
+    let fitted: f64 = p
+        .kernels
+        .iter()
+        .filter(|k| &*k.name == "q_a_proj")
+        .map(|k| {
+            let w = kernel_work(k, true, Some(DType::Fp32)).unwrap();
+            let x = Sample {
+                flops: w.flops,
+                bytes: w.bytes,
+                rows: w.rows,
+                peak_flops: cm.peak_flops(DType::Fp32),
+                hbm_bytes_per_s: cm.system.chip.hbm_bytes_per_s(),
+                time_us: 0.0,
+            };
+            gemm.time_us(&x).unwrap() / 1e3
+        })
+        .sum();
+    assert!(
+        (q_a.fitted_ms - fitted).abs() < 1e-9 * fitted,
+        "{q_a:?} {fit:?}"
+    );
+    assert!(q_a.error().is_finite());
     let cal = calibrate(std::slice::from_ref(&p), &opts(None));
     let gemm = cal
         .efficiency

@@ -183,6 +183,10 @@ pub struct HostParams {
     /// Per scheduled sequence, µs.
     #[serde(default)]
     pub per_seq_us: f64,
+    /// Per token the step computes, µs (input preparation and the glue between kernels that
+    /// grow with the batch).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub per_token_us: f64,
     /// Front-end time per request, µs: between a client and the engine (HTTP, tokenizing,
     /// streaming back), on every request's TTFT and end-to-end latency. A scenario's
     /// `frontend_us` overrides it.
@@ -385,6 +389,7 @@ impl CostParams {
         if let Some(h) = &self.host {
             check_nonneg(file, "host.step_us", h.step_us)?;
             check_nonneg(file, "host.per_seq_us", h.per_seq_us)?;
+            check_nonneg(file, "host.per_token_us", h.per_token_us)?;
             check_nonneg(file, "host.request_us", h.request_us)?;
         }
         let a = &self.alltoall;

@@ -4,7 +4,7 @@
 //! not be fitted.
 //!
 //! The per-class form is the cost model's `[efficiency.<class>] compute, memory, rows_pad,
-//! fixed_us, source` and `[host] step_us, per_seq_us, source`. Values the model applies to every
+//! fixed_us, source` and `[host] step_us, per_seq_us, per_token_us, source`. Values the model applies to every
 //! class are folded into the classes so that the file prices exactly what was fitted: the
 //! in-situ factor multiplies each class's efficiencies (and is then 1), the per-op launch
 //! overhead becomes each class's `fixed_us` where the class has none (and is then 0).
@@ -161,10 +161,13 @@ pub fn cost_file(
             "per_seq_us".into(),
             Value::Float(sig(f.per_seq_us.unwrap_or(0.0))),
         );
+        if let Some(p) = f.per_token_us {
+            table.insert("per_token_us".into(), Value::Float(sig(p)));
+        }
         table.insert(
             "source".into(),
             Value::String(format!(
-                "fit by dstwin calibrate --trace to {} gaps between {} device steps of {} and the time inside them no kernel covers (mean {:.1} us; {} idle gaps left out): rms {:.1} us{}",
+                "fit by dstwin calibrate --trace to {} gaps between {} device steps of {} and the time inside them no kernel covers (mean {:.1} us; {} idle gaps left out): rms {:.1} us{}{}",
                 f.gaps,
                 f.steps,
                 h.origin,
@@ -173,6 +176,11 @@ pub fn cost_file(
                 f.rms_us,
                 if f.per_seq_us.is_none() {
                     "; per_seq_us not determined (steps carry no varying sequence counts), 0"
+                } else {
+                    ""
+                },
+                if f.per_token_us.is_none() {
+                    "; per_token_us not determined (no step's token count differs from its sequences'), 0"
                 } else {
                     ""
                 }

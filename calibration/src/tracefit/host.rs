@@ -13,9 +13,12 @@
 //!
 //! Gaps longer than `idle_factor` times the median gap are the engine idling without work, not
 //! overhead, and are left out (counted). Overlapping steps (the host ran ahead) give a gap of 0.
-//! Fit: `gap + idle in the next step = step_us + per_seq_us x seqs of the next step` by least
-//! squares (both >= 0) when the steps carry their sequence counts and at least two differ; else
-//! `step_us` is the mean. When the trace keeps the kernels of some steps only (a slice), the
+//! Fit: `gap + idle in the next step = step_us + per_seq_us x seqs + per_token_us x tokens of
+//! the next step` by least squares (all >= 0). The per-sequence term needs steps that carry
+//! their sequence counts, at least two different; the per-token term steps that carry their
+//! token counts, not all equal to their sequence counts (prompt chunks: input preparation and
+//! the glue between kernels grow with the tokens, as the CPU engine's norms, rotary and cache
+//! writes do). Without either, `step_us` is the mean. When the trace keeps the kernels of some steps only (a slice), the
 //! gaps alone are fitted and the mean inside of the steps it keeps is added to `step_us`.
 
 use crate::lsq::bounded_lstsq;
@@ -37,6 +40,8 @@ pub struct HostFit {
     pub step_us: f64,
     /// Fitted when steps carry sequence counts that vary.
     pub per_seq_us: Option<f64>,
+    /// Fitted when steps carry token counts that vary apart from their sequence counts.
+    pub per_token_us: Option<f64>,
     pub source: StepSource,
     pub steps: usize,
     /// Gaps used, and gaps left out as idle.
@@ -51,15 +56,25 @@ pub struct HostFit {
     pub max_us: f64,
 }
 
-/// A device step: device, start, end (ns), sequences.
-type Span = (Option<u32>, u64, u64, Option<u64>);
+/// The time before a step and inside it no kernel covers, with the step's batch.
+struct Gap {
+    /// Since the end of the previous step, µs.
+    before_us: f64,
+    /// Inside the step, µs, when its kernels are in the trace.
+    inside_us: Option<f64>,
+    seqs: Option<u64>,
+    tokens: Option<u64>,
+}
+
+/// A device step: device, start, end (ns), sequences and tokens.
+type Span = (Option<u32>, u64, u64, Option<u64>, Option<u64>);
 
 fn spans(p: &Profile) -> Option<(StepSource, Vec<Span>)> {
     let markers: Vec<Span> = p
         .steps
         .iter()
         .filter(|s| s.on_device)
-        .map(|s| (s.device, s.start_ns, s.end_ns(), s.seqs))
+        .map(|s| (s.device, s.start_ns, s.end_ns(), s.seqs, s.tokens))
         .collect();
     if !markers.is_empty() {
         return Some((StepSource::DeviceMarkers, markers));
@@ -75,7 +90,7 @@ fn spans(p: &Profile) -> Option<(StepSource, Vec<Span>)> {
     (!by_step.is_empty()).then(|| {
         let v = by_step
             .into_iter()
-            .map(|((d, _), (s, e))| (d, s, e, None))
+            .map(|((d, _), (s, e))| (d, s, e, None, None))
             .collect();
         (StepSource::KernelStepIds, v)
     })
@@ -87,64 +102,93 @@ pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
     let (source, mut spans) = spans(p)?;
     spans.sort_by_key(|s| (s.0, s.1));
     let busy = Busy::new(p);
-    // (gap µs, idle inside the next step µs when its kernels are in the trace, sequences of
-    // the next step)
-    let mut gaps: Vec<(f64, Option<f64>, Option<u64>)> = Vec::new();
+    let mut gaps: Vec<Gap> = Vec::new();
     for w in spans.windows(2) {
         let (a, b) = (&w[0], &w[1]);
         if a.0 == b.0 {
             let inner = busy
                 .within(b.0, b.1, b.2)
                 .map(|k| b.2.saturating_sub(b.1).saturating_sub(k) as f64 / 1e3);
-            gaps.push((b.1.saturating_sub(a.2) as f64 / 1e3, inner, b.3));
+            gaps.push(Gap {
+                before_us: b.1.saturating_sub(a.2) as f64 / 1e3,
+                inside_us: inner,
+                seqs: b.3,
+                tokens: b.4,
+            });
         }
     }
     if gaps.is_empty() {
         return None;
     }
-    let mut sorted: Vec<f64> = gaps.iter().map(|g| g.0).collect();
+    let mut sorted: Vec<f64> = gaps.iter().map(|g| g.before_us).collect();
     sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
     // Idle is told by the gap alone.
-    let used: Vec<&(f64, Option<f64>, Option<u64>)> = gaps
+    let used: Vec<&Gap> = gaps
         .iter()
-        .filter(|g| median <= 0.0 || g.0 <= idle_factor * median)
+        .filter(|g| median <= 0.0 || g.before_us <= idle_factor * median)
         .collect();
-    let inner: Vec<f64> = used.iter().filter_map(|g| g.1).collect();
+    let inner: Vec<f64> = used.iter().filter_map(|g| g.inside_us).collect();
     let in_step_us = inner.iter().sum::<f64>() / inner.len().max(1) as f64;
     // Every step's inside known: each sample is its gap and its inside. A trace that keeps some
     // steps' kernels only (a slice): the gaps are fitted, and the mean inside of the steps it
     // keeps is added to the fixed part (a step without kernels says nothing about its inside).
     let whole = inner.len() == used.len();
-    let kept: Vec<(f64, Option<u64>)> = used
+    // (host time µs, sequences, tokens)
+    let kept: Vec<(f64, Option<u64>, Option<u64>)> = used
         .iter()
-        .map(|g| (g.0 + if whole { g.1.unwrap_or(0.0) } else { 0.0 }, g.2))
+        .map(|g| {
+            let inside = if whole {
+                g.inside_us.unwrap_or(0.0)
+            } else {
+                0.0
+            };
+            (g.before_us + inside, g.seqs, g.tokens)
+        })
         .collect();
     let idle = gaps.len() - kept.len();
     let seqs: Option<Vec<f64>> = kept.iter().map(|g| g.1.map(|s| s as f64)).collect();
-    let varied = seqs.as_ref().is_some_and(|s| s.iter().any(|x| *x != s[0]));
-    let (step_us, per_seq) = match (varied, &seqs) {
-        (true, Some(s)) => {
-            let rows: Vec<(Vec<f64>, f64)> = kept
-                .iter()
-                .zip(s)
-                .map(|(g, n)| (vec![1.0, *n], g.0))
-                .collect();
-            let x = bounded_lstsq(&rows, &[0.0, 0.0], &[f64::INFINITY; 2])?;
-            (x[0], Some(x[1]))
-        }
-        _ => (
-            kept.iter().map(|g| g.0).sum::<f64>() / kept.len() as f64,
-            None,
-        ),
+    let tokens: Option<Vec<f64>> = kept.iter().map(|g| g.2.map(|t| t as f64)).collect();
+    let seqs = seqs.filter(|s| s.iter().any(|x| *x != s[0]));
+    // Tokens tell something apart from sequences only where some step's differ.
+    let tokens = tokens.filter(|t| match &seqs {
+        Some(s) => t.iter().zip(s).any(|(a, b)| a != b),
+        None => t.iter().any(|x| *x != t[0]),
+    });
+    let columns: Vec<&Vec<f64>> = seqs.iter().chain(tokens.iter()).collect();
+    let coef: Vec<f64> = if columns.is_empty() {
+        vec![kept.iter().map(|g| g.0).sum::<f64>() / kept.len() as f64]
+    } else {
+        let rows: Vec<(Vec<f64>, f64)> = kept
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let mut x = vec![1.0];
+                x.extend(columns.iter().map(|c| c[i]));
+                (x, g.0)
+            })
+            .collect();
+        let n = columns.len() + 1;
+        bounded_lstsq(&rows, &vec![0.0; n], &vec![f64::INFINITY; n])?
     };
+    let step_us = coef[0];
+    let per_seq = seqs.as_ref().map(|_| coef[1]);
+    let per_token = tokens
+        .as_ref()
+        .map(|_| coef[if seqs.is_some() { 2 } else { 1 }]);
     let resid: Vec<f64> = kept
         .iter()
-        .map(|g| step_us + per_seq.unwrap_or(0.0) * g.1.unwrap_or(0) as f64 - g.0)
+        .map(|g| {
+            step_us
+                + per_seq.unwrap_or(0.0) * g.1.unwrap_or(0) as f64
+                + per_token.unwrap_or(0.0) * g.2.unwrap_or(0) as f64
+                - g.0
+        })
         .collect();
     Some(HostFit {
         step_us: if whole { step_us } else { step_us + in_step_us },
         per_seq_us: per_seq,
+        per_token_us: per_token,
         source,
         steps: spans.len(),
         gaps: kept.len(),

@@ -99,6 +99,44 @@ pub struct ClassReport {
     pub rms_error_split: Option<(f64, f64)>,
 }
 
+impl ClassReport {
+    /// A kernel's time under the class's fit, µs: the one-row form for kernels of at most one
+    /// row when the class has one, else the main form. `None` when the class was not fitted.
+    pub fn time_us(&self, s: &Sample) -> Option<f64> {
+        let one = s.rows.is_some_and(|r| r > 0.0 && r <= 1.0);
+        match (&self.one_row, &self.fit) {
+            (Some(o), _) if one => Some(o.params.time_us(&Sample { rows: None, ..*s })),
+            (_, Some(f)) => Some(f.params.time_us(s)),
+            _ => None,
+        }
+    }
+}
+
+/// One op's kernels against the fit of its class: where a class's single form misses an op
+/// that runs differently from the rest of the class (the twin prices every op of a class with
+/// that form, so this is the error the twin carries on the op).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OpResidual {
+    pub op: String,
+    pub class: OpClass,
+    /// Kernels with known work (the fit's samples), and of them those of at most one row.
+    pub kernels: usize,
+    pub one_row: usize,
+    pub measured_ms: f64,
+    pub fitted_ms: f64,
+}
+
+impl OpResidual {
+    /// Fitted over measured, less one.
+    pub fn error(&self) -> f64 {
+        if self.measured_ms > 0.0 {
+            self.fitted_ms / self.measured_ms - 1.0
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Host overhead of one trace.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct HostReport {
@@ -116,6 +154,8 @@ pub struct TraceCalibration {
     /// The system the fits used.
     pub hardware: Option<String>,
     pub efficiency: Vec<ClassReport>,
+    /// Per op, its kernels' measured time against the fit of its class, largest first.
+    pub op_residuals: Vec<OpResidual>,
     pub alpha_beta: Vec<AlphaBeta>,
     pub collective: Option<CollectiveFit>,
     pub host: Vec<HostReport>,
@@ -217,6 +257,8 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
     };
     let mapping = summarize(all());
     let mut samples: BTreeMap<OpClass, Vec<Sample>> = BTreeMap::new();
+    // The op each sample came from, in the same order.
+    let mut sample_ops: BTreeMap<OpClass, Vec<String>> = BTreeMap::new();
     let mut counts: BTreeMap<OpClass, u64> = BTreeMap::new();
     let mut comm_samples = Vec::new();
     for (k, t) in all() {
@@ -233,6 +275,11 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                         .and_then(|m| engine_op_work(k, class, m))
                 });
                 if let Some(w) = work {
+                    let op = match t {
+                        crate::kernels::Target::Op { op, .. } => (*op).to_owned(),
+                        _ => format!("{} (no op named)", class.name()),
+                    };
+                    sample_ops.entry(class).or_default().push(op);
                     samples.entry(class).or_default().push(Sample {
                         flops: w.flops,
                         bytes: w.bytes,
@@ -266,6 +313,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
             None => {}
         }
     }
+    let mut op_residuals: BTreeMap<String, OpResidual> = BTreeMap::new();
     let efficiency = OpClass::ALL
         .iter()
         .map(|&class| {
@@ -277,7 +325,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                 .filter(|f| f.one_row.is_some())
                 .map(|f| (f.rms_error, f.rms_error_joint));
             let (fit, one_row) = split.map_or((None, None), |f| (Some(f.main), f.one_row));
-            ClassReport {
+            let report = ClassReport {
                 class,
                 kernels: counts.get(&class).copied().unwrap_or(0),
                 with_work: s.len(),
@@ -285,15 +333,37 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                 fit,
                 one_row,
                 rms_error_split,
+            };
+            let ops = sample_ops.remove(&class).unwrap_or_default();
+            for (x, op) in s.iter().zip(ops) {
+                let Some(t) = report.time_us(x).filter(|t| t.is_finite()) else {
+                    continue;
+                };
+                let r = op_residuals.entry(op.clone()).or_insert(OpResidual {
+                    op,
+                    class,
+                    kernels: 0,
+                    one_row: 0,
+                    measured_ms: 0.0,
+                    fitted_ms: 0.0,
+                });
+                r.kernels += 1;
+                r.one_row += usize::from(x.rows.is_some_and(|r| r > 0.0 && r <= 1.0));
+                r.measured_ms += x.time_us / 1e3;
+                r.fitted_ms += t / 1e3;
             }
+            report
         })
         .collect();
+    let mut op_residuals: Vec<OpResidual> = op_residuals.into_values().collect();
+    op_residuals.sort_by(|a, b| b.measured_ms.total_cmp(&a.measured_ms));
     TraceCalibration {
         traces,
         rules: rule_files,
         mapping,
         hardware: opts.cost.as_ref().map(|cm| cm.system.name.clone()),
         efficiency,
+        op_residuals,
         alpha_beta: alpha_beta(&comm_samples),
         collective: opts
             .cost

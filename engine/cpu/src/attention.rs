@@ -86,11 +86,14 @@ impl Mla {
 
     /// `x [T, hidden]` (already normed) for the sequences in `spans`; writes each token's
     /// latent to `cache` layer `layer` and returns `[T, hidden]`. Its ops are timed as the op
-    /// graph names them: `q_a_proj` (the query LoRA down-projection), `q_b_proj` (its norm,
-    /// up-projection and rotary; the one `q_proj` without a query LoRA), `kv_a_proj` (the latent,
-    /// its norm and rotary key, written to the cache), per sequence either `kv_b_proj` (the
-    /// cached latents gathered and up-projected) and `attn_prefill`, or `q_absorb`,
-    /// `attn_decode` (over the gathered latents) and `v_absorb`; then `o_proj`.
+    /// graph names them: `q_a_proj` (the query LoRA down-projection), `q_b_proj` (its
+    /// up-projection; the one `q_proj` without a query LoRA), `kv_a_proj` (the latent), per
+    /// sequence either `kv_b_proj` (the cached latents gathered and up-projected) and
+    /// `attn_prefill`, or `q_absorb`, `attn_decode` (over the gathered latents) and `v_absorb`;
+    /// then `o_proj`. The query and latent norms, the rotary embedding and the cache write are
+    /// not ops of the op graph and are left out of every op's time: a trace shows them as time
+    /// inside the step no op covers, which `calibrate --trace` fits as host time (per step,
+    /// sequence and token), so that a projection's time is the product the op graph describes.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -122,25 +125,31 @@ impl Mla {
                     "q_a_proj",
                     || json!({"tokens": t, "k": hidden, "n": a.out_dim()}),
                 );
+                let qa = rms_norm(&qa, norm, eps)?;
                 let s = prof.begin();
-                let q = self.q_rope(&b.forward(&rms_norm(&qa, norm, eps)?)?, cfg, cos, sin)?;
+                let q = b.forward(&qa)?;
                 prof.end(
                     s,
                     "q_b_proj",
                     || json!({"tokens": t, "k": a.out_dim(), "n": qk}),
                 );
-                q
+                self.q_rope(&q, cfg, cos, sin)?
             }
             QProj::Full(p) => {
                 let s = prof.begin();
-                let q = self.q_rope(&p.forward(x)?, cfg, cos, sin)?;
+                let q = p.forward(x)?;
                 prof.end(s, "q_b_proj", || json!({"tokens": t, "k": hidden, "n": qk}));
-                q
+                self.q_rope(&q, cfg, cos, sin)?
             }
         };
         let (q_nope, q_pe) = q;
         let s = prof.begin();
         let kv = self.kv_a.forward(x)?;
+        prof.end(
+            s,
+            "kv_a_proj",
+            || json!({"tokens": t, "k": hidden, "n": kvl + rd}),
+        );
         let c_kv = rms_norm(
             &kv.narrow(D::Minus1, 0, kvl)?.contiguous()?,
             &self.kv_a_norm,
@@ -161,11 +170,6 @@ impl Mla {
                 &latent.narrow(0, sp.start, sp.len)?,
             )?;
         }
-        prof.end(
-            s,
-            "kv_a_proj",
-            || json!({"tokens": t, "k": hidden, "n": kvl + rd}),
-        );
         let scale = cfg.softmax_scale();
         let mut outs = Vec::with_capacity(spans.len());
         for sp in spans {

@@ -212,10 +212,15 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                 .host_overhead_per_seq_us
                 .or(host.map(|h| h.per_seq_us))
                 .unwrap_or(0.0);
+            let per_token_us = sc
+                .host_overhead_per_token_us
+                .or(host.map(|h| h.per_token_us))
+                .unwrap_or(0.0);
             let device = SimDevice::new(pricer, mtp, capacity, experts)
                 .with_host(HostOverhead {
                     step_s: step_us * 1e-6,
                     per_seq_s: per_seq_us * 1e-6,
+                    per_token_s: per_token_us * 1e-6,
                     overlapped: sc.async_scheduling,
                 })
                 .with_span(s.dies());

@@ -205,6 +205,10 @@ pub struct SchedulerSpec {
     pub host_overhead_us: Option<f64>,
     #[serde(default)]
     pub host_overhead_per_seq_us: Option<f64>,
+    /// Host time per token a step computes (input preparation, the glue between kernels that
+    /// grows with the batch), µs.
+    #[serde(default)]
+    pub host_overhead_per_token_us: Option<f64>,
 }
 
 impl Default for SchedulerSpec {
@@ -221,6 +225,7 @@ impl Default for SchedulerSpec {
             async_scheduling: false,
             host_overhead_us: None,
             host_overhead_per_seq_us: None,
+            host_overhead_per_token_us: None,
         }
     }
 }

@@ -183,6 +183,10 @@ pub(super) fn validate(
                 "scheduler.host_overhead_per_seq_us",
                 s.host_overhead_per_seq_us,
             ),
+            (
+                "scheduler.host_overhead_per_token_us",
+                s.host_overhead_per_token_us,
+            ),
         ] {
             if v.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
                 return Err(field(

@@ -420,6 +420,8 @@ pub struct SimDevice {
 pub struct HostOverhead {
     pub step_s: f64,
     pub per_seq_s: f64,
+    /// Per token the rank computes.
+    pub per_token_s: f64,
     pub overlapped: bool,
 }
 
@@ -670,10 +672,14 @@ impl Device for SimDevice {
         let device_s = slowest.map_or(0.0, |c| c.time_s) + extra_s;
         // The slowest rank's host work: added to the step, or hidden behind it (async).
         let h = self.host;
-        let host_s = if h.step_s > 0.0 || h.per_seq_s > 0.0 {
+        let host_s = if h.step_s > 0.0 || h.per_seq_s > 0.0 || h.per_token_s > 0.0 {
             plan.ranks
                 .iter()
-                .map(|r| h.step_s + h.per_seq_s * r.shape.seqs() as f64)
+                .map(|r| {
+                    h.step_s
+                        + h.per_seq_s * r.shape.seqs() as f64
+                        + h.per_token_s * r.shape.tokens() as f64
+                })
                 .fold(if idle > 0 { h.step_s } else { 0.0 }, f64::max)
         } else {
             0.0
