@@ -247,21 +247,35 @@ impl Mla {
         let s = prof.begin();
         let (qn, qp) = q.per_head()?;
         let n = qn.dims3()?.1;
+        let rope = kpe.dims2()?.1;
         let k_nope = kv.narrow(D::Minus1, 0, nope)?.contiguous()?;
         let val = kv.narrow(D::Minus1, nope, v)?.contiguous()?;
-        let kpe_t = kpe.t()?.contiguous()?;
-        let scores = (qn.matmul(&k_nope.transpose(1, 2)?.contiguous()?)?
-            + qp.reshape((h * n, kpe.dims2()?.1))?
-                .matmul(&kpe_t)?
-                .reshape((h, n, ctx))?)?;
         // In bf16, round where HF's eager attention holds bf16 tensors: the scores, the scaled
         // scores and the probabilities.
         let r = |t: Tensor| round_to(t, self.kv_a_norm.dtype());
-        let p = r(softmax_last(&causal(
-            r((r(scores)? * scale)?)?,
-            q.span.computed,
-        )?)?)?;
-        let o = p.matmul(&val)?.transpose(0, 1)?.reshape((n, h * v))?; // [h, n, v] -> [n, h * v]
+        // Causal attention by tiles of queries, each against the keys its last query sees: the
+        // work is the causal pairs (what the op graph counts, as a flash kernel skips masked
+        // blocks) plus half a tile per query, not every query against the whole context.
+        let mut tiles = Vec::with_capacity(n.div_ceil(PREFILL_TILE));
+        for first in (0..n).step_by(PREFILL_TILE) {
+            let len = PREFILL_TILE.min(n - first);
+            let keys = q.span.computed + first + len;
+            let k_t = k_nope.narrow(1, 0, keys)?.transpose(1, 2)?.contiguous()?;
+            let kpe_t = kpe.narrow(0, 0, keys)?.t()?.contiguous()?;
+            let scores = (qn.narrow(1, first, len)?.contiguous()?.matmul(&k_t)?
+                + qp.narrow(1, first, len)?
+                    .contiguous()?
+                    .reshape((h * len, rope))?
+                    .matmul(&kpe_t)?
+                    .reshape((h, len, keys))?)?;
+            let p = r(softmax_last(&causal(
+                r((r(scores)? * scale)?)?,
+                q.span.computed + first,
+            )?)?)?;
+            tiles.push(p.matmul(&val.narrow(1, 0, keys)?.contiguous()?)?);
+        }
+        let o = Tensor::cat(&tiles, 1)?;
+        let o = o.transpose(0, 1)?.reshape((n, h * v))?; // [h, n, v] -> [n, h * v]
         prof.end(
             s,
             "attn_prefill",
@@ -356,6 +370,9 @@ impl SeqQuery<'_> {
         ))
     }
 }
+
+/// Queries per tile of the prefill path's attention.
+const PREFILL_TILE: usize = 64;
 
 /// `[h, n, ctx]` scores with query `i` (at position `computed + i`) masked beyond itself.
 fn causal(scores: Tensor, computed: usize) -> Result<Tensor> {

@@ -75,6 +75,39 @@ fn chunked_prefill_gives_the_logits_of_one_chunk() {
 }
 
 #[test]
+fn prefill_tiles_of_queries_give_the_logits_of_whole_masked_attention() {
+    // The prefill path attends by tiles of 64 queries, each against the keys its last query
+    // sees; the absorbed path attends every query against the whole context under a mask.
+    // Chunks that start inside a tile's span and cross tiles give the same logits.
+    let model = tiny(DType::F32);
+    let p = prompt(200, 7);
+    let want = prompt_logits(model, &p, 1, AttnPath::Absorbed);
+    let b: Vec<u32> = (20..33).collect();
+    for cuts in [vec![200], vec![70, 130], vec![150, 50], vec![1, 64, 135]] {
+        let mut c = cache(model);
+        let mut computed = 0;
+        let mut last = None;
+        for &n in &cuts {
+            let f = model
+                .forward(
+                    &mut c,
+                    &[SeqInput {
+                        blocks: &b,
+                        computed,
+                        tokens: &p[computed..computed + n],
+                        logits: 1,
+                    }],
+                    AttnPath::Prefill,
+                )
+                .unwrap();
+            computed += n;
+            last = Some(f.logits.to_vec2().unwrap());
+        }
+        assert_close(&last.unwrap(), &want, &format!("prefill chunks {cuts:?}"));
+    }
+}
+
+#[test]
 fn prefill_then_decode_equals_prefill_of_the_longer_prompt() {
     let model = tiny(DType::F32);
     let p = prompt(30, 3);
