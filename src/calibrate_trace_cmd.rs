@@ -406,27 +406,33 @@ fn print(
             }
             if !cal.op_residuals.is_empty() {
                 outln!()?;
-                outln!("fitted against measured, by op (the twin prices every op of a class with its form)")?;
+                outln!("fitted against measured, by op (the twin prices an op with its class's form, or with its own where the class's misses it: [[kernel]] in the cost file)")?;
                 outln!(
-                    "  {:<24} {:<17} {:>8} {:>8} {:>11} {:>11} {:>8}",
+                    "  {:<24} {:<17} {:>8} {:>8} {:>11} {:>11} {:>8} {:>12}",
                     "op",
                     "class",
                     "kernels",
                     "one row",
                     "measured ms",
                     "fitted ms",
-                    "error"
+                    "error",
+                    "class's form"
                 )?;
                 for r in cal.op_residuals.iter().take(top) {
                     outln!(
-                        "  {:<24} {:<17} {:>8} {:>8} {:>11.3} {:>11.3} {:>+7.1}%",
+                        "  {:<24} {:<17} {:>8} {:>8} {:>11.3} {:>11.3} {:>+7.1}% {:>12}",
                         r.op,
                         r.class.name(),
                         r.kernels,
                         r.one_row,
                         r.measured_ms,
                         r.fitted_ms,
-                        r.error() * 100.0
+                        r.error() * 100.0,
+                        if r.own {
+                            format!("{:+.1}%", r.class_error() * 100.0)
+                        } else {
+                            "(used)".to_owned()
+                        }
                     )?;
                 }
                 let more = cal.op_residuals.len().saturating_sub(top);

@@ -6,13 +6,16 @@ use dstwin_calibration::kernels::{
     detect_backend, map_kernels, summarize, Backend, OpKindName, RuleSet, Target,
 };
 use dstwin_calibration::tracefit::comm::{alpha_beta, fit_collective, CommSample, GroupKey};
+use dstwin_calibration::tracefit::costfile::cost_file;
 use dstwin_calibration::tracefit::efficiency::{
-    fit_class, fit_class_with, fit_split, ClassParams, Objective, Sample,
+    fit_class, fit_class_with, fit_op, fit_split, ClassParams, Objective, Sample, MIN_OP_KERNELS,
 };
 use dstwin_calibration::tracefit::host::{fit_host, StepSource};
 use dstwin_calibration::tracefit::work::kernel_work;
 use dstwin_calibration::tracefit::{calibrate, TraceOptions, DEFAULT_IDLE_FACTOR};
-use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, CostModel, DType, OpClass};
+use dstwin_hwmodels::{
+    A2aMode, Catalog, Comm, CommKind, CostModel, CostParams, DType, OpClass, Resource,
+};
 use dstwin_traces::profile::{read_path, KernelRecord, Profile, ProfileFormat, StepMarker};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -201,6 +204,134 @@ fn one_row_kernels_get_their_own_form_when_they_run_another_kernel() {
     few.extend(samples.iter().filter(|s| s.rows == Some(1.0)).take(3));
     let f = fit_split(&few, PRIOR, Objective::Relative).unwrap();
     assert!(f.one_row.is_none());
+}
+
+#[test]
+fn an_op_the_class_form_misses_gets_its_own() {
+    // Elementwise kernels of 64 sizes: an op the class describes, and one three times slower
+    // per element with a larger fixed cost (the CPU engine's norms against its activation).
+    let class = ClassParams {
+        compute: 0.02,
+        memory: 0.5,
+        rows_pad: 0.0,
+        fixed_us: 3.0,
+    };
+    let ops = |p: ClassParams| -> Vec<Sample> {
+        (1..=64)
+            .map(|i| {
+                let elems = 4096.0 * f64::from(i);
+                let mut s = Sample {
+                    flops: 4.0 * elems,
+                    bytes: 4.0 * elems,
+                    rows: None,
+                    peak_flops: 157e9,
+                    hbm_bytes_per_s: 204.8e9,
+                    time_us: 0.0,
+                };
+                s.time_us = p.time_us(&s);
+                s
+            })
+            .collect()
+    };
+    let slow = ClassParams {
+        compute: class.compute / 3.0,
+        fixed_us: 7.0,
+        ..class
+    };
+    let like = ops(class);
+    let unlike = ops(slow);
+    for objective in Objective::ALL {
+        let at_class = |s: &Sample| class.time_us(s);
+        // The class's form fits the op exactly: nothing to gain.
+        assert!(fit_op(&like, class, at_class, objective).is_none());
+        let f = fit_op(&unlike, class, at_class, objective).expect("its own form");
+        // FLOPs and bytes grow together here: either resource can carry the slower rate (the
+        // other stays at the class's efficiency, as the cost model's [[kernel]] entry prices
+        // it); the fixed cost and every time come back.
+        assert!(close(f.form.fixed_us, 7.0, 1e-6), "{f:?}");
+        assert!(f.error < 1e-6 * f.class_error, "{f:?}");
+        assert_eq!(f.samples, 64);
+        for x in &unlike {
+            assert!(close(f.form.time_us(&class, x), x.time_us, 1e-6), "{f:?}");
+        }
+        let p = f.form.params(&class);
+        match f.form.bound {
+            Resource::Compute => {
+                assert!(close(p.compute, slow.compute, 1e-6) && p.memory == class.memory)
+            }
+            Resource::Memory => assert_eq!(p.compute, class.compute),
+        }
+        assert_eq!(p.rows_pad, 0.0);
+        // Too few kernels to tell.
+        let few = &unlike[..MIN_OP_KERNELS - 1];
+        assert!(fit_op(few, class, at_class, objective).is_none());
+    }
+}
+
+#[test]
+fn the_cost_file_carries_each_ops_own_form_as_a_kernel_entry() {
+    // A calibration whose elementwise class gives `c4a` a form of its own; the A3 cost file
+    // prices `c4a` with an entry shared with `c4li` and `c128a`: `c4a` leaves it, the others
+    // keep it.
+    let cat = Catalog::builtin();
+    let cm = cat
+        .cost_model(cat.system("atlas-800-a3").unwrap(), None)
+        .unwrap();
+    let opts = TraceOptions {
+        backend: None,
+        rules: RuleSet::default(),
+        cost: Some(cm.clone()),
+        idle_factor: DEFAULT_IDLE_FACTOR,
+        dtype: None,
+        model: None,
+        objective: Objective::Total,
+    };
+    let mut cal = calibrate(&[], &opts);
+    let samples: Vec<Sample> = gemm_samples(TRUTH, |_| 1.0);
+    let report = cal
+        .efficiency
+        .iter_mut()
+        .find(|r| r.class == OpClass::Elementwise)
+        .unwrap();
+    report.fit = fit_class(&samples, TRUTH);
+    let class = report.fit.as_ref().unwrap().params;
+    let own = ClassParams {
+        compute: TRUTH.compute / 2.0,
+        fixed_us: 9.0,
+        rows_pad: 0.0,
+        ..TRUTH
+    };
+    let slow: Vec<Sample> = samples
+        .iter()
+        .map(|x| Sample {
+            rows: None,
+            time_us: own.time_us(&Sample { rows: None, ..*x }),
+            ..*x
+        })
+        .collect();
+    let f = fit_op(&slow, class, |x| class.time_us(x), Objective::Total).expect("own form");
+    report.ops = vec![("c4a".to_owned(), f.clone())];
+    let text = cost_file(&cm.params, "mine", &cal).unwrap();
+    let params: CostParams = toml::from_str(&text).unwrap();
+    params.validate("mine").unwrap();
+    let k = params.kernel("c4a").unwrap();
+    assert_eq!(k.ops, ["c4a"]);
+    assert_eq!(k.bound, f.form.bound);
+    assert!(close(k.efficiency, f.form.efficiency, 1e-3));
+    assert!(close(k.fixed_us, f.form.fixed_us, 1e-3));
+    assert!(
+        k.source.contains("apart from the elementwise class"),
+        "{}",
+        k.source
+    );
+    for op in ["c4li", "c128a"] {
+        let (k, was) = (params.kernel(op).unwrap(), cm.params.kernel(op).unwrap());
+        assert_eq!(k.ops, ["c4li", "c128a"]);
+        assert_eq!(
+            (k.fixed_us, k.bound, k.efficiency, &k.source),
+            (was.fixed_us, was.bound, was.efficiency, &was.source)
+        );
+    }
 }
 
 #[test]

@@ -4,9 +4,11 @@
 //! not be fitted.
 //!
 //! The per-class form is the cost model's `[efficiency.<class>] compute, memory, rows_pad,
-//! fixed_us, source` and `[host] step_us, per_seq_us, per_token_us, source`. Values the model applies to every
+//! fixed_us, source` and `[host] step_us, per_seq_us, per_token_us, source`; an op fitted apart
+//! from its class is a `[[kernel]]` entry (`ops = [op]`, `bound`, `efficiency`, `fixed_us`,
+//! `source`) replacing whatever entry the base file gave it. Values the model applies to every
 //! class are folded into the classes so that the file prices exactly what was fitted: the
-//! in-situ factor multiplies each class's efficiencies (and is then 1), the per-op launch
+//! in-situ factor multiplies each class's and kernel entry's efficiencies (and is then 1), the per-op launch
 //! overhead becomes each class's `fixed_us` where the class has none (and is then 0).
 
 use super::{ClassReport, TraceCalibration};
@@ -121,6 +123,19 @@ pub fn cost_file(
                 .or_insert(Value::Float(overhead.unwrap_or(0.0)));
         }
     }
+    // Kernel entries' efficiencies are multiplied by the in-situ factor too.
+    if let (Some(k), Some(Value::Array(kernels))) =
+        (in_situ.filter(|k| *k != 1.0), t.get_mut("kernel"))
+    {
+        for e in kernels.iter_mut().filter_map(Value::as_table_mut) {
+            if let Some(v) = e.get("efficiency").and_then(Value::as_float) {
+                e.insert("efficiency".into(), Value::Float(sig(v * k)));
+            }
+            if let Some(Value::String(src)) = e.get_mut("source") {
+                src.push_str(&format!(" (times in_situ_efficiency {k}, folded in)"));
+            }
+        }
+    }
     if in_situ.is_some() {
         t.insert("in_situ_efficiency".into(), Value::Float(1.0));
     }
@@ -187,6 +202,56 @@ pub fn cost_file(
             )),
         );
         t.insert("host".into(), Value::Table(table));
+    }
+    // Ops with a form of their own: `[[kernel]]` entries, replacing any the base file gives
+    // them.
+    let own: Vec<(&str, &ClassReport, &super::efficiency::OpFit)> = cal
+        .efficiency
+        .iter()
+        .flat_map(|r| r.ops.iter().map(move |(op, f)| (op.as_str(), r, f)))
+        .collect();
+    if !own.is_empty() {
+        let mut kernels: Vec<Value> = match t.remove("kernel") {
+            Some(Value::Array(a)) => a,
+            _ => Vec::new(),
+        };
+        for k in kernels.iter_mut() {
+            if let Some(Value::Array(ops)) = k.as_table_mut().and_then(|k| k.get_mut("ops")) {
+                ops.retain(|o| !own.iter().any(|(op, _, _)| o.as_str() == Some(op)));
+            }
+        }
+        kernels.retain(|k| {
+            k.get("ops")
+                .and_then(Value::as_array)
+                .is_none_or(|o| !o.is_empty())
+        });
+        for (op, r, f) in &own {
+            let mut k = Table::new();
+            k.insert(
+                "ops".into(),
+                Value::Array(vec![Value::String((*op).to_owned())]),
+            );
+            k.insert("fixed_us".into(), Value::Float(sig(f.form.fixed_us)));
+            k.insert("bound".into(), Value::String(f.form.bound.name().into()));
+            k.insert("efficiency".into(), Value::Float(sig(f.form.efficiency)));
+            let unit = |e: f64| match cal.objective {
+                super::efficiency::Objective::Relative => pct(e),
+                super::efficiency::Objective::Total => format!("{e:.2} us"),
+            };
+            k.insert(
+                "source".into(),
+                Value::String(format!(
+                    "fit by dstwin calibrate --trace to {} {op} kernels of {traces}, apart from the {} class whose form misses them: rms error {} against {} under the class's form ({} objective); the other resource at the class's efficiency",
+                    f.samples,
+                    r.class.name(),
+                    unit(f.error),
+                    unit(f.class_error),
+                    cal.objective.name()
+                )),
+            );
+            kernels.push(Value::Table(k));
+        }
+        t.insert("kernel".into(), Value::Array(kernels));
     }
     // A refit without a benchmark keeps the base file's front end.
     let base_request = base

@@ -34,6 +34,7 @@
 //! `fixed_us` one distinct kernel shape more than the other parameters fitted.
 
 use crate::lsq::bounded_lstsq;
+use dstwin_hwmodels::Resource;
 use serde::Serialize;
 
 /// Most starting cuts along the arithmetic intensity.
@@ -408,6 +409,135 @@ pub fn fit_split(samples: &[Sample], prior: ClassParams, objective: Objective) -
     })
 }
 
+/// Fewest kernels of one op for it to get a form of its own ([`fit_op`]).
+pub const MIN_OP_KERNELS: usize = 32;
+
+/// An op's own form, the cost model's `[[kernel]]` entry: its fixed cost and the efficiency of
+/// its bound's resource; the other resource at its class's efficiency, no tile padding.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct OpForm {
+    pub bound: Resource,
+    pub efficiency: f64,
+    pub fixed_us: f64,
+}
+
+impl OpForm {
+    /// The form as class parameters, given the op's class's.
+    pub fn params(&self, class: &ClassParams) -> ClassParams {
+        let (compute, memory) = match self.bound {
+            Resource::Compute => (self.efficiency, class.memory),
+            Resource::Memory => (class.compute, self.efficiency),
+        };
+        ClassParams {
+            compute,
+            memory,
+            rows_pad: 0.0,
+            fixed_us: self.fixed_us,
+        }
+    }
+
+    /// A kernel's time under the form, µs (rows play no part: no tile padding, no one-row form).
+    pub fn time_us(&self, class: &ClassParams, s: &Sample) -> f64 {
+        self.params(class).time_us(&Sample { rows: None, ..*s })
+    }
+}
+
+/// An op fitted apart from its class ([`fit_op`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OpFit {
+    pub form: OpForm,
+    /// The objective's error over the op's kernels under its own form and under its class's
+    /// (rms relative error, or rms absolute error in µs for the total objective).
+    pub error: f64,
+    pub class_error: f64,
+    pub samples: usize,
+}
+
+/// The objective's error of predictions `pred` against the samples' times: rms relative, or
+/// rms absolute (µs) for the total objective.
+fn objective_error(samples: &[Sample], pred: impl Fn(&Sample) -> f64, objective: Objective) -> f64 {
+    let n = samples.len().max(1) as f64;
+    let sq: f64 = samples
+        .iter()
+        .map(|s| match objective {
+            Objective::Relative => (pred(s) / s.time_us - 1.0).powi(2),
+            Objective::Total => (pred(s) - s.time_us).powi(2),
+        })
+        .sum();
+    (sq / n).sqrt()
+}
+
+/// Fits one op's kernels a form of their own ([`OpForm`]: the cost model prices an op with a
+/// `[[kernel]]` entry that way), against `class`, the form its class's fit gives it
+/// (`class_time`: the twin's price of a kernel under the class's fit, its one-row form
+/// included). Kept only where the op has at least [`MIN_OP_KERNELS`] kernels and its own form
+/// lowers the objective's error over them by at least a quarter: an op the engine runs unlike
+/// the rest of its class (the CPU engine's norms run at a third of its other elementwise ops'
+/// speed per element; its sampling copies the logits to the host) gets its own price, an op the
+/// class describes keeps the class's. Both resources are tried as the bound; the better wins.
+pub fn fit_op(
+    samples: &[Sample],
+    class: ClassParams,
+    class_time: impl Fn(&Sample) -> f64,
+    objective: Objective,
+) -> Option<OpFit> {
+    let f = op_form(samples, class, class_time, objective)?;
+    (f.error < 0.75 * f.class_error).then_some(f)
+}
+
+/// [`fit_op`] without the test that the op's own form pays: `None` only below
+/// [`MIN_OP_KERNELS`] kernels or without a fit.
+pub fn op_form(
+    samples: &[Sample],
+    class: ClassParams,
+    class_time: impl Fn(&Sample) -> f64,
+    objective: Objective,
+) -> Option<OpFit> {
+    let samples: Vec<Sample> = samples.iter().copied().filter(usable).collect();
+    if samples.len() < MIN_OP_KERNELS {
+        return None;
+    }
+    let flat: Vec<Sample> = samples
+        .iter()
+        .map(|s| Sample { rows: None, ..*s })
+        .collect();
+    let class_error = objective_error(&samples, &class_time, objective);
+    let prior = ClassParams {
+        rows_pad: 0.0,
+        ..class
+    };
+    let forms = [Resource::Compute, Resource::Memory].map(|bound| {
+        let holds = Holds {
+            compute: (bound == Resource::Memory).then_some(class.compute),
+            memory: (bound == Resource::Compute).then_some(class.memory),
+            rows_pad: Some(0.0),
+            fixed_us: None,
+        };
+        fit_holding(&flat, prior, objective, holds).map(|f| OpForm {
+            bound,
+            efficiency: match bound {
+                Resource::Compute => f.params.compute,
+                Resource::Memory => f.params.memory,
+            },
+            fixed_us: f.params.fixed_us,
+        })
+    });
+    let (form, error) = forms
+        .into_iter()
+        .flatten()
+        .map(|f| {
+            let e = objective_error(&samples, |s| f.time_us(&class, s), objective);
+            (f, e)
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1))?;
+    Some(OpFit {
+        form,
+        error,
+        class_error,
+        samples: samples.len(),
+    })
+}
+
 pub fn fit_class(samples: &[Sample], prior: ClassParams) -> Option<EfficiencyFit> {
     fit_class_with(samples, prior, Objective::Relative)
 }
@@ -441,17 +571,31 @@ fn fit_held(
     objective: Objective,
     hold_compute: bool,
 ) -> Option<EfficiencyFit> {
+    let holds = Holds {
+        compute: hold_compute.then_some(prior.compute),
+        memory: None,
+        rows_pad: hold_compute.then_some(prior.rows_pad),
+        fixed_us: None,
+    };
+    fit_holding(samples, prior, objective, holds)
+}
+
+/// The fit with `holds` held at their values (and whatever the samples cannot determine at
+/// `prior`'s).
+fn fit_holding(
+    samples: &[Sample],
+    prior: ClassParams,
+    objective: Objective,
+    mut holds: Holds,
+) -> Option<EfficiencyFit> {
     let samples: Vec<Sample> = samples.iter().copied().filter(usable).collect();
     if samples.is_empty() {
         return None;
     }
     let n = samples.len();
-    let mut holds = Holds {
-        compute: hold_compute.then_some(prior.compute),
-        memory: None,
-        rows_pad: hold_compute.then_some(prior.rows_pad),
-        fixed_us: (n < 2).then_some(prior.fixed_us),
-    };
+    if n < 2 {
+        holds.fixed_us = Some(prior.fixed_us);
+    }
     let mut weights = vec![1.0; n];
     let mut params = prior;
     // Decide what the samples determine, refitting until that settles (at most once per

@@ -23,7 +23,9 @@ use crate::kernels::{
 use comm::{alpha_beta, fit_collective, AlphaBeta, CollectiveFit, CommSample, GroupKey};
 use dstwin_hwmodels::{CostModel, DType, OpClass};
 use dstwin_traces::profile::{Profile, ProfileFormat};
-use efficiency::{fit_split, ClassParams, EfficiencyFit, Objective, Sample};
+use efficiency::{
+    fit_op, fit_split, op_form, ClassParams, EfficiencyFit, Objective, OpFit, Sample,
+};
 use host::{fit_host, HostFit};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -97,12 +99,27 @@ pub struct ClassReport {
     pub one_row: Option<EfficiencyFit>,
     /// With `one_row`: relative errors over every kernel of the class, split and as one form.
     pub rms_error_split: Option<(f64, f64)>,
+    /// Ops of the class with a form of their own ([`efficiency::fit_op`]): the class's form is
+    /// fitted to the other ops' kernels.
+    pub ops: Vec<(String, OpFit)>,
 }
 
 impl ClassReport {
     /// A kernel's time under the class's fit, µs: the one-row form for kernels of at most one
     /// row when the class has one, else the main form. `None` when the class was not fitted.
     pub fn time_us(&self, s: &Sample) -> Option<f64> {
+        self.class_time_us(s)
+    }
+
+    /// [`ClassReport::time_us`] of a kernel of op `op`: its own form where it has one.
+    pub fn op_time_us(&self, op: &str, s: &Sample) -> Option<f64> {
+        match (self.ops.iter().find(|(o, _)| o == op), &self.fit) {
+            (Some((_, f)), Some(c)) => Some(f.form.time_us(&c.params, s)),
+            _ => self.class_time_us(s),
+        }
+    }
+
+    fn class_time_us(&self, s: &Sample) -> Option<f64> {
         let one = s.rows.is_some_and(|r| r > 0.0 && r <= 1.0);
         match (&self.one_row, &self.fit) {
             (Some(o), _) if one => Some(o.params.time_us(&Sample { rows: None, ..*s })),
@@ -123,17 +140,31 @@ pub struct OpResidual {
     pub kernels: usize,
     pub one_row: usize,
     pub measured_ms: f64,
+    /// Under the form the twin prices the op with: its own where it has one, else its class's.
     pub fitted_ms: f64,
+    /// Under its class's form (the same as `fitted_ms` for an op without its own).
+    pub class_ms: f64,
+    /// Whether the op has a form of its own.
+    pub own: bool,
 }
 
 impl OpResidual {
     /// Fitted over measured, less one.
     pub fn error(&self) -> f64 {
-        if self.measured_ms > 0.0 {
-            self.fitted_ms / self.measured_ms - 1.0
-        } else {
-            0.0
-        }
+        rel(self.fitted_ms, self.measured_ms)
+    }
+
+    /// [`OpResidual::error`] under the class's form.
+    pub fn class_error(&self) -> f64 {
+        rel(self.class_ms, self.measured_ms)
+    }
+}
+
+fn rel(x: f64, of: f64) -> f64 {
+    if of > 0.0 {
+        x / of - 1.0
+    } else {
+        0.0
     }
 }
 
@@ -156,6 +187,8 @@ pub struct TraceCalibration {
     pub efficiency: Vec<ClassReport>,
     /// Per op, its kernels' measured time against the fit of its class, largest first.
     pub op_residuals: Vec<OpResidual>,
+    /// What the efficiency fits minimized.
+    pub objective: Objective,
     pub alpha_beta: Vec<AlphaBeta>,
     pub collective: Option<CollectiveFit>,
     pub host: Vec<HostReport>,
@@ -318,27 +351,78 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
         .iter()
         .map(|&class| {
             let s = samples.remove(&class).unwrap_or_default();
+            let names = sample_ops.remove(&class).unwrap_or_default();
             let prior = opts.cost.as_ref().map(|cm| prior_params(cm, class));
-            let split = prior.and_then(|p| fit_split(&s, p, opts.objective));
-            let rms_error_split = split
-                .as_ref()
-                .filter(|f| f.one_row.is_some())
-                .map(|f| (f.rms_error, f.rms_error_joint));
-            let (fit, one_row) = split.map_or((None, None), |f| (Some(f.main), f.one_row));
-            let report = ClassReport {
-                class,
-                kernels: counts.get(&class).copied().unwrap_or(0),
-                with_work: s.len(),
-                prior,
-                fit,
-                one_row,
-                rms_error_split,
+            let fit = |s: &[Sample]| {
+                let split = prior.and_then(|p| fit_split(s, p, opts.objective));
+                let rms_error_split = split
+                    .as_ref()
+                    .filter(|f| f.one_row.is_some())
+                    .map(|f| (f.rms_error, f.rms_error_joint));
+                let (fit, one_row) = split.map_or((None, None), |f| (Some(f.main), f.one_row));
+                ClassReport {
+                    class,
+                    kernels: counts.get(&class).copied().unwrap_or(0),
+                    with_work: s.len(),
+                    prior,
+                    fit,
+                    one_row,
+                    rms_error_split,
+                    ops: Vec::new(),
+                }
             };
-            let ops = sample_ops.remove(&class).unwrap_or_default();
-            for (x, op) in s.iter().zip(ops) {
-                let Some(t) = report.time_us(x).filter(|t| t.is_finite()) else {
+            let whole = fit(&s);
+            // Ops the class's form misses get their own; the class is then fitted to the rest.
+            let mut by_op: BTreeMap<&str, Vec<Sample>> = BTreeMap::new();
+            for (x, op) in s.iter().zip(&names) {
+                by_op.entry(op.as_str()).or_default().push(*x);
+            }
+            let own: Vec<(String, OpFit)> = match &whole.fit {
+                Some(f) => by_op
+                    .iter()
+                    .filter_map(|(op, xs)| {
+                        let class_time = |x: &Sample| whole.time_us(x).unwrap_or(f64::NAN);
+                        fit_op(xs, f.params, class_time, opts.objective)
+                            .map(|o| ((*op).to_owned(), o))
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
+            let rest: Vec<Sample> = s
+                .iter()
+                .zip(&names)
+                .filter(|(_, op)| !own.iter().any(|(o, _)| o == *op))
+                .map(|(x, _)| *x)
+                .collect();
+            let mut report = if own.is_empty() || rest.is_empty() {
+                whole.clone()
+            } else {
+                let mut r = fit(&rest);
+                r.with_work = s.len();
+                r
+            };
+            // The ops were chosen against the class's form over every kernel; with the class
+            // refitted to the rest, each op's form is fitted again against the refitted class
+            // (its other resource is the class's).
+            report.ops = match &report.fit {
+                Some(f) => own
+                    .into_iter()
+                    .filter_map(|(op, _)| {
+                        let xs = &by_op[op.as_str()];
+                        let class_time = |x: &Sample| report.time_us(x).unwrap_or(f64::NAN);
+                        op_form(xs, f.params, class_time, opts.objective).map(|n| (op, n))
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
+            for (x, op) in s.iter().zip(names) {
+                let (Some(t), Some(c)) = (report.op_time_us(&op, x), report.time_us(x)) else {
                     continue;
                 };
+                if !(t.is_finite() && c.is_finite()) {
+                    continue;
+                }
+                let own = report.ops.iter().any(|(o, _)| *o == op);
                 let r = op_residuals.entry(op.clone()).or_insert(OpResidual {
                     op,
                     class,
@@ -346,11 +430,14 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                     one_row: 0,
                     measured_ms: 0.0,
                     fitted_ms: 0.0,
+                    class_ms: 0.0,
+                    own,
                 });
                 r.kernels += 1;
                 r.one_row += usize::from(x.rows.is_some_and(|r| r > 0.0 && r <= 1.0));
                 r.measured_ms += x.time_us / 1e3;
                 r.fitted_ms += t / 1e3;
+                r.class_ms += c / 1e3;
             }
             report
         })
@@ -364,6 +451,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
         hardware: opts.cost.as_ref().map(|cm| cm.system.name.clone()),
         efficiency,
         op_residuals,
+        objective: opts.objective,
         alpha_beta: alpha_beta(&comm_samples),
         collective: opts
             .cost
