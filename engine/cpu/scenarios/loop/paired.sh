@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The twin-fidelity loop on the CPU engine, paired (docs/validation.md, "The CPU engine, end to
+# end"): for each repetition and each workload, profile the engine on the calibration workload,
+# fit the twin to that trace, then serve and measure the workload at once and compare it with
+# the twin's prediction. Each measurement follows its own calibration because a shared machine's
+# speed drifts over minutes; the summary gives, per workload and figure, the median error over
+# the repetitions and its range.
+#
+# Usage: engine/cpu/scenarios/loop/paired.sh OUT_DIR [REPS] [WORKLOAD...]
+# Environment: DSTWIN (the binary; default target/release/dstwin), MODEL (a checkpoint
+# directory; default: `init-weights --preset tiny --seed 1` into OUT_DIR/m), PORT (8000),
+# SERVE_CPU and BENCH_CPU (the cores for `taskset`; default 1 and 0).
+# Needs: taskset, curl, a release build. Run from the repository root.
+set -euo pipefail
+
+out=${1:?usage: paired.sh OUT_DIR [REPS] [WORKLOAD...]}
+reps=${2:-3}
+shift $(($# >= 2 ? 2 : $#))
+workloads=("$@")
+[ ${#workloads[@]} -gt 0 ] || workloads=(mixed-low mixed-high mixed-saturated prefix pd)
+bin=${DSTWIN:-target/release/dstwin}
+port=${PORT:-8000}
+loop=engine/cpu/scenarios/loop
+mkdir -p "$out"
+model=${MODEL:-$out/m}
+[ -f "$model/config.json" ] || "$bin" init-weights --preset tiny --seed 1 --out "$model" > /dev/null
+
+serve() { # scenario [extra args]
+    taskset -c "${SERVE_CPU:-1}" "$bin" serve "$1" --device cpu --model "$model" \
+        --engine-threads 1 --port "$port" "${@:2}" > "$out/serve.log" 2>&1 &
+    server=$!
+    for _ in $(seq 100); do
+        curl -s -o /dev/null "http://127.0.0.1:$port/health" && return 0
+        sleep 0.2
+    done
+    echo "the server did not start: $out/serve.log" >&2
+    exit 1
+}
+stop() { kill "$server"; wait "$server" 2> /dev/null || true; }
+bench() { # scenario result
+    taskset -c "${BENCH_CPU:-0}" "$bin" bench-serve --url "http://127.0.0.1:$port" \
+        --scenario "$1" --set "model=$model/config.json" --save-result "$2" > "$out/bench.log"
+}
+
+for r in $(seq "$reps"); do
+    for w in "${workloads[@]}"; do
+        serve "$loop/calibrate.toml" --profile "$out/trace.json"
+        bench "$loop/calibrate.toml" "$out/calibrate.json"
+        stop
+        "$bin" calibrate --trace "$out/trace.json" --hardware engine/cpu/hardware/cpu-host.toml \
+            --dtype fp32 --model "$model" --objective total --bench "$out/calibrate.json" \
+            --out "$out/cpu-costs.toml" --system-out "$out/cpu.toml" > "$out/calibrate.$w.$r.log"
+        serve "$loop/$w.toml"
+        bench "$loop/$w.toml" "$out/$w.$r.json"
+        stop
+        "$bin" validate --measured "$out/$w.$r.json" --scenario "$loop/$w.toml" \
+            --set "model=$model/config.json" --set "hardware=$out/cpu.toml" > "$out/$w.$r.validate"
+        echo "rep $r $w done" >&2
+    done
+done
+
+# Per workload and figure: the median error over the repetitions and its range.
+echo "workload          figure             median    min .. max   (predicted / measured - 1, %)"
+for w in "${workloads[@]}"; do
+    for f in mean_ttft_ms p90_ttft_ms mean_tpot_ms output_throughput; do
+        cat "$out/$w".*.validate |
+            awk -v f="$f" '$2 == f { sub("%", "", $5); print $5 }' |
+            sort -g |
+            awk -v w="$w" -v f="$f" '{ v[NR] = $1 }
+                END { if (NR == 0) exit;
+                      m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+                      printf "%-17s %-17s %+7.1f  %+6.1f .. %+6.1f\n", w, f, m, v[1], v[NR] }'
+    done
+done
