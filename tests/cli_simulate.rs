@@ -721,10 +721,9 @@ fn a_warm_up_is_left_out_of_latencies_tokens_and_rates() {
     assert!(err(&o).contains("nothing was measured"), "{}", err(&o));
 }
 
-#[test]
-fn a_cost_files_host_time_reaches_the_twin_unless_the_scenario_gives_its_own() {
-    // The A3 system with its cost file plus the `[host]` table `calibrate --trace` writes.
-    let dir = common::tmp_dir("sim", "host");
+/// The A3 system in `dir`, priced by its cost file plus a `[host]` table of `host` (TOML lines);
+/// -> the `hardware=` override that selects it.
+fn a3_with_host(dir: &std::path::Path, host: &str) -> String {
     let root = env!("CARGO_MANIFEST_DIR");
     let system = common::read(&PathBuf::from(format!(
         "{root}/hwmodels/data/systems/atlas-800-a3.toml"
@@ -739,10 +738,17 @@ fn a_cost_files_host_time_reaches_the_twin_unless_the_scenario_gives_its_own() {
     )));
     std::fs::write(
         dir.join("costs.toml"),
-        format!("{costs}\n[host]\nstep_us = 5000.0\nsource = \"test\"\n"),
+        format!("{costs}\n[host]\n{host}\nsource = \"test\"\n"),
     )
     .unwrap();
-    let hw = format!("hardware={}", dir.join("a3.toml").display());
+    format!("hardware={}", dir.join("a3.toml").display())
+}
+
+#[test]
+fn a_cost_files_host_time_reaches_the_twin_unless_the_scenario_gives_its_own() {
+    // The A3 system with its cost file plus the `[host]` table `calibrate --trace` writes.
+    let dir = common::tmp_dir("sim", "host");
+    let hw = a3_with_host(&dir, "step_us = 5000.0");
     let scenario = data("tiny-mixed.toml");
     let tpot = |sets: &[&str]| {
         let mut args = vec!["simulate", scenario.as_str(), "--json", "--quiet"];
@@ -791,24 +797,7 @@ fn host_time_per_token_is_paid_on_every_token_a_step_computes() {
     let (ttft, tpot) = run("100");
     // The same from a cost file's `[host] per_token_us` (what `calibrate --trace` fits).
     let dir = common::tmp_dir("sim", "host-token");
-    let root = env!("CARGO_MANIFEST_DIR");
-    let system = common::read(&PathBuf::from(format!(
-        "{root}/hwmodels/data/systems/atlas-800-a3.toml"
-    )))
-    .replace(
-        "cost_model = \"ascend-910c\"",
-        "cost_model = \"costs.toml\"",
-    );
-    std::fs::write(dir.join("a3.toml"), system).unwrap();
-    let costs = common::read(&PathBuf::from(format!(
-        "{root}/hwmodels/data/costs/ascend-910c.toml"
-    )));
-    std::fs::write(
-        dir.join("costs.toml"),
-        format!("{costs}\n[host]\nstep_us = 0.0\nper_token_us = 100.0\nsource = \"test\"\n"),
-    )
-    .unwrap();
-    let hw = format!("hardware={}", dir.join("a3.toml").display());
+    let hw = a3_with_host(&dir, "step_us = 0.0\nper_token_us = 100.0");
     let o = dstwin(&[
         "simulate",
         &scenario,
