@@ -132,6 +132,14 @@ pub struct OneRow {
     pub fixed_us: f64,
 }
 
+impl OneRow {
+    /// Whether an op of `rows` rows takes the one-row form: at most one row (one, or the
+    /// fraction sparse expert parallelism expects per expert), more than none.
+    pub fn covers(rows: f64) -> bool {
+        rows > 0.0 && rows <= 1.0
+    }
+}
+
 fn is_zero(v: &f64) -> bool {
     *v == 0.0
 }
@@ -655,7 +663,7 @@ impl CostModel {
     pub fn compute(&self, w: &Work) -> Cost {
         let e = self.class(w.class);
         match e.one_row {
-            Some((compute, memory, fixed_s)) if w.rows > 0.0 && w.rows <= 1.0 => {
+            Some((compute, memory, fixed_s)) if OneRow::covers(w.rows) => {
                 self.roofline(w, compute, memory, 0.0, fixed_s)
             }
             _ => self.roofline(w, e.compute, e.memory, e.rows_pad, e.fixed_s),

@@ -21,7 +21,7 @@ pub use catalog::Catalog;
 pub use chip::Chip;
 pub use cost::{
     A2aMode, AllToAllParams, Bound, Comm, CommKind, Cost, CostModel, CostParams, Efficiency,
-    HostParams, KernelParams, OpClass, Resource, Work,
+    HostParams, KernelParams, OneRow, OpClass, Resource, Work,
 };
 pub use dtype::DType;
 pub use error::HwError;

@@ -36,6 +36,16 @@ impl Target {
             Target::Outside { .. } | Target::Unmapped => None,
         }
     }
+
+    /// The op a mapped kernel counts under in reports: its op's name, or `<class> (no op
+    /// named)` for work of a class that no single op names.
+    pub fn op_label(&self) -> Option<String> {
+        match self {
+            Target::Op { op, .. } => Some((*op).to_owned()),
+            Target::Kind(kind) => Some(format!("{} (no op named)", kind.label())),
+            Target::Outside { .. } | Target::Unmapped => None,
+        }
+    }
 }
 
 /// The backend a profile most likely comes from: the CPU engine when its kernels carry op
@@ -173,15 +183,10 @@ pub fn summarize<'a>(kernels: impl Iterator<Item = (&'a KernelRecord, &'a Target
         total += u128::from(k.dur_ns);
         count = count.saturating_add(k.calls);
         match t {
-            Target::Op { op, kind } => {
+            Target::Op { kind, .. } | Target::Kind(kind) => {
                 mapped_ns += u128::from(k.dur_ns);
                 add(&mut by_class, kind.label(), k);
-                add(&mut by_op, (*op).to_owned(), k);
-            }
-            Target::Kind(kind) => {
-                mapped_ns += u128::from(k.dur_ns);
-                add(&mut by_class, kind.label(), k);
-                add(&mut by_op, format!("{} (no op named)", kind.label()), k);
+                add(&mut by_op, t.op_label().unwrap_or_default(), k);
             }
             Target::Outside { reason, .. } => {
                 outside_ns += u128::from(k.dur_ns);

@@ -34,7 +34,7 @@
 //! `fixed_us` one distinct kernel shape more than the other parameters fitted.
 
 use crate::lsq::bounded_lstsq;
-use dstwin_hwmodels::Resource;
+use dstwin_hwmodels::{OneRow, Resource};
 use serde::Serialize;
 
 /// Most starting cuts along the arithmetic intensity.
@@ -88,6 +88,12 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// Whether the cost model prices the kernel with its class's one-row form, where the class
+    /// has one ([`OneRow::covers`]).
+    pub fn one_row(&self) -> bool {
+        self.rows.is_some_and(OneRow::covers)
+    }
+
     /// µs at the compute peak, the same over rows, and µs at the memory peak.
     fn features(&self) -> (f64, f64, f64) {
         let a = self.flops / self.peak_flops * 1e6;
@@ -355,14 +361,12 @@ pub fn fit_split(samples: &[Sample], prior: ClassParams, objective: Objective) -
     // The samples every fit keeps, so that both errors are over the same kernels.
     let samples: Vec<Sample> = samples.iter().copied().filter(usable).collect();
     let joint = fit_class_with(&samples, prior, objective)?;
-    // At most one row: one, or the fraction sparse expert parallelism expects per expert.
-    let one = |s: &Sample| s.rows.is_some_and(|r| r > 0.0 && r <= 1.0);
     let ones: Vec<Sample> = samples
         .iter()
-        .filter(|s| one(s))
+        .filter(|s| s.one_row())
         .map(|s| Sample { rows: None, ..*s })
         .collect();
-    let wider: Vec<Sample> = samples.iter().copied().filter(|s| !one(s)).collect();
+    let wider: Vec<Sample> = samples.iter().copied().filter(|s| !s.one_row()).collect();
     let apart = (ones.len() >= MIN_ONE_ROW && wider.len() >= MIN_ONE_ROW)
         .then(|| {
             let main = fit_class_with(&wider, prior, objective)?;
@@ -381,7 +385,7 @@ pub fn fit_split(samples: &[Sample], prior: ClassParams, objective: Objective) -
             let r: Vec<f64> = samples
                 .iter()
                 .map(|s| {
-                    let t = if one(s) {
+                    let t = if s.one_row() {
                         single.params.time_us(&Sample { rows: None, ..*s })
                     } else {
                         main.params.time_us(s)

@@ -108,23 +108,18 @@ impl ClassReport {
     /// A kernel's time under the class's fit, µs: the one-row form for kernels of at most one
     /// row when the class has one, else the main form. `None` when the class was not fitted.
     pub fn time_us(&self, s: &Sample) -> Option<f64> {
-        self.class_time_us(s)
+        match (&self.one_row, &self.fit) {
+            (Some(o), _) if s.one_row() => Some(o.params.time_us(&Sample { rows: None, ..*s })),
+            (_, Some(f)) => Some(f.params.time_us(s)),
+            _ => None,
+        }
     }
 
     /// [`ClassReport::time_us`] of a kernel of op `op`: its own form where it has one.
     pub fn op_time_us(&self, op: &str, s: &Sample) -> Option<f64> {
         match (self.ops.iter().find(|(o, _)| o == op), &self.fit) {
             (Some((_, f)), Some(c)) => Some(f.form.time_us(&c.params, s)),
-            _ => self.class_time_us(s),
-        }
-    }
-
-    fn class_time_us(&self, s: &Sample) -> Option<f64> {
-        let one = s.rows.is_some_and(|r| r > 0.0 && r <= 1.0);
-        match (&self.one_row, &self.fit) {
-            (Some(o), _) if one => Some(o.params.time_us(&Sample { rows: None, ..*s })),
-            (_, Some(f)) => Some(f.params.time_us(s)),
-            _ => None,
+            _ => self.time_us(s),
         }
     }
 }
@@ -308,11 +303,11 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                         .and_then(|m| engine_op_work(k, class, m))
                 });
                 if let Some(w) = work {
-                    let op = match t {
-                        crate::kernels::Target::Op { op, .. } => (*op).to_owned(),
-                        _ => format!("{} (no op named)", class.name()),
-                    };
-                    sample_ops.entry(class).or_default().push(op);
+                    // A compute target names its op, or its class.
+                    sample_ops
+                        .entry(class)
+                        .or_default()
+                        .push(t.op_label().unwrap_or_default());
                     samples.entry(class).or_default().push(Sample {
                         flops: w.flops,
                         bytes: w.bytes,
@@ -395,7 +390,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                 .map(|(x, _)| *x)
                 .collect();
             let mut report = if own.is_empty() || rest.is_empty() {
-                whole.clone()
+                whole
             } else {
                 let mut r = fit(&rest);
                 r.with_work = s.len();
@@ -434,7 +429,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                     own,
                 });
                 r.kernels += 1;
-                r.one_row += usize::from(x.rows.is_some_and(|r| r > 0.0 && r <= 1.0));
+                r.one_row += usize::from(x.one_row());
                 r.measured_ms += x.time_us / 1e3;
                 r.fitted_ms += t / 1e3;
                 r.class_ms += c / 1e3;
