@@ -9,7 +9,8 @@
 # Usage: engine/cpu/scenarios/loop/paired.sh OUT_DIR [REPS] [WORKLOAD...]
 # Environment: DSTWIN (the binary; default target/release/dstwin), MODEL (a checkpoint
 # directory; default: `init-weights --preset tiny --seed 1` into OUT_DIR/m), PORT (8000),
-# SERVE_CPU and BENCH_CPU (the cores for `taskset`; default 1 and 0).
+# SERVE_CPU and BENCH_CPU (the cores for `taskset`; default 1 and 0), CALIBRATE (the calibration
+# workload; default calibrate.toml beside this script).
 # Needs: taskset, curl, a release build. Run from the repository root.
 set -euo pipefail
 
@@ -21,6 +22,7 @@ workloads=("$@")
 bin=${DSTWIN:-target/release/dstwin}
 port=${PORT:-8000}
 loop=engine/cpu/scenarios/loop
+cal=${CALIBRATE:-$loop/calibrate.toml}
 mkdir -p "$out"
 model=${MODEL:-$out/m}
 [ -f "$model/config.json" ] || "$bin" init-weights --preset tiny --seed 1 --out "$model" > /dev/null
@@ -44,8 +46,8 @@ bench() { # scenario result
 
 for r in $(seq "$reps"); do
     for w in "${workloads[@]}"; do
-        serve "$loop/calibrate.toml" --profile "$out/trace.json"
-        bench "$loop/calibrate.toml" "$out/calibrate.json"
+        serve "$cal" --profile "$out/trace.json"
+        bench "$cal" "$out/calibrate.json"
         stop
         "$bin" calibrate --trace "$out/trace.json" --hardware engine/cpu/hardware/cpu-host.toml \
             --dtype fp32 --model "$model" --objective total --bench "$out/calibrate.json" \
@@ -55,6 +57,9 @@ for r in $(seq "$reps"); do
         stop
         "$bin" validate --measured "$out/$w.$r.json" --scenario "$loop/$w.toml" \
             --set "model=$model/config.json" --set "hardware=$out/cpu.toml" > "$out/$w.$r.validate"
+        # Keep this run's fitted files for a look afterwards (cpu.toml names cpu-costs.toml).
+        mkdir -p "$out/$w.$r.fit"
+        cp "$out/cpu.toml" "$out/cpu-costs.toml" "$out/$w.$r.fit/"
         echo "rep $r $w done" >&2
     done
 done
