@@ -88,6 +88,12 @@ pub struct CalibrateArgs {
     /// machine counts in full; what a twin predicting means of steps wants).
     #[arg(long, requires = "trace", default_value = "relative")]
     objective: String,
+    /// Fit nothing: price the traces' kernels and host time with the --hardware's cost file as it
+    /// is, against what they measured, by class, by op and per step. For a cost file fitted on
+    /// one run (calibrate --trace --out), checked on another run's trace: where its
+    /// predictions miss.
+    #[arg(long, requires = "hardware", conflicts_with_all = ["out", "objective"])]
+    check: bool,
     /// Gaps between device steps longer than this many times the median are idle time, not
     /// host overhead [default: 5].
     #[arg(long, requires = "trace")]
@@ -197,6 +203,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
             model: a.model,
             objective: a.objective,
             bench: a.bench,
+            check: a.check,
             top: a.top,
             json: a.json,
         });

@@ -9,7 +9,8 @@ use dstwin_calibration::tracefit::costfile::{cost_file, system_file};
 use dstwin_calibration::tracefit::efficiency::Objective;
 use dstwin_calibration::tracefit::work::EngineModel;
 use dstwin_calibration::tracefit::{
-    calibrate, FrontEnd, TraceCalibration, TraceOptions, DEFAULT_IDLE_FACTOR,
+    calibrate, check, FrontEnd, OpCheck, TraceCalibration, TraceCheck, TraceOptions,
+    DEFAULT_IDLE_FACTOR,
 };
 use dstwin_core::model::{ModelConfig, Quant};
 use dstwin_hwmodels::{Catalog, CostModel, DType};
@@ -28,6 +29,8 @@ pub struct TraceArgs {
     pub model: Option<PathBuf>,
     pub objective: String,
     pub bench: Vec<PathBuf>,
+    /// Price with the hardware's cost file as it is instead of fitting.
+    pub check: bool,
     pub top: usize,
     pub json: bool,
 }
@@ -127,6 +130,27 @@ pub fn run(a: TraceArgs) -> Result<(), Failure> {
         model,
         objective,
     };
+    if a.check {
+        if !a.bench.is_empty() {
+            return Err(input(anyhow!(
+                "--bench with --check: the front end is fitted, not checked (compare the client's TTFT with simulate instead)"
+            )));
+        }
+        let ck = check(&profiles, &opts)
+            .ok_or_else(|| input(anyhow!("--check needs --hardware: the cost file to check")))?;
+        if ck.mapping.kernels == 0 {
+            return Err(no_kernels(&a.traces));
+        }
+        if a.json {
+            let v = serde_json::json!({ "check": ck });
+            outln!(
+                "{}",
+                serde_json::to_string_pretty(&v).map_err(|e| Failure::Runtime(e.into()))?
+            )?;
+            return Ok(());
+        }
+        return print_check(&ck, a.top);
+    }
     let mut cal = calibrate(&profiles, &opts);
     if !a.bench.is_empty() {
         let mut results = Vec::new();
@@ -143,10 +167,7 @@ pub fn run(a: TraceArgs) -> Result<(), Failure> {
             Some(FrontEnd::from_bench(&results).map_err(|e| input(anyhow!("--bench {e}")))?);
     }
     if cal.mapping.kernels == 0 {
-        return Err(input(anyhow!(
-            "{}: no device kernels found (is this a device trace? docs/calibration.md lists the formats)",
-            a.traces.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-        )));
+        return Err(no_kernels(&a.traces));
     }
     let written = match (&a.out, &cost) {
         (Some(out), Some((cm, _))) => Some(write_files(out, a.system_out.as_deref(), cm, &cal)?),
@@ -168,6 +189,17 @@ pub fn run(a: TraceArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+fn no_kernels(traces: &[PathBuf]) -> Failure {
+    Failure::Input(anyhow!(
+        "{}: no device kernels found (is this a device trace? docs/calibration.md lists the formats)",
+        traces
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
 }
 
 /// The model of `--model`: a checkpoint directory or its config.json. The op graph prices it
@@ -503,6 +535,23 @@ fn print(
             )?,
         }
     }
+    match &cal.cold {
+        Some(c) => outln!(
+            "steps after idling (more than {:.1} us after the previous one): {} steps, {} kernels took {:.3} ms against {:.3} ms under the forms fitted to the other steps: cold_factor = {:.3}",
+            c.after_us,
+            c.steps,
+            c.kernels,
+            c.measured_ms,
+            c.warm_ms,
+            c.factor
+        )?,
+        None if cal.host.iter().any(|h| h.fit.is_some()) => outln!(
+            "steps after idling: fewer than {} such steps or {} of their kernels with known work: fitted with the others",
+            dstwin_calibration::tracefit::MIN_COLD_STEPS,
+            dstwin_calibration::tracefit::MIN_COLD_KERNELS
+        )?,
+        None => {}
+    }
     if let Some(fe) = &cal.frontend {
         outln!(
             "front end per request: request_us = {:.1}, the client's mean TTFT less the server's over {} requests ({})",
@@ -510,6 +559,130 @@ fn print(
             fe.requests,
             fe.origins.join(", ")
         )?;
+    }
+    Ok(())
+}
+
+/// The report of `--check`: kernels and host time priced by the cost file as it is.
+fn print_check(ck: &TraceCheck, top: usize) -> Result<(), Failure> {
+    for t in &ck.traces {
+        outln!("trace {}", t.line())?;
+    }
+    let m = &ck.mapping;
+    outln!(
+        "  mapped onto the op graph {:.1}%, outside it {:.1}%, unmapped {:.1}% of {:.3} ms of kernel time",
+        m.mapped_share * 100.0,
+        m.outside_share * 100.0,
+        m.unmapped_share * 100.0,
+        m.time_ms
+    )?;
+    outln!()?;
+    let rows = |title: &str, v: &[OpCheck], first: &str| -> Result<(), Failure> {
+        outln!("{title}")?;
+        outln!(
+            "  {:<24} {:<17} {:>8} {:>11} {:>11} {:>8} {:>11}",
+            first,
+            "class",
+            "kernels",
+            "measured ms",
+            "priced ms",
+            "error",
+            "rms/kernel"
+        )?;
+        for r in v.iter().take(top) {
+            outln!(
+                "  {:<24} {:<17} {:>8} {:>11.3} {:>11.3} {:>+7.1}% {:>10.1}%{}",
+                r.op,
+                r.class.name(),
+                r.kernels,
+                r.measured_ms,
+                r.priced_ms,
+                r.error() * 100.0,
+                r.rms_error * 100.0,
+                if r.own {
+                    "  (own [[kernel]] entry)"
+                } else {
+                    ""
+                }
+            )?;
+        }
+        let more = v.len().saturating_sub(top);
+        if more > 0 {
+            outln!("  ... {more} more (--top, --json)")?;
+        }
+        Ok(())
+    };
+    rows(
+        &format!(
+            "priced by {}'s cost file as it is, against measured: kernels with known work, by class",
+            ck.hardware
+        ),
+        &ck.classes,
+        "class",
+    )?;
+    outln!()?;
+    rows("by op", &ck.ops, "op")?;
+    let (km, kp) = ck
+        .classes
+        .iter()
+        .fold((0.0, 0.0), |(m, p), r| (m + r.measured_ms, p + r.priced_ms));
+    outln!()?;
+    match ck.host_terms {
+        None => outln!("host time: the cost file has no [host] terms to check")?,
+        Some((s, q, t)) => {
+            outln!(
+                "host time per step, priced by [host] step_us = {s:.1}, per_seq_us = {q:.2}, per_token_us = {t:.3}"
+            )?;
+            let (mut hm, mut hp) = (0.0, 0.0);
+            for h in &ck.host {
+                match &h.check {
+                    Some(c) => {
+                        outln!(
+                            "  {}: {} steps ({} idle gaps left out): measured {:.3} ms, priced {:.3} ms ({:+.1}%), rms {:.1} us per step",
+                            h.origin,
+                            c.gaps,
+                            c.idle_gaps,
+                            c.measured_ms,
+                            c.priced_ms,
+                            (c.priced_ms / c.measured_ms - 1.0) * 100.0,
+                            c.rms_us
+                        )?;
+                        hm += c.measured_ms;
+                        hp += c.priced_ms;
+                    }
+                    None => outln!(
+                        "  {}: fewer than two device steps marked: not checked",
+                        h.origin
+                    )?,
+                }
+            }
+            if let Some(c) = ck.cold.as_ref().filter(|c| c.kernels == 0) {
+                outln!(
+                    "steps after idling (more than {:.1} us after the previous one): none with kernels of known work in these traces",
+                    c.after_us
+                )?;
+            }
+            if let Some(c) = ck.cold.as_ref().filter(|c| c.kernels > 0) {
+                outln!(
+                    "steps after idling (more than {:.1} us after the previous one; priced at cold_factor = {:.3} times the forms): {} steps, {} kernels: measured {:.3} ms, warm price {:.3} ms, cold price {:.3} ms ({:+.1}%)",
+                    c.after_us,
+                    c.factor,
+                    c.steps,
+                    c.kernels,
+                    c.measured_ms,
+                    c.warm_ms,
+                    c.warm_ms * c.factor,
+                    (c.warm_ms * c.factor / c.measured_ms - 1.0) * 100.0
+                )?;
+            }
+            let (tm, tp) = (km + hm, kp + hp);
+            if tm > 0.0 {
+                outln!(
+                    "kernels and host time together: measured {tm:.3} ms, priced {tp:.3} ms ({:+.1}%)",
+                    (tp / tm - 1.0) * 100.0
+                )?;
+            }
+        }
     }
     Ok(())
 }

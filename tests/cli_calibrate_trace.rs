@@ -258,3 +258,92 @@ fn bad_traces_and_options_are_refused_with_what_is_wrong() {
     assert!(e.contains("--targets"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn check_prices_a_trace_with_a_fitted_cost_file_as_it_is() {
+    let dir = tmp("check");
+    let cost = dir.join("fitted.toml");
+    let system = dir.join("fitted-system.toml");
+    let trace = fixture("cpu_engine_profile.json");
+    let o = dstwin(&[
+        "calibrate",
+        "--trace",
+        &trace,
+        "--hardware",
+        "nvidia-h800-8",
+        "--dtype",
+        "fp32",
+        "--out",
+        cost.to_str().unwrap(),
+        "--system-out",
+        system.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let check = |extra: &[&str]| {
+        let mut args = vec![
+            "calibrate",
+            "--trace",
+            &trace,
+            "--hardware",
+            system.to_str().unwrap(),
+            "--dtype",
+            "fp32",
+            "--check",
+        ];
+        args.extend_from_slice(extra);
+        let o = dstwin(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let s = check(&[]);
+    for want in [
+        "priced by fitted-system's cost file as it is",
+        "by op",
+        "q_a_proj",
+        "host time per step, priced by [host] step_us =",
+        "kernels and host time together",
+    ] {
+        assert!(s.contains(want), "{want}:\n{s}");
+    }
+    // Nothing is fitted or written.
+    assert!(
+        !s.contains("efficiency per op class") && !s.contains("written"),
+        "{s}"
+    );
+    let j: serde_json::Value = serde_json::from_str(&check(&["--json"])).unwrap();
+    let ops = j["check"]["ops"].as_array().unwrap();
+    let kernels: u64 = ops.iter().map(|r| r["kernels"].as_u64().unwrap()).sum();
+    assert_eq!(kernels, 146);
+    assert!(ops.iter().all(|r| r["priced_ms"].as_f64().unwrap() > 0.0));
+    let refused = |args: &[&str]| {
+        let o = dstwin(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        stderr(&o)
+    };
+    let e = refused(&["calibrate", "--trace", &trace, "--check"]);
+    assert!(e.contains("--hardware"), "{e}");
+    let out = dir.join("x.toml");
+    let e = refused(&[
+        "calibrate",
+        "--trace",
+        &trace,
+        "--hardware",
+        "nvidia-h800-8",
+        "--check",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(e.contains("--out"), "{e}");
+    let e = refused(&[
+        "calibrate",
+        "--trace",
+        &trace,
+        "--hardware",
+        "nvidia-h800-8",
+        "--check",
+        "--bench",
+        "r.json",
+    ]);
+    assert!(e.contains("--bench"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -835,3 +835,107 @@ fn host_time_per_token_is_paid_on_every_token_a_step_computes() {
         err(&o)
     );
 }
+
+#[test]
+fn a_step_after_idling_runs_its_kernels_at_the_cold_factor() {
+    // tiny-mixed's deployment, three requests 20 s apart on average: each prompt's step starts
+    // after the device idled (the first one has nothing before it), every decode step right
+    // after the previous one.
+    let dir = common::tmp_dir("sim", "cold");
+    let base = common::read(&PathBuf::from(data("tiny-mixed.toml")));
+    let open = base.split("[workload]").next().unwrap().to_owned()
+        + "[workload]\nkind = \"synthetic\"\nnum_requests = 3\ninput = { dist = \"fixed\", value = 700 }\noutput = { dist = \"fixed\", value = 20 }\narrival = { process = \"poisson\", rate = 0.05 }\n";
+    let scenario = dir.join("open.toml");
+    std::fs::write(&scenario, open).unwrap();
+    let run = |scenario: &str, host: &str, name: &str| -> Vec<(f64, f64)> {
+        let sub = dir.join(name);
+        std::fs::create_dir_all(&sub).unwrap();
+        let hw = a3_with_host(&sub, host);
+        let csv = sub.join("requests.csv");
+        let o = dstwin(&[
+            "simulate",
+            scenario,
+            "--quiet",
+            "--set",
+            &hw,
+            "--set",
+            "expert_load.kind=perfect",
+            "--requests-csv",
+            csv.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", err(&o));
+        let text = common::read(&csv);
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let col = |n: &str| head.iter().position(|h| *h == n).unwrap();
+        let (ttft, tpot) = (col("ttft_ms"), col("tpot_ms"));
+        lines
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f[ttft].parse().unwrap(), f[tpot].parse().unwrap())
+            })
+            .collect()
+    };
+    let open = scenario.to_str().unwrap();
+    let warm = run(open, "step_us = 0.0", "warm");
+    let cold2 = run(
+        open,
+        "step_us = 0.0\ncold_after_us = 1000.0\ncold_factor = 2.0",
+        "cold2",
+    );
+    let cold3 = run(
+        open,
+        "step_us = 0.0\ncold_after_us = 1000.0\ncold_factor = 3.0",
+        "cold3",
+    );
+    assert_eq!(warm.len(), 3);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b.abs().max(1.0);
+    // The first prompt has nothing to idle after; the decode steps follow one another.
+    assert!(close(cold2[0].0, warm[0].0), "{cold2:?} {warm:?}");
+    for i in 0..3 {
+        assert!(close(cold2[i].1, warm[i].1) && close(cold3[i].1, warm[i].1));
+    }
+    // The later prompts' steps run at the factor: twice the factor less one, twice the extra.
+    for i in 1..3 {
+        let (d2, d3) = (cold2[i].0 - warm[i].0, cold3[i].0 - warm[i].0);
+        assert!(d2 > 1.0, "request {i}: {warm:?} -> {cold2:?}");
+        assert!(close(d3, 2.0 * d2), "request {i}: +{d2} at 2, +{d3} at 3");
+    }
+    // Idling shorter than cold_after_us is no idling.
+    let long = run(
+        open,
+        "step_us = 0.0\ncold_after_us = 1e12\ncold_factor = 3.0",
+        "long",
+    );
+    assert_eq!(long, warm);
+    // A busy closed loop never idles: the same report as without the cold terms.
+    let tiny = data("tiny-mixed.toml");
+    assert_eq!(
+        run(
+            &tiny,
+            "step_us = 0.0\ncold_after_us = 1000.0\ncold_factor = 3.0",
+            "busy"
+        ),
+        run(&tiny, "step_us = 0.0", "busy-warm")
+    );
+    // Both or neither, and each a number above zero.
+    let sub = dir.join("bad");
+    std::fs::create_dir_all(&sub).unwrap();
+    for (host, field) in [
+        ("step_us = 0.0\ncold_factor = 2.0", "host.cold_factor"),
+        (
+            "step_us = 0.0\ncold_after_us = 0.0\ncold_factor = 2.0",
+            "host.cold_after_us",
+        ),
+        (
+            "step_us = 0.0\ncold_after_us = 10.0\ncold_factor = -1.0",
+            "host.cold_factor",
+        ),
+    ] {
+        let hw = a3_with_host(&sub, host);
+        let o = dstwin(&["simulate", open, "--quiet", "--set", &hw]);
+        assert_eq!(o.status.code(), Some(2), "{host}: {}", err(&o));
+        assert!(err(&o).contains(field), "{host}: {}", err(&o));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

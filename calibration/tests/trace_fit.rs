@@ -10,11 +10,11 @@ use dstwin_calibration::tracefit::costfile::cost_file;
 use dstwin_calibration::tracefit::efficiency::{
     fit_class, fit_class_with, fit_op, fit_split, ClassParams, Objective, Sample, MIN_OP_KERNELS,
 };
-use dstwin_calibration::tracefit::host::{fit_host, StepSource};
+use dstwin_calibration::tracefit::host::{check_host, fit_host, StepSource};
 use dstwin_calibration::tracefit::work::kernel_work;
-use dstwin_calibration::tracefit::{calibrate, TraceOptions, DEFAULT_IDLE_FACTOR};
+use dstwin_calibration::tracefit::{calibrate, check, TraceOptions, DEFAULT_IDLE_FACTOR};
 use dstwin_hwmodels::{
-    A2aMode, Catalog, Comm, CommKind, CostModel, CostParams, DType, OpClass, Resource,
+    A2aMode, Catalog, Comm, CommKind, CostModel, CostParams, DType, OpClass, Resource, Work,
 };
 use dstwin_traces::profile::{read_path, KernelRecord, Profile, ProfileFormat, StepMarker};
 use rand::{Rng, SeedableRng};
@@ -802,4 +802,259 @@ fn calibrate_fits_what_the_cpu_engine_profile_carries() {
     // Dispatch and combine carry no bytes: no alpha-beta.
     assert!(cal.alpha_beta.is_empty());
     assert!(cal.host[0].fit.is_some());
+}
+
+#[test]
+fn check_prices_each_kernel_with_the_cost_model_as_it_is() {
+    let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
+    let cat = Catalog::builtin();
+    let cm = cat
+        .cost_model(cat.system("nvidia-h800-8").unwrap(), None)
+        .unwrap();
+    let opts = TraceOptions {
+        backend: None,
+        rules: RuleSet::default(),
+        cost: Some(cm.clone()),
+        idle_factor: DEFAULT_IDLE_FACTOR,
+        dtype: Some(DType::Fp32),
+        model: None,
+        objective: Default::default(),
+    };
+    let ck = check(std::slice::from_ref(&p), &opts).unwrap();
+    assert_eq!(ck.hardware, cm.system.name);
+    // Every GEMM with its shapes, under its op: measured as traced, priced by the model's
+    // compute_op of its work.
+    assert_eq!(ck.ops.iter().map(|r| r.kernels).sum::<usize>(), 146);
+    for r in &ck.ops {
+        let (mut measured, mut priced) = (0.0, 0.0);
+        for k in p.kernels.iter().filter(|k| *k.name == r.op) {
+            let w = kernel_work(k, true, Some(DType::Fp32)).unwrap();
+            let work = Work {
+                class: OpClass::Gemm,
+                flops: w.flops,
+                bytes: w.bytes,
+                dtype: DType::Fp32,
+                rows: w.rows.unwrap_or(0.0),
+            };
+            measured += k.dur_ns as f64 / 1e6;
+            priced += cm.compute_op(&r.op, &work).time_s * 1e3;
+        }
+        assert!((r.measured_ms - measured).abs() < 1e-9, "{r:?}");
+        assert!((r.priced_ms - priced).abs() < 1e-9 * priced, "{r:?}");
+        assert!(r.rms_error.is_finite() && r.rms_error > 0.0, "{r:?}");
+    }
+    // The class row is its ops summed.
+    let gemm = ck
+        .classes
+        .iter()
+        .find(|r| r.class == OpClass::Gemm)
+        .unwrap();
+    let sum: f64 = ck.ops.iter().map(|r| r.priced_ms).sum();
+    assert!((gemm.priced_ms - sum).abs() < 1e-9 * sum);
+    // The shipped H800 cost file has no [host]: nothing to check the host time against.
+    assert_eq!(ck.host_terms, None);
+    assert!(ck.host[0].check.is_none());
+    // Without a cost model there is nothing to price with.
+    assert!(check(
+        std::slice::from_ref(&p),
+        &TraceOptions { cost: None, ..opts }
+    )
+    .is_none());
+}
+
+#[test]
+fn a_cost_file_written_by_calibrate_prices_its_own_trace_as_the_fit_did() {
+    // Fitted on the fixture, written as a cost file, read back: checking the same trace with it
+    // gives the fit's own prediction of every op (what the twin prices is what was fitted).
+    let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
+    let cat = Catalog::builtin();
+    let base = cat
+        .cost_model(cat.system("nvidia-h800-8").unwrap(), None)
+        .unwrap();
+    let opts = |cost: CostModel| TraceOptions {
+        backend: None,
+        rules: RuleSet::default(),
+        cost: Some(cost),
+        idle_factor: DEFAULT_IDLE_FACTOR,
+        dtype: Some(DType::Fp32),
+        model: None,
+        objective: Default::default(),
+    };
+    let cal = calibrate(std::slice::from_ref(&p), &opts(base.clone()));
+    let text = cost_file(&base.params, "fitted", &cal).unwrap();
+    let params: CostParams = toml::from_str(&text).unwrap();
+    let fitted = CostModel::new(base.system.clone(), params);
+    let ck = check(std::slice::from_ref(&p), &opts(fitted)).unwrap();
+    assert_eq!(ck.ops.len(), cal.op_residuals.len());
+    for r in &cal.op_residuals {
+        let c = ck.ops.iter().find(|c| c.op == r.op).unwrap();
+        assert_eq!(c.kernels, r.kernels);
+        assert!(
+            (c.priced_ms - r.fitted_ms).abs() < 1e-3 * r.fitted_ms,
+            "{c:?} against {r:?}"
+        );
+    }
+    // The host terms written price the host time the fit saw: the rms is the fit's.
+    let h = cal.host[0].fit.as_ref().unwrap();
+    let hc = ck.host[0].check.as_ref().unwrap();
+    assert_eq!(hc.gaps, h.gaps);
+    assert!(
+        (hc.rms_us - h.rms_us).abs() < 1e-3 * h.rms_us.max(1.0),
+        "{hc:?} {h:?}"
+    );
+}
+
+#[test]
+fn the_host_check_prices_each_step_with_the_terms_given() {
+    // Host time 20 + 5 per sequence + 2 per token before each step.
+    let shapes = [(1, 1), (2, 2), (1, 100), (3, 3), (2, 60), (4, 4)];
+    let mut spans = Vec::new();
+    let mut t = 1000;
+    for (seqs, tokens) in shapes {
+        t += 20 + 5 * seqs + 2 * tokens;
+        spans.push((t, 300, seqs, Some(tokens)));
+        t += 300;
+    }
+    let p = steps_with_tokens(&spans);
+    let exact = check_host(&p, 1e9, 20.0, 5.0, 2.0).unwrap();
+    assert_eq!(exact.gaps, shapes.len() - 1);
+    assert!(exact.rms_us < 1e-9, "{exact:?}");
+    assert!((exact.priced_ms - exact.measured_ms).abs() < 1e-12);
+    // One more microsecond per sequence: priced higher by the sequences of the steps checked.
+    let more = check_host(&p, 1e9, 20.0, 6.0, 2.0).unwrap();
+    let seqs: u64 = shapes[1..].iter().map(|s| s.0).sum();
+    assert!((more.priced_ms - exact.priced_ms - seqs as f64 / 1e3).abs() < 1e-12);
+    assert_eq!(more.measured_ms, exact.measured_ms);
+    assert!(check_host(&steps(&[(0, 10, 1)]), 1e9, 1.0, 0.0, 0.0).is_none());
+}
+
+/// A CPU-engine-like profile of `steps` steps of four GEMMs each, timed by `TRUTH` on `cm`;
+/// every sixth step comes after 20 ms of idling and runs its kernels `cold` times slower.
+fn idling_profile(cm: &CostModel, steps: u64, every: u64, cold: f64) -> Profile {
+    let gemm = |m: f64, k: f64, n: f64| {
+        TRUTH.time_us(&Sample {
+            flops: 2.0 * m * k * n,
+            bytes: 4.0 * (m * k + k * n + m * n),
+            rows: Some(m),
+            peak_flops: cm.peak_flops(DType::Fp32),
+            hbm_bytes_per_s: cm.system.chip.hbm_bytes_per_s(),
+            time_us: 0.0,
+        })
+    };
+    let ops = [
+        ("q_a_proj", 7168u64, 1536u64),
+        ("kv_a_proj", 7168, 576),
+        ("o_proj", 2048, 7168),
+        ("ffn_down", 2048, 7168),
+    ];
+    let mut p = steps_with_tokens(&[]);
+    p.origin = "idling".into();
+    let mut t = 1000.0; // µs
+    for i in 0..steps {
+        let is_cold = i % every == every - 1;
+        t += if is_cold { 20_000.0 } else { 40.0 };
+        let tokens = 2 + (i * 37) % 190;
+        let start = t;
+        for (op, k, n) in ops {
+            let dur = gemm(tokens as f64, k as f64, n as f64) * if is_cold { cold } else { 1.0 };
+            let mut r = KernelRecord::new(op.into(), Some((t * 1e3) as u64), (dur * 1e3) as u64, 1);
+            r.device = Some(0);
+            r.op_class = Some("gemm".into());
+            r.layer = Some(0);
+            r.shapes = Some(format!(r#"{{"tokens":{tokens},"k":{k},"n":{n}}}"#));
+            p.kernels.push(r);
+            t += dur + 1.0;
+        }
+        t += 5.0;
+        p.steps.push(StepMarker {
+            step: i,
+            device: Some(0),
+            start_ns: (start * 1e3) as u64,
+            dur_ns: ((t - start) * 1e3) as u64,
+            on_device: true,
+            seqs: Some(1),
+            tokens: Some(tokens),
+            line: 1,
+        });
+    }
+    p
+}
+
+#[test]
+fn steps_after_idling_are_fitted_apart_and_give_their_factor() {
+    let cat = Catalog::builtin();
+    let cm = cat
+        .cost_model(cat.system("nvidia-h800-8").unwrap(), None)
+        .unwrap();
+    let opts = TraceOptions {
+        backend: Some(Backend::Cpu),
+        rules: RuleSet::default(),
+        cost: Some(cm.clone()),
+        idle_factor: DEFAULT_IDLE_FACTOR,
+        dtype: Some(DType::Fp32),
+        model: None,
+        objective: Objective::Total,
+    };
+    // 60 steps, 10 of them after idling at 1.25 times their warm kernel time.
+    let p = idling_profile(&cm, 60, 6, 1.25);
+    let cal = calibrate(std::slice::from_ref(&p), &opts);
+    let cold = cal.cold.as_ref().expect("ten steps after idling");
+    assert_eq!((cold.steps, cold.kernels), (10, 40));
+    assert!(close(cold.factor, 1.25, 2e-3), "{cold:?}");
+    // The idle gaps are 20 ms, the others 40 µs (plus the kernels' 1 µs seams): the threshold
+    // is five times the median gap.
+    assert!(cold.after_us > 40.0 && cold.after_us < 20_000.0, "{cold:?}");
+    // The warm kernels alone set the form: the truth, not a blend with the cold ones.
+    let gemm = cal
+        .efficiency
+        .iter()
+        .find(|r| r.class == OpClass::Gemm)
+        .unwrap();
+    let f = gemm.fit.as_ref().unwrap();
+    assert_eq!(gemm.with_work, 200);
+    // (These GEMMs are memory-bound on the stand-in system.)
+    assert!(close(f.params.memory, TRUTH.memory, 2e-3), "{f:?}");
+    assert!(f.rms_error < 2e-3, "{f:?}");
+    // The cost file carries both, and the check of the same trace with it prices the cold steps
+    // at the factor.
+    let text = cost_file(&cm.params, "idle", &cal).unwrap();
+    let params: CostParams = toml::from_str(&text).unwrap();
+    params.validate("idle").unwrap();
+    let h = params.host.as_ref().unwrap();
+    assert!(close(h.cold_factor.unwrap(), 1.25, 2e-3), "{h:?}");
+    assert!(
+        close(h.cold_after_us.unwrap(), cold.after_us, 1e-3),
+        "{h:?}"
+    );
+    let fitted = CostModel::new(cm.system.clone(), params);
+    let ck = check(
+        std::slice::from_ref(&p),
+        &TraceOptions {
+            cost: Some(fitted),
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    let c = ck.cold.as_ref().unwrap();
+    assert_eq!((c.steps, c.kernels), (10, 40));
+    assert!(close(c.warm_ms * c.factor, c.measured_ms, 3e-3), "{c:?}");
+    let gemm = ck
+        .classes
+        .iter()
+        .find(|r| r.class == OpClass::Gemm)
+        .unwrap();
+    assert!(close(gemm.priced_ms, gemm.measured_ms, 3e-3), "{gemm:?}");
+    // Without a slowdown the factor is one; with too few steps after idling none is fitted.
+    let even = calibrate(&[idling_profile(&cm, 60, 6, 1.0)], &opts);
+    assert!(close(even.cold.as_ref().unwrap().factor, 1.0, 2e-3));
+    let few = calibrate(&[idling_profile(&cm, 12, 6, 1.25)], &opts);
+    assert!(few.cold.is_none());
+    assert_eq!(
+        few.efficiency
+            .iter()
+            .find(|r| r.class == OpClass::Gemm)
+            .unwrap()
+            .with_work,
+        48
+    );
 }

@@ -200,6 +200,14 @@ pub struct HostParams {
     /// `frontend_us` overrides it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub request_us: f64,
+    /// A step that starts more than this long after the device's previous step ended (it
+    /// idled), µs, runs its kernels [`HostParams::cold_factor`] times their warm time: caches
+    /// and clocks went cold while the device waited. Both or neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_after_us: Option<f64>,
+    /// Kernel time of a step after idling over the same step's warm time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_factor: Option<f64>,
     pub source: String,
 }
 
@@ -399,6 +407,40 @@ impl CostParams {
             check_nonneg(file, "host.per_seq_us", h.per_seq_us)?;
             check_nonneg(file, "host.per_token_us", h.per_token_us)?;
             check_nonneg(file, "host.request_us", h.request_us)?;
+            match (h.cold_after_us, h.cold_factor) {
+                (None, None) => {}
+                (Some(after), Some(factor)) => {
+                    if !(after.is_finite() && after > 0.0) {
+                        return Err(invalid(
+                            file,
+                            "host.cold_after_us",
+                            after,
+                            "must be a number > 0 (the idle time after which a step starts cold)",
+                        ));
+                    }
+                    if !(factor.is_finite() && factor > 0.0) {
+                        return Err(invalid(
+                            file,
+                            "host.cold_factor",
+                            factor,
+                            "must be a number > 0 (a cold step's kernel time over its warm time)",
+                        ));
+                    }
+                }
+                (Some(v), None) | (None, Some(v)) => {
+                    let (given, missing) = if h.cold_after_us.is_some() {
+                        ("host.cold_after_us", "host.cold_factor")
+                    } else {
+                        ("host.cold_factor", "host.cold_after_us")
+                    };
+                    return Err(invalid(
+                        file,
+                        given,
+                        v,
+                        &format!("needs {missing} too (a cold step is told by both)"),
+                    ));
+                }
+            }
         }
         let a = &self.alltoall;
         check_nonneg(file, "alltoall.dispatch_base_us", a.dispatch_base_us)?;

@@ -4,7 +4,8 @@
 //! not be fitted.
 //!
 //! The per-class form is the cost model's `[efficiency.<class>] compute, memory, rows_pad,
-//! fixed_us, source` and `[host] step_us, per_seq_us, per_token_us, source`; an op fitted apart
+//! fixed_us, source` and `[host] step_us, per_seq_us, per_token_us, cold_after_us, cold_factor,
+//! source`; an op fitted apart
 //! from its class is a `[[kernel]]` entry (`ops = [op]`, `bound`, `efficiency`, `fixed_us`,
 //! `source`) replacing whatever entry the base file gave it. Values the model applies to every
 //! class are folded into the classes so that the file prices exactly what was fitted: the
@@ -201,6 +202,16 @@ pub fn cost_file(
                 }
             )),
         );
+        if let Some(c) = &cal.cold {
+            table.insert("cold_after_us".into(), Value::Float(sig(c.after_us)));
+            table.insert("cold_factor".into(), Value::Float(sig(c.factor)));
+            if let Some(Value::String(src)) = table.get_mut("source") {
+                src.push_str(&format!(
+                    "; cold_after_us, cold_factor: the kernels of the {} steps that started more than {:.1} us after the previous one ({} kernels) took {:.3} ms against {:.3} ms under the forms fitted to the other steps' kernels",
+                    c.steps, c.after_us, c.kernels, c.measured_ms, c.warm_ms
+                ));
+            }
+        }
         t.insert("host".into(), Value::Table(table));
     }
     // Ops with a form of their own: `[[kernel]]` entries, replacing any the base file gives

@@ -96,9 +96,22 @@ fn spans(p: &Profile) -> Option<(StepSource, Vec<Span>)> {
     })
 }
 
-/// Fits host overhead per step to one profile; `None` when it marks fewer than two steps on a
-/// device.
-pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
+/// The host time of a profile's steps, as [`fit_host`] fits it and [`check_host`] prices it.
+struct HostSamples {
+    source: StepSource,
+    steps: usize,
+    /// Per step used: host time µs (the gap before it, plus its inside when `whole`),
+    /// sequences, tokens.
+    kept: Vec<(f64, Option<u64>, Option<u64>)>,
+    /// Gaps left out as idle.
+    idle: usize,
+    median_gap_us: f64,
+    in_step_us: f64,
+    /// Whether every step used has its inside in `kept` (else the trace is a slice).
+    whole: bool,
+}
+
+fn host_samples(p: &Profile, idle_factor: f64) -> Option<HostSamples> {
     let (source, mut spans) = spans(p)?;
     spans.sort_by_key(|s| (s.0, s.1));
     let busy = Busy::new(p);
@@ -146,7 +159,29 @@ pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
             (g.before_us + inside, g.seqs, g.tokens)
         })
         .collect();
-    let idle = gaps.len() - kept.len();
+    Some(HostSamples {
+        source,
+        steps: spans.len(),
+        idle: gaps.len() - kept.len(),
+        kept,
+        median_gap_us: median,
+        in_step_us,
+        whole,
+    })
+}
+
+/// Fits host overhead per step to one profile; `None` when it marks fewer than two steps on a
+/// device.
+pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
+    let HostSamples {
+        source,
+        steps,
+        kept,
+        idle,
+        median_gap_us: median,
+        in_step_us,
+        whole,
+    } = host_samples(p, idle_factor)?;
     let seqs: Option<Vec<f64>> = kept.iter().map(|g| g.1.map(|s| s as f64)).collect();
     let tokens: Option<Vec<f64>> = kept.iter().map(|g| g.2.map(|t| t as f64)).collect();
     let seqs = seqs.filter(|s| s.iter().any(|x| *x != s[0]));
@@ -190,7 +225,7 @@ pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
         per_seq_us: per_seq,
         per_token_us: per_token,
         source,
-        steps: spans.len(),
+        steps,
         gaps: kept.len(),
         idle_gaps: idle,
         median_gap_us: median,
@@ -246,5 +281,98 @@ impl Busy {
             })
             .sum::<u64>();
         any.then_some(busy)
+    }
+}
+
+/// A profile's host time against a cost file's `[host]` terms ([`check_host`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HostCheck {
+    pub source: StepSource,
+    /// Steps whose host time is compared, and gaps left out as idle.
+    pub gaps: usize,
+    pub idle_gaps: usize,
+    /// Host time over those steps: measured, and as the terms price it, ms.
+    pub measured_ms: f64,
+    pub priced_ms: f64,
+    /// Per step, priced less measured, µs.
+    pub rms_us: f64,
+}
+
+/// Host time per step of one profile (measured as [`fit_host`] takes it) against `step_us +
+/// per_seq_us x seqs + per_token_us x tokens`; `None` when the profile marks fewer than two
+/// device steps.
+pub fn check_host(
+    p: &Profile,
+    idle_factor: f64,
+    step_us: f64,
+    per_seq_us: f64,
+    per_token_us: f64,
+) -> Option<HostCheck> {
+    let h = host_samples(p, idle_factor)?;
+    // A slice of a trace has no inside for its steps: its mean inside stands in, as in the fit.
+    let extra = if h.whole { 0.0 } else { h.in_step_us };
+    let (mut measured, mut priced, mut sq) = (0.0, 0.0, 0.0);
+    for (us, seqs, tokens) in &h.kept {
+        let m = us + extra;
+        let q = step_us
+            + per_seq_us * seqs.unwrap_or(0) as f64
+            + per_token_us * tokens.unwrap_or(0) as f64;
+        measured += m;
+        priced += q;
+        sq += (q - m) * (q - m);
+    }
+    let n = h.kept.len().max(1) as f64;
+    Some(HostCheck {
+        source: h.source,
+        gaps: h.kept.len(),
+        idle_gaps: h.idle,
+        measured_ms: measured / 1e3,
+        priced_ms: priced / 1e3,
+        rms_us: (sq / n).sqrt(),
+    })
+}
+
+/// The gap between device steps beyond which a profile's device idled, µs: `idle_factor` times
+/// the median gap (the rule [`fit_host`] leaves idle gaps out by). `None` when the profile marks
+/// fewer than two device steps.
+pub fn idle_after_us(p: &Profile, idle_factor: f64) -> Option<f64> {
+    host_samples(p, idle_factor).map(|h| idle_factor * h.median_gap_us)
+}
+
+/// The device steps of a profile that start more than `after_us` after the previous step of
+/// their device ended: steps after idling, whose kernels may run cold. (A device's first step
+/// has no gap before it and is not one of them.)
+#[derive(Clone, Debug, Default)]
+pub struct ColdSteps {
+    /// Per device, the steps' (start, end) in ns, sorted.
+    by_device: BTreeMap<Option<u32>, Vec<(u64, u64)>>,
+    /// How many.
+    pub steps: usize,
+}
+
+impl ColdSteps {
+    pub fn of(p: &Profile, after_us: f64) -> ColdSteps {
+        let mut c = ColdSteps::default();
+        let Some((_, mut spans)) = spans(p) else {
+            return c;
+        };
+        spans.sort_by_key(|s| (s.0, s.1));
+        for w in spans.windows(2) {
+            let (a, b) = (&w[0], &w[1]);
+            if a.0 == b.0 && b.1.saturating_sub(a.2) as f64 / 1e3 > after_us {
+                c.by_device.entry(b.0).or_default().push((b.1, b.2));
+                c.steps += 1;
+            }
+        }
+        c
+    }
+
+    /// Whether a kernel of `device` starting at `start_ns` runs in one of the steps.
+    pub fn contains(&self, device: Option<u32>, start_ns: u64) -> bool {
+        let Some(v) = self.by_device.get(&device) else {
+            return false;
+        };
+        let i = v.partition_point(|s| s.0 <= start_ns);
+        i > 0 && start_ns < v[i - 1].1
     }
 }

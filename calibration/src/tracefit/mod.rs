@@ -21,12 +21,12 @@ use crate::kernels::{
     detect_backend, map_kernels, summarize, Backend, MapSummary, OpKindName, RuleSet, Target,
 };
 use comm::{alpha_beta, fit_collective, AlphaBeta, CollectiveFit, CommSample, GroupKey};
-use dstwin_hwmodels::{CostModel, DType, OpClass};
+use dstwin_hwmodels::{CostModel, DType, OpClass, Work};
 use dstwin_traces::profile::{Profile, ProfileFormat};
 use efficiency::{
     fit_op, fit_split, op_form, ClassParams, EfficiencyFit, Objective, OpFit, Sample,
 };
-use host::{fit_host, HostFit};
+use host::{fit_host, idle_after_us, ColdSteps, HostCheck, HostFit};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use work::{engine_op_work, kernel_work, EngineModel};
@@ -170,9 +170,34 @@ pub struct HostReport {
     pub fit: Option<HostFit>,
 }
 
+/// Steps after idling need at least this many of them, and of kernels with known work in
+/// them, to be fitted apart ([`ColdFit`]).
+pub const MIN_COLD_STEPS: usize = 3;
+pub const MIN_COLD_KERNELS: usize = 32;
+
+/// Kernels of steps that start after the device idled ([`ColdSteps`]: the gap before them is
+/// one the host fit leaves out as idle), against the warm fit: caches and clocks go cold while
+/// an engine waits for work, and its first step back runs slower (on the CPU engine 1.2-1.4x for
+/// a prompt's GEMMs and attention at the same shapes, 2-4x for the small memory-bound kernels).
+/// The efficiency forms are fitted to the other kernels; the twin prices a step that starts more
+/// than `after_us` after the previous one ended at `factor` times its kernel time.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ColdFit {
+    /// The idle gap beyond which a step counts as cold, µs (the largest over the traces).
+    pub after_us: f64,
+    /// Measured over warm-priced kernel time of the cold steps.
+    pub factor: f64,
+    pub steps: usize,
+    pub kernels: usize,
+    pub measured_ms: f64,
+    pub warm_ms: f64,
+}
+
 /// Everything [`calibrate`] found.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TraceCalibration {
+    /// The steps after idling, fitted apart (`None`: too few of them).
+    pub cold: Option<ColdFit>,
     pub traces: Vec<TraceSummary>,
     /// The rule files used, with their sources.
     pub rules: Vec<(String, String)>,
@@ -251,8 +276,28 @@ pub fn prior_params(cm: &CostModel, class: OpClass) -> ClassParams {
     }
 }
 
-/// Maps and fits every profile.
-pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration {
+/// What [`calibrate`] and [`check`] read off the profiles: the mapping, and per op class the
+/// kernels with known work as samples, each with its op and its work for pricing.
+struct Collected {
+    traces: Vec<TraceSummary>,
+    rules: Vec<(String, String)>,
+    mapping: MapSummary,
+    /// Per class, launches mapped to it.
+    counts: BTreeMap<OpClass, u64>,
+    /// Per class, the kernels with known work (with a cost model only).
+    samples: BTreeMap<OpClass, Vec<Sample>>,
+    /// The op each sample came from and its work as the cost model prices it, in the same order.
+    sample_ops: BTreeMap<OpClass, Vec<(String, Work)>>,
+    /// Whether each sample ran in a step after idling ([`ColdSteps`]), in the same order.
+    sample_cold: BTreeMap<OpClass, Vec<bool>>,
+    /// Steps after idling, over every profile.
+    cold_steps: usize,
+    comm_samples: Vec<CommSample>,
+}
+
+/// Maps every profile's kernels and reads their work; `cold_after_us` per profile tells the
+/// steps after idling (`None`: none is).
+fn collect(profiles: &[Profile], opts: &TraceOptions, cold_after_us: &[Option<f64>]) -> Collected {
     let mut traces = Vec::new();
     let mut targets: Vec<Vec<Target>> = Vec::new();
     let mut rule_files: Vec<(String, String)> = opts.rules.sources.clone();
@@ -284,12 +329,26 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
             .flat_map(|(p, t)| p.kernels.iter().zip(t))
     };
     let mapping = summarize(all());
+    let cold: Vec<ColdSteps> = profiles
+        .iter()
+        .enumerate()
+        .map(|(i, p)| match cold_after_us.get(i).copied().flatten() {
+            Some(after) => ColdSteps::of(p, after),
+            None => ColdSteps::default(),
+        })
+        .collect();
+    let cold_steps = cold.iter().map(|c| c.steps).sum();
     let mut samples: BTreeMap<OpClass, Vec<Sample>> = BTreeMap::new();
-    // The op each sample came from, in the same order.
-    let mut sample_ops: BTreeMap<OpClass, Vec<String>> = BTreeMap::new();
+    let mut sample_ops: BTreeMap<OpClass, Vec<(String, Work)>> = BTreeMap::new();
+    let mut sample_cold: BTreeMap<OpClass, Vec<bool>> = BTreeMap::new();
     let mut counts: BTreeMap<OpClass, u64> = BTreeMap::new();
     let mut comm_samples = Vec::new();
-    for (k, t) in all() {
+    let kernels = profiles
+        .iter()
+        .zip(&targets)
+        .zip(&cold)
+        .flat_map(|((p, t), c)| p.kernels.iter().zip(t).map(move |(k, t)| (k, t, c)));
+    for (k, t, c) in kernels {
         match t.kind() {
             Some(OpKindName::Compute(class)) => {
                 *counts.entry(class).or_default() += k.calls;
@@ -303,16 +362,27 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                         .and_then(|m| engine_op_work(k, class, m))
                 });
                 if let Some(w) = work {
+                    let dtype = w.dtype.unwrap_or(DType::Bf16);
                     // A compute target names its op, or its class.
-                    sample_ops
+                    sample_ops.entry(class).or_default().push((
+                        t.op_label().unwrap_or_default(),
+                        Work {
+                            class,
+                            flops: w.flops,
+                            bytes: w.bytes,
+                            dtype,
+                            rows: w.rows.unwrap_or(0.0),
+                        },
+                    ));
+                    sample_cold
                         .entry(class)
                         .or_default()
-                        .push(t.op_label().unwrap_or_default());
+                        .push(k.start_ns.is_some_and(|t| c.contains(k.device, t)));
                     samples.entry(class).or_default().push(Sample {
                         flops: w.flops,
                         bytes: w.bytes,
                         rows: w.rows,
-                        peak_flops: cm.peak_flops(w.dtype.unwrap_or(DType::Bf16)),
+                        peak_flops: cm.peak_flops(dtype),
                         hbm_bytes_per_s: cm.system.chip.hbm_bytes_per_s(),
                         time_us: k.dur_ns as f64 / 1e3,
                     });
@@ -341,12 +411,65 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
             None => {}
         }
     }
+    Collected {
+        traces,
+        rules: rule_files,
+        mapping,
+        counts,
+        samples,
+        sample_ops,
+        sample_cold,
+        cold_steps,
+        comm_samples,
+    }
+}
+
+/// Maps and fits every profile.
+pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration {
+    let after: Vec<Option<f64>> = profiles
+        .iter()
+        .map(|p| idle_after_us(p, opts.idle_factor))
+        .collect();
+    let Collected {
+        traces,
+        rules: rule_files,
+        mapping,
+        counts,
+        mut samples,
+        sample_ops,
+        mut sample_cold,
+        cold_steps,
+        comm_samples,
+    } = collect(profiles, opts, &after);
+    let mut sample_ops: BTreeMap<OpClass, Vec<String>> = sample_ops
+        .into_iter()
+        .map(|(c, v)| (c, v.into_iter().map(|(op, _)| op).collect()))
+        .collect();
+    // Kernels of steps after idling are fitted apart when there are enough of them: the forms
+    // are fitted to the warm ones, and the cold ones give the factor they run slower by.
+    let cold_kernels: usize = sample_cold
+        .values()
+        .map(|v| v.iter().filter(|c| **c).count())
+        .sum();
+    let apart = cold_steps >= MIN_COLD_STEPS && cold_kernels >= MIN_COLD_KERNELS;
+    // (measured µs, warm price µs, kernels) of the cold kernels.
+    let mut cold_sum = (0.0, 0.0, 0usize);
     let mut op_residuals: BTreeMap<String, OpResidual> = BTreeMap::new();
     let efficiency = OpClass::ALL
         .iter()
         .map(|&class| {
-            let s = samples.remove(&class).unwrap_or_default();
-            let names = sample_ops.remove(&class).unwrap_or_default();
+            let all = samples.remove(&class).unwrap_or_default();
+            let all_names = sample_ops.remove(&class).unwrap_or_default();
+            let flags = sample_cold.remove(&class).unwrap_or_default();
+            let (mut s, mut names, mut cold) = (Vec::new(), Vec::new(), Vec::new());
+            for ((x, op), c) in all.into_iter().zip(all_names).zip(flags) {
+                if apart && c {
+                    cold.push((x, op));
+                } else {
+                    s.push(x);
+                    names.push(op);
+                }
+            }
             let prior = opts.cost.as_ref().map(|cm| prior_params(cm, class));
             let fit = |s: &[Sample]| {
                 let split = prior.and_then(|p| fit_split(s, p, opts.objective));
@@ -410,6 +533,13 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                     .collect(),
                 None => Vec::new(),
             };
+            for (x, op) in &cold {
+                if let Some(t) = report.op_time_us(op, x).filter(|t| t.is_finite()) {
+                    cold_sum.0 += x.time_us;
+                    cold_sum.1 += t;
+                    cold_sum.2 += 1;
+                }
+            }
             for (x, op) in s.iter().zip(names) {
                 let (Some(t), Some(c)) = (report.op_time_us(&op, x), report.time_us(x)) else {
                     continue;
@@ -439,7 +569,16 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
         .collect();
     let mut op_residuals: Vec<OpResidual> = op_residuals.into_values().collect();
     op_residuals.sort_by(|a, b| b.measured_ms.total_cmp(&a.measured_ms));
+    let cold = (apart && cold_sum.1 > 0.0).then(|| ColdFit {
+        after_us: after.iter().flatten().copied().fold(0.0, f64::max),
+        factor: cold_sum.0 / cold_sum.1,
+        steps: cold_steps,
+        kernels: cold_sum.2,
+        measured_ms: cold_sum.0 / 1e3,
+        warm_ms: cold_sum.1 / 1e3,
+    });
     TraceCalibration {
+        cold,
         traces,
         rules: rule_files,
         mapping,
@@ -461,4 +600,171 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
             .collect(),
         frontend: None,
     }
+}
+
+/// One op's kernels with known work, priced by a cost file as it is ([`check`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OpCheck {
+    pub op: String,
+    pub class: OpClass,
+    pub kernels: usize,
+    pub measured_ms: f64,
+    pub priced_ms: f64,
+    /// Relative errors of the kernels, rms.
+    pub rms_error: f64,
+    /// Whether the cost file prices the op with a `[[kernel]]` entry of its own.
+    pub own: bool,
+}
+
+impl OpCheck {
+    /// Priced over measured, less one.
+    pub fn error(&self) -> f64 {
+        rel(self.priced_ms, self.measured_ms)
+    }
+}
+
+/// Host time of one trace against the cost file's `[host]` terms.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HostCheckReport {
+    pub origin: String,
+    pub check: Option<HostCheck>,
+}
+
+/// Traces priced by a cost file as it is, without fitting anything: how well a cost file
+/// calibrated on one run predicts the kernels and host time of another.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TraceCheck {
+    pub traces: Vec<TraceSummary>,
+    pub rules: Vec<(String, String)>,
+    pub mapping: MapSummary,
+    /// The system whose cost file priced the kernels.
+    pub hardware: String,
+    /// Per class, its ops summed ([`OpCheck`]), largest first.
+    pub classes: Vec<OpCheck>,
+    /// Per op, largest first.
+    pub ops: Vec<OpCheck>,
+    /// The file's host terms, and each trace's host time against them (absent: the file has no
+    /// `[host]`).
+    pub host_terms: Option<(f64, f64, f64)>,
+    pub host: Vec<HostCheckReport>,
+    /// The file's cold steps, and the kernels of the traces' steps after idling (`None`: the
+    /// file has no `cold_after_us`).
+    pub cold: Option<ColdCheck>,
+}
+
+/// The kernels of steps after idling under a cost file's `[host] cold_after_us, cold_factor`:
+/// their measured time, their warm price (the class forms alone) and the file's factor.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ColdCheck {
+    pub after_us: f64,
+    pub factor: f64,
+    pub steps: usize,
+    pub kernels: usize,
+    pub measured_ms: f64,
+    pub warm_ms: f64,
+}
+
+/// Prices every mapped kernel with known work with the cost model of `opts.cost` as it is
+/// (its op's `[[kernel]]` entry, else its class's form), and each trace's host time with its
+/// `[host]` terms. `None` without a cost model.
+pub fn check(profiles: &[Profile], opts: &TraceOptions) -> Option<TraceCheck> {
+    let cm = opts.cost.as_ref()?;
+    let cold = cm
+        .params
+        .host
+        .as_ref()
+        .and_then(|h| h.cold_after_us.zip(h.cold_factor));
+    let after: Vec<Option<f64>> = profiles.iter().map(|_| cold.map(|c| c.0)).collect();
+    let c = collect(profiles, opts, &after);
+    // (kernels, measured µs, warm price µs) of the kernels in steps after idling.
+    let mut cold_sum = (0usize, 0.0, 0.0);
+    // (kernels, measured µs, priced µs, Σ relative error²) per op.
+    let mut by_op: BTreeMap<(OpClass, String), (usize, f64, f64, f64)> = BTreeMap::new();
+    for (class, xs) in &c.samples {
+        let ops = c.sample_ops[class].iter().zip(&c.sample_cold[class]);
+        for (x, ((op, w), is_cold)) in xs.iter().zip(ops) {
+            let warm = cm.compute_op(op, w).time_s * 1e6;
+            let priced = match cold {
+                Some((_, factor)) if *is_cold => {
+                    cold_sum.0 += 1;
+                    cold_sum.1 += x.time_us;
+                    cold_sum.2 += warm;
+                    warm * factor
+                }
+                _ => warm,
+            };
+            let e = by_op.entry((*class, op.clone())).or_default();
+            e.0 += 1;
+            e.1 += x.time_us;
+            e.2 += priced;
+            e.3 += rel(priced, x.time_us).powi(2);
+        }
+    }
+    let row =
+        |op: String, class: OpClass, (n, m, p, sq): (usize, f64, f64, f64), own: bool| OpCheck {
+            op,
+            class,
+            kernels: n,
+            measured_ms: m / 1e3,
+            priced_ms: p / 1e3,
+            rms_error: (sq / n.max(1) as f64).sqrt(),
+            own,
+        };
+    let mut by_class: BTreeMap<OpClass, (usize, f64, f64, f64)> = BTreeMap::new();
+    for ((class, _), v) in &by_op {
+        let e = by_class.entry(*class).or_default();
+        e.0 += v.0;
+        e.1 += v.1;
+        e.2 += v.2;
+        e.3 += v.3;
+    }
+    let largest_first = |mut v: Vec<OpCheck>| {
+        v.sort_by(|a, b| b.measured_ms.total_cmp(&a.measured_ms));
+        v
+    };
+    let classes = largest_first(
+        by_class
+            .into_iter()
+            .map(|(class, v)| row(class.name().to_owned(), class, v, false))
+            .collect(),
+    );
+    let ops = largest_first(
+        by_op
+            .into_iter()
+            .map(|((class, op), v)| {
+                let own = cm.params.kernel(&op).is_some();
+                row(op, class, v, own)
+            })
+            .collect(),
+    );
+    let host_terms = cm
+        .params
+        .host
+        .as_ref()
+        .map(|h| (h.step_us, h.per_seq_us, h.per_token_us));
+    let host = profiles
+        .iter()
+        .map(|p| HostCheckReport {
+            origin: p.origin.clone(),
+            check: host_terms.and_then(|(s, q, t)| host::check_host(p, opts.idle_factor, s, q, t)),
+        })
+        .collect();
+    Some(TraceCheck {
+        cold: cold.map(|(after_us, factor)| ColdCheck {
+            after_us,
+            factor,
+            steps: c.cold_steps,
+            kernels: cold_sum.0,
+            measured_ms: cold_sum.1 / 1e3,
+            warm_ms: cold_sum.2 / 1e3,
+        }),
+        traces: c.traces,
+        rules: c.rules,
+        mapping: c.mapping,
+        hardware: cm.system.name.clone(),
+        classes,
+        ops,
+        host_terms,
+        host,
+    })
 }

@@ -368,6 +368,10 @@ pub trait Device {
     /// from step to step). DP ranks of an EP group step in lockstep: the step ends when the
     /// slowest rank and the all-to-all finish.
     fn execute(&mut self, plan: &StepPlan, out: &mut StepOutcome) -> Result<(), DeviceError>;
+    /// When the step of the next [`Device::execute`] starts, on the driver's clock: drivers call
+    /// it before each execute. A device that prices a step by how long it idled before it (the
+    /// twin's cold steps, docs/calibration.md) keeps it; nothing by default.
+    fn starts_at(&mut self, _now: SimTime) {}
     /// The device predicts its steps' durations instead of measuring them (the twin): a
     /// wall-clock driver then waits for the predicted end, and orders completions by it.
     fn predicts_time(&self) -> bool {

@@ -65,7 +65,8 @@ struct Control {
     shared: Weak<Shared>,
     core: Deployment,
     fabric: Box<dyn Fabric + Send>,
-    workers: Vec<std::sync::mpsc::Sender<StepPlan>>,
+    /// Per instance, its device thread: each plan with the device time its step starts at.
+    workers: Vec<std::sync::mpsc::Sender<(StepPlan, SimTime)>>,
     predicts: Vec<bool>,
     done_rx: mpsc::UnboundedReceiver<Done>,
     cmd_rx: mpsc::UnboundedReceiver<Cmd>,
@@ -119,7 +120,8 @@ pub(crate) fn spawn(
             si.spec.name
         );
         si.spec.config.num_kv_blocks = cap.kv_blocks_per_rank;
-        let (tx, rx) = std::sync::mpsc::channel::<StepPlan>();
+        // Each plan with the device time its step starts at.
+        let (tx, rx) = std::sync::mpsc::channel::<(StepPlan, SimTime)>();
         let done = done_tx.clone();
         let mut device = si.device;
         std::thread::Builder::new()
@@ -150,12 +152,13 @@ pub(crate) fn spawn(
                             rx.recv().ok()
                         }
                     };
-                    let Some(plan) = next else {
+                    let Some((plan, at)) = next else {
                         // The runtime is gone: what the device keeps for idle moments is done now.
                         while device.idle() {}
                         return;
                     };
                     quiet = false;
+                    device.starts_at(at);
                     let mut out = StepOutcome::default();
                     let result = device.execute(&plan, &mut out).map(|_| out);
                     if done.send(Done { inst: i, result }).is_err() {
@@ -474,7 +477,7 @@ impl Control {
                     }
                     // What the step runs shows while it runs (a prefill instance's prompts too).
                     self.publish(i);
-                    if self.workers[i].send(plan).is_err() {
+                    if self.workers[i].send((plan, self.now)).is_err() {
                         tracing::error!("device thread of instance {i} is gone");
                         self.failed = true;
                     }

@@ -222,6 +222,9 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                     per_seq_s: per_seq_us * 1e-6,
                     per_token_s: per_token_us * 1e-6,
                     overlapped: sc.async_scheduling,
+                    cold: host
+                        .and_then(|h| h.cold_after_us.zip(h.cold_factor))
+                        .map(|(after_us, factor)| (after_us * 1e-6, factor)),
                 })
                 .with_span(s.dies());
             out.push(BuiltInstance {

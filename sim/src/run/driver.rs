@@ -273,6 +273,7 @@ impl<'s, 'o> Sim<'s, 'o> {
         let now = self.now;
         let inst = &mut self.insts[i];
         let plan = self.core.plan(i);
+        inst.device.starts_at(now);
         inst.device.execute(plan, &mut inst.outcome)?;
         if self.opts.record_steps {
             self.steps.push(StepRecord {

@@ -15,7 +15,7 @@ use dstwin_core::layout::Plan;
 use dstwin_core::model::{ModelConfig, Quant};
 use dstwin_core::mtp::Acceptance;
 use dstwin_core::opgraph::{step_ops, MoeLoad, StepSpec};
-use dstwin_core::time::SimDuration;
+use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_hwmodels::{CostModel, DType};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -406,6 +406,10 @@ pub struct SimDevice {
     placed_imbalance: f64,
     step_imbalance: f64,
     host: HostOverhead,
+    /// When the next step starts (the driver says, [`Device::starts_at`]) and when the last one
+    /// ended: how long the device idled before a step.
+    next_start: SimTime,
+    last_end: Option<SimTime>,
     /// Dies spanned by the deployment's prefill and decode instances together (sets the fabric
     /// level KV transfers cross).
     span_dies: u32,
@@ -423,6 +427,10 @@ pub struct HostOverhead {
     /// Per token the rank computes.
     pub per_token_s: f64,
     pub overlapped: bool,
+    /// A step that starts more than this long after the previous one ended (seconds) runs its
+    /// kernels this many times their warm time (the cost file's `[host] cold_after_us,
+    /// cold_factor`). `None`: every step is warm.
+    pub cold: Option<(f64, f64)>,
 }
 
 /// The routed experts of an instance as the twin sees them.
@@ -517,6 +525,8 @@ impl SimDevice {
             placed_imbalance: imbalance,
             step_imbalance: imbalance,
             host: HostOverhead::default(),
+            next_start: SimTime::ZERO,
+            last_end: None,
             span_dies: capacity.dp_ranks,
             eplb_moves: 0,
             eplb_move_s: 0.0,
@@ -668,8 +678,18 @@ impl Device for SimDevice {
             Some(e) if e.reports_heat => Some(ExpertHeat::Shares(e.load.shares_arc().clone())),
             _ => None,
         };
+        // A step after idling runs its kernels cold (a device's first step has nothing to idle
+        // after, as in the calibration that fitted the factor).
+        let cold = match (self.host.cold, self.last_end) {
+            (Some((after_s, factor)), Some(end))
+                if self.next_start > end && (self.next_start - end).as_secs_f64() > after_s =>
+            {
+                factor
+            }
+            _ => 1.0,
+        };
         // Expert weights moving in this step are not overlapped with it.
-        let device_s = slowest.map_or(0.0, |c| c.time_s) + extra_s;
+        let device_s = slowest.map_or(0.0, |c| c.time_s) * cold + extra_s;
         // The slowest rank's host work: added to the step, or hidden behind it (async).
         let h = self.host;
         let host_s = if h.step_s > 0.0 || h.per_seq_s > 0.0 || h.per_token_s > 0.0 {
@@ -690,9 +710,19 @@ impl Device for SimDevice {
             host_s
         };
         out.duration = SimDuration::from_secs_f64(device_s + visible_host_s);
+        self.last_end = Some(self.next_start + out.duration);
         out.class_times = slowest.map_or([0.0; CLASS_SLOTS], |c| self.pricer.class_times(c));
+        if cold != 1.0 {
+            for t in out.class_times.iter_mut() {
+                *t *= cold;
+            }
+        }
         out.class_times[HOST] = visible_host_s;
         Ok(())
+    }
+
+    fn starts_at(&mut self, now: SimTime) {
+        self.next_start = now;
     }
 
     fn acceptance(&self) -> Option<Acceptance> {
