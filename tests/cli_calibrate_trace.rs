@@ -162,22 +162,29 @@ fn an_npu_profile_writes_a_cost_file_and_a_system_file_using_it() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn the_cpu_engine_profile_fits_its_gemms_and_host_time() {
-    let dir = tmp("cpu");
-    let cost = dir.join("cpu.toml");
-    let trace = fixture("cpu_engine_profile.json");
-    let o = dstwin(&[
+/// `calibrate --trace` of a CPU engine trace on a stand-in system, the cost file to `cost`.
+fn fit_cpu_fixture(trace: &str, cost: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
         "calibrate",
         "--trace",
-        &trace,
+        trace,
         "--hardware",
         "nvidia-h800-8",
         "--dtype",
         "fp32",
         "--out",
         cost.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    dstwin(&args)
+}
+
+#[test]
+fn the_cpu_engine_profile_fits_its_gemms_and_host_time() {
+    let dir = tmp("cpu");
+    let cost = dir.join("cpu.toml");
+    let trace = fixture("cpu_engine_profile.json");
+    let o = fit_cpu_fixture(&trace, &cost, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = stdout(&o);
     for want in [
@@ -265,19 +272,7 @@ fn check_prices_a_trace_with_a_fitted_cost_file_as_it_is() {
     let cost = dir.join("fitted.toml");
     let system = dir.join("fitted-system.toml");
     let trace = fixture("cpu_engine_profile.json");
-    let o = dstwin(&[
-        "calibrate",
-        "--trace",
-        &trace,
-        "--hardware",
-        "nvidia-h800-8",
-        "--dtype",
-        "fp32",
-        "--out",
-        cost.to_str().unwrap(),
-        "--system-out",
-        system.to_str().unwrap(),
-    ]);
+    let o = fit_cpu_fixture(&trace, &cost, &["--system-out", system.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let check = |extra: &[&str]| {
         let mut args = vec![
@@ -322,28 +317,20 @@ fn check_prices_a_trace_with_a_fitted_cost_file_as_it_is() {
     };
     let e = refused(&["calibrate", "--trace", &trace, "--check"]);
     assert!(e.contains("--hardware"), "{e}");
+    // --check fits nothing: nothing to write, no front end to fit.
     let out = dir.join("x.toml");
-    let e = refused(&[
-        "calibrate",
-        "--trace",
-        &trace,
-        "--hardware",
-        "nvidia-h800-8",
-        "--check",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(e.contains("--out"), "{e}");
-    let e = refused(&[
-        "calibrate",
-        "--trace",
-        &trace,
-        "--hardware",
-        "nvidia-h800-8",
-        "--check",
-        "--bench",
-        "r.json",
-    ]);
-    assert!(e.contains("--bench"), "{e}");
+    for (flag, value) in [("--out", out.to_str().unwrap()), ("--bench", "r.json")] {
+        let e = refused(&[
+            "calibrate",
+            "--trace",
+            &trace,
+            "--hardware",
+            "nvidia-h800-8",
+            "--check",
+            flag,
+            value,
+        ]);
+        assert!(e.contains(flag), "{e}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

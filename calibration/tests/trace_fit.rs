@@ -480,6 +480,19 @@ fn steps_with_tokens(spans: &[(u64, u64, u64, Option<u64>)]) -> Profile {
     }
 }
 
+/// Steps of 300 µs of (sequences, tokens), each after host time 20 + 5 per sequence + 2 per
+/// token.
+fn host_20_5_2(shapes: &[(u64, u64)]) -> Vec<(u64, u64, u64, Option<u64>)> {
+    let mut spans = Vec::new();
+    let mut t = 1000;
+    for &(seqs, tokens) in shapes {
+        t += 20 + 5 * seqs + 2 * tokens;
+        spans.push((t, 300, seqs, Some(tokens)));
+        t += 300;
+    }
+    spans
+}
+
 #[test]
 fn host_overhead_has_a_per_token_term_where_tokens_differ_from_sequences() {
     // Host time 20 + 5 per sequence + 2 per token, all of it in the gap before each step:
@@ -494,13 +507,7 @@ fn host_overhead_has_a_per_token_term_where_tokens_differ_from_sequences() {
         (1, 250),
         (3, 40),
     ];
-    let mut spans = Vec::new();
-    let mut t = 1000;
-    for (seqs, tokens) in shapes {
-        t += 20 + 5 * seqs + 2 * tokens;
-        spans.push((t, 300, seqs, Some(tokens)));
-        t += 300;
-    }
+    let spans = host_20_5_2(&shapes);
     let f = fit_host(&steps_with_tokens(&spans), 1e9).unwrap();
     // The first step has no gap before it.
     assert_eq!(f.gaps, shapes.len() - 1);
@@ -722,20 +729,8 @@ fn a_users_rules_come_first() {
 #[test]
 fn calibrate_fits_what_the_cpu_engine_profile_carries() {
     let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
-    let cat = Catalog::builtin();
-    // A stand-in system: the fits need a peak and a bandwidth; which does not matter here.
-    let cm = cat
-        .cost_model(cat.system("nvidia-h800-8").unwrap(), None)
-        .unwrap();
-    let opts = |dtype| TraceOptions {
-        backend: None,
-        rules: RuleSet::default(),
-        cost: Some(cm.clone()),
-        idle_factor: DEFAULT_IDLE_FACTOR,
-        dtype,
-        model: None,
-        objective: Default::default(),
-    };
+    let cm = stand_in();
+    let opts = |dtype| opts_on(&cm, dtype);
     // The 146 GEMMs carry tokens, k and n; their bytes need the format the engine ran in.
     let cal = calibrate(std::slice::from_ref(&p), &opts(Some(DType::Fp32)));
     let gemm = cal
@@ -804,22 +799,32 @@ fn calibrate_fits_what_the_cpu_engine_profile_carries() {
     assert!(cal.host[0].fit.is_some());
 }
 
-#[test]
-fn check_prices_each_kernel_with_the_cost_model_as_it_is() {
-    let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
+/// A stand-in system for the CPU engine's fixture: the fits need a peak and a bandwidth; which
+/// does not matter here.
+fn stand_in() -> CostModel {
     let cat = Catalog::builtin();
-    let cm = cat
-        .cost_model(cat.system("nvidia-h800-8").unwrap(), None)
-        .unwrap();
-    let opts = TraceOptions {
+    cat.cost_model(cat.system("nvidia-h800-8").unwrap(), None)
+        .unwrap()
+}
+
+/// Options for a trace calibrated or checked on `cm`, the engine's format given.
+fn opts_on(cm: &CostModel, dtype: Option<DType>) -> TraceOptions {
+    TraceOptions {
         backend: None,
         rules: RuleSet::default(),
         cost: Some(cm.clone()),
         idle_factor: DEFAULT_IDLE_FACTOR,
-        dtype: Some(DType::Fp32),
+        dtype,
         model: None,
         objective: Default::default(),
-    };
+    }
+}
+
+#[test]
+fn check_prices_each_kernel_with_the_cost_model_as_it_is() {
+    let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
+    let cm = stand_in();
+    let opts = opts_on(&cm, Some(DType::Fp32));
     let ck = check(std::slice::from_ref(&p), &opts).unwrap();
     assert_eq!(ck.hardware, cm.system.name);
     // Every GEMM with its shapes, under its op: measured as traced, priced by the model's
@@ -867,19 +872,8 @@ fn a_cost_file_written_by_calibrate_prices_its_own_trace_as_the_fit_did() {
     // Fitted on the fixture, written as a cost file, read back: checking the same trace with it
     // gives the fit's own prediction of every op (what the twin prices is what was fitted).
     let p = read_path(fixture("cpu_engine_profile.json")).unwrap();
-    let cat = Catalog::builtin();
-    let base = cat
-        .cost_model(cat.system("nvidia-h800-8").unwrap(), None)
-        .unwrap();
-    let opts = |cost: CostModel| TraceOptions {
-        backend: None,
-        rules: RuleSet::default(),
-        cost: Some(cost),
-        idle_factor: DEFAULT_IDLE_FACTOR,
-        dtype: Some(DType::Fp32),
-        model: None,
-        objective: Default::default(),
-    };
+    let base = stand_in();
+    let opts = |cost: CostModel| opts_on(&cost, Some(DType::Fp32));
     let cal = calibrate(std::slice::from_ref(&p), &opts(base.clone()));
     let text = cost_file(&base.params, "fitted", &cal).unwrap();
     let params: CostParams = toml::from_str(&text).unwrap();
@@ -908,13 +902,7 @@ fn a_cost_file_written_by_calibrate_prices_its_own_trace_as_the_fit_did() {
 fn the_host_check_prices_each_step_with_the_terms_given() {
     // Host time 20 + 5 per sequence + 2 per token before each step.
     let shapes = [(1, 1), (2, 2), (1, 100), (3, 3), (2, 60), (4, 4)];
-    let mut spans = Vec::new();
-    let mut t = 1000;
-    for (seqs, tokens) in shapes {
-        t += 20 + 5 * seqs + 2 * tokens;
-        spans.push((t, 300, seqs, Some(tokens)));
-        t += 300;
-    }
+    let spans = host_20_5_2(&shapes);
     let p = steps_with_tokens(&spans);
     let exact = check_host(&p, 1e9, 20.0, 5.0, 2.0).unwrap();
     assert_eq!(exact.gaps, shapes.len() - 1);
@@ -982,18 +970,11 @@ fn idling_profile(cm: &CostModel, steps: u64, every: u64, cold: f64) -> Profile 
 
 #[test]
 fn steps_after_idling_are_fitted_apart_and_give_their_factor() {
-    let cat = Catalog::builtin();
-    let cm = cat
-        .cost_model(cat.system("nvidia-h800-8").unwrap(), None)
-        .unwrap();
+    let cm = stand_in();
     let opts = TraceOptions {
         backend: Some(Backend::Cpu),
-        rules: RuleSet::default(),
-        cost: Some(cm.clone()),
-        idle_factor: DEFAULT_IDLE_FACTOR,
-        dtype: Some(DType::Fp32),
-        model: None,
         objective: Objective::Total,
+        ..opts_on(&cm, Some(DType::Fp32))
     };
     // 60 steps, 10 of them after idling at 1.25 times their warm kernel time.
     let p = idling_profile(&cm, 60, 6, 1.25);

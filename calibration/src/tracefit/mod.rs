@@ -176,7 +176,8 @@ pub const MIN_COLD_STEPS: usize = 3;
 pub const MIN_COLD_KERNELS: usize = 32;
 
 /// Kernels of steps that start after the device idled ([`ColdSteps`]: the gap before them is
-/// one the host fit leaves out as idle), against the warm fit: caches and clocks go cold while
+/// one the host fit leaves out as idle), against the warm fit (or, in a [`TraceCheck`], against
+/// a cost file's forms, with the file's factor): caches and clocks go cold while
 /// an engine waits for work, and its first step back runs slower (on the CPU engine 1.2-1.4x for
 /// a prompt's GEMMs and attention at the same shapes, 2-4x for the small memory-bound kernels).
 /// The efficiency forms are fitted to the other kernels; the twin prices a step that starts more
@@ -647,21 +648,10 @@ pub struct TraceCheck {
     /// `[host]`).
     pub host_terms: Option<(f64, f64, f64)>,
     pub host: Vec<HostCheckReport>,
-    /// The file's cold steps, and the kernels of the traces' steps after idling (`None`: the
-    /// file has no `cold_after_us`).
-    pub cold: Option<ColdCheck>,
-}
-
-/// The kernels of steps after idling under a cost file's `[host] cold_after_us, cold_factor`:
-/// their measured time, their warm price (the class forms alone) and the file's factor.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ColdCheck {
-    pub after_us: f64,
-    pub factor: f64,
-    pub steps: usize,
-    pub kernels: usize,
-    pub measured_ms: f64,
-    pub warm_ms: f64,
+    /// The kernels of the traces' steps after idling under the file's `[host] cold_after_us,
+    /// cold_factor`: `warm_ms` is their price under the forms alone (`None`: the file has no
+    /// cold terms).
+    pub cold: Option<ColdFit>,
 }
 
 /// Prices every mapped kernel with known work with the cost model of `opts.cost` as it is
@@ -750,7 +740,7 @@ pub fn check(profiles: &[Profile], opts: &TraceOptions) -> Option<TraceCheck> {
         })
         .collect();
     Some(TraceCheck {
-        cold: cold.map(|(after_us, factor)| ColdCheck {
+        cold: cold.map(|(after_us, factor)| ColdFit {
             after_us,
             factor,
             steps: c.cold_steps,
