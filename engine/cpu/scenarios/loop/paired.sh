@@ -10,7 +10,8 @@
 # Environment: DSTWIN (the binary; default target/release/dstwin), MODEL (a checkpoint
 # directory; default: `init-weights --preset tiny --seed 1` into OUT_DIR/m), PORT (8000),
 # SERVE_CPU and BENCH_CPU (the cores for `taskset`; default 1 and 0), CALIBRATE (the calibration
-# workload; default calibrate.toml beside this script).
+# workload; default calibrate.toml beside this script), KEEP_TRACES (1: keep each calibration's
+# trace beside its fitted files, some 40 MB each, to fit it again later).
 # Needs: taskset, curl, a release build. Run from the repository root.
 set -euo pipefail
 
@@ -60,6 +61,7 @@ for r in $(seq "$reps"); do
         # Keep this run's fitted files for a look afterwards (cpu.toml names cpu-costs.toml).
         mkdir -p "$out/$w.$r.fit"
         cp "$out/cpu.toml" "$out/cpu-costs.toml" "$out/$w.$r.fit/"
+        [ "${KEEP_TRACES:-0}" = 1 ] && cp "$out/trace.json" "$out/calibrate.json" "$out/$w.$r.fit/"
         echo "rep $r $w done" >&2
     done
 done
