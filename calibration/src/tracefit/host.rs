@@ -332,13 +332,6 @@ pub fn check_host(
     })
 }
 
-/// The gap between device steps beyond which a profile's device idled, µs: `idle_factor` times
-/// the median gap (the rule [`fit_host`] leaves idle gaps out by). `None` when the profile marks
-/// fewer than two device steps.
-pub fn idle_after_us(p: &Profile, idle_factor: f64) -> Option<f64> {
-    host_samples(p, idle_factor).map(|h| idle_factor * h.median_gap_us)
-}
-
 /// The device steps of a profile that start more than `after_us` after the previous step of
 /// their device ended: steps after idling, whose kernels may run cold. (A device's first step
 /// has no gap before it and is not one of them.)

@@ -26,7 +26,7 @@ use dstwin_traces::profile::{Profile, ProfileFormat};
 use efficiency::{
     fit_op, fit_split, op_form, ClassParams, EfficiencyFit, Objective, OpFit, Sample,
 };
-use host::{fit_host, idle_after_us, ColdSteps, HostCheck, HostFit};
+use host::{fit_host, ColdSteps, HostCheck, HostFit};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use work::{engine_op_work, kernel_work, EngineModel};
@@ -286,14 +286,19 @@ struct Collected {
     /// Per class, launches mapped to it.
     counts: BTreeMap<OpClass, u64>,
     /// Per class, the kernels with known work (with a cost model only).
-    samples: BTreeMap<OpClass, Vec<Sample>>,
-    /// The op each sample came from and its work as the cost model prices it, in the same order.
-    sample_ops: BTreeMap<OpClass, Vec<(String, Work)>>,
-    /// Whether each sample ran in a step after idling ([`ColdSteps`]), in the same order.
-    sample_cold: BTreeMap<OpClass, Vec<bool>>,
+    samples: BTreeMap<OpClass, Vec<Measured>>,
     /// Steps after idling, over every profile.
     cold_steps: usize,
     comm_samples: Vec<CommSample>,
+}
+
+/// A kernel with known work: its sample for the fits, its op (or class) and its work as the cost
+/// model prices it, and whether it ran in a step after idling ([`ColdSteps`]).
+struct Measured {
+    sample: Sample,
+    op: String,
+    work: Work,
+    cold: bool,
 }
 
 /// Maps every profile's kernels and reads their work; `cold_after_us` per profile tells the
@@ -339,9 +344,7 @@ fn collect(profiles: &[Profile], opts: &TraceOptions, cold_after_us: &[Option<f6
         })
         .collect();
     let cold_steps = cold.iter().map(|c| c.steps).sum();
-    let mut samples: BTreeMap<OpClass, Vec<Sample>> = BTreeMap::new();
-    let mut sample_ops: BTreeMap<OpClass, Vec<(String, Work)>> = BTreeMap::new();
-    let mut sample_cold: BTreeMap<OpClass, Vec<bool>> = BTreeMap::new();
+    let mut samples: BTreeMap<OpClass, Vec<Measured>> = BTreeMap::new();
     let mut counts: BTreeMap<OpClass, u64> = BTreeMap::new();
     let mut comm_samples = Vec::new();
     let kernels = profiles
@@ -364,28 +367,25 @@ fn collect(profiles: &[Profile], opts: &TraceOptions, cold_after_us: &[Option<f6
                 });
                 if let Some(w) = work {
                     let dtype = w.dtype.unwrap_or(DType::Bf16);
-                    // A compute target names its op, or its class.
-                    sample_ops.entry(class).or_default().push((
-                        t.op_label().unwrap_or_default(),
-                        Work {
+                    samples.entry(class).or_default().push(Measured {
+                        sample: Sample {
+                            flops: w.flops,
+                            bytes: w.bytes,
+                            rows: w.rows,
+                            peak_flops: cm.peak_flops(dtype),
+                            hbm_bytes_per_s: cm.system.chip.hbm_bytes_per_s(),
+                            time_us: k.dur_ns as f64 / 1e3,
+                        },
+                        // A compute target names its op, or its class.
+                        op: t.op_label().unwrap_or_default(),
+                        work: Work {
                             class,
                             flops: w.flops,
                             bytes: w.bytes,
                             dtype,
                             rows: w.rows.unwrap_or(0.0),
                         },
-                    ));
-                    sample_cold
-                        .entry(class)
-                        .or_default()
-                        .push(k.start_ns.is_some_and(|t| c.contains(k.device, t)));
-                    samples.entry(class).or_default().push(Sample {
-                        flops: w.flops,
-                        bytes: w.bytes,
-                        rows: w.rows,
-                        peak_flops: cm.peak_flops(dtype),
-                        hbm_bytes_per_s: cm.system.chip.hbm_bytes_per_s(),
-                        time_us: k.dur_ns as f64 / 1e3,
+                        cold: k.start_ns.is_some_and(|t| c.contains(k.device, t)),
                     });
                 }
             }
@@ -418,8 +418,6 @@ fn collect(profiles: &[Profile], opts: &TraceOptions, cold_after_us: &[Option<f6
         mapping,
         counts,
         samples,
-        sample_ops,
-        sample_cold,
         cold_steps,
         comm_samples,
     }
@@ -427,9 +425,17 @@ fn collect(profiles: &[Profile], opts: &TraceOptions, cold_after_us: &[Option<f6
 
 /// Maps and fits every profile.
 pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration {
-    let after: Vec<Option<f64>> = profiles
+    let host: Vec<HostReport> = profiles
         .iter()
-        .map(|p| idle_after_us(p, opts.idle_factor))
+        .map(|p| HostReport {
+            origin: p.origin.clone(),
+            fit: fit_host(p, opts.idle_factor),
+        })
+        .collect();
+    // A step after idling follows a gap the host fit leaves out as idle.
+    let after: Vec<Option<f64>> = host
+        .iter()
+        .map(|h| h.fit.as_ref().map(|f| opts.idle_factor * f.median_gap_us))
         .collect();
     let Collected {
         traces,
@@ -437,21 +443,12 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
         mapping,
         counts,
         mut samples,
-        sample_ops,
-        mut sample_cold,
         cold_steps,
         comm_samples,
     } = collect(profiles, opts, &after);
-    let mut sample_ops: BTreeMap<OpClass, Vec<String>> = sample_ops
-        .into_iter()
-        .map(|(c, v)| (c, v.into_iter().map(|(op, _)| op).collect()))
-        .collect();
     // Kernels of steps after idling are fitted apart when there are enough of them: the forms
     // are fitted to the warm ones, and the cold ones give the factor they run slower by.
-    let cold_kernels: usize = sample_cold
-        .values()
-        .map(|v| v.iter().filter(|c| **c).count())
-        .sum();
+    let cold_kernels = samples.values().flatten().filter(|m| m.cold).count();
     let apart = cold_steps >= MIN_COLD_STEPS && cold_kernels >= MIN_COLD_KERNELS;
     // (measured µs, warm price µs, kernels) of the cold kernels.
     let mut cold_sum = (0.0, 0.0, 0usize);
@@ -459,18 +456,13 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
     let efficiency = OpClass::ALL
         .iter()
         .map(|&class| {
-            let all = samples.remove(&class).unwrap_or_default();
-            let all_names = sample_ops.remove(&class).unwrap_or_default();
-            let flags = sample_cold.remove(&class).unwrap_or_default();
-            let (mut s, mut names, mut cold) = (Vec::new(), Vec::new(), Vec::new());
-            for ((x, op), c) in all.into_iter().zip(all_names).zip(flags) {
-                if apart && c {
-                    cold.push((x, op));
-                } else {
-                    s.push(x);
-                    names.push(op);
-                }
-            }
+            let (cold, warm): (Vec<Measured>, Vec<Measured>) = samples
+                .remove(&class)
+                .unwrap_or_default()
+                .into_iter()
+                .partition(|m| apart && m.cold);
+            let s: Vec<Sample> = warm.iter().map(|m| m.sample).collect();
+            let names: Vec<String> = warm.into_iter().map(|m| m.op).collect();
             let prior = opts.cost.as_ref().map(|cm| prior_params(cm, class));
             let fit = |s: &[Sample]| {
                 let split = prior.and_then(|p| fit_split(s, p, opts.objective));
@@ -534,7 +526,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                     .collect(),
                 None => Vec::new(),
             };
-            for (x, op) in &cold {
+            for Measured { sample: x, op, .. } in &cold {
                 if let Some(t) = report.op_time_us(op, x).filter(|t| t.is_finite()) {
                     cold_sum.0 += x.time_us;
                     cold_sum.1 += t;
@@ -592,13 +584,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
             .cost
             .as_ref()
             .and_then(|cm| fit_collective(&comm_samples, cm)),
-        host: profiles
-            .iter()
-            .map(|p| HostReport {
-                origin: p.origin.clone(),
-                fit: fit_host(p, opts.idle_factor),
-            })
-            .collect(),
+        host,
         frontend: None,
     }
 }
@@ -670,10 +656,15 @@ pub fn check(profiles: &[Profile], opts: &TraceOptions) -> Option<TraceCheck> {
     let mut cold_sum = (0usize, 0.0, 0.0);
     // (kernels, measured µs, priced µs, Σ relative error²) per op.
     let mut by_op: BTreeMap<(OpClass, String), (usize, f64, f64, f64)> = BTreeMap::new();
-    for (class, xs) in &c.samples {
-        let ops = c.sample_ops[class].iter().zip(&c.sample_cold[class]);
-        for (x, ((op, w), is_cold)) in xs.iter().zip(ops) {
-            let warm = cm.compute_op(op, w).time_s * 1e6;
+    for (class, ms) in &c.samples {
+        for Measured {
+            sample: x,
+            op,
+            work,
+            cold: is_cold,
+        } in ms
+        {
+            let warm = cm.compute_op(op, work).time_s * 1e6;
             let priced = match cold {
                 Some((_, factor)) if *is_cold => {
                     cold_sum.0 += 1;
