@@ -916,9 +916,15 @@ fn the_host_check_prices_each_step_with_the_terms_given() {
     assert!(check_host(&steps(&[(0, 10, 1)]), 1e9, 1.0, 0.0, 0.0).is_none());
 }
 
-/// A CPU-engine-like profile of `steps` steps of four GEMMs each, timed by `TRUTH` on `cm`;
-/// every sixth step comes after 20 ms of idling and runs its kernels `cold` times slower.
+/// A CPU-engine-like profile of `steps` steps of four GEMMs each, timed by `TRUTH` on `cm`, 40
+/// µs apart; every `every`th step comes after 20 ms of idling and runs its kernels `cold` times
+/// slower.
 fn idling_profile(cm: &CostModel, steps: u64, every: u64, cold: f64) -> Profile {
+    idling_profile_apart(cm, steps, every, cold, 40.0)
+}
+
+/// [`idling_profile`] with the busy steps `gap_us` apart.
+fn idling_profile_apart(cm: &CostModel, steps: u64, every: u64, cold: f64, gap_us: f64) -> Profile {
     let gemm = |m: f64, k: f64, n: f64| {
         TRUTH.time_us(&Sample {
             flops: 2.0 * m * k * n,
@@ -940,7 +946,7 @@ fn idling_profile(cm: &CostModel, steps: u64, every: u64, cold: f64) -> Profile 
     let mut t = 1000.0; // µs
     for i in 0..steps {
         let is_cold = i % every == every - 1;
-        t += if is_cold { 20_000.0 } else { 40.0 };
+        t += if is_cold { 20_000.0 } else { gap_us };
         let tokens = 2 + (i * 37) % 190;
         let start = t;
         for (op, k, n) in ops {
@@ -1028,6 +1034,11 @@ fn steps_after_idling_are_fitted_apart_and_give_their_factor() {
     // Without a slowdown the factor is one; with too few steps after idling none is fitted.
     let even = calibrate(&[idling_profile(&cm, 60, 6, 1.0)], &opts);
     assert!(close(even.cold.as_ref().unwrap().factor, 1.0, 2e-3));
+    // Steps overlapping (the host ran ahead: a median gap of 0): the host fit leaves no gap out
+    // as idle, so no step follows idling either.
+    let overlapped = calibrate(&[idling_profile_apart(&cm, 60, 6, 1.25, -1.0)], &opts);
+    assert_eq!(overlapped.host[0].fit.as_ref().unwrap().idle_gaps, 0);
+    assert!(overlapped.cold.is_none());
     let few = calibrate(&[idling_profile(&cm, 12, 6, 1.25)], &opts);
     assert!(few.cold.is_none());
     assert_eq!(

@@ -432,10 +432,16 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
             fit: fit_host(p, opts.idle_factor),
         })
         .collect();
-    // A step after idling follows a gap the host fit leaves out as idle.
+    // A step after idling follows a gap the host fit leaves out as idle (none where the median
+    // gap is 0: the host ran ahead and no gap is idle).
     let after: Vec<Option<f64>> = host
         .iter()
-        .map(|h| h.fit.as_ref().map(|f| opts.idle_factor * f.median_gap_us))
+        .map(|h| {
+            h.fit
+                .as_ref()
+                .filter(|f| f.median_gap_us > 0.0)
+                .map(|f| opts.idle_factor * f.median_gap_us)
+        })
         .collect();
     let Collected {
         traces,
