@@ -3,7 +3,7 @@
 //! batched together equal each run alone.
 
 use crate::common::*;
-use dstwin_cpu::{AttnPath, DType, SeqInput};
+use dstwin_cpu::{AttnPath, DType, Model, SeqInput};
 
 const TOL: f32 = 2e-5;
 
@@ -13,6 +13,36 @@ fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
         let d = max_abs_diff(x, y) / max_abs(y);
         assert!(d <= TOL, "{what}: max diff {d} x scale");
     }
+}
+
+/// The last chunk's logits of prompt `p` computed in chunks of `cuts` tokens on `blocks`.
+fn chunked_logits(
+    model: &Model,
+    p: &[u32],
+    blocks: &[u32],
+    cuts: &[usize],
+    path: AttnPath,
+) -> Vec<Vec<f32>> {
+    let mut c = cache(model);
+    let mut computed = 0;
+    let mut last = None;
+    for &n in cuts {
+        let f = model
+            .forward(
+                &mut c,
+                &[SeqInput {
+                    blocks,
+                    computed,
+                    tokens: &p[computed..computed + n],
+                    logits: 1,
+                }],
+                path,
+            )
+            .unwrap();
+        computed += n;
+        last = Some(f.logits.to_vec2().unwrap());
+    }
+    last.expect("at least one chunk")
 }
 
 #[test]
@@ -44,32 +74,8 @@ fn chunked_prefill_gives_the_logits_of_one_chunk() {
     let want = prompt_logits(model, &p, 1, AttnPath::Prefill);
     for cuts in [vec![45], vec![20, 25], vec![1, 16, 28], vec![13, 13, 19]] {
         for path in [AttnPath::Prefill, AttnPath::Absorbed] {
-            let mut c = cache(model);
-            let b = [5u32, 9, 2];
-            let mut computed = 0;
-            let mut last = None;
-            for &n in &cuts {
-                let chunk = &p[computed..computed + n];
-                let f = model
-                    .forward(
-                        &mut c,
-                        &[SeqInput {
-                            blocks: &b,
-                            computed,
-                            tokens: chunk,
-                            logits: 1,
-                        }],
-                        path,
-                    )
-                    .unwrap();
-                computed += n;
-                last = Some(f.logits.to_vec2().unwrap());
-            }
-            assert_close(
-                &last.unwrap(),
-                &want,
-                &format!("chunks {cuts:?} on {path:?}"),
-            );
+            let last = chunked_logits(model, &p, &[5, 9, 2], &cuts, path);
+            assert_close(&last, &want, &format!("chunks {cuts:?} on {path:?}"));
         }
     }
 }
@@ -84,26 +90,8 @@ fn prefill_tiles_of_queries_give_the_logits_of_whole_masked_attention() {
     let want = prompt_logits(model, &p, 1, AttnPath::Absorbed);
     let b: Vec<u32> = (20..33).collect();
     for cuts in [vec![200], vec![70, 130], vec![150, 50], vec![1, 64, 135]] {
-        let mut c = cache(model);
-        let mut computed = 0;
-        let mut last = None;
-        for &n in &cuts {
-            let f = model
-                .forward(
-                    &mut c,
-                    &[SeqInput {
-                        blocks: &b,
-                        computed,
-                        tokens: &p[computed..computed + n],
-                        logits: 1,
-                    }],
-                    AttnPath::Prefill,
-                )
-                .unwrap();
-            computed += n;
-            last = Some(f.logits.to_vec2().unwrap());
-        }
-        assert_close(&last.unwrap(), &want, &format!("prefill chunks {cuts:?}"));
+        let last = chunked_logits(model, &p, &b, &cuts, AttnPath::Prefill);
+        assert_close(&last, &want, &format!("prefill chunks {cuts:?}"));
     }
 }
 
