@@ -7,6 +7,7 @@ use anyhow::{anyhow, Context};
 use dstwin_calibration::kernels::{Backend, RuleSet, Share};
 use dstwin_calibration::tracefit::costfile::{cost_file, system_file};
 use dstwin_calibration::tracefit::efficiency::Objective;
+use dstwin_calibration::tracefit::spread::StepSpread;
 use dstwin_calibration::tracefit::work::EngineModel;
 use dstwin_calibration::tracefit::{
     calibrate, check, FrontEnd, OpCheck, TraceCalibration, TraceCheck, TraceOptions,
@@ -552,6 +553,19 @@ fn print(
         )?,
         None => {}
     }
+    match &cal.spread {
+        Some(sp) => outln!(
+            "step time around its price: over {} warm steps in {} groups of alike steps, ln(measured / priced) less its group's median has deciles {:+.3} and {:+.3}: step_sigma = {:.3}",
+            sp.steps, sp.bias.len(), sp.q10, sp.q90, sp.sigma
+        )
+        .and_then(|_| print_bias(sp))?,
+        None if cal.host.iter().any(|h| h.fit.is_some()) => outln!(
+            "step time around its price: fewer than {} warm steps with {:.0}% of their kernel time priced: no step_sigma",
+            dstwin_calibration::tracefit::spread::MIN_STEPS,
+            dstwin_calibration::tracefit::spread::MIN_COVERAGE * 100.0
+        )?,
+        None => {}
+    }
     if let Some(fe) = &cal.frontend {
         outln!(
             "front end per request: request_us = {:.1}, the client's mean TTFT less the server's over {} requests ({})",
@@ -564,6 +578,34 @@ fn print(
 }
 
 /// The report of `--check`: kernels and host time priced by the cost file as it is.
+/// The price's bias by the shape of the step: the groups of alike steps the spread was told
+/// within.
+fn print_bias(sp: &StepSpread) -> Result<(), Failure> {
+    outln!(
+        "  {:<16} {:>22} {:>7} {:>16}",
+        "steps",
+        "priced per step, us",
+        "count",
+        "measured/priced"
+    )?;
+    for b in &sp.bias {
+        let kind = match b.decode_only {
+            Some(true) => "decodes only",
+            Some(false) => "with a prompt",
+            None => "(not said)",
+        };
+        outln!(
+            "  {:<16} {:>10.0} .. {:<9.0} {:>7} {:>15.2}x",
+            kind,
+            b.priced_us.0,
+            b.priced_us.1,
+            b.steps,
+            b.median.exp()
+        )?;
+    }
+    Ok(())
+}
+
 fn print_check(ck: &TraceCheck, top: usize) -> Result<(), Failure> {
     for t in &ck.traces {
         outln!("trace {}", t.line())?;
@@ -674,6 +716,13 @@ fn print_check(ck: &TraceCheck, top: usize) -> Result<(), Failure> {
                     c.warm_ms * c.factor,
                     (c.warm_ms * c.factor / c.measured_ms - 1.0) * 100.0
                 )?;
+            }
+            if let Some(sp) = &ck.spread {
+                outln!(
+                    "step time around its price: over {} steps in {} groups of alike steps, ln(measured / priced) less its group's median has deciles {:+.3} and {:+.3}, a spread of {:.3} against the file's step_sigma = {:.3}",
+                    sp.steps, sp.bias.len(), sp.q10, sp.q90, sp.sigma, ck.file_step_sigma
+                )?;
+                print_bias(sp)?;
             }
             let (tm, tp) = (km + hm, kp + hp);
             if tm > 0.0 {

@@ -195,6 +195,8 @@ fn the_cpu_engine_profile_fits_its_gemms_and_host_time() {
         "per_seq_us = 0.00",
         "per_token_us = 0.000",
         "fitted against measured, by op",
+        // The slice keeps the kernels of two steps: too few to tell a spread from.
+        "step time around its price: fewer than 20 warm steps",
     ] {
         assert!(s.contains(want), "{want}:\n{s}");
     }

@@ -138,6 +138,11 @@ fn a_fit_on_one_workload_predicts_another_on_the_real_engine() {
     let request_us = fitted["host"]["request_us"].as_float().unwrap();
     assert!(request_us > 0.0 && request_us < 1e5, "{request_us}");
     assert!(report.contains("front end per request"), "{report}");
+    // How far the engine's steps land from their price: a real engine's steps vary, and the
+    // cost file says by how much (a lognormal spread, at most 1 in a cost file).
+    assert!(report.contains("step time around its price"), "{report}");
+    let sigma = fitted["host"]["step_sigma"].as_float().unwrap();
+    assert!(sigma > 0.0 && sigma <= 1.0, "{sigma}");
     // 3. A workload not used in the fit, on the engine, then 4. against the twin.
     let low = scenario("mixed-low");
     let measured = dir.join("mixed-low.json");

@@ -939,3 +939,89 @@ fn a_step_after_idling_runs_its_kernels_at_the_cold_factor() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn steps_land_around_their_price_by_the_cost_files_step_sigma() {
+    // tiny-mixed's closed loop (30 requests, 8 at a time, prompts of 700 tokens, 20 out): with
+    // `[host] step_sigma` every step's kernel time is drawn around its price, seeded.
+    let dir = common::tmp_dir("sim", "spread");
+    let tiny = data("tiny-mixed.toml");
+    let run = |host: &str, name: &str, seed: &str| -> Vec<(f64, f64)> {
+        let sub = dir.join(name);
+        std::fs::create_dir_all(&sub).unwrap();
+        let hw = a3_with_host(&sub, host);
+        let csv = sub.join("requests.csv");
+        let o = dstwin(&[
+            "simulate",
+            &tiny,
+            "--quiet",
+            "--set",
+            &hw,
+            "--set",
+            "expert_load.kind=perfect",
+            "--set",
+            seed,
+            "--requests-csv",
+            csv.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", err(&o));
+        let text = common::read(&csv);
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let col = |n: &str| head.iter().position(|h| *h == n).unwrap();
+        let (ttft, tpot) = (col("ttft_ms"), col("tpot_ms"));
+        lines
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f[ttft].parse().unwrap(), f[tpot].parse().unwrap())
+            })
+            .collect()
+    };
+    let at_price = run("step_us = 0.0", "price", "seed=1");
+    let spread = run("step_us = 0.0\nstep_sigma = 0.3", "spread", "seed=1");
+    assert_eq!(at_price.len(), 30);
+    assert_eq!(spread.len(), 30);
+    // The same seed draws the same steps; another seed others.
+    assert_eq!(
+        run("step_us = 0.0\nstep_sigma = 0.3", "again", "seed=1"),
+        spread
+    );
+    assert_ne!(
+        run("step_us = 0.0\nstep_sigma = 0.3", "other", "seed=2"),
+        spread
+    );
+    let mean =
+        |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| v.iter().map(f).sum::<f64>() / v.len() as f64;
+    let sd = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {
+        let m = mean(v, f);
+        (v.iter().map(|x| (f(x) - m).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+    };
+    let tpot = |x: &(f64, f64)| x.1;
+    // Factors of mean one: the mean TPOT stays the price's (each request's is over 19 steps,
+    // 30 requests: a spread of 0.3 moves the mean by a few percent at most)...
+    let (m0, m1) = (mean(&at_price, tpot), mean(&spread, tpot));
+    assert!((m1 / m0 - 1.0).abs() < 0.1, "{m0} -> {m1}");
+    // ... while the requests' TPOTs spread apart.
+    assert!(
+        sd(&spread, tpot) > 2.0 * sd(&at_price, tpot) + 1e-6 * m0,
+        "{at_price:?} -> {spread:?}"
+    );
+    // A spread of 0 is no spread.
+    assert_eq!(
+        run("step_us = 0.0\nstep_sigma = 0.0", "zero", "seed=1"),
+        at_price
+    );
+    // From 0 to 1, a number.
+    let sub = dir.join("bad");
+    std::fs::create_dir_all(&sub).unwrap();
+    for host in [
+        "step_us = 0.0\nstep_sigma = -0.1",
+        "step_us = 0.0\nstep_sigma = 1.5",
+    ] {
+        let hw = a3_with_host(&sub, host);
+        let o = dstwin(&["simulate", &tiny, "--quiet", "--set", &hw]);
+        assert_eq!(o.status.code(), Some(2), "{host}: {}", err(&o));
+        assert!(err(&o).contains("host.step_sigma"), "{host}: {}", err(&o));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -925,6 +925,19 @@ fn idling_profile(cm: &CostModel, steps: u64, every: u64, cold: f64) -> Profile 
 
 /// [`idling_profile`] with the busy steps `gap_us` apart.
 fn idling_profile_apart(cm: &CostModel, steps: u64, every: u64, cold: f64, gap_us: f64) -> Profile {
+    noisy_profile(cm, steps, every, cold, gap_us, |_| 1.0)
+}
+
+/// [`idling_profile_apart`] with step `i`'s kernels at `noise(i)` times their time (on top of
+/// the cold factor).
+fn noisy_profile(
+    cm: &CostModel,
+    steps: u64,
+    every: u64,
+    cold: f64,
+    gap_us: f64,
+    mut noise: impl FnMut(u64) -> f64,
+) -> Profile {
     let gemm = |m: f64, k: f64, n: f64| {
         TRUTH.time_us(&Sample {
             flops: 2.0 * m * k * n,
@@ -949,8 +962,9 @@ fn idling_profile_apart(cm: &CostModel, steps: u64, every: u64, cold: f64, gap_u
         t += if is_cold { 20_000.0 } else { gap_us };
         let tokens = 2 + (i * 37) % 190;
         let start = t;
+        let factor = noise(i) * if is_cold { cold } else { 1.0 };
         for (op, k, n) in ops {
-            let dur = gemm(tokens as f64, k as f64, n as f64) * if is_cold { cold } else { 1.0 };
+            let dur = gemm(tokens as f64, k as f64, n as f64) * factor;
             let mut r = KernelRecord::new(op.into(), Some((t * 1e3) as u64), (dur * 1e3) as u64, 1);
             r.device = Some(0);
             r.op_class = Some("gemm".into());
@@ -1049,4 +1063,69 @@ fn steps_after_idling_are_fitted_apart_and_give_their_factor() {
             .with_work,
         48
     );
+}
+
+#[test]
+fn the_spread_of_warm_steps_around_their_price_gives_step_sigma() {
+    let cm = stand_in();
+    let opts = TraceOptions {
+        backend: Some(Backend::Cpu),
+        objective: Objective::Total,
+        ..opts_on(&cm, Some(DType::Fp32))
+    };
+    // 400 steps, every tenth after idling at 1.25; each step's kernels at a lognormal factor of
+    // spread 0.2 (seeded: the test is deterministic).
+    let noisy = |sigma: f64| {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        noisy_profile(&cm, 400, 10, 1.25, 40.0, move |_| {
+            // Box-Muller: one standard normal from two uniforms.
+            let (u, v): (f64, f64) = (rng.random::<f64>().max(1e-12), rng.random());
+            (sigma * (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()).exp()
+        })
+    };
+    let p = noisy(0.2);
+    let cal = calibrate(std::slice::from_ref(&p), &opts);
+    let sp = cal.spread.as_ref().expect("360 warm steps");
+    // The warm steps only, in groups of alike steps (here one: every step has a prompt, and
+    // its memory-bound GEMMs cost about the same whatever its tokens).
+    assert!(sp.steps > 300 && sp.steps <= 360, "{sp:?}");
+    assert!(!sp.bias.is_empty(), "{sp:?}");
+    assert!(sp.bias.iter().all(|b| b.decode_only == Some(false)));
+    // Deciles of a sample of 360: the spread within 15%.
+    assert!(close(sp.sigma, 0.2, 0.15), "{sp:?}");
+    // The cold factor is still told apart (the noise averages over 40 cold steps).
+    assert!(
+        close(cal.cold.as_ref().unwrap().factor, 1.25, 0.1),
+        "{:?}",
+        cal.cold
+    );
+    // The cost file carries it, and a check of the same trace with that file finds the same
+    // spread, the file's beside it.
+    let text = cost_file(&cm.params, "noisy", &cal).unwrap();
+    let params: CostParams = toml::from_str(&text).unwrap();
+    params.validate("noisy").unwrap();
+    let h = params.host.as_ref().unwrap();
+    assert!(close(h.step_sigma, sp.sigma, 1e-3), "{h:?}");
+    assert!(text.contains("step_sigma: over the kernels of"), "{text}");
+    let ck = check(
+        std::slice::from_ref(&p),
+        &TraceOptions {
+            cost: Some(CostModel::new(cm.system.clone(), params)),
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    assert!(close(ck.file_step_sigma, sp.sigma, 1e-3));
+    let cs = ck.spread.as_ref().unwrap();
+    assert!(close(cs.sigma, 0.2, 0.2), "{cs:?}");
+    // Without noise, steps land on their price: no spread.
+    let quiet = calibrate(&[noisy(0.0)], &opts);
+    assert!(
+        quiet.spread.as_ref().unwrap().sigma < 1e-3,
+        "{:?}",
+        quiet.spread
+    );
+    // Too few steps tell nothing.
+    let few = calibrate(&[idling_profile(&cm, 12, 6, 1.25)], &opts);
+    assert!(few.spread.is_none());
 }

@@ -140,6 +140,10 @@ impl OneRow {
     }
 }
 
+/// Largest `[host] step_sigma` a cost file may give: a step's deciles at 0.28 and 3.6 times its
+/// price; more is a trace of something else than steps.
+pub const MAX_STEP_SIGMA: f64 = 1.0;
+
 fn is_zero(v: &f64) -> bool {
     *v == 0.0
 }
@@ -208,6 +212,12 @@ pub struct HostParams {
     /// Kernel time of a step after idling over the same step's warm time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cold_factor: Option<f64>,
+    /// Spread of a step's kernel time around its price: the standard deviation of its natural
+    /// log. The twin draws each step's kernel time as its price times a lognormal factor of
+    /// mean 1 with this spread (seeded, independent from step to step), so that latency
+    /// percentiles carry the variation a real device shows. 0 or absent: every step at its price.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub step_sigma: f64,
     pub source: String,
 }
 
@@ -407,6 +417,14 @@ impl CostParams {
             check_nonneg(file, "host.per_seq_us", h.per_seq_us)?;
             check_nonneg(file, "host.per_token_us", h.per_token_us)?;
             check_nonneg(file, "host.request_us", h.request_us)?;
+            if !(h.step_sigma.is_finite() && (0.0..=MAX_STEP_SIGMA).contains(&h.step_sigma)) {
+                return Err(invalid(
+                    file,
+                    "host.step_sigma",
+                    h.step_sigma,
+                    &format!("must be a number from 0 to {MAX_STEP_SIGMA} (the standard deviation of the log of a step's kernel time over its price)"),
+                ));
+            }
             match (h.cold_after_us, h.cold_factor) {
                 (None, None) => {}
                 (Some(after), Some(factor)) => {

@@ -13,6 +13,7 @@
 //! overhead becomes each class's `fixed_us` where the class has none (and is then 0).
 
 use super::{ClassReport, TraceCalibration};
+use dstwin_hwmodels::cost::MAX_STEP_SIGMA;
 use dstwin_hwmodels::{CostParams, System};
 use std::fmt::Write as _;
 use toml::{Table, Value};
@@ -209,6 +210,29 @@ pub fn cost_file(
                 src.push_str(&format!(
                     "; cold_after_us, cold_factor: the kernels of the {} steps that started more than {:.1} us after the previous one ({} kernels) took {:.3} ms against {:.3} ms under the forms fitted to the other steps' kernels",
                     c.steps, c.after_us, c.kernels, c.measured_ms, c.warm_ms
+                ));
+            }
+        }
+        if let Some(sp) = &cal.spread {
+            // A spread beyond the cost file's bound is a trace of something else than steps
+            // (a profiler stalling the engine): said, not written.
+            let kept = sp.sigma <= MAX_STEP_SIGMA;
+            if kept {
+                table.insert("step_sigma".into(), Value::Float(sig(sp.sigma)));
+            }
+            if let Some(Value::String(src)) = table.get_mut("source") {
+                src.push_str(&format!(
+                    "; step_sigma: over the kernels of {} warm steps in {} groups of alike steps, ln(measured / priced) less its group's median has deciles {:+.3} and {:+.3}, a lognormal spread of {:.3}{}",
+                    sp.steps,
+                    sp.bias.len(),
+                    sp.q10,
+                    sp.q90,
+                    sp.sigma,
+                    if kept {
+                        String::new()
+                    } else {
+                        format!(", above the most a cost file takes ({MAX_STEP_SIGMA}): left out")
+                    }
                 ));
             }
         }

@@ -321,16 +321,8 @@ fn rel_errors(samples: &[Sample], p: &ClassParams) -> Vec<f64> {
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
     v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    super::spread::quantile(&v, 0.5)
 }
 
 /// Fits one class to its samples over relative errors ([`fit_class_with`]).

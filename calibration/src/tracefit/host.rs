@@ -332,40 +332,52 @@ pub fn check_host(
     })
 }
 
-/// The device steps of a profile that start more than `after_us` after the previous step of
-/// their device ended: steps after idling, whose kernels may run cold. (A device's first step
-/// has no gap before it and is not one of them.)
+/// A device step's start and end (ns) and whether it came after idling.
+type StepSpan = (u64, u64, bool);
+
+/// The device steps of a profile, each with its place among them and whether it started after
+/// idling: more than `after_us` after the previous step of its device ended, so that its kernels
+/// may run cold. (A device's first step has no gap before it and is not cold.)
 #[derive(Clone, Debug, Default)]
-pub struct ColdSteps {
-    /// Per device, the steps' (start, end) in ns, sorted.
-    by_device: BTreeMap<Option<u32>, Vec<(u64, u64)>>,
-    /// How many.
+pub struct DeviceSteps {
+    /// Per device, the first step's place and the steps' (start, end) in ns with whether they
+    /// are cold, sorted.
+    by_device: BTreeMap<Option<u32>, (usize, Vec<StepSpan>)>,
+    /// Per step by its place, whether it computes decodes only (its tokens are its sequences;
+    /// `None`: the trace does not say).
+    pub decode_only: Vec<Option<bool>>,
+    /// How many steps, and how many of them cold.
     pub steps: usize,
+    pub cold: usize,
 }
 
-impl ColdSteps {
-    pub fn of(p: &Profile, after_us: f64) -> ColdSteps {
-        let mut c = ColdSteps::default();
+impl DeviceSteps {
+    /// `after_us` `None`: no step is cold.
+    pub fn of(p: &Profile, after_us: Option<f64>) -> DeviceSteps {
+        let mut c = DeviceSteps::default();
         let Some((_, mut spans)) = spans(p) else {
             return c;
         };
         spans.sort_by_key(|s| (s.0, s.1));
-        for w in spans.windows(2) {
-            let (a, b) = (&w[0], &w[1]);
-            if a.0 == b.0 && b.1.saturating_sub(a.2) as f64 / 1e3 > after_us {
-                c.by_device.entry(b.0).or_default().push((b.1, b.2));
-                c.steps += 1;
-            }
+        for (i, s) in spans.iter().enumerate() {
+            let cold = i > 0
+                && spans[i - 1].0 == s.0
+                && after_us.is_some_and(|a| s.1.saturating_sub(spans[i - 1].2) as f64 / 1e3 > a);
+            let (_, v) = c.by_device.entry(s.0).or_insert((i, Vec::new()));
+            v.push((s.1, s.2, cold));
+            c.decode_only
+                .push(s.3.zip(s.4).map(|(seqs, tokens)| seqs == tokens));
+            c.cold += usize::from(cold);
         }
+        c.steps = spans.len();
         c
     }
 
-    /// Whether a kernel of `device` starting at `start_ns` runs in one of the steps.
-    pub fn contains(&self, device: Option<u32>, start_ns: u64) -> bool {
-        let Some(v) = self.by_device.get(&device) else {
-            return false;
-        };
+    /// The step a kernel of `device` starting at `start_ns` runs in: its place among the
+    /// profile's steps, and whether it is cold.
+    pub fn locate(&self, device: Option<u32>, start_ns: u64) -> Option<(usize, bool)> {
+        let (first, v) = self.by_device.get(&device)?;
         let i = v.partition_point(|s| s.0 <= start_ns);
-        i > 0 && start_ns < v[i - 1].1
+        (i > 0 && start_ns < v[i - 1].1).then(|| (first + i - 1, v[i - 1].2))
     }
 }

@@ -15,6 +15,7 @@ pub mod comm;
 pub mod costfile;
 pub mod efficiency;
 pub mod host;
+pub mod spread;
 pub mod work;
 
 use crate::kernels::{
@@ -26,8 +27,9 @@ use dstwin_traces::profile::{Profile, ProfileFormat};
 use efficiency::{
     fit_op, fit_split, op_form, ClassParams, EfficiencyFit, Objective, OpFit, Sample,
 };
-use host::{fit_host, ColdSteps, HostCheck, HostFit};
+use host::{fit_host, DeviceSteps, HostCheck, HostFit};
 use serde::Serialize;
+use spread::{step_spread, StepSpread};
 use std::collections::BTreeMap;
 use work::{engine_op_work, kernel_work, EngineModel};
 
@@ -175,7 +177,7 @@ pub struct HostReport {
 pub const MIN_COLD_STEPS: usize = 3;
 pub const MIN_COLD_KERNELS: usize = 32;
 
-/// Kernels of steps that start after the device idled ([`ColdSteps`]: the gap before them is
+/// Kernels of steps that start after the device idled ([`DeviceSteps`]: the gap before them is
 /// one the host fit leaves out as idle), against the warm fit (or, in a [`TraceCheck`], against
 /// a cost file's forms, with the file's factor): caches and clocks go cold while
 /// an engine waits for work, and its first step back runs slower (on the CPU engine 1.2-1.4x for
@@ -199,6 +201,9 @@ pub struct ColdFit {
 pub struct TraceCalibration {
     /// The steps after idling, fitted apart (`None`: too few of them).
     pub cold: Option<ColdFit>,
+    /// How far the warm steps' kernel time lands from the fitted forms' price (`None`: fewer
+    /// than [`spread::MIN_STEPS`] steps with their kernels priced).
+    pub spread: Option<StepSpread>,
     pub traces: Vec<TraceSummary>,
     /// The rule files used, with their sources.
     pub rules: Vec<(String, String)>,
@@ -289,15 +294,20 @@ struct Collected {
     samples: BTreeMap<OpClass, Vec<Measured>>,
     /// Steps after idling, over every profile.
     cold_steps: usize,
+    /// Per device step (over every profile, [`Measured::step`]), the time of its kernels (µs)
+    /// and whether it computes decodes only.
+    step_kernel_us: Vec<(f64, Option<bool>)>,
     comm_samples: Vec<CommSample>,
 }
 
 /// A kernel with known work: its sample for the fits, its op (or class) and its work as the cost
-/// model prices it, and whether it ran in a step after idling ([`ColdSteps`]).
+/// model prices it, the device step it ran in and whether that step came after idling
+/// ([`DeviceSteps`]).
 struct Measured {
     sample: Sample,
     op: String,
     work: Work,
+    step: Option<usize>,
     cold: bool,
 }
 
@@ -335,24 +345,35 @@ fn collect(profiles: &[Profile], opts: &TraceOptions, cold_after_us: &[Option<f6
             .flat_map(|(p, t)| p.kernels.iter().zip(t))
     };
     let mapping = summarize(all());
-    let cold: Vec<ColdSteps> = profiles
+    let steps: Vec<DeviceSteps> = profiles
         .iter()
         .enumerate()
-        .map(|(i, p)| match cold_after_us.get(i).copied().flatten() {
-            Some(after) => ColdSteps::of(p, after),
-            None => ColdSteps::default(),
-        })
+        .map(|(i, p)| DeviceSteps::of(p, cold_after_us.get(i).copied().flatten()))
         .collect();
-    let cold_steps = cold.iter().map(|c| c.steps).sum();
+    let cold_steps = steps.iter().map(|c| c.cold).sum();
+    // Each profile's steps follow the previous profiles'.
+    let mut first_step = Vec::with_capacity(steps.len());
+    let mut step_kernel_us = Vec::new();
+    for s in &steps {
+        first_step.push(step_kernel_us.len());
+        step_kernel_us.extend(s.decode_only.iter().map(|&d| (0.0, d)));
+    }
     let mut samples: BTreeMap<OpClass, Vec<Measured>> = BTreeMap::new();
     let mut counts: BTreeMap<OpClass, u64> = BTreeMap::new();
     let mut comm_samples = Vec::new();
     let kernels = profiles
         .iter()
         .zip(&targets)
-        .zip(&cold)
+        .zip(steps.iter().zip(&first_step))
         .flat_map(|((p, t), c)| p.kernels.iter().zip(t).map(move |(k, t)| (k, t, c)));
-    for (k, t, c) in kernels {
+    for (k, t, (c, first)) in kernels {
+        let located = k
+            .start_ns
+            .and_then(|t| c.locate(k.device, t))
+            .map(|(i, cold)| (first + i, cold));
+        if let Some((i, _)) = located {
+            step_kernel_us[i].0 += k.dur_ns as f64 / 1e3;
+        }
         match t.kind() {
             Some(OpKindName::Compute(class)) => {
                 *counts.entry(class).or_default() += k.calls;
@@ -385,7 +406,8 @@ fn collect(profiles: &[Profile], opts: &TraceOptions, cold_after_us: &[Option<f6
                             dtype,
                             rows: w.rows.unwrap_or(0.0),
                         },
-                        cold: k.start_ns.is_some_and(|t| c.contains(k.device, t)),
+                        step: located.map(|(i, _)| i),
+                        cold: located.is_some_and(|(_, cold)| cold),
                     });
                 }
             }
@@ -419,6 +441,7 @@ fn collect(profiles: &[Profile], opts: &TraceOptions, cold_after_us: &[Option<f6
         counts,
         samples,
         cold_steps,
+        step_kernel_us,
         comm_samples,
     }
 }
@@ -450,8 +473,11 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
         counts,
         mut samples,
         cold_steps,
+        step_kernel_us,
         comm_samples,
     } = collect(profiles, opts, &after);
+    // Per warm step, its priced kernels: (measured µs, priced µs).
+    let mut per_step: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
     // Kernels of steps after idling are fitted apart when there are enough of them: the forms
     // are fitted to the warm ones, and the cold ones give the factor they run slower by.
     let cold_kernels = samples.values().flatten().filter(|m| m.cold).count();
@@ -468,6 +494,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                 .into_iter()
                 .partition(|m| apart && m.cold);
             let s: Vec<Sample> = warm.iter().map(|m| m.sample).collect();
+            let steps: Vec<Option<usize>> = warm.iter().map(|m| m.step).collect();
             let names: Vec<String> = warm.into_iter().map(|m| m.op).collect();
             let prior = opts.cost.as_ref().map(|cm| prior_params(cm, class));
             let fit = |s: &[Sample]| {
@@ -539,12 +566,17 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
                     cold_sum.2 += 1;
                 }
             }
-            for (x, op) in s.iter().zip(names) {
+            for ((x, op), step) in s.iter().zip(names).zip(steps) {
                 let (Some(t), Some(c)) = (report.op_time_us(&op, x), report.time_us(x)) else {
                     continue;
                 };
                 if !(t.is_finite() && c.is_finite()) {
                     continue;
+                }
+                if let Some(i) = step {
+                    let e = per_step.entry(i).or_default();
+                    e.0 += x.time_us;
+                    e.1 += t;
                 }
                 let own = report.ops.iter().any(|(o, _)| *o == op);
                 let r = op_residuals.entry(op.clone()).or_insert(OpResidual {
@@ -578,6 +610,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
     });
     TraceCalibration {
         cold,
+        spread: step_spread(&per_step, &step_kernel_us),
         traces,
         rules: rule_files,
         mapping,
@@ -644,6 +677,10 @@ pub struct TraceCheck {
     /// cold_factor`: `warm_ms` is their price under the forms alone (`None`: the file has no
     /// cold terms).
     pub cold: Option<ColdFit>,
+    /// How far the traces' steps land from the file's price, cold factor included, to compare
+    /// with the file's `[host] step_sigma` (`file_step_sigma`, 0 where it gives none).
+    pub spread: Option<StepSpread>,
+    pub file_step_sigma: f64,
 }
 
 /// Prices every mapped kernel with known work with the cost model of `opts.cost` as it is
@@ -662,11 +699,13 @@ pub fn check(profiles: &[Profile], opts: &TraceOptions) -> Option<TraceCheck> {
     let mut cold_sum = (0usize, 0.0, 0.0);
     // (kernels, measured µs, priced µs, Σ relative error²) per op.
     let mut by_op: BTreeMap<(OpClass, String), (usize, f64, f64, f64)> = BTreeMap::new();
+    let mut per_step: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
     for (class, ms) in &c.samples {
         for Measured {
             sample: x,
             op,
             work,
+            step,
             cold: is_cold,
         } in ms
         {
@@ -680,6 +719,11 @@ pub fn check(profiles: &[Profile], opts: &TraceOptions) -> Option<TraceCheck> {
                 }
                 _ => warm,
             };
+            if let Some(i) = step {
+                let e = per_step.entry(*i).or_default();
+                e.0 += x.time_us;
+                e.1 += priced;
+            }
             let e = by_op.entry((*class, op.clone())).or_default();
             e.0 += 1;
             e.1 += x.time_us;
@@ -745,7 +789,9 @@ pub fn check(profiles: &[Profile], opts: &TraceOptions) -> Option<TraceCheck> {
             measured_ms: cold_sum.1 / 1e3,
             warm_ms: cold_sum.2 / 1e3,
         }),
+        spread: step_spread(&per_step, &c.step_kernel_us),
         traces: c.traces,
+        file_step_sigma: cm.params.host.as_ref().map_or(0.0, |h| h.step_sigma),
         rules: c.rules,
         mapping: c.mapping,
         hardware: cm.system.name.clone(),

@@ -13,9 +13,13 @@ use dstwin_core::layout::Role;
 use dstwin_core::model::kv_bytes;
 use dstwin_core::mtp::Acceptance;
 use dstwin_hwmodels::{A2aMode, Comm, CommKind};
-use dstwin_twin::device::{Experts, HostOverhead, PricerSpec, SimDevice, StepPricer};
+use dstwin_twin::device::{Experts, HostOverhead, PricerSpec, SimDevice, StepPricer, StepSpread};
 use dstwin_twin::expert_load::{ExpertLoad, ExpertLoadSpec};
 use dstwin_twin::fabric::TwinFabric;
+
+/// Mixed into the scenario's seed for each instance's step-time draws (`[host] step_sigma`), so
+/// that they are not the expert load's.
+const STEP_SPREAD_SALT: u64 = 0x5bd_0000;
 
 /// The routed experts of one instance as the twin sees them (load model, first placement, the
 /// price of moving one expert's weights onto a die) and, with dynamic EPLB, the rebalance cycle
@@ -226,6 +230,10 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                         .and_then(|h| h.cold_after_us.zip(h.cold_factor))
                         .map(|(after_us, factor)| (after_us * 1e-6, factor)),
                 })
+                .with_spread(StepSpread::new(
+                    host.map_or(0.0, |h| h.step_sigma),
+                    s.seed ^ STEP_SPREAD_SALT ^ index,
+                ))
                 .with_span(s.dies());
             out.push(BuiltInstance {
                 name: if setup.count > 1 {

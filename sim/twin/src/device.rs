@@ -17,6 +17,9 @@ use dstwin_core::mtp::Acceptance;
 use dstwin_core::opgraph::{step_ops, MoeLoad, StepSpec};
 use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_hwmodels::{CostModel, DType};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -410,6 +413,8 @@ pub struct SimDevice {
     /// ended: how long the device idled before a step.
     next_start: SimTime,
     last_end: Option<SimTime>,
+    /// Each step's kernel time drawn around its price (`None`: every step at its price).
+    spread: Option<StepSpread>,
     /// Dies spanned by the deployment's prefill and decode instances together (sets the fabric
     /// level KV transfers cross).
     span_dies: u32,
@@ -431,6 +436,32 @@ pub struct HostOverhead {
     /// kernels this many times their warm time (the cost file's `[host] cold_after_us,
     /// cold_factor`). `None`: every step is warm.
     pub cold: Option<(f64, f64)>,
+}
+
+/// A step's kernel time drawn around its price: the price times `exp(sigma z - sigma^2 / 2)`
+/// with `z` standard normal, a lognormal factor of mean 1 (the cost file's `[host] step_sigma`),
+/// independent from step to step. Expected step times, and so mean throughput, stay the
+/// price's; latency percentiles spread as a real device's do.
+#[derive(Clone, Debug)]
+pub struct StepSpread {
+    sigma: f64,
+    rng: ChaCha8Rng,
+}
+
+impl StepSpread {
+    /// `None` for `sigma` 0 (every step at its price).
+    pub fn new(sigma: f64, seed: u64) -> Option<Self> {
+        (sigma > 0.0).then(|| StepSpread {
+            sigma,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        })
+    }
+
+    /// The next step's factor.
+    fn draw(&mut self) -> f64 {
+        let z: f64 = StandardNormal.sample(&mut self.rng);
+        (self.sigma * z - 0.5 * self.sigma * self.sigma).exp()
+    }
 }
 
 /// The routed experts of an instance as the twin sees them.
@@ -527,6 +558,7 @@ impl SimDevice {
             host: HostOverhead::default(),
             next_start: SimTime::ZERO,
             last_end: None,
+            spread: None,
             span_dies: capacity.dp_ranks,
             eplb_moves: 0,
             eplb_move_s: 0.0,
@@ -566,6 +598,12 @@ impl SimDevice {
     /// Sets the host time per step and whether async scheduling hides it.
     pub fn with_host(mut self, host: HostOverhead) -> Self {
         self.host = host;
+        self
+    }
+
+    /// Draws each step's kernel time around its price ([`StepSpread`]; `None`: at its price).
+    pub fn with_spread(mut self, spread: Option<StepSpread>) -> Self {
+        self.spread = spread;
         self
     }
 
@@ -688,8 +726,10 @@ impl Device for SimDevice {
             }
             _ => 1.0,
         };
+        // The step's kernels land around their price as a real device's do.
+        let kernels = cold * self.spread.as_mut().map_or(1.0, StepSpread::draw);
         // Expert weights moving in this step are not overlapped with it.
-        let device_s = slowest.map_or(0.0, |c| c.time_s) * cold + extra_s;
+        let device_s = slowest.map_or(0.0, |c| c.time_s) * kernels + extra_s;
         // The slowest rank's host work: added to the step, or hidden behind it (async).
         let h = self.host;
         let host_s = if h.step_s > 0.0 || h.per_seq_s > 0.0 || h.per_token_s > 0.0 {
@@ -712,9 +752,9 @@ impl Device for SimDevice {
         out.duration = SimDuration::from_secs_f64(device_s + visible_host_s);
         self.last_end = Some(self.next_start + out.duration);
         out.class_times = slowest.map_or([0.0; CLASS_SLOTS], |c| self.pricer.class_times(c));
-        if cold != 1.0 {
+        if kernels != 1.0 {
             for t in out.class_times.iter_mut() {
-                *t *= cold;
+                *t *= kernels;
             }
         }
         out.class_times[HOST] = visible_host_s;
@@ -825,5 +865,34 @@ mod tests {
                 "{v} -> {q}"
             );
         }
+    }
+
+    #[test]
+    fn step_factors_are_lognormal_of_mean_one_and_follow_the_seed() {
+        assert!(StepSpread::new(0.0, 1).is_none());
+        let sigma = 0.25;
+        let mut a = StepSpread::new(sigma, 11).unwrap();
+        let mut f: Vec<f64> = (0..100_000).map(|_| a.draw()).collect();
+        let mean = f.iter().sum::<f64>() / f.len() as f64;
+        assert!((mean - 1.0).abs() < 0.01, "{mean}");
+        f.sort_by(f64::total_cmp);
+        // The deciles of exp(sigma z - sigma^2 / 2).
+        for (q, z) in [(0.1, -1.281_551_6), (0.5, 0.0), (0.9, 1.281_551_6)] {
+            let got = f[(q * f.len() as f64) as usize];
+            let want = (sigma * z - 0.5 * sigma * sigma).exp();
+            assert!(
+                (got / want - 1.0).abs() < 0.02,
+                "q{q}: {got} against {want}"
+            );
+        }
+        // The same seed draws the same factors; another seed others.
+        let (mut b, mut c) = (
+            StepSpread::new(sigma, 11).unwrap(),
+            StepSpread::new(sigma, 12).unwrap(),
+        );
+        let mut a = StepSpread::new(sigma, 11).unwrap();
+        let xs: Vec<f64> = (0..8).map(|_| a.draw()).collect();
+        assert_eq!(xs, (0..8).map(|_| b.draw()).collect::<Vec<_>>());
+        assert_ne!(xs, (0..8).map(|_| c.draw()).collect::<Vec<_>>());
     }
 }
