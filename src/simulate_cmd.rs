@@ -93,7 +93,7 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
             timeline: a.timeline.is_some(),
             per_request: a.requests_csv.is_some(),
             step_by_step: a.step_by_step,
-            record_steps: false,
+            ..RunOptions::default()
         },
     )
     .map_err(|e| Failure::Input(e.into()))?;

@@ -1,7 +1,7 @@
 //! `dstwin simulate` end to end: reports for people and scripts, determinism, and bad input.
 
 mod common;
-use common::{data, dstwin};
+use common::{a3_with_host, data, dstwin};
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -719,29 +719,6 @@ fn a_warm_up_is_left_out_of_latencies_tokens_and_rates() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", err(&o));
     assert!(err(&o).contains("nothing was measured"), "{}", err(&o));
-}
-
-/// The A3 system in `dir`, priced by its cost file plus a `[host]` table of `host` (TOML lines);
-/// -> the `hardware=` override that selects it.
-fn a3_with_host(dir: &std::path::Path, host: &str) -> String {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let system = common::read(&PathBuf::from(format!(
-        "{root}/hwmodels/data/systems/atlas-800-a3.toml"
-    )))
-    .replace(
-        "cost_model = \"ascend-910c\"",
-        "cost_model = \"costs.toml\"",
-    );
-    std::fs::write(dir.join("a3.toml"), system).unwrap();
-    let costs = common::read(&PathBuf::from(format!(
-        "{root}/hwmodels/data/costs/ascend-910c.toml"
-    )));
-    std::fs::write(
-        dir.join("costs.toml"),
-        format!("{costs}\n[host]\n{host}\nsource = \"test\"\n"),
-    )
-    .unwrap();
-    format!("hardware={}", dir.join("a3.toml").display())
 }
 
 #[test]

@@ -327,3 +327,90 @@ fn measurements_compare_with_a_simulation_of_the_same_run() {
     std::fs::write(&path, "not json").unwrap();
     assert_eq!(dstwin(&args).status.code(), Some(2));
 }
+
+#[test]
+fn a_measurement_is_compared_with_the_median_of_draws_of_the_step_spread() {
+    // tiny-pd priced by the A3 file with `[host] step_sigma`: the twin's figures vary with the
+    // draw of its steps, and the prediction is the median of nine draws, their range beside it.
+    let dir = common::tmp_dir("validate", "draws");
+    let hw = common::a3_with_host(&dir, "step_us = 0.0\nstep_sigma = 0.3");
+    let sim = dstwin(&[
+        "simulate",
+        &data("tiny-pd.toml"),
+        "--json",
+        "--quiet",
+        "--set",
+        &hw,
+    ]);
+    assert!(
+        sim.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sim.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&sim.stdout).unwrap();
+    let measured = serde_json::json!({
+        "output_throughput": r["output_tok_s"].as_f64().unwrap(),
+        "p90_ttft_ms": r["latency"]["ttft_ms"]["p90"].as_f64().unwrap(),
+        "mean_tpot_ms": r["latency"]["tpot_ms"]["mean"].as_f64().unwrap(),
+    });
+    let path = dir.join("bench.json");
+    std::fs::write(&path, measured.to_string()).unwrap();
+    let args = [
+        "validate",
+        "--measured",
+        path.to_str().unwrap(),
+        "--scenario",
+        &data("tiny-pd.toml"),
+        "--set",
+        &hw,
+    ];
+    let o = dstwin(&[&args[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = v["measured"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    let mut spread = false;
+    for row in rows {
+        let d = &row["draws"];
+        assert_eq!(d["n"], 9, "{row}");
+        let (lo, hi, p) = (
+            d["min"].as_f64().unwrap(),
+            d["max"].as_f64().unwrap(),
+            row["predicted"].as_f64().unwrap(),
+        );
+        assert!(lo <= p && p <= hi, "{row}");
+        spread |= hi > lo;
+        assert_eq!(row["how"], "median");
+    }
+    // The draws differ (a spread of 0.3 moves the p90 TTFT).
+    assert!(spread, "{rows:?}");
+    let o = dstwin(&args);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("median of 9 draws of the step spread"),
+        "{text}"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("9 simulated runs"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // Without a spread: one run, as before.
+    let flat = common::a3_with_host(&dir, "step_us = 0.0");
+    let o = dstwin(&[
+        "validate",
+        "--measured",
+        path.to_str().unwrap(),
+        "--scenario",
+        &data("tiny-pd.toml"),
+        "--set",
+        &flat,
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for row in v["measured"]["rows"].as_array().unwrap() {
+        assert!(row.get("draws").is_none(), "{row}");
+        assert_eq!(row["how"], "simulated");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

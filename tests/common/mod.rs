@@ -100,3 +100,26 @@ pub fn tiny_model(tag: &str) -> PathBuf {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     dir
 }
+
+/// The A3 system in `dir`, priced by its cost file plus a `[host]` table of `host` (TOML lines);
+/// -> the `hardware=` override that selects it.
+pub fn a3_with_host(dir: &std::path::Path, host: &str) -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let system = read(&PathBuf::from(format!(
+        "{root}/hwmodels/data/systems/atlas-800-a3.toml"
+    )))
+    .replace(
+        "cost_model = \"ascend-910c\"",
+        "cost_model = \"costs.toml\"",
+    );
+    std::fs::write(dir.join("a3.toml"), system).unwrap();
+    let costs = read(&PathBuf::from(format!(
+        "{root}/hwmodels/data/costs/ascend-910c.toml"
+    )));
+    std::fs::write(
+        dir.join("costs.toml"),
+        format!("{costs}\n[host]\n{host}\nsource = \"test\"\n"),
+    )
+    .unwrap();
+    format!("hardware={}", dir.join("a3.toml").display())
+}

@@ -115,7 +115,12 @@ pub(super) struct Sim<'s, 'o> {
 
 impl<'s, 'o> Sim<'s, 'o> {
     pub(super) fn new(s: &'s Scenario, opts: RunOptions<'o>) -> Result<Self, RunError> {
-        let built = build_instances(s)?;
+        let mut built = build_instances(s)?;
+        if opts.draw != 0 {
+            for b in &mut built {
+                b.device.redraw(opts.draw);
+            }
+        }
         let fabric = build_fabric(s, &built);
         let specs = built
             .iter()

@@ -77,6 +77,10 @@ pub struct RunOptions<'a> {
     pub step_by_step: bool,
     /// Keep every step's plan and duration (conformance checks against the runtime).
     pub record_steps: bool,
+    /// Which draw of the twin's own variation (each step's kernel time around its price, a
+    /// cost file's `[host] step_sigma`): 0 is the scenario seed's; another draws the steps
+    /// again from the same workload (its arrivals and lengths stay the seed's).
+    pub draw: u64,
 }
 
 /// Runs a scenario to the end (all requests finished, or its duration).

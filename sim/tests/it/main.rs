@@ -5,6 +5,7 @@ mod fuzz_scenario;
 mod mutate;
 mod plan;
 mod scenario_bounds;
+mod step_draws;
 mod workload_stream;
 
 use dstwin_sim::scenario::{load_str, Scenario, ScenarioError};

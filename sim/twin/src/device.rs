@@ -445,6 +445,7 @@ pub struct HostOverhead {
 #[derive(Clone, Debug)]
 pub struct StepSpread {
     sigma: f64,
+    seed: u64,
     rng: ChaCha8Rng,
 }
 
@@ -453,8 +454,16 @@ impl StepSpread {
     pub fn new(sigma: f64, seed: u64) -> Option<Self> {
         (sigma > 0.0).then(|| StepSpread {
             sigma,
+            seed,
             rng: ChaCha8Rng::seed_from_u64(seed),
         })
+    }
+
+    /// Starts draw `draw` of the same spread (0: the seed's own): another sequence of factors.
+    pub fn redraw(&mut self, draw: u64) {
+        // Odd multiplier: distinct draws give distinct seeds.
+        let mix = draw.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.rng = ChaCha8Rng::seed_from_u64(self.seed ^ mix);
     }
 
     /// The next step's factor.
@@ -605,6 +614,14 @@ impl SimDevice {
     pub fn with_spread(mut self, spread: Option<StepSpread>) -> Self {
         self.spread = spread;
         self
+    }
+
+    /// Draws the steps' factors again as draw `draw` ([`StepSpread::redraw`]); nothing without a
+    /// spread.
+    pub fn redraw(&mut self, draw: u64) {
+        if let Some(s) = &mut self.spread {
+            s.redraw(draw);
+        }
     }
 
     pub fn pricer(&self) -> &StepPricer {
