@@ -813,6 +813,46 @@ fn host_time_per_token_is_paid_on_every_token_a_step_computes() {
     );
 }
 
+/// Simulates `scenario` in `sub` on the A3 system with `[host]` `host` (perfect expert balance,
+/// `sets` applied): each request's (TTFT, TPOT) in ms, from `--requests-csv`.
+fn ttft_tpot_per_request(
+    sub: &std::path::Path,
+    scenario: &str,
+    host: &str,
+    sets: &[&str],
+) -> Vec<(f64, f64)> {
+    std::fs::create_dir_all(sub).unwrap();
+    let hw = a3_with_host(sub, host);
+    let csv = sub.join("requests.csv");
+    let mut args = vec![
+        "simulate",
+        scenario,
+        "--quiet",
+        "--set",
+        &hw,
+        "--set",
+        "expert_load.kind=perfect",
+        "--requests-csv",
+        csv.to_str().unwrap(),
+    ];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = dstwin(&args);
+    assert!(o.status.success(), "{}", err(&o));
+    let text = common::read(&csv);
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |n: &str| head.iter().position(|h| *h == n).unwrap();
+    let (ttft, tpot) = (col("ttft_ms"), col("tpot_ms"));
+    lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[ttft].parse().unwrap(), f[tpot].parse().unwrap())
+        })
+        .collect()
+}
+
 #[test]
 fn a_step_after_idling_runs_its_kernels_at_the_cold_factor() {
     // tiny-mixed's deployment, three requests 20 s apart on average: each prompt's step starts
@@ -824,34 +864,8 @@ fn a_step_after_idling_runs_its_kernels_at_the_cold_factor() {
         + "[workload]\nkind = \"synthetic\"\nnum_requests = 3\ninput = { dist = \"fixed\", value = 700 }\noutput = { dist = \"fixed\", value = 20 }\narrival = { process = \"poisson\", rate = 0.05 }\n";
     let scenario = dir.join("open.toml");
     std::fs::write(&scenario, open).unwrap();
-    let run = |scenario: &str, host: &str, name: &str| -> Vec<(f64, f64)> {
-        let sub = dir.join(name);
-        std::fs::create_dir_all(&sub).unwrap();
-        let hw = a3_with_host(&sub, host);
-        let csv = sub.join("requests.csv");
-        let o = dstwin(&[
-            "simulate",
-            scenario,
-            "--quiet",
-            "--set",
-            &hw,
-            "--set",
-            "expert_load.kind=perfect",
-            "--requests-csv",
-            csv.to_str().unwrap(),
-        ]);
-        assert!(o.status.success(), "{}", err(&o));
-        let text = common::read(&csv);
-        let mut lines = text.lines();
-        let head: Vec<&str> = lines.next().unwrap().split(',').collect();
-        let col = |n: &str| head.iter().position(|h| *h == n).unwrap();
-        let (ttft, tpot) = (col("ttft_ms"), col("tpot_ms"));
-        lines
-            .map(|l| {
-                let f: Vec<&str> = l.split(',').collect();
-                (f[ttft].parse().unwrap(), f[tpot].parse().unwrap())
-            })
-            .collect()
+    let run = |scenario: &str, host: &str, name: &str| {
+        ttft_tpot_per_request(&dir.join(name), scenario, host, &[])
     };
     let open = scenario.to_str().unwrap();
     let warm = run(open, "step_us = 0.0", "warm");
@@ -923,36 +937,8 @@ fn steps_land_around_their_price_by_the_cost_files_step_sigma() {
     // `[host] step_sigma` every step's kernel time is drawn around its price, seeded.
     let dir = common::tmp_dir("sim", "spread");
     let tiny = data("tiny-mixed.toml");
-    let run = |host: &str, name: &str, seed: &str| -> Vec<(f64, f64)> {
-        let sub = dir.join(name);
-        std::fs::create_dir_all(&sub).unwrap();
-        let hw = a3_with_host(&sub, host);
-        let csv = sub.join("requests.csv");
-        let o = dstwin(&[
-            "simulate",
-            &tiny,
-            "--quiet",
-            "--set",
-            &hw,
-            "--set",
-            "expert_load.kind=perfect",
-            "--set",
-            seed,
-            "--requests-csv",
-            csv.to_str().unwrap(),
-        ]);
-        assert!(o.status.success(), "{}", err(&o));
-        let text = common::read(&csv);
-        let mut lines = text.lines();
-        let head: Vec<&str> = lines.next().unwrap().split(',').collect();
-        let col = |n: &str| head.iter().position(|h| *h == n).unwrap();
-        let (ttft, tpot) = (col("ttft_ms"), col("tpot_ms"));
-        lines
-            .map(|l| {
-                let f: Vec<&str> = l.split(',').collect();
-                (f[ttft].parse().unwrap(), f[tpot].parse().unwrap())
-            })
-            .collect()
+    let run = |host: &str, name: &str, seed: &str| {
+        ttft_tpot_per_request(&dir.join(name), &tiny, host, &[seed])
     };
     let at_price = run("step_us = 0.0", "price", "seed=1");
     let spread = run("step_us = 0.0\nstep_sigma = 0.3", "spread", "seed=1");

@@ -267,6 +267,29 @@ fn own_measurement_format() {
     }
 }
 
+/// `validate --measured PATH --scenario tiny-pd.toml EXTRA...`.
+fn measured_args(path: &std::path::Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "validate".into(),
+        "--measured".into(),
+        path.to_str().unwrap().into(),
+        "--scenario".into(),
+        data("tiny-pd.toml"),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+/// [`measured_args`] with `--json`: the measured rows.
+fn measured_rows(path: &std::path::Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    let mut args = measured_args(path, extra);
+    args.push("--json".into());
+    let o = dstwin(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["measured"]["rows"].as_array().unwrap().clone()
+}
+
 fn temp_file(name: &str, text: &str) -> String {
     let dir = std::env::temp_dir().join(format!("dstwin-validate-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -294,17 +317,7 @@ fn measurements_compare_with_a_simulation_of_the_same_run() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("bench.json");
     std::fs::write(&path, measured.to_string()).unwrap();
-    let o = dstwin(&[
-        "validate",
-        "--measured",
-        path.to_str().unwrap(),
-        "--scenario",
-        &data("tiny-pd.toml"),
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let rows = v["measured"]["rows"].as_array().unwrap();
+    let rows = measured_rows(&path, &[]);
     assert_eq!(rows.len(), 5, "the five metrics the measurement has");
     for row in rows {
         assert!(
@@ -314,13 +327,8 @@ fn measurements_compare_with_a_simulation_of_the_same_run() {
     }
     // A measurement with nothing to compare, or not JSON: exit 2 naming the file.
     std::fs::write(&path, "{\"backend\": \"vllm\"}").unwrap();
-    let args = [
-        "validate",
-        "--measured",
-        path.to_str().unwrap(),
-        "--scenario",
-        &data("tiny-pd.toml"),
-    ];
+    let args = measured_args(&path, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let o = dstwin(&args);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no known metric"));
@@ -355,22 +363,10 @@ fn a_measurement_is_compared_with_the_median_of_draws_of_the_step_spread() {
     });
     let path = dir.join("bench.json");
     std::fs::write(&path, measured.to_string()).unwrap();
-    let args = [
-        "validate",
-        "--measured",
-        path.to_str().unwrap(),
-        "--scenario",
-        &data("tiny-pd.toml"),
-        "--set",
-        &hw,
-    ];
-    let o = dstwin(&[&args[..], &["--json"]].concat());
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let rows = v["measured"]["rows"].as_array().unwrap();
+    let rows = measured_rows(&path, &["--set", &hw]);
     assert_eq!(rows.len(), 3);
     let mut spread = false;
-    for row in rows {
+    for row in &rows {
         let d = &row["draws"];
         assert_eq!(d["n"], 9, "{row}");
         let (lo, hi, p) = (
@@ -384,7 +380,8 @@ fn a_measurement_is_compared_with_the_median_of_draws_of_the_step_spread() {
     }
     // The draws differ (a spread of 0.3 moves the p90 TTFT).
     assert!(spread, "{rows:?}");
-    let o = dstwin(&args);
+    let args = measured_args(&path, &["--set", &hw]);
+    let o = dstwin(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
         text.contains("median of 9 draws of the step spread"),
@@ -397,18 +394,7 @@ fn a_measurement_is_compared_with_the_median_of_draws_of_the_step_spread() {
     );
     // Without a spread: one run, as before.
     let flat = common::a3_with_host(&dir, "step_us = 0.0");
-    let o = dstwin(&[
-        "validate",
-        "--measured",
-        path.to_str().unwrap(),
-        "--scenario",
-        &data("tiny-pd.toml"),
-        "--set",
-        &flat,
-        "--json",
-    ]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    for row in v["measured"]["rows"].as_array().unwrap() {
+    for row in &measured_rows(&path, &["--set", &flat]) {
         assert!(row.get("draws").is_none(), "{row}");
         assert_eq!(row["how"], "simulated");
     }

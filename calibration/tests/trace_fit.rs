@@ -807,6 +807,15 @@ fn stand_in() -> CostModel {
         .unwrap()
 }
 
+/// The CPU engine's trace in f32, fitted to the total time, on `cm`.
+fn cpu_total_on(cm: &CostModel) -> TraceOptions {
+    TraceOptions {
+        backend: Some(Backend::Cpu),
+        objective: Objective::Total,
+        ..opts_on(cm, Some(DType::Fp32))
+    }
+}
+
 /// Options for a trace calibrated or checked on `cm`, the engine's format given.
 fn opts_on(cm: &CostModel, dtype: Option<DType>) -> TraceOptions {
     TraceOptions {
@@ -991,11 +1000,7 @@ fn noisy_profile(
 #[test]
 fn steps_after_idling_are_fitted_apart_and_give_their_factor() {
     let cm = stand_in();
-    let opts = TraceOptions {
-        backend: Some(Backend::Cpu),
-        objective: Objective::Total,
-        ..opts_on(&cm, Some(DType::Fp32))
-    };
+    let opts = cpu_total_on(&cm);
     // 60 steps, 10 of them after idling at 1.25 times their warm kernel time.
     let p = idling_profile(&cm, 60, 6, 1.25);
     let cal = calibrate(std::slice::from_ref(&p), &opts);
@@ -1068,11 +1073,7 @@ fn steps_after_idling_are_fitted_apart_and_give_their_factor() {
 #[test]
 fn the_spread_of_warm_steps_around_their_price_gives_step_sigma() {
     let cm = stand_in();
-    let opts = TraceOptions {
-        backend: Some(Backend::Cpu),
-        objective: Objective::Total,
-        ..opts_on(&cm, Some(DType::Fp32))
-    };
+    let opts = cpu_total_on(&cm);
     // 400 steps, every tenth after idling at 1.25; each step's kernels at a lognormal factor of
     // spread 0.2 (seeded: the test is deterministic).
     let noisy = |sigma: f64| {
