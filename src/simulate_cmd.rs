@@ -39,6 +39,11 @@ pub struct SimulateArgs {
     /// the same report, slower (for checking the aggregation and for profiling).
     #[arg(long)]
     step_by_step: bool,
+    /// Another draw of the steps' spread around their price (a cost file's `[host] step_sigma`):
+    /// the same workload (arrivals and lengths from the seed), each step's time drawn again.
+    /// 0 is the seed's own draw; without a spread every draw is the same run.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    draw: u64,
     /// No progress bar and no footer on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -93,6 +98,7 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
             timeline: a.timeline.is_some(),
             per_request: a.requests_csv.is_some(),
             step_by_step: a.step_by_step,
+            draw: a.draw,
             ..RunOptions::default()
         },
     )

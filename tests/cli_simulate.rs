@@ -953,6 +953,37 @@ fn steps_land_around_their_price_by_the_cost_files_step_sigma() {
         run("step_us = 0.0\nstep_sigma = 0.3", "other", "seed=2"),
         spread
     );
+    // `--draw` times the same workload's steps again: the same requests, other latencies.
+    let sub = dir.join("draw");
+    std::fs::create_dir_all(&sub).unwrap();
+    let hw = a3_with_host(&sub, "step_us = 0.0\nstep_sigma = 0.3");
+    let drawn = |draw: &str| {
+        let o = dstwin(&[
+            "simulate",
+            &tiny,
+            "--quiet",
+            "--json",
+            "--set",
+            &hw,
+            "--set",
+            "expert_load.kind=perfect",
+            "--set",
+            "seed=1",
+            "--draw",
+            draw,
+        ]);
+        assert!(o.status.success(), "{}", err(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let (d0, d3) = (drawn("0"), drawn("3"));
+    for same in ["requests_finished", "input_tokens", "output_tokens"] {
+        assert_eq!(d0[same], d3[same], "{same}");
+    }
+    assert_ne!(d0["latency"], d3["latency"]);
+    // The report says which draw it is (absent for the seed's own), and a draw is reproducible.
+    assert!(d0.get("draw").is_none());
+    assert_eq!(d3["draw"], 3);
+    assert_eq!(drawn("3"), d3);
     let mean =
         |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| v.iter().map(f).sum::<f64>() / v.len() as f64;
     let sd = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {

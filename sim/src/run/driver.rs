@@ -65,7 +65,7 @@ pub(super) struct InstRun {
 
 pub(super) struct Sim<'s, 'o> {
     pub(super) s: &'s Scenario,
-    opts: RunOptions<'o>,
+    pub(super) opts: RunOptions<'o>,
     pub(super) now: SimTime,
     seq: u64,
     queue: BinaryHeap<Reverse<(SimTime, u64, Ev)>>,

@@ -81,12 +81,19 @@ pub struct ExpertLoadReport {
     pub eplb_dynamic: bool,
 }
 
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
 /// The report of a run: deterministic (no wall-clock figures), serialized by `--json`.
 #[derive(Clone, Debug, Serialize)]
 pub struct SimReport {
     pub scenario: String,
     pub scenario_hash: String,
     pub seed: u64,
+    /// The draw of the steps' spread (`RunOptions::draw`; absent for the seed's own, 0).
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub draw: u64,
     pub model: String,
     pub quant: String,
     pub hardware: String,
@@ -208,6 +215,7 @@ impl Sim<'_, '_> {
             scenario: s.name.clone(),
             scenario_hash: s.hash.clone(),
             seed: s.seed,
+            draw: self.opts.draw,
             model: s.model.name.clone(),
             quant: s.quant.to_string(),
             hardware: s.system().name.clone(),
