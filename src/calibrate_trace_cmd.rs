@@ -14,6 +14,7 @@ use dstwin_calibration::tracefit::{
     DEFAULT_IDLE_FACTOR,
 };
 use dstwin_core::model::{ModelConfig, Quant};
+use dstwin_hwmodels::cost::MAX_STEP_SIGMA;
 use dstwin_hwmodels::{Catalog, CostModel, DType};
 use std::path::{Path, PathBuf};
 
@@ -555,8 +556,17 @@ fn print(
     }
     match &cal.spread {
         Some(sp) => outln!(
-            "step time around its price: over {} warm steps in {} groups of alike steps, ln(measured / priced) less its group's median has deciles {:+.3} and {:+.3}: step_sigma = {:.3}",
-            sp.steps, sp.bias.len(), sp.q10, sp.q90, sp.sigma
+            "step time around its price: over {} warm steps in {} groups of alike steps, ln(measured / priced) less its group's median has deciles {:+.3} and {:+.3}: step_sigma = {:.3}{}",
+            sp.steps,
+            sp.bias.len(),
+            sp.q10,
+            sp.q90,
+            sp.sigma,
+            if sp.sigma > MAX_STEP_SIGMA {
+                format!(" (above {MAX_STEP_SIGMA}, the most a cost file takes: not written)")
+            } else {
+                String::new()
+            }
         )
         .and_then(|_| print_bias(sp))?,
         None if cal.host.iter().any(|h| h.fit.is_some()) => outln!(
@@ -577,7 +587,6 @@ fn print(
     Ok(())
 }
 
-/// The report of `--check`: kernels and host time priced by the cost file as it is.
 /// The price's bias by the shape of the step: the groups of alike steps the spread was told
 /// within.
 fn print_bias(sp: &StepSpread) -> Result<(), Failure> {
@@ -606,6 +615,7 @@ fn print_bias(sp: &StepSpread) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The report of `--check`: kernels and host time priced by the cost file as it is.
 fn print_check(ck: &TraceCheck, top: usize) -> Result<(), Failure> {
     for t in &ck.traces {
         outln!("trace {}", t.line())?;

@@ -40,7 +40,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     step_by_step: bool,
     /// Another draw of the steps' spread around their price (a cost file's `[host] step_sigma`):
-    /// the same workload (arrivals and lengths from the seed), each step's time drawn again.
+    /// the same requests and lengths (from the seed; an open loop's arrivals too), each step's
+    /// time drawn again.
     /// 0 is the seed's own draw; without a spread every draw is the same run.
     #[arg(long, default_value_t = 0, value_name = "N")]
     draw: u64,

@@ -58,7 +58,8 @@ struct Row {
     /// `fit`: a residual of the full fit (the parameters were fitted to it); `micro`: a
     /// microbenchmark point; `measured`: a team's own measurement.
     kind: &'static str,
-    /// How the prediction was made: `simulated` or `steady step`.
+    /// How the prediction was made: `simulated`, `steady step`, or `median` (of draws of the
+    /// step spread, `draws`).
     #[serde(skip_serializing_if = "Option::is_none")]
     how: Option<&'static str>,
     /// The goal on |error| (at most 15%).
@@ -408,6 +409,9 @@ fn rows_measured(measured: &Path, scenario: &Path, sets: &[String]) -> Result<Ve
             compare(&m, &r.report)
                 .map_err(|e| Failure::Input(anyhow!("{}: {e}", measured.display())))
         })
+        .collect::<Vec<Result<_, Failure>>>()
+        .into_iter()
+        // The first draw's error, whichever thread failed first.
         .collect::<Result<Vec<_>, Failure>>()?;
     let first = &compared[0];
     Ok(first

@@ -1090,7 +1090,7 @@ fn the_spread_of_warm_steps_around_their_price_gives_step_sigma() {
     // The warm steps only, in groups of alike steps (here one: every step has a prompt, and
     // its memory-bound GEMMs cost about the same whatever its tokens).
     assert!(sp.steps > 300 && sp.steps <= 360, "{sp:?}");
-    assert!(!sp.bias.is_empty(), "{sp:?}");
+    assert_eq!(sp.bias.len(), 1, "{sp:?}");
     assert!(sp.bias.iter().all(|b| b.decode_only == Some(false)));
     // Deciles of a sample of 360: the spread within 15%.
     assert!(close(sp.sigma, 0.2, 0.15), "{sp:?}");

@@ -79,7 +79,8 @@ pub struct RunOptions<'a> {
     pub record_steps: bool,
     /// Which draw of the twin's own variation (each step's kernel time around its price, a
     /// cost file's `[host] step_sigma`): 0 is the scenario seed's; another draws the steps
-    /// again from the same workload (its arrivals and lengths stay the seed's).
+    /// again over the same workload (its requests and lengths stay the seed's, and an open
+    /// loop's arrivals; a closed loop's arrivals follow its completions).
     pub draw: u64,
 }
 

@@ -38,10 +38,15 @@ fn another_draw_times_the_same_workload_again() {
     let s = with_sigma(0.3);
     let (a, again, b) = (draw(&s, 0), draw(&s, 0), draw(&s, 5));
     // Draw 0 is the run without a draw given, and each draw is reproducible.
-    assert_eq!(
-        format!("{:?}", a.report),
-        format!("{:?}", draw(&s, 0).report)
-    );
+    let plain = run(
+        &s,
+        RunOptions {
+            per_request: true,
+            ..RunOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(format!("{:?}", a.report), format!("{:?}", plain.report));
     assert_eq!(format!("{:?}", a.requests), format!("{:?}", again.requests));
     // The workload is the seed's in every draw: the same requests, arriving at the same times
     // with the same lengths; only their timing differs.

@@ -9,9 +9,11 @@
 //! - [`expert_load`]: the routed-expert load (the fitted default, log-normal, Zipf, replayed heat
 //!   maps), its drift, the imbalance of a placement and the per-batch fluctuation of routing.
 //! - [`explain`]: one step of one instance, priced and broken down (`dstwin explain`).
+//! - [`spread`]: `StepSpread`, each step's kernel time drawn around its price.
 
 pub mod device;
 pub mod expert_load;
 pub mod explain;
 pub mod fabric;
 pub mod pricing;
+pub mod spread;
