@@ -5,6 +5,7 @@
 //! - [`device`]: `SimDevice` (memoized step pricing, lockstep, MTP acceptance draws, host time,
 //!   expert imbalance and the price of moving experts).
 //! - [`fabric`]: `TwinFabric`, KV links shared by concurrent transfers (processor sharing).
+//! - [`pricekey`]: the price cache's key (quantized shape sums, group tokens, imbalance).
 //! - [`pricing`]: prices an op list with the cost model; critical path; two-micro-batch overlap.
 //! - [`expert_load`]: the routed-expert load (the fitted default, log-normal, Zipf, replayed heat
 //!   maps), its drift, the imbalance of a placement and the per-batch fluctuation of routing.
@@ -15,5 +16,6 @@ pub mod device;
 pub mod expert_load;
 pub mod explain;
 pub mod fabric;
+pub mod pricekey;
 pub mod pricing;
 pub mod spread;

@@ -1,0 +1,243 @@
+//! The price cache's key: a rank's batch shape, the EP group's tokens, the imbalance bucket and
+//! the MoE communication, each quantized to a few significant bits and packed into three words.
+
+use dstwin_core::batch::BatchShape;
+use dstwin_core::features::MoeCommUsed;
+use std::hash::Hasher;
+
+/// Significant bits kept when quantizing shape sums for the price cache: prices are computed on
+/// the quantized shape, so a result never depends on which shape filled the cache first, and the
+/// relative rounding is below 1/2^7 < 0.8%.
+const KEY_BITS: u32 = 7;
+
+/// Imbalance is priced in steps of 1 / IMBALANCE_BUCKETS (2%).
+const IMBALANCE_BUCKETS: f64 = 50.0;
+
+#[cfg(test)]
+fn quantize(v: u64) -> u64 {
+    let c = code(v);
+    ((c & 0xff) as u64) << (c >> 8)
+}
+
+/// A quantized value as `shift << 8 | mantissa` (value = mantissa << shift, the mantissa below
+/// 2^KEY_BITS): 16 bits for any u64, exact, one code per value.
+fn code(v: u64) -> u16 {
+    let bits = 64 - v.leading_zeros();
+    if bits <= KEY_BITS {
+        v as u16
+    } else {
+        let shift = bits - KEY_BITS;
+        // Round to nearest at the kept precision: (v + 2^(shift-1)) >> shift, without overflow.
+        let m = ((v >> (shift - 1)) + 1) >> 1;
+        // Rounding up to 2^KEY_BITS is the next power's code: one code per value.
+        if m >> KEY_BITS == 1 {
+            (((shift + 1) as u16) << 8) | (m >> 1) as u16
+        } else {
+            ((shift as u16) << 8) | m as u16
+        }
+    }
+}
+
+fn decode(c: u16) -> u64 {
+    ((c & 0xff) as u64) << (c >> 8)
+}
+
+/// A price-cache key: the quantized shape sums and group tokens as [`code`]s, and the imbalance
+/// bucket, packed into three words (24 bytes: the map's entries stay small enough to sit in
+/// cache where whole shapes did not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PriceKey([u64; 3]);
+
+impl std::hash::Hash for PriceKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        for w in self.0 {
+            state.write_u64(w);
+        }
+    }
+}
+
+impl PriceKey {
+    #[cfg(test)]
+    fn new(s: &BatchShape, group_tokens: u64, bucket: u32, comm: MoeCommUsed) -> Self {
+        Self::with_load(s, StepLoad::from_bucket(group_tokens, bucket, comm))
+    }
+
+    pub(crate) fn with_load(s: &BatchShape, load: StepLoad) -> Self {
+        let w = |a: u64, b: u64, c: u64, d: u64| {
+            code(a) as u64
+                | (code(b) as u64) << 16
+                | (code(c) as u64) << 32
+                | (code(d) as u64) << 48
+        };
+        // Word 2: the step's load (group tokens, imbalance bucket, comm mode) and the cached
+        // prompt tokens.
+        PriceKey([
+            w(
+                s.prefill_seqs as u64,
+                s.prefill_tokens,
+                s.prefill_pairs,
+                s.prefill_pairs_capped,
+            ),
+            w(
+                s.decode_seqs as u64,
+                s.decode_tokens,
+                s.decode_pairs,
+                s.decode_pairs_capped,
+            ),
+            load.0 | (code(s.prefill_cached) as u64) << 48,
+        ])
+    }
+
+    fn field(&self, i: usize) -> u64 {
+        decode((self.0[i / 4] >> (16 * (i % 4))) as u16)
+    }
+
+    /// The quantized shape, group tokens, imbalance and MoE communication the key stands for.
+    pub(crate) fn shape(&self) -> (BatchShape, u64, f64, MoeCommUsed) {
+        let shape = BatchShape {
+            prefill_seqs: self.field(0) as u32,
+            prefill_tokens: self.field(1),
+            prefill_pairs: self.field(2),
+            prefill_pairs_capped: self.field(3),
+            prefill_cached: decode((self.0[2] >> 48) as u16),
+            decode_seqs: self.field(4) as u32,
+            decode_tokens: self.field(5),
+            decode_pairs: self.field(6),
+            decode_pairs_capped: self.field(7),
+        };
+        let bucket = (self.0[2] >> 16) as u16 as u32;
+        let comm = match (self.0[2] >> 32) as u16 {
+            0 => MoeCommUsed::Mc2,
+            1 => MoeCommUsed::AllToAll,
+            _ => MoeCommUsed::AllGather,
+        };
+        (
+            shape,
+            self.field(8),
+            bucket as f64 / IMBALANCE_BUCKETS,
+            comm,
+        )
+    }
+}
+
+/// The part of a price key every rank of a step shares: the EP group's tokens (quantized) and
+/// the imbalance bucket, computed once per step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepLoad(u64);
+
+impl StepLoad {
+    /// The EP group computes `group_tokens` with the hottest routed die carrying `imbalance`
+    /// times the mean (priced, like the shapes, at the quantized value: steps of 2%, so a
+    /// drifting load revisits cached prices), its MoE layers communicating by `comm`.
+    pub fn new(group_tokens: u64, imbalance: f64, comm: MoeCommUsed) -> Self {
+        // The bucket is kept below 2^16: the hottest die's load is clamped to 1,310x the mean.
+        let bucket = (imbalance * IMBALANCE_BUCKETS)
+            .round()
+            .clamp(IMBALANCE_BUCKETS, u16::MAX as f64) as u32;
+        Self::from_bucket(group_tokens, bucket, comm)
+    }
+
+    fn from_bucket(group_tokens: u64, bucket: u32, comm: MoeCommUsed) -> Self {
+        let comm = match comm {
+            MoeCommUsed::Mc2 => 0u64,
+            MoeCommUsed::AllToAll => 1,
+            MoeCommUsed::AllGather => 2,
+        };
+        let bucket = bucket.min(u16::MAX as u32) as u64;
+        StepLoad(code(group_tokens) as u64 | bucket << 16 | comm << 32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn price_keys_stand_for_the_quantized_shape() {
+        let s = BatchShape {
+            prefill_seqs: 3,
+            prefill_tokens: 12_345,
+            prefill_pairs: 987_654_321,
+            prefill_pairs_capped: 0,
+            prefill_cached: 70_000,
+            decode_seqs: 65_535,
+            decode_tokens: 1 << 24,
+            decode_pairs: u64::MAX / 3,
+            decode_pairs_capped: 129,
+        };
+        let k = PriceKey::new(&s, 4097, 73, MoeCommUsed::AllToAll);
+        let (q, group, imb, comm) = k.shape();
+        assert_eq!(comm, MoeCommUsed::AllToAll);
+        assert_eq!(q.prefill_seqs as u64, quantize(3));
+        assert_eq!(q.prefill_tokens, quantize(12_345));
+        assert_eq!(q.prefill_pairs, quantize(987_654_321));
+        assert_eq!(q.prefill_pairs_capped, 0);
+        assert_eq!(q.prefill_cached, quantize(70_000));
+        assert_eq!(q.decode_seqs as u64, quantize(65_535));
+        assert_eq!(q.decode_tokens, 1 << 24);
+        assert_eq!(q.decode_pairs, quantize(u64::MAX / 3));
+        assert_eq!(q.decode_pairs_capped, quantize(129));
+        assert_eq!(group, quantize(4097));
+        assert_eq!(imb, 73.0 / IMBALANCE_BUCKETS);
+        // Shapes that quantize alike share a key; others do not.
+        assert_eq!(
+            k,
+            PriceKey::new(
+                &BatchShape {
+                    prefill_tokens: 12_346,
+                    ..s
+                },
+                4096,
+                73,
+                MoeCommUsed::AllToAll
+            )
+        );
+        assert_ne!(
+            k,
+            PriceKey::new(
+                &BatchShape {
+                    decode_seqs: 1,
+                    ..s
+                },
+                4097,
+                73,
+                MoeCommUsed::AllToAll
+            )
+        );
+        assert_ne!(k, PriceKey::new(&s, 4097, 74, MoeCommUsed::AllToAll));
+        assert_ne!(k, PriceKey::new(&s, 4097, 73, MoeCommUsed::Mc2));
+        // One code per quantized value, whichever value rounded to it.
+        for v in 0..100_000u64 {
+            assert_eq!(code(v), code(quantize(v)), "{v}");
+        }
+    }
+
+    #[test]
+    fn quantization_rounds_to_nearest_without_overflow() {
+        // The former formula, (v + 2^(shift-1)) >> shift << shift, where it does not overflow.
+        for v in (0..5000u64).chain([u32::MAX as u64, 1 << 40, (1 << 40) - 1, 3 << 50]) {
+            let bits = 64 - v.leading_zeros();
+            let want = if bits <= KEY_BITS {
+                v
+            } else {
+                let sh = bits - KEY_BITS;
+                ((v + (1 << (sh - 1))) >> sh) << sh
+            };
+            assert_eq!(quantize(v), want, "{v}");
+        }
+    }
+
+    #[test]
+    fn quantization_keeps_seven_significant_bits() {
+        assert_eq!(quantize(0), 0);
+        assert_eq!(quantize(127), 127);
+        assert_eq!(quantize(128), 128);
+        for v in [1000u64, 4097, 123_456_789, u32::MAX as u64] {
+            let q = quantize(v);
+            assert!(
+                ((q as f64 - v as f64) / v as f64).abs() < 1.0 / 128.0,
+                "{v} -> {q}"
+            );
+        }
+    }
+}
