@@ -347,6 +347,20 @@ fn check_nonneg(file: &str, field: &str, v: f64) -> Result<(), HwError> {
     }
 }
 
+/// `v` must be a finite number above 0; `meaning` says what it is in the error.
+fn check_positive(file: &str, field: &str, v: f64, meaning: &str) -> Result<(), HwError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(
+            file,
+            field,
+            v,
+            &format!("must be a number > 0 ({meaning})"),
+        ))
+    }
+}
+
 impl CostParams {
     /// The efficiency of an op class (prefill attention falls back to attention's).
     pub fn efficiency(&self, class: OpClass) -> &Efficiency {
@@ -428,22 +442,18 @@ impl CostParams {
             match (h.cold_after_us, h.cold_factor) {
                 (None, None) => {}
                 (Some(after), Some(factor)) => {
-                    if !(after.is_finite() && after > 0.0) {
-                        return Err(invalid(
-                            file,
-                            "host.cold_after_us",
-                            after,
-                            "must be a number > 0 (the idle time after which a step starts cold)",
-                        ));
-                    }
-                    if !(factor.is_finite() && factor > 0.0) {
-                        return Err(invalid(
-                            file,
-                            "host.cold_factor",
-                            factor,
-                            "must be a number > 0 (a cold step's kernel time over its warm time)",
-                        ));
-                    }
+                    check_positive(
+                        file,
+                        "host.cold_after_us",
+                        after,
+                        "the idle time after which a step starts cold",
+                    )?;
+                    check_positive(
+                        file,
+                        "host.cold_factor",
+                        factor,
+                        "a cold step's kernel time over its warm time",
+                    )?;
                 }
                 (Some(v), None) | (None, Some(v)) => {
                     let (given, missing) = if h.cold_after_us.is_some() {
