@@ -7,6 +7,7 @@ use anyhow::{anyhow, Context};
 use dstwin_calibration::kernels::{Backend, RuleSet, Share};
 use dstwin_calibration::tracefit::costfile::{cost_file, system_file};
 use dstwin_calibration::tracefit::efficiency::Objective;
+use dstwin_calibration::tracefit::host::HostFit;
 use dstwin_calibration::tracefit::spread::StepSpread;
 use dstwin_calibration::tracefit::work::EngineModel;
 use dstwin_calibration::tracefit::{
@@ -514,28 +515,43 @@ fn print(
         }
     }
     outln!()?;
+    let host_line = |origin: &str, f: &HostFit| {
+        format!(
+            "host overhead per step ({}): step_us = {:.1}{}, from {} gaps between {} device steps ({:?}) and the time inside them no kernel covers (mean {:.1} us), {} idle gaps left out, rms {:.1} us",
+            origin,
+            f.step_us,
+            f.per_seq_us
+                .map_or_else(String::new, |p| format!(", per_seq_us = {p:.2}"))
+                + &f.per_token_us
+                    .map_or_else(String::new, |p| format!(", per_token_us = {p:.3}")),
+            f.gaps,
+            f.steps,
+            f.source,
+            f.in_step_us,
+            f.idle_gaps,
+            f.rms_us
+        )
+    };
     for h in &cal.host {
         match &h.fit {
-            Some(f) => outln!(
-                "host overhead per step ({}): step_us = {:.1}{}, from {} gaps between {} device steps ({:?}) and the time inside them no kernel covers (mean {:.1} us), {} idle gaps left out, rms {:.1} us",
-                h.origin,
-                f.step_us,
-                f.per_seq_us
-                    .map_or_else(String::new, |p| format!(", per_seq_us = {p:.2}"))
-                    + &f.per_token_us
-                        .map_or_else(String::new, |p| format!(", per_token_us = {p:.3}")),
-                f.gaps,
-                f.steps,
-                f.source,
-                f.in_step_us,
-                f.idle_gaps,
-                f.rms_us
-            )?,
+            Some(f) => outln!("{}", host_line(&h.origin, f))?,
             None => outln!(
                 "host overhead per step ({}): not fitted: the trace marks fewer than two device steps",
                 h.origin
             )?,
         }
+    }
+    if let Some(f) = &cal.host_pooled {
+        outln!(
+            "{} (the cost file's)",
+            host_line(
+                &format!(
+                    "all {} traces together",
+                    cal.host.iter().filter(|h| h.fit.is_some()).count()
+                ),
+                f
+            )
+        )?;
     }
     match &cal.cold {
         Some(c) => outln!(

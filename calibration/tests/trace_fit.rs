@@ -10,7 +10,7 @@ use dstwin_calibration::tracefit::costfile::cost_file;
 use dstwin_calibration::tracefit::efficiency::{
     fit_class, fit_class_with, fit_op, fit_split, ClassParams, Objective, Sample, MIN_OP_KERNELS,
 };
-use dstwin_calibration::tracefit::host::{check_host, fit_host, StepSource};
+use dstwin_calibration::tracefit::host::{check_host, fit_host, fit_host_pooled, StepSource};
 use dstwin_calibration::tracefit::work::kernel_work;
 use dstwin_calibration::tracefit::{calibrate, check, TraceOptions, DEFAULT_IDLE_FACTOR};
 use dstwin_hwmodels::{
@@ -531,6 +531,47 @@ fn host_overhead_has_a_per_token_term_where_tokens_differ_from_sequences() {
     let f = fit_host(&steps_with_tokens(&spans), 1e9).unwrap();
     assert_eq!(f.per_seq_us, None);
     assert!(f.per_token_us.is_some());
+}
+
+#[test]
+fn host_overhead_of_several_traces_is_fitted_to_all_their_steps() {
+    // Two runs of one engine under the same law (20 + 5 per sequence + 2 per token) with
+    // different batches, the second also idling once: the pooled fit finds the law over every
+    // step, each trace's idle gap told by its own median.
+    let a = host_20_5_2(&[(1, 1), (2, 2), (1, 100), (3, 3), (2, 60)]);
+    let mut b = host_20_5_2(&[(4, 4), (1, 250), (3, 40), (2, 2), (1, 1), (5, 5)]);
+    let last = b.len() - 1;
+    b[last].0 += 1_000_000;
+    let (pa, pb) = (steps_with_tokens(&a), steps_with_tokens(&b));
+    let (fa, fb) = (
+        fit_host(&pa, DEFAULT_IDLE_FACTOR).unwrap(),
+        fit_host(&pb, DEFAULT_IDLE_FACTOR).unwrap(),
+    );
+    let f = fit_host_pooled(&[pa.clone(), pb.clone()], DEFAULT_IDLE_FACTOR).unwrap();
+    assert_eq!(f.steps, fa.steps + fb.steps);
+    assert_eq!(f.gaps, fa.gaps + fb.gaps);
+    assert_eq!((f.idle_gaps, fb.idle_gaps), (1, 1));
+    assert!((f.step_us - 20.0).abs() < 1e-6, "{f:?}");
+    assert!((f.per_seq_us.unwrap() - 5.0).abs() < 1e-6, "{f:?}");
+    assert!((f.per_token_us.unwrap() - 2.0).abs() < 1e-6, "{f:?}");
+    // One machine slower in the second run (host time doubled): the pooled law lies between
+    // the two runs' own.
+    let slow: Vec<_> = a
+        .iter()
+        .scan(0u64, |shift, &(t, d, s, k)| {
+            *shift += 20 + 5 * s + 2 * k.unwrap_or(0);
+            Some((t + *shift, d, s, k))
+        })
+        .collect();
+    let ps = steps_with_tokens(&slow);
+    let fs = fit_host(&ps, DEFAULT_IDLE_FACTOR).unwrap();
+    let f = fit_host_pooled(&[pa.clone(), ps], DEFAULT_IDLE_FACTOR).unwrap();
+    assert!(
+        fa.per_seq_us < f.per_seq_us && f.per_seq_us < fs.per_seq_us,
+        "{f:?}"
+    );
+    // Fewer than two traces that mark steps: nothing pooled.
+    assert!(fit_host_pooled(&[pa], DEFAULT_IDLE_FACTOR).is_none());
 }
 
 #[test]

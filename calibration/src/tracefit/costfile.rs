@@ -169,9 +169,15 @@ pub fn cost_file(
     let host: Vec<_> = cal
         .host
         .iter()
-        .filter_map(|h| h.fit.as_ref().map(|f| (h, f)))
+        .filter_map(|h| h.fit.as_ref().map(|f| (h.origin.as_str(), f)))
         .collect();
-    if let Some((h, f)) = host.first() {
+    // Several traces: the fit to all their steps together.
+    let origins = host.iter().map(|h| h.0).collect::<Vec<_>>().join(", ");
+    let chosen = match &cal.host_pooled {
+        Some(f) => Some((origins.as_str(), f)),
+        None => host.first().copied(),
+    };
+    if let Some((origin, f)) = chosen {
         let mut table = Table::new();
         table.insert("step_us".into(), Value::Float(sig(f.step_us)));
         table.insert(
@@ -187,7 +193,7 @@ pub fn cost_file(
                 "fit by dstwin calibrate --trace to {} gaps between {} device steps of {} and the time inside them no kernel covers (mean {:.1} us; {} idle gaps left out): rms {:.1} us{}{}",
                 f.gaps,
                 f.steps,
-                h.origin,
+                origin,
                 f.in_step_us,
                 f.idle_gaps,
                 f.rms_us,

@@ -173,6 +173,57 @@ fn host_samples(p: &Profile, idle_factor: f64) -> Option<HostSamples> {
 /// Fits host overhead per step to one profile; `None` when it marks fewer than two steps on a
 /// device.
 pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
+    fit_samples(host_samples(p, idle_factor)?)
+}
+
+/// Fits host overhead per step to the steps of several profiles together (the runs of one
+/// engine profiled apart, e.g. before and after a measurement to average a machine's drift);
+/// `None` when fewer than two of them mark two steps on a device. Each profile's idle gaps are
+/// told by its own median gap. Where some profiles keep every step's kernels and others a slice,
+/// each slice's steps get its mean inside added, so that every sample is a step's whole host
+/// time.
+pub fn fit_host_pooled(profiles: &[Profile], idle_factor: f64) -> Option<HostFit> {
+    let parts: Vec<HostSamples> = profiles
+        .iter()
+        .filter_map(|p| host_samples(p, idle_factor))
+        .collect();
+    if parts.len() < 2 {
+        return None;
+    }
+    let whole = parts.iter().all(|h| h.whole);
+    let slices = parts.iter().all(|h| !h.whole);
+    let kept_n: usize = parts.iter().map(|h| h.kept.len()).sum();
+    let in_step_us = parts
+        .iter()
+        .map(|h| h.in_step_us * h.kept.len() as f64)
+        .sum::<f64>()
+        / kept_n.max(1) as f64;
+    let mut medians: Vec<f64> = parts.iter().map(|h| h.median_gap_us).collect();
+    medians.sort_by(f64::total_cmp);
+    let pooled = HostSamples {
+        source: parts[0].source,
+        steps: parts.iter().map(|h| h.steps).sum(),
+        idle: parts.iter().map(|h| h.idle).sum(),
+        median_gap_us: medians[medians.len() / 2],
+        in_step_us,
+        whole: whole || !slices,
+        kept: parts
+            .iter()
+            .flat_map(|h| {
+                // Mixed: a slice's samples are its gaps; its mean inside makes them whole.
+                let add = if !whole && !slices && !h.whole {
+                    h.in_step_us
+                } else {
+                    0.0
+                };
+                h.kept.iter().map(move |&(t, s, k)| (t + add, s, k))
+            })
+            .collect(),
+    };
+    fit_samples(pooled)
+}
+
+fn fit_samples(samples: HostSamples) -> Option<HostFit> {
     let HostSamples {
         source,
         steps,
@@ -181,7 +232,7 @@ pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
         median_gap_us: median,
         in_step_us,
         whole,
-    } = host_samples(p, idle_factor)?;
+    } = samples;
     let seqs: Option<Vec<f64>> = kept.iter().map(|g| g.1.map(|s| s as f64)).collect();
     let tokens: Option<Vec<f64>> = kept.iter().map(|g| g.2.map(|t| t as f64)).collect();
     let seqs = seqs.filter(|s| s.iter().any(|x| *x != s[0]));

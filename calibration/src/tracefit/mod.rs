@@ -33,7 +33,7 @@ use dstwin_traces::profile::{Profile, ProfileFormat};
 use efficiency::{
     fit_op, fit_split, op_form, ClassParams, EfficiencyFit, Objective, OpFit, Sample,
 };
-use host::{fit_host, DeviceSteps, HostFit};
+use host::{fit_host, fit_host_pooled, DeviceSteps, HostFit};
 use serde::Serialize;
 use spread::{step_spread, StepSpread};
 use std::collections::BTreeMap;
@@ -224,6 +224,9 @@ pub struct TraceCalibration {
     pub alpha_beta: Vec<AlphaBeta>,
     pub collective: Option<CollectiveFit>,
     pub host: Vec<HostReport>,
+    /// With two traces or more that mark steps: host overhead fitted to all their steps
+    /// together (what the cost file takes; with one trace, it takes that trace's fit).
+    pub host_pooled: Option<HostFit>,
     /// The front end's time per request, from benchmark results of the profiled runs (set by
     /// the caller: [`FrontEnd::from_bench`]).
     pub frontend: Option<FrontEnd>,
@@ -629,6 +632,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
             .cost
             .as_ref()
             .and_then(|cm| fit_collective(&comm_samples, cm)),
+        host_pooled: fit_host_pooled(profiles, opts.idle_factor),
         host,
         frontend: None,
     }

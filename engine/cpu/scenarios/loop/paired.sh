@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The twin-fidelity loop on the CPU engine, paired (docs/validation.md, "The CPU engine, end to
 # end"): for each repetition and each workload, profile the engine on the calibration workload,
-# fit the twin to that trace, then serve and measure the workload at once and compare it with
-# the twin's prediction. Each measurement follows its own calibration because a shared machine's
-# speed drifts over minutes; the summary gives, per workload and figure, the median error over
-# the repetitions and its range.
+# serve and measure the workload, profile the calibration workload again, fit the twin to both
+# traces and compare the measurement with the twin's prediction. A shared machine's speed drifts
+# over minutes, so each measurement gets its own calibration, and two that bracket it in time:
+# their fit is the machine's speed averaged over the measurement's span (a steady drift cancels).
+# BRACKET=0 profiles before the measurement only, as the loop did first. The summary gives, per
+# workload and figure, the median error over the repetitions and its range.
 #
 # Usage: engine/cpu/scenarios/loop/paired.sh OUT_DIR [REPS] [WORKLOAD...]
 # Environment: DSTWIN (the binary; default target/release/dstwin), MODEL (a checkpoint
 # directory; default: `init-weights --preset tiny --seed 1` into OUT_DIR/m), PORT (8000),
 # SERVE_CPU and BENCH_CPU (the cores for `taskset`; default 1 and 0), CALIBRATE (the calibration
-# workload; default calibrate.toml beside this script), KEEP_TRACES (1: keep each calibration's
-# trace beside its fitted files, some 40 MB each, to fit it again later).
+# workload; default calibrate.toml beside this script), BRACKET (1, the default: profile the
+# calibration workload before and after each measurement; 0: before only), KEEP_TRACES (1: keep
+# each calibration's traces beside its fitted files, some 40 MB each, to fit them again later).
 # Needs: taskset, curl, a release build. Run from the repository root.
 set -euo pipefail
 
@@ -45,23 +48,34 @@ bench() { # scenario result
         --scenario "$1" --set "model=$model/config.json" --save-result "$2" > "$out/bench.log"
 }
 
+profile() { # before|after: the calibration workload, profiled
+    serve "$cal" --profile "$out/trace.$1.json"
+    bench "$cal" "$out/calibrate.$1.json"
+    stop
+}
+
 for r in $(seq "$reps"); do
     for w in "${workloads[@]}"; do
-        serve "$cal" --profile "$out/trace.json"
-        bench "$cal" "$out/calibrate.json"
-        stop
-        "$bin" calibrate --trace "$out/trace.json" --hardware engine/cpu/hardware/cpu-host.toml \
-            --dtype fp32 --model "$model" --objective total --bench "$out/calibrate.json" \
-            --out "$out/cpu-costs.toml" --system-out "$out/cpu.toml" > "$out/calibrate.$w.$r.log"
+        profile before
         serve "$loop/$w.toml"
         bench "$loop/$w.toml" "$out/$w.$r.json"
         stop
+        traces=("$out/trace.before.json")
+        benches=("$out/calibrate.before.json")
+        if [ "${BRACKET:-1}" = 1 ]; then
+            profile after
+            traces+=("$out/trace.after.json")
+            benches+=("$out/calibrate.after.json")
+        fi
+        "$bin" calibrate --trace "${traces[@]}" --hardware engine/cpu/hardware/cpu-host.toml \
+            --dtype fp32 --model "$model" --objective total --bench "${benches[@]}" \
+            --out "$out/cpu-costs.toml" --system-out "$out/cpu.toml" > "$out/calibrate.$w.$r.log"
         "$bin" validate --measured "$out/$w.$r.json" --scenario "$loop/$w.toml" \
             --set "model=$model/config.json" --set "hardware=$out/cpu.toml" > "$out/$w.$r.validate"
         # Keep this run's fitted files for a look afterwards (cpu.toml names cpu-costs.toml).
         mkdir -p "$out/$w.$r.fit"
         cp "$out/cpu.toml" "$out/cpu-costs.toml" "$out/$w.$r.fit/"
-        [ "${KEEP_TRACES:-0}" = 1 ] && cp "$out/trace.json" "$out/calibrate.json" "$out/$w.$r.fit/"
+        [ "${KEEP_TRACES:-0}" = 1 ] && cp "${traces[@]}" "${benches[@]}" "$out/$w.$r.fit/"
         echo "rep $r $w done" >&2
     done
 done
