@@ -33,7 +33,7 @@ fn forward(
         .forward_ranks(&mut b, experts, AttnPath::Auto, prof)
         .expect("forward");
     let next = dstwin_cpu::ops::argmax_rows(&f.ranks[0].logits).expect("argmax");
-    prof.end_step(s, || serde_json::json!({"seqs": seqs.len()}));
+    prof.end_step(s, || dstwin_cpu::args! {"seqs": seqs.len()});
     next
 }
 

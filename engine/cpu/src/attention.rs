@@ -14,7 +14,6 @@ use crate::ops::{rms_norm, softmax_last};
 use crate::profile::Profiler;
 use crate::rope;
 use candle_core::{DType, Result, Tensor, D};
-use serde_json::json;
 
 /// Which attention computation a forward pass uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,7 +122,7 @@ impl Mla {
                 prof.end(
                     s,
                     "q_a_proj",
-                    || json!({"tokens": t, "k": hidden, "n": a.out_dim()}),
+                    || crate::args! {"tokens": t, "k": hidden, "n": a.out_dim()},
                 );
                 let qa = rms_norm(&qa, norm, eps)?;
                 let s = prof.begin();
@@ -131,14 +130,18 @@ impl Mla {
                 prof.end(
                     s,
                     "q_b_proj",
-                    || json!({"tokens": t, "k": a.out_dim(), "n": qk}),
+                    || crate::args! {"tokens": t, "k": a.out_dim(), "n": qk},
                 );
                 self.q_rope(&q, cfg, cos, sin)?
             }
             QProj::Full(p) => {
                 let s = prof.begin();
                 let q = p.forward(x)?;
-                prof.end(s, "q_b_proj", || json!({"tokens": t, "k": hidden, "n": qk}));
+                prof.end(
+                    s,
+                    "q_b_proj",
+                    || crate::args! {"tokens": t, "k": hidden, "n": qk},
+                );
                 self.q_rope(&q, cfg, cos, sin)?
             }
         };
@@ -148,7 +151,7 @@ impl Mla {
         prof.end(
             s,
             "kv_a_proj",
-            || json!({"tokens": t, "k": hidden, "n": kvl + rd}),
+            || crate::args! {"tokens": t, "k": hidden, "n": kvl + rd},
         );
         let c_kv = rms_norm(
             &kv.narrow(D::Minus1, 0, kvl)?.contiguous()?,
@@ -196,7 +199,7 @@ impl Mla {
         prof.end(
             s,
             "o_proj",
-            || json!({"tokens": t, "k": h * cfg.v_head_dim, "n": hidden, "seqs": spans.len()}),
+            || crate::args!{"tokens": t, "k": h * cfg.v_head_dim, "n": hidden, "seqs": spans.len()},
         );
         Ok(y)
     }
@@ -242,7 +245,7 @@ impl Mla {
         prof.end(
             s,
             "kv_b_proj",
-            || json!({"tokens": ctx, "k": kvl, "n": h * (nope + v)}),
+            || crate::args! {"tokens": ctx, "k": kvl, "n": h * (nope + v)},
         );
         let s = prof.begin();
         let (qn, qp) = q.per_head()?;
@@ -279,7 +282,7 @@ impl Mla {
         prof.end(
             s,
             "attn_prefill",
-            || json!({"tokens": n, "context": ctx, "heads": h}),
+            || crate::args! {"tokens": n, "context": ctx, "heads": h},
         );
         Ok(o)
     }
@@ -303,7 +306,7 @@ impl Mla {
         prof.end(
             s,
             "q_absorb",
-            || json!({"tokens": n, "heads": h, "k": nope, "n": kvl}),
+            || crate::args! {"tokens": n, "heads": h, "k": nope, "n": kvl},
         );
         let s = prof.begin();
         let (c, kpe) = q.context(cfg, cache, layer)?;
@@ -317,7 +320,7 @@ impl Mla {
         prof.end(
             s,
             "attn_decode",
-            || json!({"tokens": n, "context": ctx, "heads": h}),
+            || crate::args! {"tokens": n, "context": ctx, "heads": h},
         );
         let s = prof.begin();
         let o = o_lat
@@ -327,7 +330,7 @@ impl Mla {
         prof.end(
             s,
             "v_absorb",
-            || json!({"tokens": n, "heads": h, "k": kvl, "n": v}),
+            || crate::args! {"tokens": n, "heads": h, "k": kvl, "n": v},
         );
         Ok(o)
     }

@@ -29,7 +29,6 @@ use crate::moe::{group_by_expert, Expert, Route};
 use crate::profile::Profiler;
 use candle_core::{DType, Device, Tensor};
 use dstwin_core::eplb::{EpLayout, LayerPlacement, Placement};
-use serde_json::json;
 use std::sync::Arc;
 
 /// One MoE layer as the ranks hold it.
@@ -346,8 +345,8 @@ impl ExpertRanks {
                 for (e, (rows, _)) in g.iter().enumerate() {
                     to_rank[l.pick[inp.rank][e] as usize / spr] += rows.len() as u32;
                 }
-                json!({"tokens": inp.routes.len(), "rows": to_rank.iter().sum::<u32>(),
-                    "rows_to_rank": to_rank})
+                crate::args! {"tokens": inp.routes.len(), "rows": to_rank.iter().sum::<u32>()}
+                    .list("rows_to_rank", &to_rank)
             });
         }
         let hidden = inputs.first().map_or(Ok(0), |i| i.x.dims2().map(|d| d.1))?;
@@ -385,9 +384,9 @@ impl ExpertRanks {
             }
             prof.end(s, "experts", || {
                 let rows = &stats.computed[rank * spr..(rank + 1) * spr];
-                json!({"tokens": rows.iter().sum::<u32>(), "experts": spr,
-                    "active_experts": rows.iter().filter(|&&r| r > 0).count(),
-                    "rows_per_expert": rows})
+                crate::args! {"tokens": rows.iter().sum::<u32>(), "experts": spr,
+                "active_experts": rows.iter().filter(|&&r| r > 0).count()}
+                .list("rows_per_expert", rows)
             });
         }
         // Combine: weighted outputs back to their tokens, summed in expert-id order.
@@ -411,14 +410,14 @@ impl ExpertRanks {
             prof.end(
                 s,
                 "combine",
-                || json!({"tokens": inp.routes.len(), "rows": g.iter().map(|r| r.0.len()).sum::<usize>()}),
+                || crate::args!{"tokens": inp.routes.len(), "rows": g.iter().map(|r| r.0.len()).sum::<usize>()},
             );
         }
         if !ep {
             prof.end(whole, "experts", || {
-                json!({"tokens": stats.computed.iter().sum::<u32>(), "experts": spr,
-                    "active_experts": stats.computed.iter().filter(|&&r| r > 0).count(),
-                    "rows_per_expert": stats.computed})
+                crate::args! {"tokens": stats.computed.iter().sum::<u32>(), "experts": spr,
+                "active_experts": stats.computed.iter().filter(|&&r| r > 0).count()}
+                .list("rows_per_expert", &stats.computed)
             });
         }
         Ok((result, stats))

@@ -17,7 +17,6 @@ use crate::ops::{argmax_rows, rms_norm};
 use crate::profile::Profiler;
 use candle_core::{DType, Tensor, D};
 use dstwin_core::opgraph::LayerKind;
-use serde_json::json;
 
 /// One DP rank's batch in a forward across the ranks of an instance.
 pub struct RankBatch<'a> {
@@ -130,14 +129,14 @@ impl Model {
             let t = st.x.dims2()?.0;
             let s = prof.begin();
             let h = rms_norm(&st.x, &layer.input_norm, eps)?;
-            prof.end(s, "attn_norm", || json!({"tokens": t}));
+            prof.end(s, "attn_norm", || crate::args! {"tokens": t});
             let a = layer.attn.forward(
                 &self.cfg, &h, &st.rope.0, &st.rope.1, b.cache, index, &st.spans, path, prof,
             )?;
             let s = prof.begin();
             st.x = (&st.x + a)?;
             let h = rms_norm(&st.x, &layer.post_norm, eps)?;
-            prof.end(s, "ffn_norm", || json!({"tokens": t}));
+            prof.end(s, "ffn_norm", || crate::args! {"tokens": t});
             hs.push(h);
         }
         let moe = match &layer.ffn {
@@ -179,8 +178,8 @@ impl Model {
                 let s = prof.begin();
                 y = (y + shared.forward(h)?)?;
                 prof.end(s, "shared_expert", || {
-                    json!({"tokens": h.dims()[0], "k": self.cfg.hidden,
-                        "n": shared.gate.out_dim()})
+                    crate::args! {"tokens": h.dims()[0], "k": self.cfg.hidden,
+                    "n": shared.gate.out_dim()}
                 });
             }
             st.x = (&st.x + y)?;
@@ -201,13 +200,13 @@ impl Model {
         let s = prof.begin();
         let idx = Tensor::from_slice(rows, rows.len(), x.device())?;
         let h = rms_norm(&x.index_select(&idx, 0)?, norm, self.cfg.rms_norm_eps)?;
-        prof.end(s, "final_norm", || json!({"tokens": rows.len()}));
+        prof.end(s, "final_norm", || crate::args! {"tokens": rows.len()});
         let s = prof.begin();
         let logits = h.matmul(&head.t()?)?.to_dtype(DType::F32)?;
         prof.end(
             s,
             "lm_head",
-            || json!({"tokens": rows.len(), "k": self.cfg.hidden, "n": self.cfg.vocab}),
+            || crate::args! {"tokens": rows.len(), "k": self.cfg.hidden, "n": self.cfg.vocab},
         );
         Ok(logits)
     }
@@ -272,7 +271,7 @@ impl Model {
             prof.end(
                 s,
                 "embed",
-                || json!({"tokens": ids.len(), "seqs": b.seqs.len()}),
+                || crate::args! {"tokens": ids.len(), "seqs": b.seqs.len()},
             );
             states.push(RankState {
                 spans,
@@ -332,7 +331,7 @@ impl Model {
             prof.end(
                 s,
                 "mtp_eh_proj",
-                || json!({"tokens": ids.len(), "k": 2 * self.cfg.hidden, "n": self.cfg.hidden}),
+                || crate::args!{"tokens": ids.len(), "k": 2 * self.cfg.hidden, "n": self.cfg.hidden},
             );
             states.push(RankState {
                 spans,

@@ -11,7 +11,6 @@ use crate::gemm::PackedMatrix;
 use crate::linear::Linear;
 use crate::profile::Profiler;
 use candle_core::{DType, Device, Result, Tensor};
-use serde_json::json;
 use std::sync::Arc;
 
 /// SwiGLU FFN: `down(silu(gate(x)) * up(x))` (dense layers, routed and shared experts).
@@ -38,17 +37,17 @@ impl Mlp {
         prof.end(
             s,
             "ffn_gate_up",
-            || json!({"tokens": tokens, "k": hidden, "n": 2 * ffn}),
+            || crate::args! {"tokens": tokens, "k": hidden, "n": 2 * ffn},
         );
         let s = prof.begin();
         let a = (g.silu()? * u)?;
-        prof.end(s, "ffn_act", || json!({"tokens": tokens, "n": ffn}));
+        prof.end(s, "ffn_act", || crate::args! {"tokens": tokens, "n": ffn});
         let s = prof.begin();
         let y = self.down.forward(&a)?;
         prof.end(
             s,
             "ffn_down",
-            || json!({"tokens": tokens, "k": ffn, "n": hidden}),
+            || crate::args! {"tokens": tokens, "k": ffn, "n": hidden},
         );
         Ok(y)
     }
@@ -182,7 +181,7 @@ impl Router {
         prof.end(
             s,
             "router",
-            || json!({"tokens": tokens, "k": hidden, "n": experts}),
+            || crate::args! {"tokens": tokens, "k": hidden, "n": experts},
         );
         let s = prof.begin();
         let routes = scores
@@ -192,7 +191,7 @@ impl Router {
         prof.end(
             s,
             "router_topk",
-            || json!({"tokens": tokens, "experts": experts, "top_k": self.spec.top_k}),
+            || crate::args! {"tokens": tokens, "experts": experts, "top_k": self.spec.top_k},
         );
         Ok(routes)
     }

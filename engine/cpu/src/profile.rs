@@ -67,7 +67,7 @@ struct Event {
     step: u64,
     layer: Option<usize>,
     part: &'static str,
-    args: Value,
+    args: Args,
 }
 
 impl TraceSink {
@@ -142,7 +142,7 @@ impl TraceSink {
     /// The event as the trace has it.
     fn json(&self, e: Event) -> Value {
         let op = e.cat != STEP_TRACK;
-        let mut a = object(e.args);
+        let mut a = e.args.into_map();
         a.insert("step".into(), e.step.into());
         if op {
             if let Some(l) = e.layer {
@@ -308,12 +308,7 @@ impl Profiler {
     /// Records op `name` from `start` to now with the shape `args` gives (a JSON object),
     /// under the current context. `name` must be an op of the op graph.
     #[inline]
-    pub fn end(
-        &mut self,
-        start: Option<Instant>,
-        name: &'static str,
-        args: impl FnOnce() -> Value,
-    ) {
+    pub fn end(&mut self, start: Option<Instant>, name: &'static str, args: impl FnOnce() -> Args) {
         if let Some((r, t0, t1)) = self.stop(start) {
             r.op(t0, t1, name, args());
         }
@@ -324,7 +319,7 @@ impl Profiler {
         &mut self,
         start: Option<Instant>,
         name: &'static str,
-        args: impl FnOnce() -> Value,
+        args: impl FnOnce() -> Args,
     ) {
         if let Some((r, t0, t1)) = self.stop(start) {
             r.on_step_track(t0, t1, name, args());
@@ -333,7 +328,7 @@ impl Profiler {
 
     /// Ends the step that began at `start`: records it on the step track with `args` and hands
     /// the step's events to the sink.
-    pub fn end_step(&mut self, start: Option<Instant>, args: impl FnOnce() -> Value) {
+    pub fn end_step(&mut self, start: Option<Instant>, args: impl FnOnce() -> Args) {
         if let Some((r, t0, t1)) = self.stop(start) {
             r.on_step_track(t0, t1, "step", args());
             r.sink.push(&mut r.events);
@@ -351,20 +346,58 @@ impl Profiler {
     }
 }
 
-fn object(v: Value) -> Map<String, Value> {
-    match v {
-        Value::Object(m) => m,
-        Value::Null => Map::new(),
-        other => {
-            let mut m = Map::new();
-            m.insert("value".into(), other);
-            m
+/// Numbers an op's [`Args`] hold at most.
+const MAX_NUMS: usize = 6;
+
+/// An op's arguments as the engine records them: a few numbers and at most one list of numbers
+/// under static keys, kept as they are while the engine runs and made JSON only when written.
+/// (Building a JSON object per op took about a microsecond, allocations included, some 55 us of
+/// a one-sequence decode step of the loop's tiny model: the profiled engine ran slower than the
+/// one the twin is asked to predict.) Built with [`args!`](crate::args).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Args {
+    nums: [(&'static str, u64); MAX_NUMS],
+    n: usize,
+    list: Option<(&'static str, Vec<u32>)>,
+}
+
+impl Args {
+    /// Adds `key = v` (at most [`MAX_NUMS`] numbers: an engine bug otherwise).
+    pub fn num(mut self, key: &'static str, v: u64) -> Args {
+        assert!(self.n < MAX_NUMS, "more than {MAX_NUMS} numbers for one op");
+        self.nums[self.n] = (key, v);
+        self.n += 1;
+        self
+    }
+
+    /// Sets the list `key = v`.
+    pub fn list(mut self, key: &'static str, v: &[u32]) -> Args {
+        self.list = Some((key, v.to_vec()));
+        self
+    }
+
+    fn into_map(self) -> Map<String, Value> {
+        let mut m: Map<String, Value> = self.nums[..self.n]
+            .iter()
+            .map(|&(k, v)| (k.to_string(), v.into()))
+            .collect();
+        if let Some((k, v)) = self.list {
+            m.insert(k.to_string(), v.into());
         }
+        m
     }
 }
 
+/// `args!{"tokens": t, "k": hidden}`: an op's [`Args`], each value an integer (cast to u64).
+#[macro_export]
+macro_rules! args {
+    ($($k:literal : $v:expr),* $(,)?) => {
+        $crate::profile::Args::default()$(.num($k, ($v) as u64))*
+    };
+}
+
 impl Recorder {
-    fn on_step_track(&mut self, t0: Instant, t1: Instant, name: &'static str, args: Value) {
+    fn on_step_track(&mut self, t0: Instant, t1: Instant, name: &'static str, args: Args) {
         self.events.push(Event {
             t0,
             t1,
@@ -379,7 +412,7 @@ impl Recorder {
         });
     }
 
-    fn op(&mut self, t0: Instant, t1: Instant, name: &'static str, args: Value) {
+    fn op(&mut self, t0: Instant, t1: Instant, name: &'static str, args: Args) {
         let class = *self.classes.get(name).unwrap_or_else(|| {
             panic!("the engine names an op '{name}' that the op graph does not have")
         });
@@ -403,6 +436,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn op_args_become_the_json_object_they_stand_for() {
+        let a = crate::args! {"tokens": 3usize, "k": 7u32, "n": 1u64 << 40}
+            .list("rows_per_expert", &[0, 2, 5]);
+        let want =
+            serde_json::json!({"tokens": 3, "k": 7, "n": 1u64 << 40, "rows_per_expert": [0, 2, 5]});
+        assert_eq!(Value::Object(a.into_map()), want);
+        assert_eq!(
+            Value::Object(Args::default().into_map()),
+            serde_json::json!({})
+        );
+    }
+
+    #[test]
     fn steps_keep_their_events_until_the_device_is_idle_and_every_write_is_a_complete_trace() {
         let path =
             std::env::temp_dir().join(format!("dstwin-profile-unit-{}.json", std::process::id()));
@@ -420,8 +466,8 @@ mod tests {
             let s = p.begin();
             p.at(1, None, LayerKind::Embedding);
             let o = p.begin();
-            p.end(o, "embed", || json!({"tokens": 4}));
-            p.end_step(s, || json!({"tokens": 4}));
+            p.end(o, "embed", || crate::args! {"tokens": 4});
+            p.end_step(s, || crate::args! {"tokens": 4});
         }
         // The steps wrote nothing: the file is still the metadata alone.
         assert_eq!(count(), 4);
@@ -473,14 +519,14 @@ mod tests {
         while waiting() <= 64 - 2 {
             let s = p.begin();
             let o = p.begin();
-            p.end(o, "embed", || Value::Null);
-            p.end_step(s, || Value::Null);
+            p.end(o, "embed", || Args::default());
+            p.end_step(s, || Args::default());
             steps += 1;
         }
         assert!(waiting() > 0);
         // The step that takes the queue over the cap writes it all.
         let s = p.begin();
-        p.end_step(s, || Value::Null);
+        p.end_step(s, || Args::default());
         assert_eq!(waiting(), 0);
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(

@@ -8,7 +8,8 @@
 # BRACKET=0 profiles before the measurement only, as the loop did first. The summary gives, per
 # workload and figure, the median error over the repetitions and its range.
 #
-# Usage: engine/cpu/scenarios/loop/paired.sh OUT_DIR [REPS] [WORKLOAD...]
+# Usage: engine/cpu/scenarios/loop/paired.sh OUT_DIR [REPS] [WORKLOAD...] (REPS 0: only the
+# summary of the runs already in OUT_DIR)
 # Environment: DSTWIN (the binary; default target/release/dstwin), MODEL (a checkpoint
 # directory; default: `init-weights --preset tiny --seed 1` into OUT_DIR/m), PORT (8000),
 # SERVE_CPU and BENCH_CPU (the cores for `taskset`; default 1 and 0), CALIBRATE (the calibration
@@ -80,16 +81,17 @@ for r in $(seq "$reps"); do
     done
 done
 
-# Per workload and figure: the median error over the repetitions and its range.
-echo "workload          figure             median    min .. max   (predicted / measured - 1, %)"
+# Per workload and figure: the median error over the repetitions, its range and how many runs
+# were within 10% (REPS 0 prints this summary of the runs already in OUT_DIR).
+echo "workload          figure             median    min .. max   within 10%   (predicted / measured - 1, %)"
 for w in "${workloads[@]}"; do
     for f in mean_ttft_ms p90_ttft_ms mean_tpot_ms output_throughput; do
         cat "$out/$w".*.validate |
             awk -v f="$f" '$2 == f { sub("%", "", $5); print $5 }' |
             sort -g |
-            awk -v w="$w" -v f="$f" '{ v[NR] = $1 }
+            awk -v w="$w" -v f="$f" '{ v[NR] = $1; if ($1 >= -10 && $1 <= 10) k++ }
                 END { if (NR == 0) exit;
                       m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
-                      printf "%-17s %-17s %+7.1f  %+6.1f .. %+6.1f\n", w, f, m, v[1], v[NR] }'
+                      printf "%-17s %-17s %+7.1f  %+6.1f .. %+6.1f  %3d / %d\n", w, f, m, v[1], v[NR], k, NR }'
     done
 done

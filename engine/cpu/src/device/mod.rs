@@ -42,7 +42,6 @@ use dstwin_core::device::{
 };
 use dstwin_core::eplb::{place, EpLayout, Placement, Policy};
 use dstwin_core::time::SimDuration;
-use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -280,7 +279,7 @@ impl Device for CpuDevice {
             self.profiler.step_event(
                 s,
                 "eplb_move",
-                || json!({"layer": m.layer, "slots": moved.slots, "bytes": moved.bytes}),
+                || crate::args! {"layer": m.layer, "slots": moved.slots, "bytes": moved.bytes},
             );
         }
         out.accepted.resize_with(plan.ranks.len(), Vec::new);
@@ -294,9 +293,9 @@ impl Device for CpuDevice {
         out.class_times = Default::default();
         out.expert_heat = (!heat.is_empty()).then_some(ExpertHeat::Counts(heat));
         self.profiler.end_step(traced, || {
-            json!({"dp_ranks": plan.dp_ranks, "ranks": plan.ranks.len(),
-                "tokens": plan.tokens(),
-                "seqs": plan.ranks.iter().map(|r| r.reqs.len()).sum::<usize>()})
+            crate::args! {"dp_ranks": plan.dp_ranks, "ranks": plan.ranks.len(),
+            "tokens": plan.tokens(),
+            "seqs": plan.ranks.iter().map(|r| r.reqs.len()).sum::<usize>()}
         });
         Ok(())
     }

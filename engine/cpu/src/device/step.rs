@@ -15,7 +15,6 @@ use dstwin_core::device::{
     DeviceError, FinishReason, RankPlan, ReqId, Sampled, ScheduledReq, StepOutcome, StepPlan,
 };
 use dstwin_core::opgraph::LayerKind;
-use serde_json::json;
 use std::collections::HashMap;
 use std::sync::MutexGuard;
 
@@ -181,8 +180,8 @@ impl CpuDevice {
                 &mut out.sampled[w.entry],
             );
             self.profiler.end(s, "sample", || {
-                json!({"tokens": logits.len(), "seqs": w.jobs.iter().filter(|j| j.rows > 0).count(),
-                    "n": model.cfg.vocab})
+                crate::args!{"tokens": logits.len(), "seqs": w.jobs.iter().filter(|j| j.rows > 0).count(),
+                    "n": model.cfg.vocab}
             });
             verdicts.push(v);
         }
