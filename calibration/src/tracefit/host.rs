@@ -173,7 +173,7 @@ fn host_samples(p: &Profile, idle_factor: f64) -> Option<HostSamples> {
 /// Fits host overhead per step to one profile; `None` when it marks fewer than two steps on a
 /// device.
 pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
-    fit_samples(host_samples(p, idle_factor)?)
+    fit_samples(&host_samples(p, idle_factor)?)
 }
 
 /// Fits host overhead per step to the steps of several profiles together (the runs of one
@@ -183,14 +183,32 @@ pub fn fit_host(p: &Profile, idle_factor: f64) -> Option<HostFit> {
 /// each slice's steps get its mean inside added, so that every sample is a step's whole host
 /// time.
 pub fn fit_host_pooled(profiles: &[Profile], idle_factor: f64) -> Option<HostFit> {
-    let parts: Vec<HostSamples> = profiles
+    fit_hosts(profiles, idle_factor).1
+}
+
+/// [`fit_host`] of each profile and [`fit_host_pooled`] of them all, each profile's steps read
+/// once for both.
+pub fn fit_hosts(
+    profiles: &[Profile],
+    idle_factor: f64,
+) -> (Vec<Option<HostFit>>, Option<HostFit>) {
+    let parts: Vec<Option<HostSamples>> = profiles
         .iter()
-        .filter_map(|p| host_samples(p, idle_factor))
+        .map(|p| host_samples(p, idle_factor))
         .collect();
-    if parts.len() < 2 {
-        return None;
-    }
-    let whole = parts.iter().all(|h| h.whole);
+    let each = parts
+        .iter()
+        .map(|h| h.as_ref().and_then(fit_samples))
+        .collect();
+    let parts: Vec<&HostSamples> = parts.iter().flatten().collect();
+    let pooled = (parts.len() >= 2)
+        .then(|| pool(&parts))
+        .and_then(|h| fit_samples(&h));
+    (each, pooled)
+}
+
+/// The samples of several profiles as one set (at least one profile).
+fn pool(parts: &[&HostSamples]) -> HostSamples {
     let slices = parts.iter().all(|h| !h.whole);
     let kept_n: usize = parts.iter().map(|h| h.kept.len()).sum();
     let in_step_us = parts
@@ -200,18 +218,19 @@ pub fn fit_host_pooled(profiles: &[Profile], idle_factor: f64) -> Option<HostFit
         / kept_n.max(1) as f64;
     let mut medians: Vec<f64> = parts.iter().map(|h| h.median_gap_us).collect();
     medians.sort_by(f64::total_cmp);
-    let pooled = HostSamples {
+    HostSamples {
         source: parts[0].source,
         steps: parts.iter().map(|h| h.steps).sum(),
         idle: parts.iter().map(|h| h.idle).sum(),
         median_gap_us: medians[medians.len() / 2],
         in_step_us,
-        whole: whole || !slices,
+        // All slices: fitted as one slice; otherwise every sample is made whole.
+        whole: !slices,
         kept: parts
             .iter()
             .flat_map(|h| {
                 // Mixed: a slice's samples are its gaps; its mean inside makes them whole.
-                let add = if !whole && !slices && !h.whole {
+                let add = if !slices && !h.whole {
                     h.in_step_us
                 } else {
                     0.0
@@ -219,15 +238,14 @@ pub fn fit_host_pooled(profiles: &[Profile], idle_factor: f64) -> Option<HostFit
                 h.kept.iter().map(move |&(t, s, k)| (t + add, s, k))
             })
             .collect(),
-    };
-    fit_samples(pooled)
+    }
 }
 
-fn fit_samples(samples: HostSamples) -> Option<HostFit> {
-    let HostSamples {
+fn fit_samples(samples: &HostSamples) -> Option<HostFit> {
+    let &HostSamples {
         source,
         steps,
-        kept,
+        ref kept,
         idle,
         median_gap_us: median,
         in_step_us,

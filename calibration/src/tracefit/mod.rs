@@ -33,7 +33,7 @@ use dstwin_traces::profile::{Profile, ProfileFormat};
 use efficiency::{
     fit_op, fit_split, op_form, ClassParams, EfficiencyFit, Objective, OpFit, Sample,
 };
-use host::{fit_host, fit_host_pooled, DeviceSteps, HostFit};
+use host::{fit_hosts, DeviceSteps, HostFit};
 use serde::Serialize;
 use spread::{step_spread, StepSpread};
 use std::collections::BTreeMap;
@@ -457,11 +457,13 @@ fn collect(profiles: &[Profile], opts: &TraceOptions, cold_after_us: &[Option<f6
 
 /// Maps and fits every profile.
 pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration {
+    let (fits, host_pooled) = fit_hosts(profiles, opts.idle_factor);
     let host: Vec<HostReport> = profiles
         .iter()
-        .map(|p| HostReport {
+        .zip(fits)
+        .map(|(p, fit)| HostReport {
             origin: p.origin.clone(),
-            fit: fit_host(p, opts.idle_factor),
+            fit,
         })
         .collect();
     // A step after idling follows a gap the host fit leaves out as idle (none where the median
@@ -632,7 +634,7 @@ pub fn calibrate(profiles: &[Profile], opts: &TraceOptions) -> TraceCalibration 
             .cost
             .as_ref()
             .and_then(|cm| fit_collective(&comm_samples, cm)),
-        host_pooled: fit_host_pooled(profiles, opts.idle_factor),
+        host_pooled,
         host,
         frontend: None,
     }
