@@ -520,14 +520,14 @@ mod tests {
         while waiting() <= 64 - 2 {
             let s = p.begin();
             let o = p.begin();
-            p.end(o, "embed", || Args::default());
-            p.end_step(s, || Args::default());
+            p.end(o, "embed", Args::default);
+            p.end_step(s, Args::default);
             steps += 1;
         }
         assert!(waiting() > 0);
         // The step that takes the queue over the cap writes it all.
         let s = p.begin();
-        p.end_step(s, || Args::default());
+        p.end_step(s, Args::default);
         assert_eq!(waiting(), 0);
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(
