@@ -7,6 +7,13 @@
 //! Without prefix caching no block is ever hit again, the order of reuse does not matter, and the
 //! free blocks are a plain stack ([`BlockPool::without_caching`]): the cheapest bookkeeping for
 //! the millions of blocks a long run allocates.
+//!
+//! A pool's memory follows the blocks it has handed out, not its size: blocks never used yet are
+//! not stored. They are the ids from a high-water mark up, first in line (vLLM's queue starts
+//! with every block in id order and freed blocks join its tail; the stack starts with block 0 on
+//! top and freed blocks go on top), so handing them out in id order from the mark gives the
+//! same blocks in the same order as a pool that listed them all (a test compares the two). A
+//! rank of a large instance that never holds a request costs a few words.
 
 use rustc_hash::FxHashMap;
 
@@ -15,6 +22,11 @@ const NIL: u32 = u32::MAX;
 /// The KV blocks of one DP rank.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
+    /// Blocks in the pool.
+    total: u64,
+    /// Blocks `fresh..total` have never been handed out: free, uncached and stored nowhere; the
+    /// per-block vectors cover blocks below it.
+    fresh: u32,
     ref_cnt: Vec<u32>,
     hash: Vec<Option<u64>>,
     prev: Vec<u32>,
@@ -34,34 +46,10 @@ impl BlockPool {
             blocks > 0 && blocks < NIL as u64,
             "block count out of range: {blocks}"
         );
-        let n = blocks as usize;
-        let mut p = BlockPool {
-            ref_cnt: vec![0; n],
-            hash: vec![None; n],
-            prev: vec![NIL; n],
-            next: vec![NIL; n],
-            in_free: vec![false; n],
-            head: NIL,
-            tail: NIL,
-            free: 0,
-            cached: FxHashMap::default(),
-            stack: None,
-        };
-        for b in 0..n as u32 {
-            p.push_tail(b);
-        }
-        p
-    }
-
-    /// A pool for a cache without prefix caching: no hashes, no LRU order; reference counts are
-    /// kept in debug builds only (to catch double frees).
-    pub fn without_caching(blocks: u64) -> Self {
-        assert!(
-            blocks > 0 && blocks < NIL as u64,
-            "block count out of range: {blocks}"
-        );
         BlockPool {
-            ref_cnt: vec![0; blocks as usize],
+            total: blocks,
+            fresh: 0,
+            ref_cnt: Vec::new(),
             hash: Vec::new(),
             prev: Vec::new(),
             next: Vec::new(),
@@ -70,12 +58,38 @@ impl BlockPool {
             tail: NIL,
             free: blocks,
             cached: FxHashMap::default(),
-            stack: Some((0..blocks as u32).rev().collect()),
+            stack: None,
         }
     }
 
+    /// A pool for a cache without prefix caching: no hashes, no LRU order; reference counts are
+    /// kept in debug builds only (to catch double frees).
+    pub fn without_caching(blocks: u64) -> Self {
+        BlockPool {
+            stack: Some(Vec::new()),
+            ..Self::new(blocks)
+        }
+    }
+
+    /// Hands out the next block never used before (the caller checked that one is free).
+    fn take_fresh(&mut self) -> u32 {
+        let b = self.fresh;
+        debug_assert!((b as u64) < self.total, "a fresh block is left");
+        self.fresh += 1;
+        if self.stack.is_none() {
+            self.ref_cnt.push(1);
+            self.hash.push(None);
+            self.prev.push(NIL);
+            self.next.push(NIL);
+            self.in_free.push(false);
+        } else if cfg!(debug_assertions) {
+            self.ref_cnt.push(1);
+        }
+        b
+    }
+
     pub fn total(&self) -> u64 {
-        self.ref_cnt.len() as u64
+        self.total
     }
 
     /// Blocks that can be handed out (free, cached or not).
@@ -118,8 +132,13 @@ impl BlockPool {
         self.free -= 1;
     }
 
-    /// Takes a free block from the LRU head, evicting its cached hash.
+    /// Takes a free block from the LRU head (blocks never used come first), evicting its cached
+    /// hash.
     fn pop(&mut self) -> u32 {
+        if (self.fresh as u64) < self.total {
+            self.free -= 1;
+            return self.take_fresh();
+        }
         let b = self.head;
         assert!(b != NIL, "pop from an empty free queue");
         self.unlink(b);
@@ -138,13 +157,19 @@ impl BlockPool {
             return false;
         }
         if let Some(st) = &mut self.stack {
-            let from = st.len() - n as usize;
+            // Freed blocks from the top of the stack, then blocks never used.
+            let reused = (n as usize).min(st.len());
+            let from = st.len() - reused;
             // Reference counts only guard against double frees here (debug builds).
             #[cfg(debug_assertions)]
             for &b in &st[from..] {
                 self.ref_cnt[b as usize] = 1;
             }
             out.extend(st.drain(from..).rev());
+            for _ in reused as u64..n {
+                let b = self.take_fresh();
+                out.push(b);
+            }
             self.free -= n;
             return true;
         }
@@ -163,7 +188,7 @@ impl BlockPool {
     /// True if `b` sits in the free queue (unreferenced, possibly still cached).
     pub fn is_free(&self, b: u32) -> bool {
         assert!(self.stack.is_none(), "no block is cached without caching");
-        self.in_free[b as usize]
+        b >= self.fresh || self.in_free[b as usize]
     }
 
     /// Takes a reference on a cached block (a prefix hit).
@@ -217,8 +242,9 @@ impl BlockPool {
 
     /// Checks the pool's bookkeeping (tests and debug builds).
     pub fn check(&self) {
+        let untouched = self.total - self.fresh as u64;
         if let Some(st) = &self.stack {
-            assert_eq!(st.len() as u64, self.free, "free stack length");
+            assert_eq!(st.len() as u64 + untouched, self.free, "free stack length");
             // Without caching, reference counts are kept in debug builds only.
             if cfg!(debug_assertions) {
                 assert!(
@@ -240,7 +266,7 @@ impl BlockPool {
             n += 1;
             b = self.next[b as usize];
         }
-        assert_eq!(n, self.free, "free queue length");
+        assert_eq!(n + untouched, self.free, "free queue length");
         let in_use = self.ref_cnt.iter().filter(|&&r| r > 0).count() as u64;
         assert_eq!(in_use + self.free, self.total(), "blocks conserved");
         for (&h, &b) in &self.cached {
@@ -293,6 +319,98 @@ mod tests {
         assert_eq!(c, vec![a[1]]);
         assert_eq!(p.lookup(12), None);
         p.check();
+    }
+
+    /// What a pool that lists every block from the start does (vLLM's queue: all blocks in id
+    /// order, freed ones to the tail, a hit taken out wherever it is; the stack: block 0 on
+    /// top, freed ones pushed): the lazy pool must hand out the same blocks in the same order.
+    struct Listed {
+        queue: std::collections::VecDeque<u32>,
+        caching: bool,
+    }
+
+    impl Listed {
+        fn new(blocks: u32, caching: bool) -> Self {
+            Listed {
+                queue: (0..blocks).collect(),
+                caching,
+            }
+        }
+
+        fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
+            (n <= self.queue.len()).then(|| self.queue.drain(..n).collect())
+        }
+
+        /// Blocks freed last block first: the queue takes them at its tail, the stack on top.
+        fn release(&mut self, blocks: &[u32]) {
+            for &b in blocks.iter().rev() {
+                if self.caching {
+                    self.queue.push_back(b);
+                } else {
+                    self.queue.push_front(b);
+                }
+            }
+        }
+
+        fn touch(&mut self, b: u32) {
+            self.queue.retain(|&x| x != b);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn blocks_never_used_are_handed_out_as_if_listed(
+            blocks in 1u32..40,
+            caching: bool,
+            ops in proptest::collection::vec((0u8..3, 0usize..12, 0usize..64), 1..120),
+        ) {
+            let mut pool = if caching {
+                BlockPool::new(blocks as u64)
+            } else {
+                BlockPool::without_caching(blocks as u64)
+            };
+            let mut listed = Listed::new(blocks, caching);
+            // Requests' block lists, each block once; a hash per block when cached.
+            let mut held: Vec<Vec<u32>> = Vec::new();
+            let mut next_hash = 1u64;
+            for (kind, n, pick) in ops {
+                match kind {
+                    0 => {
+                        let mut got = Vec::new();
+                        let ok = pool.allocate(n as u64, &mut got);
+                        let want = listed.allocate(n);
+                        proptest::prop_assert_eq!(ok, want.is_some());
+                        if let Some(w) = want {
+                            proptest::prop_assert_eq!(&got, &w);
+                            for &b in &got {
+                                pool.set_hash(b, next_hash);
+                                next_hash += 1;
+                            }
+                            held.push(got);
+                        }
+                    }
+                    1 if !held.is_empty() => {
+                        let r = held.swap_remove(pick % held.len());
+                        pool.release(&r);
+                        listed.release(&r);
+                    }
+                    _ if caching && next_hash > 1 => {
+                        // A prefix hit on an earlier block, if it is still cached and free.
+                        let h = 1 + (pick as u64 % (next_hash - 1));
+                        if let Some(b) = pool.lookup(h) {
+                            if pool.is_free(b) {
+                                pool.touch(b);
+                                listed.touch(b);
+                                held.push(vec![b]);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                pool.check();
+                proptest::prop_assert_eq!(pool.free(), listed.queue.len() as u64);
+            }
+        }
     }
 
     #[test]
