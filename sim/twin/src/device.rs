@@ -3,7 +3,7 @@
 //! acceptance per sequence.
 
 use crate::expert_load::{fluctuation, imbalance, step_routing, ExpertLoad};
-use crate::pricing::{price, price_step, two_microbatch_time, StepCost};
+use crate::pricing::{price_memo, price_step, two_microbatch_time, OpMemo, StepCost};
 pub use crate::spread::StepSpread;
 use dstwin_core::batch::BatchShape;
 use dstwin_core::device::{
@@ -76,6 +76,32 @@ pub struct PricerSpec {
     pub cost: CostModel,
 }
 
+impl PricerSpec {
+    /// The op list of a rank computing `shape` under the step's load.
+    fn ops(
+        &self,
+        shape: &BatchShape,
+        group_tokens: u64,
+        imbalance: f64,
+        comm: MoeCommUsed,
+    ) -> Vec<dstwin_core::opgraph::Op> {
+        let spec = StepSpec {
+            model: &self.model,
+            quant: self.quant,
+            kv_dtype: self.kv_dtype,
+            plan: &self.plan,
+            mtp_tokens: self.mtp_tokens,
+            features: &self.features,
+        };
+        let load = MoeLoad {
+            group_tokens,
+            imbalance,
+            comm,
+        };
+        step_ops(spec, shape, &load)
+    }
+}
+
 /// Memoized per-rank step pricing.
 #[derive(Clone, Debug)]
 pub struct StepPricer {
@@ -89,6 +115,8 @@ pub struct StepPricer {
     /// Per DP rank, the last key it priced and its cost: a rank's quantized shape stays the
     /// same for many steps, and this small array stays in cache where the map does not.
     recent: Vec<Option<(PriceKey, RankCost)>>,
+    /// The last price of each op of a whole and of a half batch.
+    memo: [OpMemo; 2],
     pub hits: u64,
     pub misses: u64,
 }
@@ -134,6 +162,7 @@ impl StepPricer {
             priced: Vec::new(),
             classes: Vec::new(),
             recent: Vec::new(),
+            memo: Default::default(),
             hits: 0,
             misses: 0,
         }
@@ -143,41 +172,17 @@ impl StepPricer {
         &self.spec
     }
 
+    /// Prices `shape` under the load with the memo of whole (`half`: half) batches.
     fn price_shape(
-        &self,
+        &mut self,
         shape: &BatchShape,
         group_tokens: u64,
         imbalance: f64,
         comm: MoeCommUsed,
+        half: bool,
     ) -> StepCost {
-        price(
-            &self.ops(shape, group_tokens, imbalance, comm),
-            &self.spec.cost,
-        )
-    }
-
-    fn ops(
-        &self,
-        shape: &BatchShape,
-        group_tokens: u64,
-        imbalance: f64,
-        comm: MoeCommUsed,
-    ) -> Vec<dstwin_core::opgraph::Op> {
-        let s = &self.spec;
-        let spec = StepSpec {
-            model: &s.model,
-            quant: s.quant,
-            kv_dtype: s.kv_dtype,
-            plan: &s.plan,
-            mtp_tokens: s.mtp_tokens,
-            features: &s.features,
-        };
-        let load = MoeLoad {
-            group_tokens,
-            imbalance,
-            comm,
-        };
-        step_ops(spec, shape, &load)
+        let ops = self.spec.ops(shape, group_tokens, imbalance, comm);
+        price_memo(&ops, &self.spec.cost, &mut self.memo[usize::from(half)])
     }
 
     /// The price of one rank computing `shape` under the step's `load`.
@@ -209,7 +214,7 @@ impl StepPricer {
             return self.classes[at as usize];
         }
         let (shape, group, imb, comm) = key.shape();
-        let full = self.price_shape(&shape, group, imb, comm);
+        let full = self.price_shape(&shape, group, imb, comm, false);
         let t = class_times(&full, c.time_s / full.serial_s.max(f64::MIN_POSITIVE));
         self.priced[c.at as usize].1 = self.classes.len() as u32;
         self.classes.push(t);
@@ -228,13 +233,16 @@ impl StepPricer {
         let time_s = if split && f.two_microbatch == TwoMicrobatch::Force {
             // A forced split's time needs only the half batch priced; the whole one waits for
             // `class_times`.
-            let h = self.price_shape(&half(&shape), group.div_ceil(2), imb, comm);
+            let h = self.price_shape(&half(&shape), group.div_ceil(2), imb, comm, true);
             self.priced.push((key, NOT_YET));
             two_microbatch_time(&h, &self.spec.cost.params)
         } else {
-            let ops = self.ops(&shape, group, imb, comm);
-            let p = price_step(f, &shape, &self.spec.cost, &ops, || {
-                self.price_shape(&half(&shape), group.div_ceil(2), imb, comm)
+            let spec = &self.spec;
+            let [memo_full, memo_half] = &mut self.memo;
+            let full = price_memo(&spec.ops(&shape, group, imb, comm), &spec.cost, memo_full);
+            let p = price_step(f, &shape, &spec.cost, full, || {
+                let ops = spec.ops(&half(&shape), group.div_ceil(2), imb, comm);
+                price_memo(&ops, &spec.cost, memo_half)
             });
             let t = class_times(&p.full, p.time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
             self.priced.push((key, self.classes.len() as u32));

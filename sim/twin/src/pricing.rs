@@ -2,7 +2,7 @@
 //! effect of two-micro-batch overlap.
 
 use dstwin_core::opgraph::{DieSet, LayerKind, Op, OpKind};
-use dstwin_hwmodels::{A2aMode, Bound, CostModel, CostParams};
+use dstwin_hwmodels::{A2aMode, Bound, Cost, CostModel, CostParams};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -117,25 +117,83 @@ impl StepCost {
     }
 }
 
+/// One op's price on `cm`.
+fn op_cost(o: &Op, cm: &CostModel) -> Cost {
+    match &o.kind {
+        OpKind::Compute(w) => cm.compute_op(o.name, w),
+        OpKind::Comm(c) => cm.comm(c),
+    }
+}
+
+/// The last price at each position of an op list. Consecutive misses of the twin's price cache
+/// mostly differ in a few ops (a new step load moves the MoE ops, a longer context the
+/// attention), and an op with the same name and the same work costs the same: it is priced
+/// once, then read back.
+#[derive(Clone, Debug, Default)]
+pub struct OpMemo(Vec<Option<(&'static str, OpKind, Cost)>>);
+
+/// The same work to the bit (a price is a function of the op's name and the bits of its work).
+fn same_kind(a: &OpKind, b: &OpKind) -> bool {
+    let bits = |x: &[f64], y: &[f64]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+    match (a, b) {
+        (OpKind::Compute(x), OpKind::Compute(y)) => {
+            x.class == y.class
+                && x.dtype == y.dtype
+                && bits(&[x.flops, x.bytes, x.rows], &[y.flops, y.bytes, y.rows])
+        }
+        (OpKind::Comm(x), OpKind::Comm(y)) => {
+            x.kind == y.kind
+                && x.group == y.group
+                && x.mode == y.mode
+                && bits(&[x.bytes, x.copies], &[y.bytes, y.copies])
+        }
+        _ => false,
+    }
+}
+
+impl OpMemo {
+    /// The price of `o`, the op at position `i` of its list.
+    fn cost(&mut self, i: usize, o: &Op, cm: &CostModel) -> Cost {
+        if let Some(Some((name, kind, c))) = self.0.get(i) {
+            // Names are static strings from the op graph, compared by address: an equal name
+            // elsewhere only costs a price.
+            if std::ptr::eq(*name, o.name) && same_kind(kind, &o.kind) {
+                return *c;
+            }
+        }
+        let c = op_cost(o, cm);
+        if i >= self.0.len() {
+            self.0.resize(i + 1, None);
+        }
+        self.0[i] = Some((o.name, o.kind, c));
+        c
+    }
+}
+
 /// Prices every op of `ops` on `cm`.
 pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
+    price_by(ops, cm, |_, o| op_cost(o, cm))
+}
+
+/// [`price`], each op's price read from `memo` where its work is unchanged.
+pub fn price_memo(ops: &[Op], cm: &CostModel, memo: &mut OpMemo) -> StepCost {
+    price_by(ops, cm, |i, o| memo.cost(i, o, cm))
+}
+
+fn price_by(ops: &[Op], cm: &CostModel, mut cost_of: impl FnMut(usize, &Op) -> Cost) -> StepCost {
     let peak_bw = cm.system.chip.hbm_bytes_per_s();
     let priced: Vec<PricedOp> = ops
         .iter()
-        .map(|o| {
+        .enumerate()
+        .map(|(i, o)| {
             let r = o.repeat as f64;
-            let (cost, class, flops, bytes, roof) = match &o.kind {
+            let cost = cost_of(i, o);
+            let (class, flops, bytes, roof) = match &o.kind {
                 OpKind::Compute(w) => {
                     let roof = (w.flops / cm.peak_flops(w.dtype)).max(w.bytes / peak_bw);
-                    (
-                        cm.compute_op(o.name, w),
-                        w.class.name(),
-                        w.flops,
-                        w.bytes,
-                        roof,
-                    )
+                    (w.class.name(), w.flops, w.bytes, roof)
                 }
-                OpKind::Comm(c) => (cm.comm(c), c.kind.name(), 0.0, c.bytes, 0.0),
+                OpKind::Comm(c) => (c.kind.name(), 0.0, c.bytes, 0.0),
             };
             PricedOp {
                 name: o.name,
@@ -269,17 +327,17 @@ pub fn shared_expert_overlap(step: &StepCost) -> f64 {
 }
 
 /// Prices a step of one DP rank computing `shape` under the instance's mechanisms: the one
-/// rule `explain` and the twin device share. `half` prices the same step with half the batch
-/// (two micro-batches), called only when the mechanisms allow a split at this size.
+/// rule `explain` and the twin device share. `full` is the step's ops priced ([`price`]);
+/// `half` prices the same step with half the batch (two micro-batches), called only when the
+/// mechanisms allow a split at this size.
 pub fn price_step(
     features: &dstwin_core::features::Resolved,
     shape: &dstwin_core::batch::BatchShape,
     cost: &CostModel,
-    full_ops: &[Op],
+    full: StepCost,
     half: impl FnOnce() -> StepCost,
 ) -> StepPrice {
     use dstwin_core::features::TwoMicrobatch;
-    let full = price(full_ops, cost);
     let shared_overlap_s = if features.shared_expert_overlap {
         shared_expert_overlap(&full)
     } else {

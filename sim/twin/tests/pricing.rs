@@ -5,7 +5,7 @@ use dstwin_core::layout::{Layout, Role};
 use dstwin_core::model::{builtin, Quant};
 use dstwin_core::opgraph::{step_ops, MoeLoad, StepSpec};
 use dstwin_hwmodels::{Catalog, DType};
-use dstwin_twin::pricing::{price, two_microbatch_time};
+use dstwin_twin::pricing::{price, price_memo, two_microbatch_time, OpMemo};
 use proptest::prelude::*;
 
 fn step_time(decode_seqs: u32, ctx: u64, prefill: u64, dies: u32) -> f64 {
@@ -106,4 +106,49 @@ fn critical_path_is_compute_plus_communication() {
     let mut other = perfect.clone();
     other.overlap_efficiency_normal = 0.0;
     assert_eq!(two_microbatch_time(&h, &other), best);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    /// A memo of each position's last op price changes no price: a run of op lists (decode and
+    /// prefill shapes, loads and communication modes in turn, so that positions hold other ops
+    /// and other work) priced through one memo equals each list priced afresh.
+    #[test]
+    fn memoized_op_prices_equal_fresh_ones(
+        steps in proptest::collection::vec(
+            (0u32..64, 1u64..8192, 0u64..4096, 1u64..100_000, 100u32..300, any::<bool>()),
+            1..24,
+        ),
+    ) {
+        let cat = Catalog::builtin();
+        let sys = cat.system("cloudmatrix384").unwrap();
+        let cm = cat.cost_model(sys, None).unwrap();
+        let m = builtin("r1").unwrap();
+        let plan = Layout::dp_ep(Role::Mixed, 32).validate(&m, sys).unwrap();
+        let features = dstwin_core::features::Resolved::plain("ascend-910c");
+        let spec = StepSpec {
+            model: &m,
+            quant: Quant::W8a8,
+            kv_dtype: DType::Bf16,
+            plan: &plan,
+            mtp_tokens: 1,
+            features: &features,
+        };
+        let mut memo = OpMemo::default();
+        for (seqs, ctx, prefill, group, imbalance, mc2) in steps {
+            let mut shape = BatchShape::uniform_decode(seqs, 2, ctx, m.attn_cap());
+            shape.add_prefill(prefill, 0, m.attn_cap());
+            let load = MoeLoad {
+                group_tokens: group,
+                imbalance: imbalance as f64 / 100.0,
+                comm: if mc2 {
+                    dstwin_core::features::MoeCommUsed::Mc2
+                } else {
+                    dstwin_core::features::MoeCommUsed::AllToAll
+                },
+            };
+            let ops = step_ops(spec, &shape, &load);
+            prop_assert_eq!(price_memo(&ops, &cm, &mut memo), price(&ops, &cm));
+        }
+    }
 }
