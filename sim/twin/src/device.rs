@@ -8,7 +8,7 @@ pub use crate::spread::StepSpread;
 use dstwin_core::batch::BatchShape;
 use dstwin_core::device::{
     Capacity, ClassTimes, Device, DeviceError, ExpertHeat, ExpertMove, StepOutcome, StepPlan,
-    TransferOutcome, CLASS_NAMES, CLASS_SLOTS, DUMMY_TOKENS, HOST, OTHER_COMM,
+    TransferOutcome, CLASS_SLOTS, DUMMY_TOKENS, HOST,
 };
 use dstwin_core::eplb::Placement;
 use dstwin_core::features::{MoeCommUsed, Resolved, TwoMicrobatch};
@@ -49,16 +49,7 @@ pub struct RankCost {
 fn class_times(c: &StepCost, scale: f64) -> ClassTimes {
     let mut t = [0.0; CLASS_SLOTS];
     for o in c.on_path() {
-        // Reports show one attention share, prefill and decode kernels together.
-        let class = match o.class {
-            "prefill_attention" => "attention",
-            c => c,
-        };
-        let slot = CLASS_NAMES
-            .iter()
-            .position(|n| *n == class)
-            .unwrap_or(OTHER_COMM);
-        t[slot] += o.total_s * scale;
+        t[o.slot] += o.total_s * scale;
     }
     t
 }

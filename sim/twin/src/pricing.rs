@@ -35,6 +35,33 @@ pub struct PricedOp {
     /// The all-to-all mode of a dispatch or combine.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub a2a_mode: Option<A2aMode>,
+    /// Its slot in a step's times by op class ([`class_slot`]).
+    #[serde(skip)]
+    pub slot: usize,
+}
+
+/// The slot of an op's class in [`dstwin_core::device::ClassTimes`]: reports show prefill and
+/// decode attention as one share, and collectives without a slot of their own together (a
+/// test checks this against the slots' names).
+pub fn class_slot(kind: &OpKind) -> usize {
+    use dstwin_core::device::OTHER_COMM;
+    use dstwin_hwmodels::{CommKind, OpClass};
+    match kind {
+        OpKind::Compute(w) => match w.class {
+            OpClass::Gemm => 0,
+            OpClass::GroupedGemm => 1,
+            OpClass::Attention | OpClass::PrefillAttention => 2,
+            OpClass::Indexer => 3,
+            OpClass::Elementwise => 4,
+        },
+        OpKind::Comm(c) => match c.kind {
+            CommKind::Dispatch => 5,
+            CommKind::Combine => 6,
+            CommKind::AllReduce => 7,
+            CommKind::AllGather => 8,
+            CommKind::ReduceScatter | CommKind::P2p => OTHER_COMM,
+        },
+    }
 }
 
 /// A priced step.
@@ -133,19 +160,23 @@ fn op_cost(o: &Op, cm: &CostModel) -> Cost {
 pub struct OpMemo(Vec<Option<(&'static str, OpKind, Cost)>>);
 
 /// The same work to the bit (a price is a function of the op's name and the bits of its work).
+#[inline]
 fn same_kind(a: &OpKind, b: &OpKind) -> bool {
-    let bits = |x: &[f64], y: &[f64]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+    let eq = |x: f64, y: f64| x.to_bits() == y.to_bits();
     match (a, b) {
         (OpKind::Compute(x), OpKind::Compute(y)) => {
-            x.class == y.class
+            eq(x.flops, y.flops)
+                && eq(x.bytes, y.bytes)
+                && eq(x.rows, y.rows)
+                && x.class == y.class
                 && x.dtype == y.dtype
-                && bits(&[x.flops, x.bytes, x.rows], &[y.flops, y.bytes, y.rows])
         }
         (OpKind::Comm(x), OpKind::Comm(y)) => {
-            x.kind == y.kind
+            eq(x.bytes, y.bytes)
+                && eq(x.copies, y.copies)
+                && x.kind == y.kind
                 && x.group == y.group
                 && x.mode == y.mode
-                && bits(&[x.bytes, x.copies], &[y.bytes, y.copies])
         }
         _ => false,
     }
@@ -153,6 +184,7 @@ fn same_kind(a: &OpKind, b: &OpKind) -> bool {
 
 impl OpMemo {
     /// The price of `o`, the op at position `i` of its list.
+    #[inline]
     fn cost(&mut self, i: usize, o: &Op, cm: &CostModel) -> Cost {
         if let Some(Some((name, kind, c))) = self.0.get(i) {
             // Names are static strings from the op graph, compared by address: an equal name
@@ -213,6 +245,7 @@ fn price_by(ops: &[Op], cm: &CostModel, mut cost_of: impl FnMut(usize, &Op) -> C
                     OpKind::Comm(c) => Some(c.mode),
                     OpKind::Compute(_) => None,
                 },
+                slot: class_slot(&o.kind),
             }
         })
         .collect();
@@ -400,4 +433,62 @@ pub fn fabric_caveats(ep: u32, cost: &CostModel) -> Vec<String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dstwin_core::device::{CLASS_NAMES, OTHER_COMM};
+    use dstwin_hwmodels::{Comm, CommKind, DType, OpClass, Work};
+
+    #[test]
+    fn each_class_has_the_slot_of_its_name() {
+        let by_name = |name: &str| {
+            // Prefill attention reports as attention.
+            let name = if name == "prefill_attention" {
+                "attention"
+            } else {
+                name
+            };
+            CLASS_NAMES
+                .iter()
+                .position(|n| *n == name)
+                .unwrap_or(OTHER_COMM)
+        };
+        for class in OpClass::ALL {
+            let w = Work {
+                class,
+                flops: 1.0,
+                bytes: 1.0,
+                dtype: DType::Bf16,
+                rows: 1.0,
+            };
+            assert_eq!(
+                class_slot(&OpKind::Compute(w)),
+                by_name(class.name()),
+                "{class:?}"
+            );
+        }
+        for kind in [
+            CommKind::AllReduce,
+            CommKind::AllGather,
+            CommKind::ReduceScatter,
+            CommKind::Dispatch,
+            CommKind::Combine,
+            CommKind::P2p,
+        ] {
+            let c = Comm {
+                kind,
+                bytes: 1.0,
+                group: 2,
+                mode: A2aMode::Normal,
+                copies: 0.0,
+            };
+            assert_eq!(
+                class_slot(&OpKind::Comm(c)),
+                by_name(kind.name()),
+                "{kind:?}"
+            );
+        }
+    }
 }
