@@ -819,10 +819,19 @@ fn layer_groups(m: &ModelConfig) -> Vec<(Option<u64>, u64, u64)> {
 
 /// The ops one die runs in one step of a DP rank computing `b`, with the EP group's MoE load.
 pub fn step_ops(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad) -> Vec<Op> {
-    let mut bld = Builder {
-        s: spec,
-        ops: Vec::with_capacity(64),
-    };
+    build(spec, b, load, Vec::with_capacity(64))
+}
+
+/// [`step_ops`] into `out` (its contents replaced), reusing its allocation: a caller pricing
+/// many steps builds its op lists without allocating each.
+pub fn step_ops_into(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad, out: &mut Vec<Op>) {
+    let mut ops = std::mem::take(out);
+    ops.clear();
+    *out = build(spec, b, load, ops);
+}
+
+fn build(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad, ops: Vec<Op>) -> Vec<Op> {
+    let mut bld = Builder { s: spec, ops };
     if b.is_empty() {
         return bld.ops;
     }

@@ -15,7 +15,7 @@ use dstwin_core::features::{MoeCommUsed, Resolved, TwoMicrobatch};
 use dstwin_core::layout::Plan;
 use dstwin_core::model::{ModelConfig, Quant};
 use dstwin_core::mtp::Acceptance;
-use dstwin_core::opgraph::{step_ops, MoeLoad, StepSpec};
+use dstwin_core::opgraph::{step_ops_into, MoeLoad, Op, StepSpec};
 use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_hwmodels::{CostModel, DType};
 use std::collections::HashMap;
@@ -68,14 +68,15 @@ pub struct PricerSpec {
 }
 
 impl PricerSpec {
-    /// The op list of a rank computing `shape` under the step's load.
+    /// The op list of a rank computing `shape` under the step's load, into `out`.
     fn ops(
         &self,
         shape: &BatchShape,
         group_tokens: u64,
         imbalance: f64,
         comm: MoeCommUsed,
-    ) -> Vec<dstwin_core::opgraph::Op> {
+        out: &mut Vec<Op>,
+    ) {
         let spec = StepSpec {
             model: &self.model,
             quant: self.quant,
@@ -89,7 +90,7 @@ impl PricerSpec {
             imbalance,
             comm,
         };
-        step_ops(spec, shape, &load)
+        step_ops_into(spec, shape, &load, out)
     }
 }
 
@@ -108,6 +109,8 @@ pub struct StepPricer {
     recent: Vec<Option<(PriceKey, RankCost)>>,
     /// The last price of each op of a whole and of a half batch.
     memo: [OpMemo; 2],
+    /// The op lists of a whole and of a half batch being priced (their storage reused).
+    ops: [Vec<Op>; 2],
     pub hits: u64,
     pub misses: u64,
 }
@@ -154,6 +157,7 @@ impl StepPricer {
             classes: Vec::new(),
             recent: Vec::new(),
             memo: Default::default(),
+            ops: Default::default(),
             hits: 0,
             misses: 0,
         }
@@ -172,8 +176,10 @@ impl StepPricer {
         comm: MoeCommUsed,
         half: bool,
     ) -> StepCost {
-        let ops = self.spec.ops(shape, group_tokens, imbalance, comm);
-        price_memo(&ops, &self.spec.cost, &mut self.memo[usize::from(half)])
+        let i = usize::from(half);
+        let ops = &mut self.ops[i];
+        self.spec.ops(shape, group_tokens, imbalance, comm, ops);
+        price_memo(ops, &self.spec.cost, &mut self.memo[i])
     }
 
     /// The price of one rank computing `shape` under the step's `load`.
@@ -207,6 +213,7 @@ impl StepPricer {
         let (shape, group, imb, comm) = key.shape();
         let full = self.price_shape(&shape, group, imb, comm, false);
         let t = class_times(&full, c.time_s / full.serial_s.max(f64::MIN_POSITIVE));
+        self.memo[0].recycle(full);
         self.priced[c.at as usize].1 = self.classes.len() as u32;
         self.classes.push(t);
         t
@@ -226,16 +233,24 @@ impl StepPricer {
             // `class_times`.
             let h = self.price_shape(&half(&shape), group.div_ceil(2), imb, comm, true);
             self.priced.push((key, NOT_YET));
-            two_microbatch_time(&h, &self.spec.cost.params)
+            let t = two_microbatch_time(&h, &self.spec.cost.params);
+            self.memo[1].recycle(h);
+            t
         } else {
             let spec = &self.spec;
             let [memo_full, memo_half] = &mut self.memo;
-            let full = price_memo(&spec.ops(&shape, group, imb, comm), &spec.cost, memo_full);
-            let p = price_step(f, &shape, &spec.cost, full, || {
-                let ops = spec.ops(&half(&shape), group.div_ceil(2), imb, comm);
-                price_memo(&ops, &spec.cost, memo_half)
+            let [ops_full, ops_half] = &mut self.ops;
+            spec.ops(&shape, group, imb, comm, ops_full);
+            let full = price_memo(ops_full, &spec.cost, memo_full);
+            let p = price_step(f, &shape, full, || {
+                spec.ops(&half(&shape), group.div_ceil(2), imb, comm, ops_half);
+                let h = price_memo(ops_half, &spec.cost, memo_half);
+                let t = two_microbatch_time(&h, &spec.cost.params);
+                memo_half.recycle(h);
+                t
             });
             let t = class_times(&p.full, p.time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
+            memo_full.recycle(p.full);
             self.priced.push((key, self.classes.len() as u32));
             self.classes.push(t);
             p.time_s

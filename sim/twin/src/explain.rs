@@ -469,13 +469,9 @@ pub fn explain_under(
                 &inp.cost,
             )
         };
-        let p = price_step(
-            &features,
-            &full,
-            &inp.cost,
-            price(&ops, &inp.cost),
-            half_cost,
-        );
+        let p = price_step(&features, &full, price(&ops, &inp.cost), || {
+            crate::pricing::two_microbatch_time(&half_cost(), &inp.cost.params)
+        });
         let split = p
             .split_s
             .unwrap_or_else(|| crate::pricing::two_microbatch_time(&half_cost(), &inp.cost.params));

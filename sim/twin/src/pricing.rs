@@ -157,7 +157,11 @@ fn op_cost(o: &Op, cm: &CostModel) -> Cost {
 /// attention), and an op with the same name and the same work costs the same: it is priced
 /// once, then read back.
 #[derive(Clone, Debug, Default)]
-pub struct OpMemo(Vec<Option<(&'static str, OpKind, Cost)>>);
+pub struct OpMemo {
+    last: Vec<Option<(&'static str, OpKind, Cost)>>,
+    /// The storage of the last priced list handed back ([`OpMemo::recycle`]).
+    spare: Vec<PricedOp>,
+}
 
 /// The same work to the bit (a price is a function of the op's name and the bits of its work).
 #[inline]
@@ -183,10 +187,15 @@ fn same_kind(a: &OpKind, b: &OpKind) -> bool {
 }
 
 impl OpMemo {
+    /// Takes back a step priced with this memo: the next price reuses its storage.
+    pub fn recycle(&mut self, step: StepCost) {
+        self.spare = step.ops;
+    }
+
     /// The price of `o`, the op at position `i` of its list.
     #[inline]
     fn cost(&mut self, i: usize, o: &Op, cm: &CostModel) -> Cost {
-        if let Some(Some((name, kind, c))) = self.0.get(i) {
+        if let Some(Some((name, kind, c))) = self.last.get(i) {
             // Names are static strings from the op graph, compared by address: an equal name
             // elsewhere only costs a price.
             if std::ptr::eq(*name, o.name) && same_kind(kind, &o.kind) {
@@ -194,64 +203,73 @@ impl OpMemo {
             }
         }
         let c = op_cost(o, cm);
-        if i >= self.0.len() {
-            self.0.resize(i + 1, None);
+        if i >= self.last.len() {
+            self.last.resize(i + 1, None);
         }
-        self.0[i] = Some((o.name, o.kind, c));
+        self.last[i] = Some((o.name, o.kind, c));
         c
     }
 }
 
 /// Prices every op of `ops` on `cm`.
 pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
-    price_by(ops, cm, |_, o| op_cost(o, cm))
+    price_by(
+        ops,
+        cm,
+        |_, o| op_cost(o, cm),
+        Vec::with_capacity(ops.len()),
+    )
 }
 
 /// [`price`], each op's price read from `memo` where its work is unchanged.
 pub fn price_memo(ops: &[Op], cm: &CostModel, memo: &mut OpMemo) -> StepCost {
-    price_by(ops, cm, |i, o| memo.cost(i, o, cm))
+    let out = std::mem::take(&mut memo.spare);
+    price_by(ops, cm, |i, o| memo.cost(i, o, cm), out)
 }
 
-fn price_by(ops: &[Op], cm: &CostModel, mut cost_of: impl FnMut(usize, &Op) -> Cost) -> StepCost {
+/// Prices `ops` into `out` (cleared first), each op's price from `cost_of(position, op)`.
+fn price_by(
+    ops: &[Op],
+    cm: &CostModel,
+    mut cost_of: impl FnMut(usize, &Op) -> Cost,
+    mut out: Vec<PricedOp>,
+) -> StepCost {
     let peak_bw = cm.system.chip.hbm_bytes_per_s();
-    let priced: Vec<PricedOp> = ops
-        .iter()
-        .enumerate()
-        .map(|(i, o)| {
-            let r = o.repeat as f64;
-            let cost = cost_of(i, o);
-            let (class, flops, bytes, roof) = match &o.kind {
-                OpKind::Compute(w) => {
-                    let roof = (w.flops / cm.peak_flops(w.dtype)).max(w.bytes / peak_bw);
-                    (w.class.name(), w.flops, w.bytes, roof)
-                }
-                OpKind::Comm(c) => (c.kind.name(), 0.0, c.bytes, 0.0),
-            };
-            PricedOp {
-                name: o.name,
-                layer: o.layer,
-                dies: o.dies,
-                class,
-                repeat: o.repeat,
-                time_s: cost.time_s,
-                total_s: cost.time_s * r,
-                bound: cost.bound,
-                flops: flops * r,
-                bytes: bytes * r,
-                roofline_s: roof * r,
-                compute_busy_s: cost.compute_s * r,
-                memory_busy_s: cost.memory_s * r,
-                a2a_mode: match &o.kind {
-                    OpKind::Comm(c) => Some(c.mode),
-                    OpKind::Compute(_) => None,
-                },
-                slot: class_slot(&o.kind),
+    out.clear();
+    out.extend(ops.iter().enumerate().map(|(i, o)| {
+        let r = o.repeat as f64;
+        let cost = cost_of(i, o);
+        let (class, flops, bytes, roof) = match &o.kind {
+            OpKind::Compute(w) => {
+                let roof = (w.flops / cm.peak_flops(w.dtype)).max(w.bytes / peak_bw);
+                (w.class.name(), w.flops, w.bytes, roof)
             }
-        })
-        .collect();
+            OpKind::Comm(c) => (c.kind.name(), 0.0, c.bytes, 0.0),
+        };
+        PricedOp {
+            name: o.name,
+            layer: o.layer,
+            dies: o.dies,
+            class,
+            repeat: o.repeat,
+            time_s: cost.time_s,
+            total_s: cost.time_s * r,
+            bound: cost.bound,
+            flops: flops * r,
+            bytes: bytes * r,
+            roofline_s: roof * r,
+            compute_busy_s: cost.compute_s * r,
+            memory_busy_s: cost.memory_s * r,
+            a2a_mode: match &o.kind {
+                OpKind::Comm(c) => Some(c.mode),
+                OpKind::Compute(_) => None,
+            },
+            slot: class_slot(&o.kind),
+        }
+    }));
     let mut step = StepCost {
-        slow: StepCost::find_slow_set(&priced),
-        ops: priced,
+        slow: StepCost::find_slow_set(&out),
+        ops: out,
         serial_s: 0.0,
         compute_s: 0.0,
         comm_s: 0.0,
@@ -361,14 +379,13 @@ pub fn shared_expert_overlap(step: &StepCost) -> f64 {
 
 /// Prices a step of one DP rank computing `shape` under the instance's mechanisms: the one
 /// rule `explain` and the twin device share. `full` is the step's ops priced ([`price`]);
-/// `half` prices the same step with half the batch (two micro-batches), called only when the
-/// mechanisms allow a split at this size.
+/// `half` is the step's time in two micro-batches ([`two_microbatch_time`] of the same step
+/// with half the batch), called only when the mechanisms allow a split at this size.
 pub fn price_step(
     features: &dstwin_core::features::Resolved,
     shape: &dstwin_core::batch::BatchShape,
-    cost: &CostModel,
     full: StepCost,
-    half: impl FnOnce() -> StepCost,
+    half: impl FnOnce() -> f64,
 ) -> StepPrice {
     use dstwin_core::features::TwoMicrobatch;
     let shared_overlap_s = if features.shared_expert_overlap {
@@ -379,7 +396,7 @@ pub fn price_step(
     let serial_s = full.serial_s - shared_overlap_s;
     let split_s = features
         .two_microbatch_allowed(shape.tokens(), shape.prefill_tokens > 0)
-        .then(|| two_microbatch_time(&half(), &cost.params));
+        .then(half);
     let (time_s, split_used) = match (features.two_microbatch, split_s) {
         (TwoMicrobatch::Force, Some(s)) => (s, true),
         (TwoMicrobatch::Auto, Some(s)) if s < serial_s => (s, true),
