@@ -71,6 +71,16 @@ pub enum CommKind {
 }
 
 impl CommKind {
+    /// Every collective kind.
+    pub const ALL: [CommKind; 6] = [
+        CommKind::AllReduce,
+        CommKind::AllGather,
+        CommKind::ReduceScatter,
+        CommKind::Dispatch,
+        CommKind::Combine,
+        CommKind::P2p,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             CommKind::AllReduce => "all_reduce",

@@ -40,7 +40,7 @@ impl OpKindName {
             return Some(OpKindName::Compute(*c));
         }
         let k = t.strip_prefix("comm:").unwrap_or(t);
-        COMM_KINDS
+        CommKind::ALL
             .iter()
             .find(|c| c.name() == k)
             .map(|c| OpKindName::Comm(*c))
@@ -52,16 +52,6 @@ impl fmt::Display for OpKindName {
         f.write_str(&self.label())
     }
 }
-
-/// Every collective kind.
-pub const COMM_KINDS: [CommKind; 6] = [
-    CommKind::AllReduce,
-    CommKind::AllGather,
-    CommKind::ReduceScatter,
-    CommKind::Dispatch,
-    CommKind::Combine,
-    CommKind::P2p,
-];
 
 /// The op graph's op names, each with its kind.
 pub fn op_catalog() -> &'static BTreeMap<&'static str, OpKindName> {

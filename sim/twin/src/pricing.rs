@@ -486,14 +486,7 @@ mod tests {
                 "{class:?}"
             );
         }
-        for kind in [
-            CommKind::AllReduce,
-            CommKind::AllGather,
-            CommKind::ReduceScatter,
-            CommKind::Dispatch,
-            CommKind::Combine,
-            CommKind::P2p,
-        ] {
+        for kind in CommKind::ALL {
             let c = Comm {
                 kind,
                 bytes: 1.0,

@@ -1,36 +1,57 @@
 //! Pricing steps: more tokens are never cheaper; the critical path adds up.
 
 use dstwin_core::batch::BatchShape;
-use dstwin_core::layout::{Layout, Role};
-use dstwin_core::model::{builtin, Quant};
+use dstwin_core::features::Resolved;
+use dstwin_core::layout::{Layout, Plan, Role};
+use dstwin_core::model::{builtin, ModelConfig, Quant};
 use dstwin_core::opgraph::{step_ops, MoeLoad, StepSpec};
-use dstwin_hwmodels::{Catalog, DType};
+use dstwin_hwmodels::{Catalog, CostModel, DType};
 use dstwin_twin::pricing::{price, price_memo, two_microbatch_time, OpMemo};
 use proptest::prelude::*;
 
+/// DeepSeek-R1 w8a8 on CloudMatrix384 in `layout`: the cost model and what a step spec borrows.
+struct Setup {
+    cm: CostModel,
+    m: ModelConfig,
+    plan: Plan,
+    features: Resolved,
+}
+
+impl Setup {
+    fn new(layout: Layout) -> Self {
+        let cat = Catalog::builtin();
+        let sys = cat.system("cloudmatrix384").unwrap();
+        let m = builtin("r1").unwrap();
+        Setup {
+            cm: cat.cost_model(sys, None).unwrap(),
+            plan: layout.validate(&m, sys).unwrap(),
+            m,
+            features: Resolved::plain("ascend-910c"),
+        }
+    }
+
+    fn spec(&self, mtp_tokens: u32) -> StepSpec<'_> {
+        StepSpec {
+            model: &self.m,
+            quant: Quant::W8a8,
+            kv_dtype: DType::Bf16,
+            plan: &self.plan,
+            mtp_tokens,
+            features: &self.features,
+        }
+    }
+}
+
 fn step_time(decode_seqs: u32, ctx: u64, prefill: u64, dies: u32) -> f64 {
-    let cat = Catalog::builtin();
-    let sys = cat.system("cloudmatrix384").unwrap();
-    let cm = cat.cost_model(sys, None).unwrap();
-    let m = builtin("r1").unwrap();
-    let plan = Layout::dp_ep(Role::Mixed, dies).validate(&m, sys).unwrap();
-    let features = dstwin_core::features::Resolved::plain("ascend-910c");
-    let spec = StepSpec {
-        model: &m,
-        quant: Quant::W8a8,
-        kv_dtype: DType::Bf16,
-        plan: &plan,
-        mtp_tokens: 0,
-        features: &features,
-    };
-    let mut shape = BatchShape::uniform_decode(decode_seqs, 1, ctx, m.attn_cap());
-    shape.add_prefill(prefill, 0, m.attn_cap());
+    let st = Setup::new(Layout::dp_ep(Role::Mixed, dies));
+    let mut shape = BatchShape::uniform_decode(decode_seqs, 1, ctx, st.m.attn_cap());
+    shape.add_prefill(prefill, 0, st.m.attn_cap());
     let load = MoeLoad {
         group_tokens: shape.tokens() * dies as u64,
         imbalance: 1.0,
         comm: dstwin_core::features::MoeCommUsed::Mc2,
     };
-    price(&step_ops(spec, &shape, &load), &cm).serial_s
+    price(&step_ops(st.spec(0), &shape, &load), &st.cm).serial_s
 }
 
 proptest! {
@@ -48,33 +69,19 @@ proptest! {
 
 #[test]
 fn critical_path_is_compute_plus_communication() {
-    let cat = Catalog::builtin();
-    let sys = cat.system("cloudmatrix384").unwrap();
-    let cm = cat.cost_model(sys, None).unwrap();
-    let m = builtin("r1").unwrap();
-    let plan = Layout {
+    let st = Setup::new(Layout {
         redundant_experts: 32,
         shared_expert_dies: 32,
         ..Layout::dp_ep(Role::Decode, 320)
-    }
-    .validate(&m, sys)
-    .unwrap();
-    let features = dstwin_core::features::Resolved::plain("ascend-910c");
-    let spec = StepSpec {
-        model: &m,
-        quant: Quant::W8a8,
-        kv_dtype: DType::Bf16,
-        plan: &plan,
-        mtp_tokens: 1,
-        features: &features,
-    };
+    });
+    let (cm, m, spec) = (&st.cm, &st.m, st.spec(1));
     let shape = BatchShape::uniform_decode(48, 2, 4096, m.attn_cap());
     let load = MoeLoad {
         group_tokens: shape.tokens() * 320,
         imbalance: 1.0,
         comm: dstwin_core::features::MoeCommUsed::Mc2,
     };
-    let s = price(&step_ops(spec, &shape, &load), &cm);
+    let s = price(&step_ops(spec, &shape, &load), cm);
     assert!((s.serial_s - s.compute_s - s.comm_s).abs() < 1e-12);
     let by_class: f64 = s.by_class().values().sum();
     assert!((by_class - s.serial_s).abs() < 1e-9);
@@ -86,7 +93,7 @@ fn critical_path_is_compute_plus_communication() {
         imbalance: 1.0,
         comm: dstwin_core::features::MoeCommUsed::Mc2,
     };
-    let h = price(&step_ops(spec, &half, &hl), &cm);
+    let h = price(&step_ops(spec, &half, &hl), cm);
     let mut perfect = cm.params.clone();
     perfect.overlap_efficiency_low_latency = 1.0;
     let mut none = cm.params.clone();
@@ -120,20 +127,8 @@ proptest! {
             1..24,
         ),
     ) {
-        let cat = Catalog::builtin();
-        let sys = cat.system("cloudmatrix384").unwrap();
-        let cm = cat.cost_model(sys, None).unwrap();
-        let m = builtin("r1").unwrap();
-        let plan = Layout::dp_ep(Role::Mixed, 32).validate(&m, sys).unwrap();
-        let features = dstwin_core::features::Resolved::plain("ascend-910c");
-        let spec = StepSpec {
-            model: &m,
-            quant: Quant::W8a8,
-            kv_dtype: DType::Bf16,
-            plan: &plan,
-            mtp_tokens: 1,
-            features: &features,
-        };
+        let st = Setup::new(Layout::dp_ep(Role::Mixed, 32));
+        let (cm, m, spec) = (&st.cm, &st.m, st.spec(1));
         let mut memo = OpMemo::default();
         for (seqs, ctx, prefill, group, imbalance, mc2) in steps {
             let mut shape = BatchShape::uniform_decode(seqs, 2, ctx, m.attn_cap());
@@ -148,7 +143,7 @@ proptest! {
                 },
             };
             let ops = step_ops(spec, &shape, &load);
-            prop_assert_eq!(price_memo(&ops, &cm, &mut memo), price(&ops, &cm));
+            prop_assert_eq!(price_memo(&ops, cm, &mut memo), price(&ops, cm));
         }
     }
 }
