@@ -20,7 +20,7 @@
 # MOONCAKE: the full trace (12,031 requests). Without it the 2,000-request head shipped in
 # sim/scenarios/data is used and the figure is not the target's. CORE (default 1): the core the
 # simulations are pinned to; the serve benchmark puts the server on CORE and the client on the
-# other core. Needs taskset (util-linux) and GNU time (/usr/bin/time).
+# other core. Needs taskset (util-linux), GNU time (/usr/bin/time), curl and python3 (serve).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -64,10 +64,10 @@ bench() {
         local wall user rss verdict
         wall=$(cut -d' ' -f1 "$OUT/$name.$label" | stats)
         user=$(cut -d' ' -f2 "$OUT/$name.$label" | stats)
-        rss=$(cut -d' ' -f3 "$OUT/$name.$label" | sort -g | tail -1)
+        rss=$(cut -d' ' -f3 "$OUT/$name.$label" | sort -g | tail -1 | awk '{ print $1 / 1024 }')
         verdict=$(awk -v w="${wall%% *}" -v t="$target" 'BEGIN { print (w < t) ? "met" : "NOT met" }')
         printf '%-26s %-5s %7s %7s   %7s %7s   %6.0f MB   < %s s: %s\n' "$name" "$label" \
-            ${wall} ${user} "$(echo "$rss / 1024" | bc -l)" "$target" "$verdict"
+            ${wall} ${user} "$rss" "$target" "$verdict"
         rm -f "$OUT/$name.$label"
     done
 }
