@@ -66,6 +66,9 @@ bench() {
         user=$(cut -d' ' -f2 "$OUT/$name.$label" | stats)
         rss=$(cut -d' ' -f3 "$OUT/$name.$label" | sort -g | tail -1 | awk '{ print $1 / 1024 }')
         verdict=$(awk -v w="${wall%% *}" -v t="$target" 'BEGIN { print (w < t) ? "met" : "NOT met" }')
+        if [[ -n ${NOT_TARGET:-} ]]; then
+            verdict="not the target's run"
+        fi
         printf '%-26s %-5s %7s %7s   %7s %7s   %6.0f MB   < %s s: %s\n' "$name" "$label" \
             ${wall} ${user} "$rss" "$target" "$verdict"
         rm -f "$OUT/$name.$label"
@@ -88,6 +91,7 @@ if [[ $ONLY == all || $ONLY == mooncake ]]; then
         echo "Mooncake: the full trace, $MOONCAKE"
     else
         echo "Mooncake: $MOONCAKE not found; the shipped 2,000-request head (not the target's run)"
+        NOT_TARGET=1
     fi
     header
     for dies in 32 256 512 640; do
