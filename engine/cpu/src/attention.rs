@@ -199,7 +199,7 @@ impl Mla {
         prof.end(
             s,
             "o_proj",
-            || crate::args!{"tokens": t, "k": h * cfg.v_head_dim, "n": hidden, "seqs": spans.len()},
+            || crate::args! {"tokens": t, "k": h * cfg.v_head_dim, "n": hidden, "seqs": spans.len()},
         );
         Ok(y)
     }

@@ -410,7 +410,7 @@ impl ExpertRanks {
             prof.end(
                 s,
                 "combine",
-                || crate::args!{"tokens": inp.routes.len(), "rows": g.iter().map(|r| r.0.len()).sum::<usize>()},
+                || crate::args! {"tokens": inp.routes.len(), "rows": g.iter().map(|r| r.0.len()).sum::<usize>()},
             );
         }
         if !ep {

@@ -331,7 +331,7 @@ impl Model {
             prof.end(
                 s,
                 "mtp_eh_proj",
-                || crate::args!{"tokens": ids.len(), "k": 2 * self.cfg.hidden, "n": self.cfg.hidden},
+                || crate::args! {"tokens": ids.len(), "k": 2 * self.cfg.hidden, "n": self.cfg.hidden},
             );
             states.push(RankState {
                 spans,

@@ -305,8 +305,8 @@ impl Profiler {
         self.rec.as_ref().map(|_| Instant::now())
     }
 
-    /// Records op `name` from `start` to now with the shape `args` gives (a JSON object),
-    /// under the current context. `name` must be an op of the op graph.
+    /// Records op `name` from `start` to now with the shape `args` gives ([`Args`], written as
+    /// a JSON object), under the current context. `name` must be an op of the op graph.
     #[inline]
     pub fn end(&mut self, start: Option<Instant>, name: &'static str, args: impl FnOnce() -> Args) {
         if let Some((r, t0, t1)) = self.stop(start) {

@@ -94,6 +94,50 @@ impl PricerSpec {
     }
 }
 
+/// Where a pricer prices one op list at a time (a whole batch's, or a half's): the list's
+/// storage and the memo of its ops' last prices, both kept between misses.
+#[derive(Clone, Debug, Default)]
+struct Lane {
+    ops: Vec<Op>,
+    memo: OpMemo,
+}
+
+impl Lane {
+    /// A rank computing `shape` under the step's load, priced.
+    fn price(
+        &mut self,
+        spec: &PricerSpec,
+        shape: &BatchShape,
+        group_tokens: u64,
+        imbalance: f64,
+        comm: MoeCommUsed,
+    ) -> StepCost {
+        spec.ops(shape, group_tokens, imbalance, comm, &mut self.ops);
+        price_memo(&self.ops, &spec.cost, &mut self.memo)
+    }
+
+    /// The step of `shape` in two micro-batches: its half batch priced, the split's time.
+    fn split_time(
+        &mut self,
+        spec: &PricerSpec,
+        shape: &BatchShape,
+        group_tokens: u64,
+        imbalance: f64,
+        comm: MoeCommUsed,
+    ) -> f64 {
+        let h = self.price(
+            spec,
+            &half(shape),
+            group_tokens.div_ceil(2),
+            imbalance,
+            comm,
+        );
+        let t = two_microbatch_time(&h, &spec.cost.params);
+        self.memo.recycle(h);
+        t
+    }
+}
+
 /// Memoized per-rank step pricing.
 #[derive(Clone, Debug)]
 pub struct StepPricer {
@@ -107,10 +151,8 @@ pub struct StepPricer {
     /// Per DP rank, the last key it priced and its cost: a rank's quantized shape stays the
     /// same for many steps, and this small array stays in cache where the map does not.
     recent: Vec<Option<(PriceKey, RankCost)>>,
-    /// The last price of each op of a whole and of a half batch.
-    memo: [OpMemo; 2],
-    /// The op lists of a whole and of a half batch being priced (their storage reused).
-    ops: [Vec<Op>; 2],
+    /// Where a whole batch and a half batch are priced.
+    lanes: [Lane; 2],
     pub hits: u64,
     pub misses: u64,
 }
@@ -156,8 +198,7 @@ impl StepPricer {
             priced: Vec::new(),
             classes: Vec::new(),
             recent: Vec::new(),
-            memo: Default::default(),
-            ops: Default::default(),
+            lanes: Default::default(),
             hits: 0,
             misses: 0,
         }
@@ -165,21 +206,6 @@ impl StepPricer {
 
     pub fn spec(&self) -> &PricerSpec {
         &self.spec
-    }
-
-    /// Prices `shape` under the load with the memo of whole (`half`: half) batches.
-    fn price_shape(
-        &mut self,
-        shape: &BatchShape,
-        group_tokens: u64,
-        imbalance: f64,
-        comm: MoeCommUsed,
-        half: bool,
-    ) -> StepCost {
-        let i = usize::from(half);
-        let ops = &mut self.ops[i];
-        self.spec.ops(shape, group_tokens, imbalance, comm, ops);
-        price_memo(ops, &self.spec.cost, &mut self.memo[i])
     }
 
     /// The price of one rank computing `shape` under the step's `load`.
@@ -211,9 +237,9 @@ impl StepPricer {
             return self.classes[at as usize];
         }
         let (shape, group, imb, comm) = key.shape();
-        let full = self.price_shape(&shape, group, imb, comm, false);
+        let full = self.lanes[0].price(&self.spec, &shape, group, imb, comm);
         let t = class_times(&full, c.time_s / full.serial_s.max(f64::MIN_POSITIVE));
-        self.memo[0].recycle(full);
+        self.lanes[0].memo.recycle(full);
         self.priced[c.at as usize].1 = self.classes.len() as u32;
         self.classes.push(t);
         t
@@ -231,26 +257,17 @@ impl StepPricer {
         let time_s = if split && f.two_microbatch == TwoMicrobatch::Force {
             // A forced split's time needs only the half batch priced; the whole one waits for
             // `class_times`.
-            let h = self.price_shape(&half(&shape), group.div_ceil(2), imb, comm, true);
             self.priced.push((key, NOT_YET));
-            let t = two_microbatch_time(&h, &self.spec.cost.params);
-            self.memo[1].recycle(h);
-            t
+            self.lanes[1].split_time(&self.spec, &shape, group, imb, comm)
         } else {
             let spec = &self.spec;
-            let [memo_full, memo_half] = &mut self.memo;
-            let [ops_full, ops_half] = &mut self.ops;
-            spec.ops(&shape, group, imb, comm, ops_full);
-            let full = price_memo(ops_full, &spec.cost, memo_full);
+            let [whole, halves] = &mut self.lanes;
+            let full = whole.price(spec, &shape, group, imb, comm);
             let p = price_step(f, &shape, full, || {
-                spec.ops(&half(&shape), group.div_ceil(2), imb, comm, ops_half);
-                let h = price_memo(ops_half, &spec.cost, memo_half);
-                let t = two_microbatch_time(&h, &spec.cost.params);
-                memo_half.recycle(h);
-                t
+                halves.split_time(spec, &shape, group, imb, comm)
             });
             let t = class_times(&p.full, p.time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
-            memo_full.recycle(p.full);
+            whole.memo.recycle(p.full);
             self.priced.push((key, self.classes.len() as u32));
             self.classes.push(t);
             p.time_s

@@ -180,7 +180,7 @@ impl CpuDevice {
                 &mut out.sampled[w.entry],
             );
             self.profiler.end(s, "sample", || {
-                crate::args!{"tokens": logits.len(), "seqs": w.jobs.iter().filter(|j| j.rows > 0).count(),
+                crate::args! {"tokens": logits.len(), "seqs": w.jobs.iter().filter(|j| j.rows > 0).count(),
                     "n": model.cfg.vocab}
             });
             verdicts.push(v);
