@@ -45,8 +45,18 @@ fn decode(c: u16) -> u64 {
 /// A price-cache key: the quantized shape sums and group tokens as [`code`]s, and the imbalance
 /// bucket, packed into three words (24 bytes: the map's entries stay small enough to sit in
 /// cache where whole shapes did not).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Eq)]
 pub(crate) struct PriceKey([u64; 3]);
+
+/// Word by word: a key is built in registers and stored just before it is looked up, and the
+/// derived compare's 16-byte loads of the two words just stored cannot be forwarded from the
+/// stores (the lookup waited for them to retire).
+impl PartialEq for PriceKey {
+    #[inline]
+    fn eq(&self, o: &Self) -> bool {
+        (self.0[0] == o.0[0]) & (self.0[1] == o.0[1]) & (self.0[2] == o.0[2])
+    }
+}
 
 impl std::hash::Hash for PriceKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
