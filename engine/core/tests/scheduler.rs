@@ -400,14 +400,20 @@ proptest! {
     }
 }
 
+/// Per step: the ranks' batch shapes, the events, the totals and the KV in use once the step
+/// was planned (what allocation left free for the next admissions).
 type Trace = Vec<(
     Vec<dstwin_core::batch::BatchShape>,
     Vec<InstEvent>,
     StepSummary,
+    f64,
 )>;
 
 /// Drives an instance whose device draws MTP acceptance from `acc`; with `aggregate` the
-/// scheduler is given the same acceptance and advances steady requests in aggregate.
+/// scheduler is given the same acceptance and advances steady requests in aggregate. A plan
+/// without tokens is not run, as a deployment does not run it. With
+/// `prefixes` the prompts share prefixes (two families of block hashes), so that prefix
+/// hits and the eviction order of cached blocks come into play.
 #[allow(clippy::too_many_arguments)]
 fn drive_with_acceptance(
     reqs: &[(u32, u32, u64)],
@@ -419,6 +425,7 @@ fn drive_with_acceptance(
     max_model_len: u64,
     send_back: bool,
     async_scheduling: bool,
+    prefixes: bool,
     aggregate: bool,
 ) -> (Trace, dstwin_core::instance::InstanceStats) {
     let acc = dstwin_core::mtp::Acceptance::new(&[0.7, 0.4], 11);
@@ -441,8 +448,24 @@ fn drive_with_acceptance(
     for s in 0..4_000u64 {
         while next < reqs.len() && reqs[next].2 <= s {
             let (p, o, _) = reqs[next];
+            // A family's hashes (two families, one per DP rank as requests alternate between
+            // them): the same ids for its first blocks, then the request's own.
+            let family = next as u64 % 2;
+            let hashes: Vec<u64> = (0..=(p / block_size) as u64)
+                .map(|j| {
+                    if j < 3 {
+                        family * 100 + j
+                    } else {
+                        next as u64 * 1000 + j
+                    }
+                })
+                .collect();
             let mut r = req(next as u64, p, o);
             r.remote_kv = send_back;
+            if prefixes {
+                r.hash_ids = &hashes;
+                r.hash_block_tokens = block_size;
+            }
             inst.add_request(r, SimTime::ZERO);
             next += 1;
         }
@@ -450,10 +473,18 @@ fn drive_with_acceptance(
             break;
         }
         inst.schedule(SimTime::ZERO);
+        let kv = inst.kv_usage();
         for id in inst.kv_pulls().to_vec() {
             inst.kv_arrived(id, SimTime::ZERO);
         }
         let plan = inst.plan().clone();
+        if plan.tokens() == 0 {
+            // A plan without tokens does not run (as in a deployment): the next one plans the
+            // same step again.
+            let shapes = plan.ranks.iter().map(|r| r.shape).collect();
+            trace.push((shapes, Vec::new(), StepSummary::default(), kv));
+            continue;
+        }
         let accepted = plan
             .ranks
             .iter()
@@ -474,7 +505,7 @@ fn drive_with_acceptance(
                 inst.add_request(r, SimTime::ZERO);
             }
         }
-        trace.push((plan.ranks.iter().map(|r| r.shape).collect(), ev, sum));
+        trace.push((plan.ranks.iter().map(|r| r.shape).collect(), ev, sum, kv));
     }
     (trace, inst.stats())
 }
@@ -493,6 +524,7 @@ fn aggregation_covers_steady_decoding_preemption_and_budget_fallbacks() {
             budget,
             None,
             1 << 20,
+            false,
             false,
             false,
             aggregate,
@@ -519,8 +551,9 @@ fn steady_decoding_goes_on_across_kv_blocks_when_blocks_are_plentiful() {
     // Long decodes, two per DP rank, 16-token blocks: a new block every ~9 steps. With KV
     // to spare, a window that ends at a block boundary goes on from there, the block
     // allocated in aggregate; only the prompts and the last steps run request by request.
+    // Shared prefixes change nothing.
     let reqs = [(40, 400, 0), (56, 380, 0), (30, 390, 1), (48, 370, 1)];
-    let run = |blocks, aggregate| {
+    let run = |blocks, prefixes, aggregate| {
         drive_with_acceptance(
             &reqs,
             blocks,
@@ -531,17 +564,22 @@ fn steady_decoding_goes_on_across_kv_blocks_when_blocks_are_plentiful() {
             1 << 20,
             false,
             false,
+            prefixes,
             aggregate,
         )
     };
-    let (exact, _) = run(400, false);
-    let (fast, st) = run(400, true);
-    assert_eq!(exact, fast);
-    assert!(st.exact_steps <= 16, "{st:?}");
+    for prefixes in [false, true] {
+        let (exact, exact_stats) = run(400, prefixes, false);
+        let (fast, st) = run(400, prefixes, true);
+        assert_eq!(exact, fast);
+        assert_eq!(exact_stats.prefix_hits, st.prefix_hits);
+        assert_eq!(st.prefix_hits > 0, prefixes, "{st:?}");
+        assert!(st.exact_steps <= 16, "{st:?}");
+    }
     // Short of blocks, a boundary whose step could run out of blocks runs exactly, and
     // preempts as step by step does.
-    let (exact, _) = run(40, false);
-    let (fast, st) = run(40, true);
+    let (exact, _) = run(40, false, false);
+    let (fast, st) = run(40, false, true);
     assert_eq!(exact, fast);
     assert!(st.preemptions > 0, "{st:?}");
 }
@@ -549,9 +587,9 @@ fn steady_decoding_goes_on_across_kv_blocks_when_blocks_are_plentiful() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     /// Advancing steady requests in aggregate gives exactly the schedule of stepping every
-    /// request: the same batch shapes (what the device prices), events and token totals, step by
-    /// step, under KV pressure (preemption, send-back), a binding budget, sparse-attention caps
-    /// and max_model_len.
+    /// request: the same batch shapes (what the device prices), events, token totals and KV in
+    /// use, step by step, under KV pressure (preemption, send-back), a binding budget,
+    /// sparse-attention caps, max_model_len and shared prefixes.
     #[test]
     fn aggregated_decoding_is_exact(
         reqs in prop::collection::vec((1u32..600, 1u32..300, 0u64..200), 1..30),
@@ -563,20 +601,22 @@ proptest! {
         max_model_len in prop::sample::select(vec![700u64, 1 << 20]),
         send_back in any::<bool>(),
         async_scheduling in any::<bool>(),
+        prefixes in any::<bool>(),
     ) {
         // Every prompt must fit max_model_len and the KV (else vLLM rejects it up front).
         let reqs: Vec<_> = reqs
             .into_iter()
             .map(|(p, o, t)| (p.min((blocks * block_size as u64 / 2) as u32).max(1), o, t))
             .collect();
-        let (exact, _) = drive_with_acceptance(
+        let (exact, exact_stats) = drive_with_acceptance(
             &reqs, blocks, block_size, spec, budget, cap, max_model_len, send_back,
-            async_scheduling, false,
+            async_scheduling, prefixes, false,
         );
-        let (fast, _) = drive_with_acceptance(
+        let (fast, fast_stats) = drive_with_acceptance(
             &reqs, blocks, block_size, spec, budget, cap, max_model_len, send_back,
-            async_scheduling, true,
+            async_scheduling, prefixes, true,
         );
+        prop_assert_eq!(exact_stats.prefix_hits, fast_stats.prefix_hits);
         prop_assert_eq!(exact.len(), fast.len(), "step count");
         for (i, (a, b)) in exact.iter().zip(&fast).enumerate() {
             prop_assert_eq!(a, b, "step {}", i);

@@ -135,6 +135,10 @@ pub struct RankScheduler {
     next_order: u64,
     /// Steady requests in the last plan.
     planned_steady: u64,
+    /// The last plan scheduled no request one by one and its outcome is not applied yet:
+    /// applying it only moves the steady ring a cell and the step counter on, which the rank
+    /// does itself when next called ([`RankScheduler::trivial_step`]).
+    unapplied: bool,
     /// Async scheduling: contexts of requests that finished in the last step; the step
     /// scheduled before that was known computes one more (discarded) decode step for each.
     phantoms: Vec<u32>,
@@ -180,6 +184,7 @@ impl RankScheduler {
             exact_until: 0,
             next_order: 0,
             planned_steady: 0,
+            unapplied: false,
             phantoms: Vec::new(),
             report_emissions: false,
             stopped: Vec::new(),
@@ -352,7 +357,8 @@ impl RankScheduler {
     }
 
     /// Drops request `id` in `slot` whatever its state (a client went away) and frees its
-    /// blocks. Call between `update` and the next `schedule`. Returns false if it is not here.
+    /// blocks. Call between `update` (or, after a trivial step, `settle`) and the next
+    /// `schedule`. Returns false if it is not here.
     pub fn abort(&mut self, slot: u32, id: ReqId) -> bool {
         let Some(state) = self
             .slab

@@ -133,6 +133,9 @@ impl RankScheduler {
         pulls: &mut Vec<ReqId>,
         events: &mut Vec<InstEvent>,
     ) {
+        // A trivial plan left unapplied was not run (a plan without tokens): this plans the
+        // same step again.
+        self.unapplied = false;
         plan.shape = BatchShape::default();
         plan.decode.clear();
         plan.reqs.clear();
@@ -385,6 +388,47 @@ impl RankScheduler {
         self.planned_steady = n;
         self.stats.steady_steps += n;
         self.stats.exact_steps += self.entries.len() as u64;
+        self.unapplied = self.entries.is_empty();
+    }
+
+    /// After [`RankScheduler::schedule`]: when the plan scheduled no request one by one (only
+    /// steady requests, or nothing), what its outcome adds to a step's totals, tokens and
+    /// requests that sampled in consecutive steps. The outcome then need not be applied:
+    /// instead of [`RankScheduler::update`], the rank is told with [`RankScheduler::settle`]
+    /// (or [`RankScheduler::catch_up`]) once the step has run.
+    pub fn trivial_step(&self) -> Option<(u64, u64)> {
+        self.unapplied.then(|| {
+            let tokens = (0..self.regimes)
+                .filter(|_| !self.tokens.is_empty())
+                .map(|r| self.tokens[Self::at(self.step, r)] as u64)
+                .sum();
+            (tokens, self.planned_steady)
+        })
+    }
+
+    /// Moves the steady ring and the step counter past the step planned last: its cell's
+    /// tokens go into the sums (at the next `advance`); returns them.
+    fn close_step(&mut self) -> u64 {
+        self.unapplied = false;
+        let p = self.step;
+        self.step += 1;
+        let mut tokens = 0;
+        if !self.tokens.is_empty() {
+            for r in 0..self.regimes {
+                let tk = std::mem::take(&mut self.tokens[Self::at(p, r)]) as u64;
+                tokens += tk;
+                self.sums.pending[r] += tk;
+            }
+        }
+        tokens
+    }
+
+    /// Applies the outcome of a trivial step ([`RankScheduler::trivial_step`]) that was not
+    /// applied, if it has run: the instance has run `steps` steps.
+    pub fn settle(&mut self, steps: u64) {
+        if self.unapplied && steps > self.step {
+            self.close_step();
+        }
     }
 
     /// Applies a step's outcome: `accepted[j]` drafts for the j-th sampling entry. Adds the
@@ -402,20 +446,11 @@ impl RankScheduler {
         emissions: &mut Vec<(ReqId, u32)>,
         emitted_ids: &mut Vec<u32>,
     ) {
-        let p = self.step;
-        self.step += 1;
+        // Steady requests sampled in this step and in the one before.
+        sum.tokens += self.close_step();
+        sum.continuing += self.planned_steady;
         let step = self.step;
         let bs = self.cfg.block_size;
-        // Steady requests sampled in this step and in the one before.
-        if !self.tokens.is_empty() {
-            for r in 0..self.regimes {
-                let i = Self::at(p, r);
-                let tk = std::mem::take(&mut self.tokens[i]) as u64;
-                sum.tokens += tk;
-                self.sums.pending[r] += tk;
-            }
-            sum.continuing += self.planned_steady;
-        }
         if self.entries.is_empty() {
             // Only steady requests computed: nothing finished, stopped or turned steady.
             #[cfg(debug_assertions)]

@@ -401,6 +401,7 @@ impl RankScheduler {
     /// only ranks with work, and an idle rank steps nothing (its part of a lockstep step is
     /// the device's dummy batch). Call before scheduling a rank that sat steps out.
     pub fn catch_up(&mut self, steps: u64) {
+        self.settle(steps);
         if self.step >= steps {
             return;
         }
