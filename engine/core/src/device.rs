@@ -182,7 +182,7 @@ pub struct StepPlan {
 impl StepPlan {
     /// Tokens the whole instance computes.
     pub fn tokens(&self) -> u64 {
-        self.ranks.iter().map(|r| r.shape.tokens()).sum()
+        self.totals().tokens
     }
 
     /// Ranks without work this step.
@@ -192,25 +192,56 @@ impl StepPlan {
 
     /// Ranks that run the dummy batch: the idle ones, and listed ones with nothing to compute.
     pub fn dummy_ranks(&self) -> u64 {
-        self.routing().1
+        self.totals().dummy_ranks
     }
 
     /// Tokens the step routes through the MoE layers: every rank's, the dummy batches
     /// included.
     pub fn routed_tokens(&self) -> u64 {
-        self.routing().0
+        self.totals().routed_tokens
     }
 
-    /// [`StepPlan::routed_tokens`] and [`StepPlan::dummy_ranks`], in one pass over the ranks.
+    /// [`StepPlan::routed_tokens`] and [`StepPlan::dummy_ranks`].
     pub fn routing(&self) -> (u64, u64) {
-        let (mut tokens, mut empty) = (0, 0);
+        let t = self.totals();
+        (t.routed_tokens, t.dummy_ranks)
+    }
+
+    /// The plan's token totals in one pass over its ranks.
+    pub fn totals(&self) -> PlanTotals {
+        let mut t = PlanTotals::default();
         for r in &self.ranks {
-            let t = r.shape.tokens();
-            tokens += t;
-            empty += u64::from(t == 0);
+            t.add(&r.shape);
         }
-        let dummies = self.idle_ranks() as u64 + empty;
-        (tokens + dummies * DUMMY_TOKENS, dummies)
+        t.finish(self.idle_ranks())
+    }
+}
+
+/// A step plan's token totals ([`StepPlan::totals`]); built a rank at a time with
+/// [`PlanTotals::add`] by a caller that passes over the ranks for other sums too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanTotals {
+    /// Tokens the whole instance computes.
+    pub tokens: u64,
+    /// Every rank's tokens and the dummy batches: what the MoE layers route.
+    pub routed_tokens: u64,
+    /// Ranks that run the dummy batch: the idle ones, and listed ones with nothing to compute.
+    pub dummy_ranks: u64,
+}
+
+impl PlanTotals {
+    /// Adds a listed rank's shape.
+    pub fn add(&mut self, s: &BatchShape) {
+        let t = s.tokens();
+        self.tokens += t;
+        self.dummy_ranks += u64::from(t == 0);
+    }
+
+    /// The totals once every listed rank is added, with `idle` ranks not listed.
+    pub fn finish(mut self, idle: u32) -> Self {
+        self.dummy_ranks += idle as u64;
+        self.routed_tokens = self.tokens + self.dummy_ranks * DUMMY_TOKENS;
+        self
     }
 }
 
@@ -394,5 +425,45 @@ pub trait Device {
     /// has come; when the driver stops it calls until false. Nothing by default.
     fn idle(&mut self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::AttnCap;
+
+    #[test]
+    fn plan_totals_count_listed_empty_ranks_and_idle_ones_as_dummies() {
+        let rank = |rank, tokens| RankPlan {
+            rank,
+            shape: if tokens == 0 {
+                BatchShape::default()
+            } else {
+                BatchShape::uniform_decode(tokens, 1, 100, AttnCap(None))
+            },
+            ..Default::default()
+        };
+        let plan = StepPlan {
+            dp_ranks: 6,
+            ranks: vec![rank(0, 5), rank(2, 0), rank(3, 7)],
+            expert_move: None,
+        };
+        let t = plan.totals();
+        assert_eq!(t.tokens, 12);
+        // Ranks 1, 4 and 5 are idle; rank 2 is listed with nothing to compute.
+        assert_eq!(t.dummy_ranks, 4);
+        assert_eq!(t.routed_tokens, 12 + 4 * DUMMY_TOKENS);
+        assert_eq!(plan.routing(), (t.routed_tokens, t.dummy_ranks));
+        assert_eq!(
+            (plan.tokens(), plan.dummy_ranks(), plan.routed_tokens()),
+            (12, 4, 16)
+        );
+        // Built a rank at a time, as a caller passing over the ranks does.
+        let mut by_hand = PlanTotals::default();
+        for r in &plan.ranks {
+            by_hand.add(&r.shape);
+        }
+        assert_eq!(by_hand.finish(plan.idle_ranks()), t);
     }
 }

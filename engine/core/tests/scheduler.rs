@@ -478,6 +478,11 @@ fn drive_with_acceptance(
             inst.kv_arrived(id, SimTime::ZERO);
         }
         let plan = inst.plan().clone();
+        assert_eq!(
+            inst.plan_totals(),
+            plan.totals(),
+            "totals summed while planning"
+        );
         if plan.tokens() == 0 {
             // A plan without tokens does not run (as in a deployment): the next one plans the
             // same step again.

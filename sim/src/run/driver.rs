@@ -288,7 +288,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             });
         }
         inst.step_start = now;
-        inst.step_tokens = plan.tokens();
+        inst.step_tokens = self.core.instance(i).plan_totals().tokens;
         let end = now + inst.outcome.duration;
         self.push(end, Ev::StepDone(i as u32));
         Ok(())

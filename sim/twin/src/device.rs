@@ -2,13 +2,13 @@
 //! (memoized on quantized shapes), takes the slowest rank as the lockstep step time, and draws MTP
 //! acceptance per sequence.
 
-use crate::expert_load::{fluctuation, imbalance, step_routing, ExpertLoad};
+use crate::expert_load::{fluctuation, imbalance, ExpertLoad, RoutingSums};
 use crate::pricing::{price_memo, price_step, two_microbatch_time, OpMemo, StepCost};
 pub use crate::spread::StepSpread;
 use dstwin_core::batch::BatchShape;
 use dstwin_core::device::{
-    Capacity, ClassTimes, Device, DeviceError, ExpertHeat, ExpertMove, StepOutcome, StepPlan,
-    TransferOutcome, CLASS_SLOTS, DUMMY_TOKENS, HOST,
+    Capacity, ClassTimes, Device, DeviceError, ExpertHeat, ExpertMove, PlanTotals, StepOutcome,
+    StepPlan, TransferOutcome, CLASS_SLOTS, DUMMY_TOKENS, HOST,
 };
 use dstwin_core::eplb::Placement;
 use dstwin_core::features::{MoeCommUsed, Resolved, TwoMicrobatch};
@@ -500,33 +500,51 @@ impl Device for SimDevice {
         // Idle ranks run a one-token dummy batch: priced once, whatever their number. Every
         // token of every rank enters the MoE layers once (TP dies split a rank's tokens); the
         // dummy batch is `DUMMY_TOKENS` long.
-        let (group, idle) = plan.routing();
+        //
+        // The EP group decides its MoE communication on the largest rank's tokens, and a
+        // decode-only step under graph capture pads every rank to that rank's capture size.
+        // One-token prompt chunks (a PD hand-off's recompute) run as decodes, as in vLLM.
+        //
+        // One pass over the ranks gathers all of that (and the slowest rank's host work): the
+        // plan of a large instance does not stay in the processor's first-level cache from one
+        // pass to the next.
+        let query_len = 1 + self.pricer.spec().mtp_tokens as u64;
+        let fluctuates = self.experts.as_ref().is_some_and(|e| e.concentration > 0.0);
+        let h = self.host;
+        let host_work = h.step_s > 0.0 || h.per_seq_s > 0.0 || h.per_token_s > 0.0;
+        let mut totals = PlanTotals::default();
+        let mut routing = RoutingSums::default();
+        let (mut max_tokens, mut with_prompts, mut host_max) = (0, false, f64::NEG_INFINITY);
+        for r in &plan.ranks {
+            totals.add(&r.shape);
+            if fluctuates {
+                routing.add(&r.shape);
+            }
+            if host_work {
+                host_max = host_max.max(
+                    h.step_s
+                        + h.per_seq_s * r.shape.seqs() as f64
+                        + h.per_token_s * r.shape.tokens() as f64,
+                );
+            }
+            if !r.shape.is_empty() {
+                let s = r.shape.short_chunks_as_decode(query_len);
+                max_tokens = max_tokens.max(s.tokens());
+                with_prompts |= s.prefill_tokens > 0;
+            }
+        }
+        let totals = totals.finish(plan.idle_ranks());
+        let (group, idle) = (totals.routed_tokens, totals.dummy_ranks);
         // The batch's own routing strays from the mean the placement was made for.
         let step_imbalance = match &self.experts {
-            Some(e) if e.concentration > 0.0 => {
-                let step = step_routing(plan.ranks.iter().map(|r| &r.shape));
-                self.imbalance + fluctuation(e.dies(), step, e.top_k, e.concentration)
+            Some(e) if fluctuates => {
+                self.imbalance + fluctuation(e.dies(), routing.routing(), e.top_k, e.concentration)
             }
             _ => self.imbalance,
         };
         self.step_imbalance = step_imbalance;
-        // The EP group decides its MoE communication on the largest rank's tokens, and a
-        // decode-only step under graph capture pads every rank to that rank's capture size.
-        // One-token prompt chunks (a PD hand-off's recompute) run as decodes, as in vLLM.
         let spec = self.pricer.spec();
-        let query_len = 1 + spec.mtp_tokens as u64;
-        let busy = plan
-            .ranks
-            .iter()
-            .filter(|r| !r.shape.is_empty())
-            .map(|r| r.shape.short_chunks_as_decode(query_len));
-        let max_tokens = busy
-            .clone()
-            .map(|s| s.tokens())
-            .max()
-            .unwrap_or(0)
-            .max(if idle > 0 { self.dummy.tokens() } else { 0 });
-        let with_prompts = busy.clone().any(|s| s.prefill_tokens > 0);
+        let max_tokens = max_tokens.max(if idle > 0 { self.dummy.tokens() } else { 0 });
         let comm = spec.features.moe_comm(
             max_tokens,
             with_prompts,
@@ -602,16 +620,8 @@ impl Device for SimDevice {
         // Expert weights moving in this step are not overlapped with it.
         let device_s = slowest.map_or(0.0, |c| c.time_s) * kernels + extra_s;
         // The slowest rank's host work: added to the step, or hidden behind it (async).
-        let h = self.host;
-        let host_s = if h.step_s > 0.0 || h.per_seq_s > 0.0 || h.per_token_s > 0.0 {
-            plan.ranks
-                .iter()
-                .map(|r| {
-                    h.step_s
-                        + h.per_seq_s * r.shape.seqs() as f64
-                        + h.per_token_s * r.shape.tokens() as f64
-                })
-                .fold(if idle > 0 { h.step_s } else { 0.0 }, f64::max)
+        let host_s = if host_work {
+            host_max.max(if idle > 0 { h.step_s } else { 0.0 })
         } else {
             0.0
         };

@@ -400,10 +400,10 @@ impl Deployment {
         }
         let slot = &mut self.slots[i as usize];
         slot.inst.schedule(now);
-        let tokens = slot.inst.plan().tokens();
-        if tokens > 0 {
+        let totals = slot.inst.plan_totals();
+        if totals.tokens > 0 {
             slot.busy = true;
-            let routed = slot.inst.plan().routed_tokens();
+            let routed = totals.routed_tokens;
             let m = slot.eplb.as_mut().and_then(|e| e.before_step(routed));
             slot.inst.set_expert_move(m);
             self.effects.push(Effect::Execute { inst: i });

@@ -14,7 +14,7 @@ pub mod kv;
 pub mod rank;
 
 use crate::batch::AttnCap;
-use crate::device::{FinishReason, ReqId, StepOutcome, StepPlan};
+use crate::device::{FinishReason, PlanTotals, ReqId, StepOutcome, StepPlan};
 use crate::layout::Role;
 use crate::mtp::Acceptance;
 use crate::time::SimTime;
@@ -179,6 +179,8 @@ pub struct Instance {
     /// Per rank of the plan, the totals of a trivial step ([`RankScheduler::trivial_step`]),
     /// whose outcome `apply` leaves to the rank.
     trivial: Vec<Option<(u64, u64)>>,
+    /// The plan's token totals.
+    totals: PlanTotals,
     /// Tokens each request sampled in the last step (when reporting emissions).
     emissions: Vec<(ReqId, u32)>,
     /// Their token ids, in the same order, when the device returns tokens.
@@ -205,6 +207,7 @@ impl Instance {
             pulls: Vec::new(),
             pending: Vec::new(),
             trivial: Vec::new(),
+            totals: PlanTotals::default(),
             emissions: Vec::new(),
             emitted_ids: Vec::new(),
         }
@@ -321,30 +324,40 @@ impl Instance {
         self.pulls.clear();
         let mut events = std::mem::take(&mut self.pending);
         events.clear();
-        // Ranks that went idle in the last step leave the active set.
-        let ranks = &self.ranks;
-        self.active
-            .retain(|&r| ranks[r as usize].has_work() || ranks[r as usize].has_freed());
-        let n = self.active.len();
-        if self.plan.ranks.len() > n {
-            self.plan.ranks.truncate(n);
-        } else {
-            self.plan.ranks.resize_with(n, Default::default);
-        }
+        // Ranks that went idle in the last step leave the active set; the others are planned
+        // (one pass over the ranks: a large instance's ranks do not stay in the processor's
+        // first-level cache from one pass to the next).
+        let mut active = std::mem::take(&mut self.active);
+        let mut kept = 0;
+        let mut totals = PlanTotals::default();
         self.trivial.clear();
-        for (k, &r) in self.active.iter().enumerate() {
+        for j in 0..active.len() {
+            let r = active[j];
             let rank = &mut self.ranks[r as usize];
+            if !(rank.has_work() || rank.has_freed()) {
+                continue;
+            }
+            active[kept] = r;
+            if kept == self.plan.ranks.len() {
+                self.plan.ranks.push(Default::default());
+            }
+            let plan = &mut self.plan.ranks[kept];
+            kept += 1;
             rank.catch_up(self.steps);
             debug_assert_eq!(rank.steps(), self.steps, "rank {r} steps in lockstep");
             let before = rank.used_blocks();
-            let plan = &mut self.plan.ranks[k];
             plan.rank = r;
             rank.schedule(plan, &mut self.started, &mut self.pulls, &mut events);
+            totals.add(&plan.shape);
             self.trivial.push(rank.trivial_step());
             self.used_blocks = self.used_blocks + rank.used_blocks() - before;
             // Send-back preemption removes requests while scheduling.
             self.loads.set(r, rank.load());
         }
+        active.truncate(kept);
+        self.active = active;
+        self.plan.ranks.truncate(kept);
+        self.totals = totals.finish(self.plan.idle_ranks());
         self.pending = events;
     }
 
@@ -356,6 +369,11 @@ impl Instance {
     /// The plan of the last `schedule`.
     pub fn plan(&self) -> &StepPlan {
         &self.plan
+    }
+
+    /// [`StepPlan::totals`] of the last `schedule`'s plan, summed while planning.
+    pub fn plan_totals(&self) -> PlanTotals {
+        self.totals
     }
 
     /// Requests admitted for the first time by the last `schedule`.

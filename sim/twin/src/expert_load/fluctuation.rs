@@ -37,27 +37,47 @@ pub struct StepRouting {
 /// The routing of a step from per-rank aggregates: within a rank, tokens of one kind (prefill
 /// or decode) are taken as spread evenly over its requests.
 pub fn step_routing<'a>(shapes: impl Iterator<Item = &'a BatchShape>) -> StepRouting {
-    let (mut t, mut t2, mut t3) = (0.0, 0.0, 0.0);
+    let mut sums = RoutingSums::default();
     for s in shapes {
+        sums.add(s);
+    }
+    sums.routing()
+}
+
+/// [`step_routing`] a rank at a time (for a caller that passes over the ranks for other
+/// sums too).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RoutingSums {
+    t: f64,
+    t2: f64,
+    t3: f64,
+}
+
+impl RoutingSums {
+    pub fn add(&mut self, s: &BatchShape) {
         for (tok, seqs) in [
             (s.prefill_tokens as f64, s.prefill_seqs as f64),
             (s.decode_tokens as f64, s.decode_seqs as f64),
         ] {
             if seqs > 0.0 && tok > 0.0 {
                 let per = tok / seqs;
-                t += tok;
-                t2 += tok * per;
-                t3 += tok * per * per;
+                self.t += tok;
+                self.t2 += tok * per;
+                self.t3 += tok * per * per;
             }
         }
     }
-    if t2 <= 0.0 {
-        return StepRouting::default();
-    }
-    StepRouting {
-        requests: t * t / t2,
-        tokens: t,
-        cube_share: t3 / (t * t * t),
+
+    pub fn routing(&self) -> StepRouting {
+        let (t, t2, t3) = (self.t, self.t2, self.t3);
+        if t2 <= 0.0 {
+            return StepRouting::default();
+        }
+        StepRouting {
+            requests: t * t / t2,
+            tokens: t,
+            cube_share: t3 / (t * t * t),
+        }
     }
 }
 

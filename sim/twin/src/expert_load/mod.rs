@@ -17,7 +17,7 @@ pub mod fitted;
 pub mod fluctuation;
 
 pub use fitted::{fitted, FittedLoad, LognormalDraws};
-pub use fluctuation::{fluctuation, step_routing, StepRouting};
+pub use fluctuation::{fluctuation, step_routing, RoutingSums, StepRouting};
 
 use dstwin_core::eplb::heatmap::HeatMap;
 use dstwin_core::eplb::{balancedness, Placement};
