@@ -398,10 +398,13 @@ impl RankScheduler {
     /// (or [`RankScheduler::catch_up`]) once the step has run.
     pub fn trivial_step(&self) -> Option<(u64, u64)> {
         self.unapplied.then(|| {
-            let tokens = (0..self.regimes)
-                .filter(|_| !self.tokens.is_empty())
-                .map(|r| self.tokens[Self::at(self.step, r)] as u64)
-                .sum();
+            let tokens = if self.tokens.is_empty() {
+                0
+            } else {
+                (0..self.regimes)
+                    .map(|r| self.tokens[Self::at(self.step, r)] as u64)
+                    .sum()
+            };
             (tokens, self.planned_steady)
         })
     }
