@@ -11,7 +11,7 @@ use dstwin_core::device::{
     StepPlan, TransferOutcome, CLASS_SLOTS, DUMMY_TOKENS, HOST,
 };
 use dstwin_core::eplb::Placement;
-use dstwin_core::features::{MoeCommUsed, Resolved, TwoMicrobatch};
+use dstwin_core::features::{Resolved, TwoMicrobatch};
 use dstwin_core::layout::Plan;
 use dstwin_core::model::{ModelConfig, Quant};
 use dstwin_core::mtp::Acceptance;
@@ -68,15 +68,8 @@ pub struct PricerSpec {
 }
 
 impl PricerSpec {
-    /// The op list of a rank computing `shape` under the step's load, into `out`.
-    fn ops(
-        &self,
-        shape: &BatchShape,
-        group_tokens: u64,
-        imbalance: f64,
-        comm: MoeCommUsed,
-        out: &mut Vec<Op>,
-    ) {
+    /// The op list of a rank computing `shape` under the step's `load`, into `out`.
+    fn ops(&self, shape: &BatchShape, load: &MoeLoad, out: &mut Vec<Op>) {
         let spec = StepSpec {
             model: &self.model,
             quant: self.quant,
@@ -85,12 +78,7 @@ impl PricerSpec {
             mtp_tokens: self.mtp_tokens,
             features: &self.features,
         };
-        let load = MoeLoad {
-            group_tokens,
-            imbalance,
-            comm,
-        };
-        step_ops_into(spec, shape, &load, out)
+        step_ops_into(spec, shape, load, out)
     }
 }
 
@@ -103,35 +91,20 @@ struct Lane {
 }
 
 impl Lane {
-    /// A rank computing `shape` under the step's load, priced.
-    fn price(
-        &mut self,
-        spec: &PricerSpec,
-        shape: &BatchShape,
-        group_tokens: u64,
-        imbalance: f64,
-        comm: MoeCommUsed,
-    ) -> StepCost {
-        spec.ops(shape, group_tokens, imbalance, comm, &mut self.ops);
+    /// A rank computing `shape` under the step's `load`, priced.
+    fn price(&mut self, spec: &PricerSpec, shape: &BatchShape, load: &MoeLoad) -> StepCost {
+        spec.ops(shape, load, &mut self.ops);
         price_memo(&self.ops, &spec.cost, &mut self.memo)
     }
 
-    /// The step of `shape` in two micro-batches: its half batch priced, the split's time.
-    fn split_time(
-        &mut self,
-        spec: &PricerSpec,
-        shape: &BatchShape,
-        group_tokens: u64,
-        imbalance: f64,
-        comm: MoeCommUsed,
-    ) -> f64 {
-        let h = self.price(
-            spec,
-            &half(shape),
-            group_tokens.div_ceil(2),
-            imbalance,
-            comm,
-        );
+    /// The step of `shape` in two micro-batches: its half batch (half the EP group's tokens
+    /// too) priced, the split's time.
+    fn split_time(&mut self, spec: &PricerSpec, shape: &BatchShape, load: &MoeLoad) -> f64 {
+        let half_load = MoeLoad {
+            group_tokens: load.group_tokens.div_ceil(2),
+            ..*load
+        };
+        let h = self.price(spec, &half(shape), &half_load);
         let t = two_microbatch_time(&h, &spec.cost.params);
         self.memo.recycle(h);
         t
@@ -236,8 +209,8 @@ impl StepPricer {
         if at != NOT_YET {
             return self.classes[at as usize];
         }
-        let (shape, group, imb, comm) = key.shape();
-        let full = self.lanes[0].price(&self.spec, &shape, group, imb, comm);
+        let (shape, load) = key.shape();
+        let full = self.lanes[0].price(&self.spec, &shape, &load);
         let t = class_times(&full, c.time_s / full.serial_s.max(f64::MIN_POSITIVE));
         self.lanes[0].memo.recycle(full);
         self.priced[c.at as usize].1 = self.classes.len() as u32;
@@ -251,21 +224,19 @@ impl StepPricer {
             return *c;
         }
         self.misses += 1;
-        let (shape, group, imb, comm) = key.shape();
+        let (shape, load) = key.shape();
         let f = &self.spec.features;
         let split = f.two_microbatch_allowed(shape.tokens(), shape.prefill_tokens > 0);
         let time_s = if split && f.two_microbatch == TwoMicrobatch::Force {
             // A forced split's time needs only the half batch priced; the whole one waits for
             // `class_times`.
             self.priced.push((key, NOT_YET));
-            self.lanes[1].split_time(&self.spec, &shape, group, imb, comm)
+            self.lanes[1].split_time(&self.spec, &shape, &load)
         } else {
             let spec = &self.spec;
             let [whole, halves] = &mut self.lanes;
-            let full = whole.price(spec, &shape, group, imb, comm);
-            let p = price_step(f, &shape, full, || {
-                halves.split_time(spec, &shape, group, imb, comm)
-            });
+            let full = whole.price(spec, &shape, &load);
+            let p = price_step(f, &shape, full, || halves.split_time(spec, &shape, &load));
             let t = class_times(&p.full, p.time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
             whole.memo.recycle(p.full);
             self.priced.push((key, self.classes.len() as u32));

@@ -3,6 +3,7 @@
 
 use dstwin_core::batch::BatchShape;
 use dstwin_core::features::MoeCommUsed;
+use dstwin_core::opgraph::MoeLoad;
 use std::hash::Hasher;
 
 /// Significant bits kept when quantizing shape sums for the price cache: prices are computed on
@@ -102,8 +103,9 @@ impl PriceKey {
         decode((self.0[i / 4] >> (16 * (i % 4))) as u16)
     }
 
-    /// The quantized shape, group tokens, imbalance and MoE communication the key stands for.
-    pub(crate) fn shape(&self) -> (BatchShape, u64, f64, MoeCommUsed) {
+    /// The quantized shape and the step load (group tokens, imbalance, MoE communication) the
+    /// key stands for.
+    pub(crate) fn shape(&self) -> (BatchShape, MoeLoad) {
         let shape = BatchShape {
             prefill_seqs: self.field(0) as u32,
             prefill_tokens: self.field(1),
@@ -121,12 +123,12 @@ impl PriceKey {
             1 => MoeCommUsed::AllToAll,
             _ => MoeCommUsed::AllGather,
         };
-        (
-            shape,
-            self.field(8),
-            bucket as f64 / IMBALANCE_BUCKETS,
+        let load = MoeLoad {
+            group_tokens: self.field(8),
+            imbalance: bucket as f64 / IMBALANCE_BUCKETS,
             comm,
-        )
+        };
+        (shape, load)
     }
 }
 
@@ -176,8 +178,8 @@ mod tests {
             decode_pairs_capped: 129,
         };
         let k = PriceKey::new(&s, 4097, 73, MoeCommUsed::AllToAll);
-        let (q, group, imb, comm) = k.shape();
-        assert_eq!(comm, MoeCommUsed::AllToAll);
+        let (q, load) = k.shape();
+        assert_eq!(load.comm, MoeCommUsed::AllToAll);
         assert_eq!(q.prefill_seqs as u64, quantize(3));
         assert_eq!(q.prefill_tokens, quantize(12_345));
         assert_eq!(q.prefill_pairs, quantize(987_654_321));
@@ -187,8 +189,8 @@ mod tests {
         assert_eq!(q.decode_tokens, 1 << 24);
         assert_eq!(q.decode_pairs, quantize(u64::MAX / 3));
         assert_eq!(q.decode_pairs_capped, quantize(129));
-        assert_eq!(group, quantize(4097));
-        assert_eq!(imb, 73.0 / IMBALANCE_BUCKETS);
+        assert_eq!(load.group_tokens, quantize(4097));
+        assert_eq!(load.imbalance, 73.0 / IMBALANCE_BUCKETS);
         // Shapes that quantize alike share a key; others do not.
         assert_eq!(
             k,
