@@ -176,17 +176,19 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
     let kv_bytes_per_token = kv_bytes_per_token(s);
     let mut out = Vec::new();
     for (k, setup) in s.instances.iter().enumerate() {
+        // The instances of one setup price alike: they share their prices.
+        let prices = StepPricer::new(PricerSpec {
+            model: s.model.clone(),
+            quant: s.quant,
+            kv_dtype: s.kv_dtype,
+            plan: setup.plan.clone(),
+            mtp_tokens: s.mtp.tokens,
+            features: setup.features.clone(),
+            cost: s.cost.clone(),
+        });
         for c in 0..setup.count {
             let index = out.len() as u64;
-            let pricer = StepPricer::new(PricerSpec {
-                model: s.model.clone(),
-                quant: s.quant,
-                kv_dtype: s.kv_dtype,
-                plan: setup.plan.clone(),
-                mtp_tokens: s.mtp.tokens,
-                features: setup.features.clone(),
-                cost: s.cost.clone(),
-            });
+            let pricer = prices.share();
             // Acceptance is a property of the request and its sampling step, the same on every
             // instance.
             let mtp = Acceptance::new(&s.mtp.acceptance, s.seed);

@@ -20,6 +20,7 @@ use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_hwmodels::{CostModel, DType};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::pricekey::PriceKey;
 pub use crate::pricekey::StepLoad;
@@ -111,23 +112,42 @@ impl Lane {
     }
 }
 
-/// Memoized per-rank step pricing.
-#[derive(Clone, Debug)]
-pub struct StepPricer {
-    spec: PricerSpec,
+/// The prices of one pricer spec. Every device built from the same `[[instance]]` setup
+/// shares one table: the instances of a setup price the same shapes alike (a price is a
+/// function of its key alone), and a shape one instance priced is a hit for the others.
+#[derive(Debug, Default)]
+struct PriceTable {
     cache: HashMap<PriceKey, RankCost, BuildHasherDefault<KeyHasher>>,
     /// Each cached price's key and where its time by op class is (`RankCost::at`), once
     /// computed: only the slowest rank's are read, and a two-micro-batch price needs the
     /// whole shape priced for them, which its time does not.
     priced: Vec<(PriceKey, u32)>,
     classes: Vec<ClassTimes>,
+    /// Where a whole batch and a half batch are priced.
+    lanes: [Lane; 2],
+}
+
+/// Memoized per-rank step pricing. Clones (and [`StepPricer::share`]) share the prices; each
+/// keeps its own ranks' last keys and its own hit counts.
+#[derive(Clone, Debug)]
+pub struct StepPricer {
+    spec: Arc<PricerSpec>,
+    table: Arc<Mutex<PriceTable>>,
     /// Per DP rank, the last key it priced and its cost: a rank's quantized shape stays the
     /// same for many steps, and this small array stays in cache where the map does not.
     recent: Vec<Option<(PriceKey, RankCost)>>,
-    /// Where a whole batch and a half batch are priced.
-    lanes: [Lane; 2],
     pub hits: u64,
     pub misses: u64,
+}
+
+/// A pricer's prices locked for one step's lookups ([`StepPricer::step`]): one lock per step,
+/// not per rank.
+pub struct PricerStep<'a> {
+    spec: &'a PricerSpec,
+    table: MutexGuard<'a, PriceTable>,
+    recent: &'a mut Vec<Option<(PriceKey, RankCost)>>,
+    hits: &'a mut u64,
+    misses: &'a mut u64,
 }
 
 /// The price cache's hasher: FxHash's word mixing, finished with splitmix64's avalanche.
@@ -166,12 +186,21 @@ impl Hasher for KeyHasher {
 impl StepPricer {
     pub fn new(spec: PricerSpec) -> Self {
         StepPricer {
-            spec,
-            cache: HashMap::default(),
-            priced: Vec::new(),
-            classes: Vec::new(),
+            spec: Arc::new(spec),
+            table: Arc::default(),
             recent: Vec::new(),
-            lanes: Default::default(),
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    /// A pricer of the same spec sharing this one's prices, with its own ranks' last keys and
+    /// counts: for another instance of the same setup.
+    pub fn share(&self) -> Self {
+        StepPricer {
+            spec: self.spec.clone(),
+            table: self.table.clone(),
+            recent: Vec::new(),
             hits: 0,
             misses: 0,
         }
@@ -181,12 +210,27 @@ impl StepPricer {
         &self.spec
     }
 
+    /// Locks the shared prices for one step's lookups. A panic elsewhere while the lock was
+    /// held leaves only complete entries behind (an entry is inserted whole), so a poisoned
+    /// lock is taken as it is.
+    pub fn step(&mut self) -> PricerStep<'_> {
+        PricerStep {
+            spec: &self.spec,
+            table: self.table.lock().unwrap_or_else(PoisonError::into_inner),
+            recent: &mut self.recent,
+            hits: &mut self.hits,
+            misses: &mut self.misses,
+        }
+    }
+}
+
+impl PricerStep<'_> {
     /// The price of one rank computing `shape` under the step's `load`.
     pub fn rank_cost(&mut self, shape: &BatchShape, load: StepLoad) -> RankCost {
         self.cost_of(PriceKey::with_load(shape, load))
     }
 
-    /// [`StepPricer::rank_cost`] for DP rank `rank`, checking first what that rank priced last.
+    /// [`PricerStep::rank_cost`] for DP rank `rank`, checking first what that rank priced last.
     pub fn rank_cost_of(&mut self, rank: usize, shape: &BatchShape, load: StepLoad) -> RankCost {
         let key = PriceKey::with_load(shape, load);
         if rank >= self.recent.len() {
@@ -194,7 +238,7 @@ impl StepPricer {
         }
         if let Some((k, c)) = &self.recent[rank] {
             if *k == key {
-                self.hits += 1;
+                *self.hits += 1;
                 return *c;
             }
         }
@@ -205,49 +249,52 @@ impl StepPricer {
 
     /// Time by op class on the critical path of a price this pricer returned.
     pub fn class_times(&mut self, c: RankCost) -> ClassTimes {
-        let (key, at) = self.priced[c.at as usize];
+        let spec = self.spec;
+        let t = &mut *self.table;
+        let (key, at) = t.priced[c.at as usize];
         if at != NOT_YET {
-            return self.classes[at as usize];
+            return t.classes[at as usize];
         }
         let (shape, load) = key.shape();
-        let full = self.lanes[0].price(&self.spec, &shape, &load);
-        let t = class_times(&full, c.time_s / full.serial_s.max(f64::MIN_POSITIVE));
-        self.lanes[0].memo.recycle(full);
-        self.priced[c.at as usize].1 = self.classes.len() as u32;
-        self.classes.push(t);
-        t
+        let full = t.lanes[0].price(spec, &shape, &load);
+        let times = class_times(&full, c.time_s / full.serial_s.max(f64::MIN_POSITIVE));
+        t.lanes[0].memo.recycle(full);
+        t.priced[c.at as usize].1 = t.classes.len() as u32;
+        t.classes.push(times);
+        times
     }
 
     fn cost_of(&mut self, key: PriceKey) -> RankCost {
-        if let Some(c) = self.cache.get(&key) {
-            self.hits += 1;
+        let spec = self.spec;
+        let t = &mut *self.table;
+        if let Some(c) = t.cache.get(&key) {
+            *self.hits += 1;
             return *c;
         }
-        self.misses += 1;
+        *self.misses += 1;
         let (shape, load) = key.shape();
-        let f = &self.spec.features;
+        let f = &spec.features;
         let split = f.two_microbatch_allowed(shape.tokens(), shape.prefill_tokens > 0);
         let time_s = if split && f.two_microbatch == TwoMicrobatch::Force {
             // A forced split's time needs only the half batch priced; the whole one waits for
             // `class_times`.
-            self.priced.push((key, NOT_YET));
-            self.lanes[1].split_time(&self.spec, &shape, &load)
+            t.priced.push((key, NOT_YET));
+            t.lanes[1].split_time(spec, &shape, &load)
         } else {
-            let spec = &self.spec;
-            let [whole, halves] = &mut self.lanes;
+            let [whole, halves] = &mut t.lanes;
             let full = whole.price(spec, &shape, &load);
             let p = price_step(f, &shape, full, || halves.split_time(spec, &shape, &load));
-            let t = class_times(&p.full, p.time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
+            let times = class_times(&p.full, p.time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
             whole.memo.recycle(p.full);
-            self.priced.push((key, self.classes.len() as u32));
-            self.classes.push(t);
+            t.priced.push((key, t.classes.len() as u32));
+            t.classes.push(times);
             p.time_s
         };
         let cost = RankCost {
             time_s,
-            at: self.priced.len() as u32 - 1,
+            at: t.priced.len() as u32 - 1,
         };
-        self.cache.insert(key, cost);
+        t.cache.insert(key, cost);
         cost
     }
 }
@@ -530,9 +577,10 @@ impl Device for SimDevice {
         let mtp_tokens = spec.mtp_tokens;
         let padded = move |s: &BatchShape| pad.map_or(*s, |p| s.padded_to(p, mtp_tokens));
         let load = StepLoad::new(group, step_imbalance, comm);
+        let mut prices = self.pricer.step();
         let mut slowest: Option<RankCost> = None;
         if idle > 0 {
-            slowest = Some(self.pricer.rank_cost(&padded(&self.dummy), load));
+            slowest = Some(prices.rank_cost(&padded(&self.dummy), load));
         }
         // One pass over the ranks: their prices and their sequences' acceptances.
         let mut last: Option<BatchShape> = None;
@@ -553,13 +601,13 @@ impl Device for SimDevice {
                 continue;
             }
             last = Some(shape);
-            let c = self
-                .pricer
-                .rank_cost_of(r.rank as usize, &padded(&shape), load);
+            let c = prices.rank_cost_of(r.rank as usize, &padded(&shape), load);
             if slowest.is_none_or(|s| c.time_s > s.time_s) {
                 slowest = Some(c);
             }
         }
+        let slowest_classes = slowest.map(|c| prices.class_times(c));
+        drop(prices);
         let mut extra_s = 0.0;
         if let Some(e) = &mut self.experts {
             let (extra, changed, moved) = e.step(plan.expert_move.as_ref())?;
@@ -603,7 +651,7 @@ impl Device for SimDevice {
         };
         out.duration = SimDuration::from_secs_f64(device_s + visible_host_s);
         self.last_end = Some(self.next_start + out.duration);
-        out.class_times = slowest.map_or([0.0; CLASS_SLOTS], |c| self.pricer.class_times(c));
+        out.class_times = slowest_classes.unwrap_or([0.0; CLASS_SLOTS]);
         if kernels != 1.0 {
             for t in out.class_times.iter_mut() {
                 *t *= kernels;

@@ -147,3 +147,47 @@ proptest! {
         }
     }
 }
+
+/// Pricers of one setup share their prices: what one instance priced is a hit for another,
+/// and a shared price, its time by op class included, equals the price a pricer of its own
+/// computes.
+#[test]
+fn shared_prices_are_the_prices_a_pricer_computes_alone() {
+    use dstwin_core::features::MoeCommUsed;
+    use dstwin_twin::device::{PricerSpec, StepLoad, StepPricer};
+    let st = Setup::new(Layout::dp_ep(Role::Prefill, 32));
+    let spec = || PricerSpec {
+        model: st.m.clone(),
+        quant: Quant::W8a8,
+        kv_dtype: DType::Bf16,
+        plan: st.plan.clone(),
+        mtp_tokens: 0,
+        features: st.features.clone(),
+        cost: st.cm.clone(),
+    };
+    let cap = st.m.attn_cap();
+    let shapes: Vec<BatchShape> = [(4096, 0), (4096, 4096), (2048, 1024), (3000, 0)]
+        .iter()
+        .map(|&(t, cached)| {
+            let mut s = BatchShape::default();
+            s.add_prefill(t, cached, cap);
+            s
+        })
+        .collect();
+    let load = StepLoad::new(4096 * 32, 1.3, MoeCommUsed::AllToAll);
+    let first = StepPricer::new(spec());
+    let (mut a, mut b, mut alone) = (first.share(), first.share(), StepPricer::new(spec()));
+    for s in &shapes[..2] {
+        a.step().rank_cost(s, load);
+    }
+    assert_eq!((a.hits, a.misses), (0, 2));
+    for s in &shapes {
+        let (mut shared, mut own) = (b.step(), alone.step());
+        let (x, y) = (shared.rank_cost(s, load), own.rank_cost(s, load));
+        assert_eq!(x.time_s, y.time_s);
+        assert_eq!(shared.class_times(x), own.class_times(y));
+    }
+    // The two shapes `a` priced were hits for `b`; the others were its own misses.
+    assert_eq!((b.hits, b.misses), (2, 2));
+    assert_eq!((alone.hits, alone.misses), (0, 4));
+}
