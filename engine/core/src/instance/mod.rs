@@ -112,6 +112,10 @@ pub struct InstanceStats {
     pub budget_fallbacks: u64,
 }
 
+/// Ranks ahead of the one being scheduled whose first ending window is prefetched
+/// ([`RankScheduler::prefetch`]).
+const PREFETCH_AHEAD: usize = 4;
+
 /// Each DP rank's load (unfinished requests) in a min tree: the least-loaded rank, lowest
 /// index on ties, is its root. A leaf holds `load << 32 | rank`, so the order of leaves is
 /// that order.
@@ -333,6 +337,9 @@ impl Instance {
         self.trivial.clear();
         for j in 0..active.len() {
             let r = active[j];
+            if let Some(&ahead) = active.get(j + PREFETCH_AHEAD) {
+                self.ranks[ahead as usize].prefetch(self.steps);
+            }
             let rank = &mut self.ranks[r as usize];
             if !(rank.has_work() || rank.has_freed()) {
                 continue;
