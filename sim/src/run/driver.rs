@@ -15,9 +15,8 @@ use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_traces::{LengthSampler, RequestStream, StreamRequest, WorkloadSource};
 use dstwin_twin::device::SimDevice;
 use dstwin_twin::fabric::TwinFabric;
-use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
@@ -40,6 +39,50 @@ struct Req {
     last_token: SimTime,
     preemptions: u32,
     xfer_start: SimTime,
+}
+
+/// The requests in flight by id. The driver numbers requests in admission order, so they sit
+/// in a window of ids from the oldest in flight: a lookup is an index, where a hash map read a
+/// control group and a bucket (two cache misses for a request untouched since its last
+/// event).
+#[derive(Debug, Default)]
+struct Reqs {
+    /// The id of `slots[0]`.
+    base: ReqId,
+    slots: VecDeque<Option<Req>>,
+}
+
+impl Reqs {
+    /// Adds request `id`, the next id in admission order.
+    fn insert(&mut self, id: ReqId, r: Req) {
+        assert_eq!(
+            id,
+            self.base + self.slots.len() as ReqId,
+            "requests are admitted in id order"
+        );
+        self.slots.push_back(Some(r));
+    }
+
+    fn get(&self, id: ReqId) -> Option<&Req> {
+        let i = id.checked_sub(self.base)?;
+        self.slots.get(i as usize)?.as_ref()
+    }
+
+    fn get_mut(&mut self, id: ReqId) -> Option<&mut Req> {
+        let i = id.checked_sub(self.base)?;
+        self.slots.get_mut(i as usize)?.as_mut()
+    }
+
+    fn remove(&mut self, id: ReqId) -> Option<Req> {
+        let i = id.checked_sub(self.base)?;
+        let r = self.slots.get_mut(i as usize)?.take();
+        // The window starts at the oldest request still in flight.
+        while let Some(None) = self.slots.front() {
+            self.slots.pop_front();
+            self.base += 1;
+        }
+        r
+    }
 }
 
 /// An instance's device and its statistics.
@@ -74,7 +117,7 @@ pub(super) struct Sim<'s, 'o> {
     fabric: TwinFabric,
     /// The time of the queued fabric event, if one is queued.
     fabric_armed: Option<SimTime>,
-    reqs: FxHashMap<ReqId, Req>,
+    reqs: Reqs,
     hash_block_tokens: u32,
     /// An open-loop workload, pulled one arrival at a time: memory follows the requests in
     /// flight, not the workload's size.
@@ -177,7 +220,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             insts,
             fabric,
             fabric_armed: None,
-            reqs: FxHashMap::default(),
+            reqs: Reqs::default(),
             hash_block_tokens,
             open,
             next_arrival: None,
@@ -300,12 +343,12 @@ impl<'s, 'o> Sim<'s, 'o> {
         let measured = now >= self.warmup;
         match n {
             Note::Rejected { req, .. } => {
-                self.reqs.remove(&req);
+                self.reqs.remove(req);
                 self.rejected += 1;
                 return 1;
             }
             Note::Started { req, .. } => {
-                if let Some(r) = self.reqs.get_mut(&req) {
+                if let Some(r) = self.reqs.get_mut(req) {
                     if r.started.is_none() {
                         r.started = Some(now);
                         if r.arrival >= self.warmup {
@@ -315,7 +358,7 @@ impl<'s, 'o> Sim<'s, 'o> {
                 }
             }
             Note::PrefillDone { req, inst } => {
-                if let Some(r) = self.reqs.get_mut(&req) {
+                if let Some(r) = self.reqs.get_mut(req) {
                     r.prefill = Some(inst);
                     if r.first_token.is_none() && measured {
                         self.input_tokens += r.prompt as u64;
@@ -324,7 +367,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             }
             Note::First { req, resumed, .. } => {
                 let mixed = !self.core.has_prefill();
-                let Some(r) = self.reqs.get_mut(&req) else {
+                let Some(r) = self.reqs.get_mut(req) else {
                     return 0;
                 };
                 if resumed {
@@ -359,26 +402,26 @@ impl<'s, 'o> Sim<'s, 'o> {
                 return 1;
             }
             Note::Preempted { req, .. } => {
-                if let Some(r) = self.reqs.get_mut(&req) {
+                if let Some(r) = self.reqs.get_mut(req) {
                     r.preemptions += 1;
                 }
             }
             Note::SentBack { req, .. } => {
                 self.sent_back += 1;
-                if let Some(r) = self.reqs.get_mut(&req) {
+                if let Some(r) = self.reqs.get_mut(req) {
                     r.preemptions += 1;
                     r.last_token = now;
                 }
             }
             Note::KvSent { req, bytes, .. } => {
-                if let Some(r) = self.reqs.get_mut(&req) {
+                if let Some(r) = self.reqs.get_mut(req) {
                     r.xfer_start = now;
                 }
                 self.kv_transfers += 1;
                 self.kv_bytes += bytes;
             }
             Note::KvArrived { req, .. } => {
-                let Some(r) = self.reqs.get(&req).copied() else {
+                let Some(r) = self.reqs.get(req).copied() else {
                     return 0;
                 };
                 if r.arrival >= self.warmup {
@@ -455,7 +498,7 @@ impl<'s, 'o> Sim<'s, 'o> {
     fn finished_request(&mut self, id: ReqId, inst: u32) {
         let now = self.now;
         let slo = self.s.slo;
-        let Some(r) = self.reqs.remove(&id) else {
+        let Some(r) = self.reqs.remove(id) else {
             return;
         };
         self.finished += 1;
