@@ -66,6 +66,21 @@ fn wy(s: u64) -> u64 {
     (r as u64) ^ ((r >> 64) as u64)
 }
 
+/// Whether the draw at stream position `s` accepts against `threshold` (0 or 1).
+#[inline]
+fn wy_accepts(s: u64, threshold: u64) -> u32 {
+    u32::from(wy(s) < threshold)
+}
+
+/// Where a run of steady steps stops ([`StepDraws::add_one_draft_until`]): the tokens out at
+/// its start, the most a step may start with, and the count no step may reach.
+#[derive(Clone, Copy, Debug)]
+pub struct RunLimits {
+    pub o: u32,
+    pub o_limit: u32,
+    pub max_o: u32,
+}
+
 impl Acceptance {
     /// `probs[i]`: probability that draft i is accepted given draft i-1 was; values are clamped to
     /// [0, 1]; positions past [`MAX_POSITIONS`] (and past the list) repeat the last value. An
@@ -140,7 +155,51 @@ impl StepDraws<'_> {
         let s = self.at;
         self.at = self.at.wrapping_add(WY_INC);
         // An empty list's threshold is 0: nothing is accepted.
-        u32::from(wy(s) < self.acc.thresholds[0])
+        wy_accepts(s, self.acc.thresholds[0])
+    }
+
+    /// A run of steps with one draft each, as a steady window scans them: from `o` tokens
+    /// out, each step in turn (one per cell of `cells`) stops the run if it would start past
+    /// `o_limit` tokens out or reach `max_o` (1 + the draft if accepted); otherwise its tokens
+    /// are added to its cell. Returns the steps taken and the tokens out after them; the draws
+    /// move past the steps taken. Eight steps at a time where the processor has AVX-512 (a
+    /// steady window's scan is a tenth of a long decode's simulation).
+    pub fn add_one_draft_until(&mut self, cells: &mut [u32], run: RunLimits) -> (usize, u32) {
+        let mut done = (0, run.o);
+        #[cfg(target_arch = "x86_64")]
+        if cells.len() >= 8
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+        {
+            // SAFETY: the processor has the features the function is compiled for. The
+            // position and the threshold go by value: the stores that just wrote them could
+            // not be forwarded to one wide load of the struct.
+            done = unsafe { add_one_draft_avx512(self.at, self.acc.thresholds[0], cells, run) };
+            self.at = self.at.wrapping_add(WY_INC.wrapping_mul(done.0 as u64));
+            if done.0 < cells.len() / 8 * 8 {
+                return done;
+            }
+        }
+        let (steps, o) =
+            self.add_one_draft_scalar(&mut cells[done.0..], RunLimits { o: done.1, ..run });
+        (done.0 + steps, o)
+    }
+
+    fn add_one_draft_scalar(&mut self, cells: &mut [u32], run: RunLimits) -> (usize, u32) {
+        let mut o = run.o;
+        for (i, c) in cells.iter_mut().enumerate() {
+            if o > run.o_limit {
+                return (i, o);
+            }
+            let e = 1 + wy_accepts(self.at, self.acc.thresholds[0]);
+            if o + e >= run.max_o {
+                return (i, o);
+            }
+            self.at = self.at.wrapping_add(WY_INC);
+            *c += e;
+            o += e;
+        }
+        (cells.len(), o)
     }
 
     /// Drafts accepted out of `drafts` at the current step; moves to the next step.
@@ -162,6 +221,92 @@ impl StepDraws<'_> {
         }
         n
     }
+}
+
+/// [`StepDraws::add_one_draft_until`] over the whole chunks of eight cells of `cells`, from
+/// stream position `at` against acceptance `threshold`: wyrand's 128-bit product from four
+/// 32 x 32 -> 64-bit products per lane, the same bits as the scalar `wy`. A chunk whose
+/// steps cannot reach a limit even accepting every draft is added at once; the chunk where
+/// the run stops is settled step by step from its acceptance bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,popcnt")]
+unsafe fn add_one_draft_avx512(
+    at: u64,
+    threshold: u64,
+    cells: &mut [u32],
+    run: RunLimits,
+) -> (usize, u32) {
+    use std::arch::x86_64::*;
+    /// `vpmuludq` as an instruction the compiler cannot see through: written with the
+    /// intrinsic, the four products are recognised as a 128-bit multiply and computed one
+    /// lane at a time with scalar multiplies (slower than the scalar loop).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn mul_epu32(a: __m512i, b: __m512i) -> __m512i {
+        let r: __m512i;
+        // SAFETY: an arithmetic instruction on registers (the caller has AVX-512F).
+        unsafe {
+            std::arch::asm!(
+                "vpmuludq {r}, {a}, {b}",
+                r = lateout(zmm_reg) r,
+                a = in(zmm_reg) a,
+                b = in(zmm_reg) b,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
+        r
+    }
+    let lanes: [u64; 8] = std::array::from_fn(|j| WY_INC.wrapping_mul(j as u64));
+    let mut s = _mm512_add_epi64(
+        _mm512_set1_epi64(at as i64),
+        _mm512_loadu_si512(lanes.as_ptr().cast()),
+    );
+    let step8 = _mm512_set1_epi64(WY_INC.wrapping_mul(8) as i64);
+    let out = _mm512_set1_epi64(WY_OUT as i64);
+    let low32 = _mm512_set1_epi64(0xffff_ffff);
+    let thresholds = _mm512_set1_epi64(threshold as i64);
+    let one = _mm256_set1_epi32(1);
+    let mut o = run.o;
+    for (k, chunk) in cells.chunks_exact_mut(8).enumerate() {
+        let b = _mm512_xor_si512(s, out);
+        let (s_hi, b_hi) = (_mm512_srli_epi64::<32>(s), _mm512_srli_epi64::<32>(b));
+        let lo = _mm512_mullo_epi64(s, b);
+        let (ll, lh) = (mul_epu32(s, b), mul_epu32(s, b_hi));
+        let (hl, hh) = (mul_epu32(s_hi, b), mul_epu32(s_hi, b_hi));
+        // The carry out of the low word: (ll >> 32) + low(lh) + low(hl), above bit 32.
+        let mid = _mm512_add_epi64(
+            _mm512_srli_epi64::<32>(ll),
+            _mm512_add_epi64(_mm512_and_si512(lh, low32), _mm512_and_si512(hl, low32)),
+        );
+        let hi = _mm512_add_epi64(
+            _mm512_add_epi64(hh, _mm512_srli_epi64::<32>(lh)),
+            _mm512_add_epi64(_mm512_srli_epi64::<32>(hl), _mm512_srli_epi64::<32>(mid)),
+        );
+        let accepted = _mm512_cmplt_epu64_mask(_mm512_xor_si512(lo, hi), thresholds);
+        // The last step starts with at most o + 14 tokens out and ends with at most o + 16.
+        if o as u64 + 14 > run.o_limit as u64 || o as u64 + 16 >= run.max_o as u64 {
+            // The run may stop in this chunk: step by step.
+            for (j, c) in chunk.iter_mut().enumerate() {
+                let e = 1 + u32::from(accepted >> j & 1);
+                if o > run.o_limit || o + e >= run.max_o {
+                    return (8 * k + j, o);
+                }
+                *c += e;
+                o += e;
+            }
+        } else {
+            let tokens = _mm256_add_epi32(
+                one,
+                _mm256_and_si256(_mm512_cvtepi64_epi32(_mm512_movm_epi64(accepted)), one),
+            );
+            let at = chunk.as_mut_ptr().cast::<__m256i>();
+            // SAFETY: the chunk is eight u32s; unaligned loads and stores.
+            unsafe { _mm256_storeu_si256(at, _mm256_add_epi32(_mm256_loadu_si256(at), tokens)) };
+            o += 8 + accepted.count_ones();
+        }
+        s = _mm512_add_epi64(s, step8);
+    }
+    (cells.len() / 8 * 8, o)
 }
 
 #[cfg(test)]
@@ -234,6 +379,58 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A run of single-draft steps adds, cell by cell, what `next_one` draws step by step, and
+    /// stops where the rule says (a step that would start past `o_limit` or reach `max_o`):
+    /// the eight-step kernel where the processor has one, and the scalar loop.
+    #[test]
+    fn a_run_of_one_draft_steps_adds_the_single_steps() {
+        let reference = |d: &RequestDraws<'_>, step: u32, cells: &mut [u32], run: RunLimits| {
+            let mut one = d.from_step(step);
+            let mut o = run.o;
+            for (i, c) in cells.iter_mut().enumerate() {
+                let e = 1 + one.next_one();
+                if o > run.o_limit || o + e >= run.max_o {
+                    return (i, o);
+                }
+                *c += e;
+                o += e;
+            }
+            (cells.len(), o)
+        };
+        let mut cases = 0;
+        for probs in [&[0.7][..], &[0.0], &[1.0], &[]] {
+            let a = Acceptance::new(probs, 13);
+            for req in [0, 5, 99] {
+                let d = a.request(req);
+                for len in [0usize, 1, 7, 8, 9, 16, 63, 126] {
+                    for (o, o_limit, max_o) in [
+                        (10, 1000, 2000),
+                        (10, 40, 2000),
+                        (10, 1000, 30),
+                        (5, 5, 7),
+                        (9, 3, 50),
+                    ] {
+                        let run = RunLimits { o, o_limit, max_o };
+                        let start: Vec<u32> = (0..len as u32).map(|i| i % 3).collect();
+                        let mut want = start.clone();
+                        let want_out = reference(&d, 40, &mut want, run);
+                        let mut got = start.clone();
+                        let mut draws = d.from_step(40);
+                        assert_eq!(draws.add_one_draft_until(&mut got, run), want_out);
+                        assert_eq!(got, want, "{probs:?} {req} {len} {o} {o_limit} {max_o}");
+                        // The draws moved past the steps taken.
+                        assert_eq!(draws.at, d.from_step(40 + want_out.0 as u32).at);
+                        let mut scalar = start.clone();
+                        let out = d.from_step(40).add_one_draft_scalar(&mut scalar, run);
+                        assert_eq!((out, scalar), (want_out, want));
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 4 * 3 * 8 * 5);
     }
 
     #[test]

@@ -24,6 +24,7 @@
 
 use super::{RankScheduler, State};
 use crate::instance::InstanceConfig;
+use crate::mtp::{RunLimits, StepDraws};
 
 /// Ring cells: steps a steady window can span (at most `RING - 2`).
 pub(super) const RING: usize = 128;
@@ -64,17 +65,28 @@ struct Window {
     most: u32,
 }
 
+/// A steady request's tokens per step from its MTP draws: 1 + the drafts it accepts out of
+/// `k`.
+struct Tokens<'a> {
+    draws: StepDraws<'a>,
+    k: u32,
+}
+
 impl Window {
-    /// Draws each step's tokens with `emit` and adds them to the ring until the window ends;
-    /// returns the step it ends at and the tokens out then. Steps that cannot reach a limit
-    /// even emitting `most` each run without checks, in runs.
+    /// Draws each step's tokens and adds them to the ring until the window ends; returns the
+    /// step it ends at and the tokens out then.
     #[inline]
-    fn scan(&self, ring: &mut [u32; RING], mut emit: impl FnMut() -> u32) -> (u64, u32) {
+    fn scan(&self, ring: &mut [u32; RING], tokens: &mut Tokens<'_>) -> (u64, u32) {
+        if tokens.k == 1 {
+            return self.scan_one_draft(ring, &mut tokens.draws);
+        }
         let (mut q, mut o) = (self.q0, self.o0);
         let most = self.most as u64;
+        let mut emit = || 1 + tokens.draws.next(tokens.k);
         loop {
             let o64 = o as u64;
-            // Steps i = 0..n all start within o_limit and end below max_o.
+            // Steps i = 0..n all start within o_limit and end below max_o: they run without
+            // checks.
             let by_limit = (self.o_limit as u64 + 1).saturating_sub(o64).div_ceil(most);
             let by_finish = (self.max_o as u64).saturating_sub(o64 + 1) / most;
             let n = (self.end - q).min(by_limit).min(by_finish);
@@ -98,6 +110,29 @@ impl Window {
                 q += 1;
             }
         }
+    }
+
+    /// [`Window::scan`] with one draft per step (the common MTP setting), in stretches of
+    /// consecutive ring cells, each step checked against the limits by the draws' run
+    /// ([`StepDraws::add_one_draft_until`]).
+    fn scan_one_draft(&self, ring: &mut [u32; RING], draws: &mut StepDraws<'_>) -> (u64, u32) {
+        let (mut q, mut o) = (self.q0, self.o0);
+        while q < self.end {
+            let at = q as usize & (RING - 1);
+            let len = ((self.end - q) as usize).min(RING - at);
+            let limits = RunLimits {
+                o,
+                o_limit: self.o_limit,
+                max_o: self.max_o,
+            };
+            let (steps, after) = draws.add_one_draft_until(&mut ring[at..at + len], limits);
+            q += steps as u64;
+            o = after;
+            if steps < len {
+                break;
+            }
+        }
+        (q, o)
     }
 }
 
@@ -322,7 +357,10 @@ impl RankScheduler {
         if (s.computed as u64) > c_limit {
             return None;
         }
-        let mut draws = acc.request(s.id).from_step(s.samples);
+        let mut tokens = Tokens {
+            draws: acc.request(s.id).from_step(s.samples),
+            k,
+        };
         let ring: &mut [u32; RING] = (&mut self.tokens[regime * RING..][..RING])
             .try_into()
             .expect("a ring per regime");
@@ -334,12 +372,7 @@ impl RankScheduler {
             max_o: s.max_output,
             most: t as u32,
         };
-        // One draw per step; a single draft (the common MTP setting) without the loop.
-        let (q, o) = if k == 1 {
-            w.scan(ring, || 1 + draws.next_one())
-        } else {
-            w.scan(ring, || 1 + draws.next(k))
-        };
+        let (q, o) = w.scan(ring, &mut tokens);
         if q == q0 {
             return None;
         }
