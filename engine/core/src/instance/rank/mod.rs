@@ -359,7 +359,7 @@ impl RankScheduler {
     /// scheduled (its first read was a sixth of a long decode's scheduling time). A hint
     /// only: nothing changes, and a wrong guess costs a load.
     #[inline]
-    pub fn prefetch(&self, p: u64) {
+    pub(crate) fn prefetch(&self, p: u64) {
         let Some(&head) = self.due.get(p as usize & (RING - 1)) else {
             return;
         };
