@@ -210,9 +210,9 @@ impl StepPricer {
         &self.spec
     }
 
-    /// Locks the shared prices for one step's lookups. A panic elsewhere while the lock was
-    /// held leaves only complete entries behind (an entry is inserted whole), so a poisoned
-    /// lock is taken as it is.
+    /// Locks the shared prices for one step's lookups. A panic while the lock was held leaves
+    /// at worst a priced key that no cached price points to (a price enters the map last), so
+    /// a poisoned lock is taken as it is.
     pub fn step(&mut self) -> PricerStep<'_> {
         PricerStep {
             spec: &self.spec,

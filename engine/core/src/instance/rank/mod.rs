@@ -356,7 +356,7 @@ impl RankScheduler {
     /// Asks the processor to start loading the first request whose steady window ends at
     /// plan step `p`: the instance calls this for a rank a few ahead of the one it schedules,
     /// so that the request, untouched since its window began, arrives while other ranks are
-    /// scheduled (its first read was a sixth of a long decode's scheduling time). A hint
+    /// scheduled (its first read was a third of `schedule`'s time in a long decode). A hint
     /// only: nothing changes, and a wrong guess costs a load.
     #[inline]
     pub(crate) fn prefetch(&self, p: u64) {

@@ -65,24 +65,17 @@ struct Window {
     most: u32,
 }
 
-/// A steady request's tokens per step from its MTP draws: 1 + the drafts it accepts out of
-/// `k`.
-struct Tokens<'a> {
-    draws: StepDraws<'a>,
-    k: u32,
-}
-
 impl Window {
-    /// Draws each step's tokens and adds them to the ring until the window ends; returns the
-    /// step it ends at and the tokens out then.
+    /// Draws each step's tokens (1 + the drafts accepted out of `k`) and adds them to the ring
+    /// until the window ends; returns the step it ends at and the tokens out then.
     #[inline]
-    fn scan(&self, ring: &mut [u32; RING], tokens: &mut Tokens<'_>) -> (u64, u32) {
-        if tokens.k == 1 {
-            return self.scan_one_draft(ring, &mut tokens.draws);
+    fn scan(&self, ring: &mut [u32; RING], draws: &mut StepDraws<'_>, k: u32) -> (u64, u32) {
+        if k == 1 {
+            return self.scan_one_draft(ring, draws);
         }
         let (mut q, mut o) = (self.q0, self.o0);
         let most = self.most as u64;
-        let mut emit = || 1 + tokens.draws.next(tokens.k);
+        let mut emit = || 1 + draws.next(k);
         loop {
             let o64 = o as u64;
             // Steps i = 0..n all start within o_limit and end below max_o: they run without
@@ -357,10 +350,7 @@ impl RankScheduler {
         if (s.computed as u64) > c_limit {
             return None;
         }
-        let mut tokens = Tokens {
-            draws: acc.request(s.id).from_step(s.samples),
-            k,
-        };
+        let mut draws = acc.request(s.id).from_step(s.samples);
         let ring: &mut [u32; RING] = (&mut self.tokens[regime * RING..][..RING])
             .try_into()
             .expect("a ring per regime");
@@ -372,7 +362,7 @@ impl RankScheduler {
             max_o: s.max_output,
             most: t as u32,
         };
-        let (q, o) = w.scan(ring, &mut tokens);
+        let (q, o) = w.scan(ring, &mut draws, k);
         if q == q0 {
             return None;
         }
