@@ -170,6 +170,7 @@ impl StepDraws<'_> {
         if cells.len() >= 8
             && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("popcnt")
         {
             // SAFETY: the processor has the features the function is compiled for. The
             // position and the threshold go by value: the stores that just wrote them could
