@@ -66,6 +66,23 @@ fn wy(s: u64) -> u64 {
     (r as u64) ^ ((r >> 64) as u64)
 }
 
+/// Whether [`StepDraws::add_one_draft_until`] runs eight steps at a time here (AVX-512F/DQ
+/// and POPCNT). Elsewhere it checks every step, which costs more than a scan in runs that
+/// cannot reach a limit: a caller with such a scan should keep it.
+#[inline]
+pub fn wide_runs() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("popcnt")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether the draw at stream position `s` accepts against `threshold` (0 or 1).
 #[inline]
 fn wy_accepts(s: u64, threshold: u64) -> u32 {
@@ -167,11 +184,7 @@ impl StepDraws<'_> {
     pub fn add_one_draft_until(&mut self, cells: &mut [u32], run: RunLimits) -> (usize, u32) {
         let mut done = (0, run.o);
         #[cfg(target_arch = "x86_64")]
-        if cells.len() >= 8
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("popcnt")
-        {
+        if cells.len() >= 8 && wide_runs() {
             // SAFETY: the processor has the features the function is compiled for. The
             // position and the threshold go by value: the stores that just wrote them could
             // not be forwarded to one wide load of the struct.
