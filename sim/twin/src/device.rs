@@ -47,7 +47,10 @@ pub struct RankCost {
     at: u32,
 }
 
-fn class_times(c: &StepCost, scale: f64) -> ClassTimes {
+/// Seconds by op class on `c`'s critical path, scaled to a step of `time_s` (a split step, or
+/// one with the shared expert hidden, takes less than its serial path).
+fn class_times(c: &StepCost, time_s: f64) -> ClassTimes {
+    let scale = time_s / c.serial_s.max(f64::MIN_POSITIVE);
     let mut t = [0.0; CLASS_SLOTS];
     for o in c.on_path() {
         t[o.slot] += o.total_s * scale;
@@ -257,7 +260,7 @@ impl PricerStep<'_> {
         }
         let (shape, load) = key.shape();
         let full = t.lanes[0].price(spec, &shape, &load);
-        let times = class_times(&full, c.time_s / full.serial_s.max(f64::MIN_POSITIVE));
+        let times = class_times(&full, c.time_s);
         t.lanes[0].memo.recycle(full);
         t.priced[c.at as usize].1 = t.classes.len() as u32;
         t.classes.push(times);
@@ -284,7 +287,7 @@ impl PricerStep<'_> {
             let [whole, halves] = &mut t.lanes;
             let full = whole.price(spec, &shape, &load);
             let p = price_step(f, &shape, full, || halves.split_time(spec, &shape, &load));
-            let times = class_times(&p.full, p.time_s / p.full.serial_s.max(f64::MIN_POSITIVE));
+            let times = class_times(&p.full, p.time_s);
             whole.memo.recycle(p.full);
             t.priced.push((key, t.classes.len() as u32));
             t.classes.push(times);

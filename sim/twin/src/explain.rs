@@ -463,18 +463,12 @@ pub fn explain_under(
             comm: moe_comm,
         };
         let ops = step_ops(spec, &full, &load(unpadded.tokens()));
-        let half_cost = || {
-            price(
-                &step_ops(spec, &half, &load(unpadded.tokens().div_ceil(2))),
-                &inp.cost,
-            )
+        let split_time = || {
+            let half_ops = step_ops(spec, &half, &load(unpadded.tokens().div_ceil(2)));
+            crate::pricing::two_microbatch_time(&price(&half_ops, &inp.cost), &inp.cost.params)
         };
-        let p = price_step(&features, &full, price(&ops, &inp.cost), || {
-            crate::pricing::two_microbatch_time(&half_cost(), &inp.cost.params)
-        });
-        let split = p
-            .split_s
-            .unwrap_or_else(|| crate::pricing::two_microbatch_time(&half_cost(), &inp.cost.params));
+        let p = price_step(&features, &full, price(&ops, &inp.cost), split_time);
+        let split = p.split_s.unwrap_or_else(split_time);
         (p, split)
     };
     let (priced, tmb) = step_at(imbalance);
