@@ -3,7 +3,7 @@
 //! acceptance per sequence.
 
 use crate::expert_load::{fluctuation, imbalance, ExpertLoad, RoutingSums};
-use crate::pricing::{price_memo, price_step, two_microbatch_time, OpMemo, StepCost};
+use crate::pricing::{price_memo, price_step, two_microbatch_time, OpMemo, PathOp, StepCost};
 pub use crate::spread::StepSpread;
 use dstwin_core::batch::BatchShape;
 use dstwin_core::device::{
@@ -49,11 +49,11 @@ pub struct RankCost {
 
 /// Seconds by op class on `c`'s critical path, scaled to a step of `time_s` (a split step, or
 /// one with the shared expert hidden, takes less than its serial path).
-fn class_times(c: &StepCost, time_s: f64) -> ClassTimes {
+fn class_times(c: &StepCost<PathOp>, time_s: f64) -> ClassTimes {
     let scale = time_s / c.serial_s.max(f64::MIN_POSITIVE);
     let mut t = [0.0; CLASS_SLOTS];
     for o in c.on_path() {
-        t[o.slot] += o.total_s * scale;
+        t[o.slot as usize] += o.total_s * scale;
     }
     t
 }
@@ -91,12 +91,12 @@ impl PricerSpec {
 #[derive(Clone, Debug, Default)]
 struct Lane {
     ops: Vec<Op>,
-    memo: OpMemo,
+    memo: OpMemo<PathOp>,
 }
 
 impl Lane {
     /// A rank computing `shape` under the step's `load`, priced.
-    fn price(&mut self, spec: &PricerSpec, shape: &BatchShape, load: &MoeLoad) -> StepCost {
+    fn price(&mut self, spec: &PricerSpec, shape: &BatchShape, load: &MoeLoad) -> StepCost<PathOp> {
         spec.ops(shape, load, &mut self.ops);
         price_memo(&self.ops, &spec.cost, &mut self.memo)
     }

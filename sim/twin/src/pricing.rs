@@ -40,6 +40,121 @@ pub struct PricedOp {
     pub slot: usize,
 }
 
+/// What the step's rules (critical path, two micro-batches, shared-expert overlap, times by op
+/// class) read of a priced op. `explain` prices ops into [`PricedOp`]s, which say everything a
+/// report shows; the twin device's price cache into [`PathOp`]s, which leave out what only a
+/// report reads (FLOPs, bytes, rooflines: a cache miss spent a tenth of its time building
+/// them). Both come from the same op prices by the same arithmetic, so the rules give the same
+/// bits on either.
+pub trait OpPrice {
+    /// The record of op `o` at `cost` per occurrence.
+    fn new(o: &Op, cost: Cost, cm: &CostModel) -> Self;
+    /// What the step's rules read of it.
+    fn path(&self) -> PathOp;
+    /// Seconds at peak over all occurrences (0 where the record does not keep it).
+    fn roofline_s(&self) -> f64;
+}
+
+impl OpPrice for PricedOp {
+    #[inline]
+    fn new(o: &Op, cost: Cost, cm: &CostModel) -> Self {
+        let path = PathOp::new(o, cost, cm);
+        let r = o.repeat as f64;
+        let (class, flops, bytes, roof) = match &o.kind {
+            OpKind::Compute(w) => {
+                let peak_bw = cm.system.chip.hbm_bytes_per_s();
+                let roof = (w.flops / cm.peak_flops(w.dtype)).max(w.bytes / peak_bw);
+                (w.class.name(), w.flops, w.bytes, roof)
+            }
+            OpKind::Comm(c) => (c.kind.name(), 0.0, c.bytes, 0.0),
+        };
+        PricedOp {
+            name: path.name,
+            layer: path.layer,
+            dies: path.dies,
+            class,
+            repeat: path.repeat,
+            time_s: cost.time_s,
+            total_s: path.total_s,
+            bound: path.bound,
+            flops: flops * r,
+            bytes: bytes * r,
+            roofline_s: roof * r,
+            compute_busy_s: path.compute_busy_s,
+            memory_busy_s: path.memory_busy_s,
+            a2a_mode: path.a2a_mode,
+            slot: path.slot as usize,
+        }
+    }
+
+    #[inline]
+    fn path(&self) -> PathOp {
+        PathOp {
+            name: self.name,
+            repeat: self.repeat,
+            total_s: self.total_s,
+            compute_busy_s: self.compute_busy_s,
+            memory_busy_s: self.memory_busy_s,
+            layer: self.layer,
+            dies: self.dies,
+            bound: self.bound,
+            a2a_mode: self.a2a_mode,
+            slot: self.slot as u8,
+        }
+    }
+
+    fn roofline_s(&self) -> f64 {
+        self.roofline_s
+    }
+}
+
+/// A priced op as the step's rules read it ([`OpPrice`]): the twin device's price cache
+/// prices its misses into these. Fields as in [`PricedOp`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PathOp {
+    pub name: &'static str,
+    pub repeat: u64,
+    pub total_s: f64,
+    pub compute_busy_s: f64,
+    pub memory_busy_s: f64,
+    pub layer: LayerKind,
+    pub dies: DieSet,
+    pub bound: Bound,
+    pub a2a_mode: Option<A2aMode>,
+    pub slot: u8,
+}
+
+impl OpPrice for PathOp {
+    #[inline]
+    fn new(o: &Op, cost: Cost, _cm: &CostModel) -> Self {
+        let r = o.repeat as f64;
+        PathOp {
+            name: o.name,
+            repeat: o.repeat,
+            total_s: cost.time_s * r,
+            compute_busy_s: cost.compute_s * r,
+            memory_busy_s: cost.memory_s * r,
+            layer: o.layer,
+            dies: o.dies,
+            bound: cost.bound,
+            a2a_mode: match &o.kind {
+                OpKind::Comm(c) => Some(c.mode),
+                OpKind::Compute(_) => None,
+            },
+            slot: class_slot(&o.kind) as u8,
+        }
+    }
+
+    #[inline]
+    fn path(&self) -> PathOp {
+        *self
+    }
+
+    fn roofline_s(&self) -> f64 {
+        0.0
+    }
+}
+
 /// The slot of an op's class in [`dstwin_core::device::ClassTimes`]: reports show prefill and
 /// decode attention as one share, and collectives without a slot of their own together (a
 /// test checks this against the slots' names).
@@ -64,17 +179,18 @@ pub fn class_slot(kind: &OpKind) -> usize {
     }
 }
 
-/// A priced step.
+/// A priced step, its ops recorded as `O` ([`OpPrice`]).
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct StepCost {
-    pub ops: Vec<PricedOp>,
+pub struct StepCost<O = PricedOp> {
+    pub ops: Vec<O>,
     /// Critical path without overlap: all-die ops plus the slower of the routed-expert and
     /// shared-expert die sets.
     pub serial_s: f64,
     /// Compute and communication seconds on the critical path.
     pub compute_s: f64,
     pub comm_s: f64,
-    /// The step at 100% of peak with no overhead and no communication: a lower bound.
+    /// The step at 100% of peak with no overhead and no communication: a lower bound (0 for
+    /// ops recorded without rooflines, [`PathOp`]).
     pub roofline_s: f64,
     /// The expert die set that sets the pace, found once ([`StepCost::slow_set`]).
     #[serde(skip)]
@@ -97,12 +213,23 @@ impl StepCost {
         self.sum_by(|o| o.bound.name())
     }
 
+    fn sum_by(&self, key: impl Fn(&PricedOp) -> &'static str) -> BTreeMap<&'static str, f64> {
+        let mut m = BTreeMap::new();
+        for o in self.on_path() {
+            *m.entry(key(o)).or_insert(0.0) += o.total_s;
+        }
+        m
+    }
+}
+
+impl<O: OpPrice> StepCost<O> {
     /// Ops on the critical path.
-    pub fn on_path(&self) -> impl Iterator<Item = &PricedOp> {
+    pub fn on_path(&self) -> impl Iterator<Item = &O> {
         let slow = self.slow;
-        self.ops
-            .iter()
-            .filter(move |o| o.dies == DieSet::All || o.dies == slow)
+        self.ops.iter().filter(move |o| {
+            let d = o.path().dies;
+            d == DieSet::All || d == slow
+        })
     }
 
     /// The expert die set that sets the pace.
@@ -110,14 +237,22 @@ impl StepCost {
         self.slow
     }
 
-    fn find_slow_set(ops: &[PricedOp]) -> DieSet {
+    /// The expert die set whose ops take longer (routed on a tie); `price_by` sums the two
+    /// as it builds the list, and checks against this in debug builds.
+    fn find_slow_set(ops: &[O]) -> DieSet {
         let sum = |d| {
             ops.iter()
+                .map(O::path)
                 .filter(|o| o.dies == d)
                 .map(|o| o.total_s)
                 .sum::<f64>()
         };
-        if sum(DieSet::SharedExperts) > sum(DieSet::RoutedExperts) {
+        Self::slower_set(sum(DieSet::SharedExperts), sum(DieSet::RoutedExperts))
+    }
+
+    /// The slower expert die set, from the seconds of each one's ops (routed on a tie).
+    fn slower_set(shared_s: f64, routed_s: f64) -> DieSet {
+        if shared_s > routed_s {
             DieSet::SharedExperts
         } else {
             DieSet::RoutedExperts
@@ -127,20 +262,12 @@ impl StepCost {
     /// The step's all-to-all mode: normal when any all-to-all on the path runs in normal mode
     /// (or there is none), low-latency otherwise.
     pub fn a2a_mode(&self) -> A2aMode {
-        let mut modes = self.on_path().filter_map(|o| o.a2a_mode).peekable();
+        let mut modes = self.on_path().filter_map(|o| o.path().a2a_mode).peekable();
         if modes.peek().is_some() && modes.all(|m| m == A2aMode::LowLatency) {
             A2aMode::LowLatency
         } else {
             A2aMode::Normal
         }
-    }
-
-    fn sum_by(&self, key: impl Fn(&PricedOp) -> &'static str) -> BTreeMap<&'static str, f64> {
-        let mut m = BTreeMap::new();
-        for o in self.on_path() {
-            *m.entry(key(o)).or_insert(0.0) += o.total_s;
-        }
-        m
     }
 }
 
@@ -156,11 +283,20 @@ fn op_cost(o: &Op, cm: &CostModel) -> Cost {
 /// mostly differ in a few ops (a new step load moves the MoE ops, a longer context the
 /// attention), and an op with the same name and the same work costs the same: it is priced
 /// once, then read back.
-#[derive(Clone, Debug, Default)]
-pub struct OpMemo {
+#[derive(Clone, Debug)]
+pub struct OpMemo<O = PricedOp> {
     last: Vec<Option<(&'static str, OpKind, Cost)>>,
     /// The storage of the last priced list handed back ([`OpMemo::recycle`]).
-    spare: Vec<PricedOp>,
+    spare: Vec<O>,
+}
+
+impl<O> Default for OpMemo<O> {
+    fn default() -> Self {
+        OpMemo {
+            last: Vec::new(),
+            spare: Vec::new(),
+        }
+    }
 }
 
 /// The same work to the bit (a price is a function of the op's name and the bits of its work).
@@ -186,9 +322,9 @@ fn same_kind(a: &OpKind, b: &OpKind) -> bool {
     }
 }
 
-impl OpMemo {
+impl<O> OpMemo<O> {
     /// Takes back a step priced with this memo: the next price reuses its storage.
-    pub fn recycle(&mut self, step: StepCost) {
+    pub fn recycle(&mut self, step: StepCost<O>) {
         self.spare = step.ops;
     }
 
@@ -222,53 +358,38 @@ pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
 }
 
 /// [`price`], each op's price read from `memo` where its work is unchanged.
-pub fn price_memo(ops: &[Op], cm: &CostModel, memo: &mut OpMemo) -> StepCost {
+pub fn price_memo<O: OpPrice>(ops: &[Op], cm: &CostModel, memo: &mut OpMemo<O>) -> StepCost<O> {
     let out = std::mem::take(&mut memo.spare);
     price_by(ops, cm, |i, o| memo.cost(i, o, cm), out)
 }
 
 /// Prices `ops` into `out` (cleared first), each op's price from `cost_of(position, op)`.
-fn price_by(
+fn price_by<O: OpPrice>(
     ops: &[Op],
     cm: &CostModel,
     mut cost_of: impl FnMut(usize, &Op) -> Cost,
-    mut out: Vec<PricedOp>,
-) -> StepCost {
-    let peak_bw = cm.system.chip.hbm_bytes_per_s();
+    mut out: Vec<O>,
+) -> StepCost<O> {
     out.clear();
-    out.extend(ops.iter().enumerate().map(|(i, o)| {
-        let r = o.repeat as f64;
-        let cost = cost_of(i, o);
-        let (class, flops, bytes, roof) = match &o.kind {
-            OpKind::Compute(w) => {
-                let roof = (w.flops / cm.peak_flops(w.dtype)).max(w.bytes / peak_bw);
-                (w.class.name(), w.flops, w.bytes, roof)
-            }
-            OpKind::Comm(c) => (c.kind.name(), 0.0, c.bytes, 0.0),
-        };
-        PricedOp {
-            name: o.name,
-            layer: o.layer,
-            dies: o.dies,
-            class,
-            repeat: o.repeat,
-            time_s: cost.time_s,
-            total_s: cost.time_s * r,
-            bound: cost.bound,
-            flops: flops * r,
-            bytes: bytes * r,
-            roofline_s: roof * r,
-            compute_busy_s: cost.compute_s * r,
-            memory_busy_s: cost.memory_s * r,
-            a2a_mode: match &o.kind {
-                OpKind::Comm(c) => Some(c.mode),
-                OpKind::Compute(_) => None,
-            },
-            slot: class_slot(&o.kind),
+    // Each expert die set's seconds, summed in op order as the list is built (one pass less
+    // over it; the sums are those `find_slow_set` takes).
+    let (mut shared, mut routed) = (0.0, 0.0);
+    for (i, o) in ops.iter().enumerate() {
+        let p = O::new(o, cost_of(i, o), cm);
+        let q = p.path();
+        match q.dies {
+            DieSet::SharedExperts => shared += q.total_s,
+            DieSet::RoutedExperts => routed += q.total_s,
+            DieSet::All => {}
         }
-    }));
+        out.push(p);
+    }
+    debug_assert_eq!(
+        StepCost::find_slow_set(&out),
+        StepCost::<O>::slower_set(shared, routed)
+    );
     let mut step = StepCost {
-        slow: StepCost::find_slow_set(&out),
+        slow: StepCost::<O>::slower_set(shared, routed),
         ops: out,
         serial_s: 0.0,
         compute_s: 0.0,
@@ -277,12 +398,13 @@ fn price_by(
     };
     let (mut compute, mut comm, mut roof) = (0.0, 0.0, 0.0);
     for o in step.on_path() {
-        if o.bound == Bound::Communication {
-            comm += o.total_s;
+        let q = o.path();
+        if q.bound == Bound::Communication {
+            comm += q.total_s;
         } else {
-            compute += o.total_s;
+            compute += q.total_s;
         }
-        roof += o.roofline_s;
+        roof += o.roofline_s();
     }
     step.compute_s = compute;
     step.comm_s = comm;
@@ -304,7 +426,7 @@ fn price_by(
 /// the step's all-to-all mode (1.0 = the best case) sets where between the two a layer lands.
 /// One stage's fill is added at the start. Ops that run once per step (embedding, LM head) do
 /// not overlap.
-pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
+pub fn two_microbatch_time<O: OpPrice>(half: &StepCost<O>, params: &CostParams) -> f64 {
     let overlap = params.overlap_efficiency(half.a2a_mode());
     #[derive(Default)]
     struct Group {
@@ -318,7 +440,7 @@ pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
     // count; a group without ops adds nothing.
     let mut groups: [Option<Group>; 2] = [None, None];
     let mut once = 0.0;
-    for o in half.on_path() {
+    for o in half.on_path().map(O::path) {
         match o.layer {
             LayerKind::Embedding | LayerKind::LmHead => once += 2.0 * o.total_s,
             _ => {
@@ -347,7 +469,7 @@ pub fn two_microbatch_time(half: &StepCost, params: &CostParams) -> f64 {
 
 /// A step priced under an instance's engine mechanisms.
 #[derive(Clone, Debug)]
-pub struct StepPrice {
+pub struct StepPrice<O = PricedOp> {
     /// The step's time: serial, or split in two micro-batches where the mechanisms say so.
     pub time_s: f64,
     /// The step without micro-batches (shared-expert overlap applied).
@@ -359,14 +481,14 @@ pub struct StepPrice {
     /// Seconds of the shared expert hidden under the dispatch and combine by a second stream.
     pub shared_overlap_s: f64,
     /// The serial step's ops.
-    pub full: StepCost,
+    pub full: StepCost<O>,
 }
 
 /// Shared-expert seconds a second stream hides under the routed experts' dispatch and combine
 /// (`multistream_overlap_shared_expert`): per MoE layer, the lesser of the two.
-pub fn shared_expert_overlap(step: &StepCost) -> f64 {
+pub fn shared_expert_overlap<O: OpPrice>(step: &StepCost<O>) -> f64 {
     let mut by_layer: BTreeMap<LayerKind, (f64, f64)> = BTreeMap::new();
-    for o in step.on_path() {
+    for o in step.on_path().map(O::path) {
         let e = by_layer.entry(o.layer).or_default();
         match o.name {
             "shared_expert" if o.dies == DieSet::All => e.0 += o.total_s,
@@ -381,12 +503,12 @@ pub fn shared_expert_overlap(step: &StepCost) -> f64 {
 /// rule `explain` and the twin device share. `full` is the step's ops priced ([`price`]);
 /// `half` is the step's time in two micro-batches ([`two_microbatch_time`] of the same step
 /// with half the batch), called only when the mechanisms allow a split at this size.
-pub fn price_step(
+pub fn price_step<O: OpPrice>(
     features: &dstwin_core::features::Resolved,
     shape: &dstwin_core::batch::BatchShape,
-    full: StepCost,
+    full: StepCost<O>,
     half: impl FnOnce() -> f64,
-) -> StepPrice {
+) -> StepPrice<O> {
     use dstwin_core::features::TwoMicrobatch;
     let shared_overlap_s = if features.shared_expert_overlap {
         shared_expert_overlap(&full)

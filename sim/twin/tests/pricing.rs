@@ -6,7 +6,9 @@ use dstwin_core::layout::{Layout, Plan, Role};
 use dstwin_core::model::{builtin, ModelConfig, Quant};
 use dstwin_core::opgraph::{step_ops, MoeLoad, StepSpec};
 use dstwin_hwmodels::{Catalog, CostModel, DType};
-use dstwin_twin::pricing::{price, price_memo, two_microbatch_time, OpMemo};
+use dstwin_twin::pricing::{
+    price, price_memo, shared_expert_overlap, two_microbatch_time, OpMemo, OpPrice, PathOp,
+};
 use proptest::prelude::*;
 
 /// DeepSeek-R1 w8a8 on CloudMatrix384 in `layout`: the cost model and what a step spec borrows.
@@ -119,7 +121,9 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
     /// A memo of each position's last op price changes no price: a run of op lists (decode and
     /// prefill shapes, loads and communication modes in turn, so that positions hold other ops
-    /// and other work) priced through one memo equals each list priced afresh.
+    /// and other work) priced through one memo equals each list priced afresh. The lean
+    /// records the twin device's cache prices into ([`PathOp`]) give the step's rules the same
+    /// bits as the full ones.
     #[test]
     fn memoized_op_prices_equal_fresh_ones(
         steps in proptest::collection::vec(
@@ -130,6 +134,7 @@ proptest! {
         let st = Setup::new(Layout::dp_ep(Role::Mixed, 32));
         let (cm, m, spec) = (&st.cm, &st.m, st.spec(1));
         let mut memo = OpMemo::default();
+        let mut lean_memo = OpMemo::<PathOp>::default();
         for (seqs, ctx, prefill, group, imbalance, mc2) in steps {
             let mut shape = BatchShape::uniform_decode(seqs, 2, ctx, m.attn_cap());
             shape.add_prefill(prefill, 0, m.attn_cap());
@@ -143,7 +148,28 @@ proptest! {
                 },
             };
             let ops = step_ops(spec, &shape, &load);
-            prop_assert_eq!(price_memo(&ops, cm, &mut memo), price(&ops, cm));
+            let fresh = price(&ops, cm);
+            prop_assert_eq!(price_memo(&ops, cm, &mut memo), fresh.clone());
+            let lean = price_memo(&ops, cm, &mut lean_memo);
+            let bits = |x: f64| x.to_bits();
+            prop_assert_eq!(lean.ops.len(), fresh.ops.len());
+            for (l, f) in lean.ops.iter().zip(&fresh.ops) {
+                prop_assert_eq!(*l, f.path());
+            }
+            prop_assert_eq!(lean.slow_set(), fresh.slow_set());
+            prop_assert_eq!(lean.a2a_mode(), fresh.a2a_mode());
+            prop_assert_eq!(
+                [bits(lean.serial_s), bits(lean.compute_s), bits(lean.comm_s)],
+                [bits(fresh.serial_s), bits(fresh.compute_s), bits(fresh.comm_s)]
+            );
+            prop_assert_eq!(
+                bits(two_microbatch_time(&lean, &cm.params)),
+                bits(two_microbatch_time(&fresh, &cm.params))
+            );
+            prop_assert_eq!(
+                bits(shared_expert_overlap(&lean)),
+                bits(shared_expert_overlap(&fresh))
+            );
         }
     }
 }
