@@ -24,6 +24,7 @@ pub mod deploy;
 pub mod device;
 pub mod eplb;
 pub mod features;
+pub mod idmap;
 pub mod instance;
 pub mod layout;
 pub mod memory;

@@ -10,13 +10,14 @@ use crate::metrics::Latencies;
 use crate::scenario::Scenario;
 use dstwin_core::deploy::{Arrival, Deployment, Effect, Note, StepRecord};
 use dstwin_core::device::{ClassTimes, Device, Fabric, ReqId, StepOutcome, CLASS_SLOTS};
+use dstwin_core::idmap::IdMap;
 use dstwin_core::layout::Role;
 use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_traces::{LengthSampler, RequestStream, StreamRequest, WorkloadSource};
 use dstwin_twin::device::SimDevice;
 use dstwin_twin::fabric::TwinFabric;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
@@ -39,50 +40,6 @@ struct Req {
     last_token: SimTime,
     preemptions: u32,
     xfer_start: SimTime,
-}
-
-/// The requests in flight by id. The driver numbers requests in admission order, so they sit
-/// in a window of ids from the oldest in flight: a lookup is an index, where a hash map read a
-/// control group and a bucket (two cache misses for a request untouched since its last
-/// event).
-#[derive(Debug, Default)]
-struct Reqs {
-    /// The id of `slots[0]`.
-    base: ReqId,
-    slots: VecDeque<Option<Req>>,
-}
-
-impl Reqs {
-    /// Adds request `id`, the next id in admission order.
-    fn insert(&mut self, id: ReqId, r: Req) {
-        assert_eq!(
-            id,
-            self.base + self.slots.len() as ReqId,
-            "requests are admitted in id order"
-        );
-        self.slots.push_back(Some(r));
-    }
-
-    fn get(&self, id: ReqId) -> Option<&Req> {
-        let i = id.checked_sub(self.base)?;
-        self.slots.get(i as usize)?.as_ref()
-    }
-
-    fn get_mut(&mut self, id: ReqId) -> Option<&mut Req> {
-        let i = id.checked_sub(self.base)?;
-        self.slots.get_mut(i as usize)?.as_mut()
-    }
-
-    fn remove(&mut self, id: ReqId) -> Option<Req> {
-        let i = id.checked_sub(self.base)?;
-        let r = self.slots.get_mut(i as usize)?.take();
-        // The window starts at the oldest request still in flight.
-        while let Some(None) = self.slots.front() {
-            self.slots.pop_front();
-            self.base += 1;
-        }
-        r
-    }
 }
 
 /// An instance's device and its statistics.
@@ -117,7 +74,8 @@ pub(super) struct Sim<'s, 'o> {
     fabric: TwinFabric,
     /// The time of the queued fabric event, if one is queued.
     fabric_armed: Option<SimTime>,
-    reqs: Reqs,
+    /// The requests in flight by id (numbered in admission order: a window of ids).
+    reqs: IdMap<Req>,
     hash_block_tokens: u32,
     /// An open-loop workload, pulled one arrival at a time: memory follows the requests in
     /// flight, not the workload's size.
@@ -220,7 +178,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             insts,
             fabric,
             fabric_armed: None,
-            reqs: Reqs::default(),
+            reqs: IdMap::default(),
             hash_block_tokens,
             open,
             next_arrival: None,
@@ -258,7 +216,7 @@ impl<'s, 'o> Sim<'s, 'o> {
     /// Admits request `id` into the deployment.
     fn admit(&mut self, id: ReqId, prompt: u32, output: u32, hashes: &[u64]) {
         self.admitted += 1;
-        self.reqs.insert(
+        let old = self.reqs.insert(
             id,
             Req {
                 arrival: self.now,
@@ -267,6 +225,7 @@ impl<'s, 'o> Sim<'s, 'o> {
                 ..Req::default()
             },
         );
+        debug_assert!(old.is_none(), "request {id} admitted once");
         // A refusal comes back as a note.
         let _ = self.core.arrive(
             self.now,

@@ -39,13 +39,13 @@ pub use interface::{Arrival, DeploymentConfig, Effect, InstanceSpec, Note, Refus
 use crate::device::{
     FinishReason, KvEnd, KvTransfer, ReqId, SamplingParams, StepOutcome, StepPlan,
 };
+use crate::idmap::IdMap;
 use crate::instance::{InstEvent, Instance, NewRequest};
 use crate::layout::Role;
 use crate::pd::Proxy;
 use crate::time::SimTime;
 use eplb::EplbRun;
 use hashes::{extend_hashes, ROUTE_HASH_TOKENS};
-use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 /// A request in flight.
@@ -96,7 +96,7 @@ pub struct Deployment {
     prefill_ids: Vec<u32>,
     serve_ids: Vec<u32>,
     proxy: Proxy,
-    reqs: FxHashMap<ReqId, Req>,
+    reqs: IdMap<Req>,
     /// The smallest max_model_len of any instance a request passes through.
     max_len: u64,
     /// Hash granularity for token ids: the largest block size, so that a block hash never
@@ -169,7 +169,7 @@ impl Deployment {
             prefill_ids,
             serve_ids,
             proxy,
-            reqs: FxHashMap::default(),
+            reqs: IdMap::default(),
             max_len,
             token_hash_block,
             starts: Vec::new(),
@@ -218,7 +218,7 @@ impl Deployment {
 
     /// The prefill instance (if any) and the decode instance a request was routed to.
     pub fn route_of(&self, req: ReqId) -> Option<(Option<u32>, u32)> {
-        self.reqs.get(&req).map(|r| (r.prefill, r.decode))
+        self.reqs.get(req).map(|r| (r.prefill, r.decode))
     }
 
     /// Effects to carry out, in order; drain after every call.
@@ -247,7 +247,7 @@ impl Deployment {
                 max: self.max_len,
             });
         }
-        if self.reqs.contains_key(&a.id) {
+        if self.reqs.contains_key(a.id) {
             return Err(Refusal::Duplicate(a.id));
         }
         let (hashes, hash_block_tokens) = match a.token_ids {
@@ -276,7 +276,7 @@ impl Deployment {
         if self.prefill_ids.is_empty() {
             let k = self.proxy.route_decode(a.prompt_tokens as u64);
             let d = self.serve_ids[k];
-            self.reqs.get_mut(&a.id).expect("inserted").decode = d;
+            self.reqs.get_mut(a.id).expect("inserted").decode = d;
             self.send_to(d, a.id, false);
         } else {
             self.route_prefill(a.id);
@@ -285,7 +285,7 @@ impl Deployment {
     }
 
     fn route_prefill(&mut self, id: ReqId) {
-        let r = &self.reqs[&id];
+        let r = self.reqs.get(id).expect("in flight");
         // The request's own hashes when they are at routing granularity (or all there is).
         let hashes: std::borrow::Cow<[u64]> =
             if r.hash_block_tokens == ROUTE_HASH_TOKENS || r.tokens.is_empty() {
@@ -295,7 +295,7 @@ impl Deployment {
             };
         let p = self.proxy.route_prefill(r.prompt as u64, &hashes);
         let i = self.prefill_ids[p];
-        self.reqs.get_mut(&id).expect("in flight").prefill = Some(i);
+        self.reqs.get_mut(id).expect("in flight").prefill = Some(i);
         self.send_to(i, id, false);
     }
 
@@ -311,11 +311,11 @@ impl Deployment {
 
     fn add_to(&mut self, i: u32, id: ReqId, remote_kv: bool) {
         let token_hash_block = self.token_hash_block;
-        let Some(r) = self.reqs.get_mut(&id) else {
+        let Some(r) = self.reqs.get_mut(id) else {
             return;
         };
         extend_hashes(id, r, token_hash_block);
-        let r = &self.reqs[&id];
+        let r = self.reqs.get(id).expect("in flight");
         let slot = &mut self.slots[i as usize];
         let prefill = slot.role == Role::Prefill;
         let known = (r.prompt + r.emitted) as usize;
@@ -337,7 +337,7 @@ impl Deployment {
             SimTime::ZERO,
         );
         if !prefill {
-            self.reqs.get_mut(&id).expect("in flight").rank = rank;
+            self.reqs.get_mut(id).expect("in flight").rank = rank;
         }
     }
 
@@ -430,7 +430,7 @@ impl Deployment {
 
     /// A decode instance allocated blocks for a request whose KV is on a prefill instance.
     fn start_transfer(&mut self, d: u32, id: ReqId) {
-        let Some(r) = self.reqs.get(&id) else {
+        let Some(r) = self.reqs.get(id) else {
             return;
         };
         let tokens = r.prompt + r.emitted;
@@ -478,7 +478,7 @@ impl Deployment {
 
     /// A KV transfer finished: the decode side may compute, the prefill side frees its copy.
     pub fn transfer_done(&mut self, now: SimTime, id: ReqId) {
-        let Some(r) = self.reqs.get(&id) else {
+        let Some(r) = self.reqs.get(id) else {
             // Aborted while its KV moved; both sides already freed it.
             return;
         };
@@ -535,7 +535,7 @@ impl Deployment {
                 } else {
                     Vec::new()
                 };
-                if let Some(r) = self.reqs.get_mut(&req) {
+                if let Some(r) = self.reqs.get_mut(req) {
                     if role != Role::Prefill {
                         r.tokens.extend_from_slice(&got);
                     }
@@ -577,7 +577,7 @@ impl Deployment {
     /// A prefill instance finished a prompt: hand the request to a decode instance, which pulls
     /// the KV.
     fn prefill_done(&mut self, i: u32, id: ReqId) {
-        let Some(r) = self.reqs.get(&id) else {
+        let Some(r) = self.reqs.get(id) else {
             return;
         };
         let prompt = r.prompt as u64;
@@ -586,12 +586,12 @@ impl Deployment {
             .prefill_done(self.slots[i as usize].role_index, prompt);
         let k = self.proxy.route_decode(prompt);
         let d = self.serve_ids[k];
-        self.reqs.get_mut(&id).expect("in flight").decode = d;
+        self.reqs.get_mut(id).expect("in flight").decode = d;
         self.send_to(d, id, true);
     }
 
     fn first_token(&mut self, i: u32, id: ReqId) {
-        let Some(r) = self.reqs.get_mut(&id) else {
+        let Some(r) = self.reqs.get_mut(id) else {
             return;
         };
         let resumed = r.first;
@@ -611,7 +611,7 @@ impl Deployment {
     }
 
     fn finished(&mut self, i: u32, id: ReqId, reason: FinishReason) {
-        let Some(r) = self.reqs.remove(&id) else {
+        let Some(r) = self.reqs.remove(id) else {
             return;
         };
         self.proxy
@@ -624,7 +624,7 @@ impl Deployment {
     }
 
     fn sent_back(&mut self, i: u32, id: ReqId, emitted: u32) {
-        let Some(r) = self.reqs.get_mut(&id) else {
+        let Some(r) = self.reqs.get_mut(id) else {
             return;
         };
         r.emitted += emitted;
@@ -647,7 +647,7 @@ impl Deployment {
     /// Drops a request wherever it is (its client went away) and frees its KV. Returns false if
     /// the deployment does not hold it.
     pub fn abort(&mut self, _now: SimTime, id: ReqId) -> bool {
-        let Some(r) = self.reqs.remove(&id) else {
+        let Some(r) = self.reqs.remove(id) else {
             return false;
         };
         let on_prefill = r.prefill.filter(|&p| self.slots[p as usize].inst.holds(id));

@@ -168,7 +168,7 @@ pub struct Instance {
     /// not read every rank.
     loads: Loads,
     /// Where each request lives: (rank, slot).
-    owner: rustc_hash::FxHashMap<ReqId, (u32, u32)>,
+    owner: crate::idmap::IdMap<(u32, u32)>,
     plan: StepPlan,
     /// Ranks with work (or device state to free), in rank order: the ranks a step plans.
     active: Vec<u32>,
@@ -206,7 +206,7 @@ impl Instance {
             steps: 0,
             used_blocks: 0,
             cfg,
-            owner: rustc_hash::FxHashMap::default(),
+            owner: crate::idmap::IdMap::default(),
             started: Vec::new(),
             pulls: Vec::new(),
             pending: Vec::new(),
@@ -256,7 +256,7 @@ impl Instance {
     /// Drops a request wherever it is (its client went away) and frees its KV. Call between
     /// `apply` and the next `schedule`. Returns false if the instance does not hold it.
     pub fn abort(&mut self, req: ReqId) -> bool {
-        let Some((r, slot)) = self.owner.remove(&req) else {
+        let Some((r, slot)) = self.owner.remove(req) else {
             return false;
         };
         let steps = self.steps;
@@ -270,12 +270,12 @@ impl Instance {
 
     /// The instance holds request `req` (waiting, pulling, running or holding KV to send).
     pub fn holds(&self, req: ReqId) -> bool {
-        self.owner.contains_key(&req)
+        self.owner.contains_key(req)
     }
 
     /// The DP rank holding `req` and its block table there.
     pub fn blocks_of(&self, req: ReqId) -> Option<(u32, &[u32])> {
-        let &(r, slot) = self.owner.get(&req)?;
+        let &(r, slot) = self.owner.get(req)?;
         self.ranks[r as usize].blocks_of(slot, req).map(|b| (r, b))
     }
 
@@ -430,7 +430,7 @@ impl Instance {
         self.steps += 1;
         for e in events.iter() {
             if let InstEvent::SentBack { req, .. } | InstEvent::Finished { req, .. } = *e {
-                self.owner.remove(&req);
+                self.owner.remove(req);
             }
         }
         sum
@@ -442,7 +442,7 @@ impl Instance {
     }
 
     pub fn kv_arrived(&mut self, req: ReqId, _now: SimTime) {
-        if let Some(&(r, slot)) = self.owner.get(&req) {
+        if let Some(&(r, slot)) = self.owner.get(req) {
             let steps = self.steps;
             self.on_rank(r, |rank| {
                 // It computes from the next step on: bring the rank's counter to it first.
@@ -456,7 +456,7 @@ impl Instance {
 
     /// Frees a finished prefill request's KV after its transfer.
     pub fn release_kv(&mut self, req: ReqId) {
-        if let Some((r, slot)) = self.owner.remove(&req) {
+        if let Some((r, slot)) = self.owner.remove(req) {
             self.on_rank(r, |rank| rank.release(slot, req));
         }
     }
