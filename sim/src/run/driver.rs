@@ -255,6 +255,10 @@ impl<'s, 'o> Sim<'s, 'o> {
             self.effects = effects;
             self.core.take_notes(&mut self.notes);
             let mut notes = std::mem::take(&mut self.notes);
+            // The requests the notes are about, loaded together before they are handled.
+            for id in notes.iter().filter_map(Note::req) {
+                self.reqs.prefetch(id);
+            }
             let mut refill = 0;
             for n in notes.drain(..) {
                 refill += self.note(n);

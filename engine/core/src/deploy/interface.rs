@@ -114,6 +114,27 @@ pub enum Note {
     Aborted { req: ReqId },
 }
 
+impl Note {
+    /// The request it is about (none for a step's totals).
+    pub fn req(&self) -> Option<ReqId> {
+        match *self {
+            Note::Rejected { req, .. }
+            | Note::Started { req, .. }
+            | Note::PrefillDone { req, .. }
+            | Note::First { req, .. }
+            | Note::Gap { req, .. }
+            | Note::Tokens { req, .. }
+            | Note::Finished { req, .. }
+            | Note::Preempted { req, .. }
+            | Note::SentBack { req, .. }
+            | Note::KvSent { req, .. }
+            | Note::KvArrived { req, .. }
+            | Note::Aborted { req } => Some(req),
+            Note::Step { .. } => None,
+        }
+    }
+}
+
 /// One step of one instance as a driver ran it: for conformance checks between drivers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepRecord {

@@ -523,6 +523,11 @@ impl Deployment {
             e.after_step(h);
         }
         let role = slot.role;
+        // The requests the step's events are about have not been touched for a while: their
+        // entries are loaded together before the events are handled one by one.
+        for ev in &events {
+            self.reqs.prefetch(ev.req());
+        }
         self.notes.push(Note::Step { inst: i, summary });
         if !slot.inst.emissions().is_empty() {
             let ids = slot.inst.emitted_ids();

@@ -87,6 +87,19 @@ pub enum InstEvent {
     SentBack { req: ReqId, emitted: u32 },
 }
 
+impl InstEvent {
+    /// The request it happened to.
+    pub fn req(&self) -> ReqId {
+        match *self {
+            InstEvent::First { req }
+            | InstEvent::Gap { req, .. }
+            | InstEvent::Finished { req, .. }
+            | InstEvent::Preempted { req }
+            | InstEvent::SentBack { req, .. } => req,
+        }
+    }
+}
+
 /// A step's totals over every request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepSummary {

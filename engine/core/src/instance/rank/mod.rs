@@ -152,19 +152,6 @@ pub struct RankScheduler {
     freed: Vec<ReqId>,
 }
 
-/// Hints that the cache line holding `at` will be read soon (no effect where the processor has
-/// no such hint).
-#[inline(always)]
-fn prefetch_line(at: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and reads nothing the program sees, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = at;
-}
-
 fn blocks_for(tokens: u64, bs: u32) -> u64 {
     tokens.div_ceil(bs as u64)
 }
@@ -364,11 +351,7 @@ impl RankScheduler {
             return;
         };
         if let Some(s) = self.slab.get(head as usize) {
-            let at = (s as *const Option<Seq>).cast::<u8>();
-            let size = std::mem::size_of::<Option<Seq>>();
-            for offset in (0..size).step_by(64).chain([size - 1]) {
-                prefetch_line(at.wrapping_add(offset));
-            }
+            crate::prefetch::value(s);
         }
     }
 
