@@ -353,6 +353,9 @@ impl Instance {
             if let Some(&ahead) = active.get(j + PREFETCH_AHEAD) {
                 self.ranks[ahead as usize].prefetch(self.steps);
             }
+            if let Some(&ahead) = active.get(j + PREFETCH_AHEAD / 2) {
+                self.ranks[ahead as usize].prefetch_blocks(self.steps);
+            }
             let rank = &mut self.ranks[r as usize];
             if !(rank.has_work() || rank.has_freed()) {
                 continue;

@@ -355,6 +355,22 @@ impl RankScheduler {
         }
     }
 
+    /// The second stage of [`RankScheduler::prefetch`], a couple of ranks later, once the
+    /// request has arrived: the end of its block table, which a window ending for a new block
+    /// appends to, and the top of the rank's free blocks.
+    #[inline]
+    pub(crate) fn prefetch_blocks(&self, p: u64) {
+        let Some(&head) = self.due.get(p as usize & (RING - 1)) else {
+            return;
+        };
+        if let Some(Some(s)) = self.slab.get(head as usize) {
+            if let Some(last) = s.blocks.last() {
+                crate::prefetch::line((last as *const u32).cast());
+            }
+            self.pool.prefetch_top();
+        }
+    }
+
     /// The KV of pulling request `id` in `slot` has arrived: it decodes from the next step.
     pub fn kv_arrived(&mut self, slot: u32, id: ReqId) {
         if let Some(s) = self.slab.get_mut(slot as usize).and_then(Option::as_mut) {
