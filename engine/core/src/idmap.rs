@@ -95,6 +95,7 @@ impl<T> IdMap<T> {
             let old = self.slots[i].replace(v);
             if old.is_none() {
                 self.in_window += 1;
+                self.compact();
             }
             return old;
         }
@@ -107,6 +108,23 @@ impl<T> IdMap<T> {
             return self.insert(id, v);
         }
         self.far.insert(id, v)
+    }
+
+    /// Keeps the window's memory to the entries it holds: when it spans far more ids than it
+    /// holds, its oldest entries move to the side map (one request left behind, say waiting
+    /// for hours, must not keep a slot alive for every id handed out since).
+    fn compact(&mut self) {
+        while self.slots.len() as u64 > Self::REACH && self.slots.len() > 4 * self.in_window {
+            if let Some(Some(v)) = self.slots.pop_front() {
+                self.far.insert(self.base, v);
+                self.in_window -= 1;
+            }
+            self.base = self.base.wrapping_add(1);
+            while let Some(None) = self.slots.front() {
+                self.slots.pop_front();
+                self.base = self.base.wrapping_add(1);
+            }
+        }
     }
 
     /// Moves the side map's ids that the window now covers into it (no id is in both).
@@ -186,6 +204,27 @@ mod tests {
                 prop_assert_eq!(m.get(*id), Some(v));
             }
         }
+    }
+
+    #[test]
+    fn a_request_left_behind_does_not_hold_the_window_open() {
+        let mut m = IdMap::default();
+        m.insert(0, 0u64);
+        // Request 0 stays while a million others come and go, one at a time.
+        for id in 1..1_000_000u64 {
+            m.insert(id, id);
+            if id > 1 {
+                assert_eq!(m.remove(id - 1), Some(id - 1));
+            }
+        }
+        assert_eq!(m.get(0), Some(&0));
+        assert_eq!(m.get(999_999), Some(&999_999));
+        assert_eq!(m.len(), 2);
+        assert!(
+            m.slots.len() as u64 <= IdMap::<u64>::REACH + 1,
+            "window of {} slots for 2 entries",
+            m.slots.len()
+        );
     }
 
     #[test]
