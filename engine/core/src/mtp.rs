@@ -98,6 +98,15 @@ pub struct RunLimits {
     pub max_o: u32,
 }
 
+impl RunLimits {
+    /// Whether a step starting with `o` tokens out and emitting `e` ends the run: it would
+    /// start past `o_limit` or reach `max_o`.
+    #[inline(always)]
+    fn stops(&self, o: u32, e: u32) -> bool {
+        o > self.o_limit || o + e >= self.max_o
+    }
+}
+
 impl Acceptance {
     /// `probs[i]`: probability that draft i is accepted given draft i-1 was; values are clamped to
     /// [0, 1]; positions past [`MAX_POSITIONS`] (and past the list) repeat the last value. An
@@ -202,11 +211,8 @@ impl StepDraws<'_> {
     fn add_one_draft_scalar(&mut self, cells: &mut [u32], run: RunLimits) -> (usize, u32) {
         let mut o = run.o;
         for (i, c) in cells.iter_mut().enumerate() {
-            if o > run.o_limit {
-                return (i, o);
-            }
             let e = 1 + wy_accepts(self.at, self.acc.thresholds[0]);
-            if o + e >= run.max_o {
+            if run.stops(o, e) {
                 return (i, o);
             }
             self.at = self.at.wrapping_add(WY_INC);
@@ -302,7 +308,7 @@ unsafe fn add_one_draft_avx512(
             // The run may stop in this chunk: step by step.
             for (j, c) in chunk.iter_mut().enumerate() {
                 let e = 1 + u32::from(accepted >> j & 1);
-                if o > run.o_limit || o + e >= run.max_o {
+                if run.stops(o, e) {
                     return (8 * k + j, o);
                 }
                 *c += e;
