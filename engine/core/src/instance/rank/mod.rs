@@ -347,10 +347,7 @@ impl RankScheduler {
     /// only: nothing changes, and a wrong guess costs a load.
     #[inline]
     pub(crate) fn prefetch(&self, p: u64) {
-        let Some(&head) = self.due.get(p as usize & (RING - 1)) else {
-            return;
-        };
-        if let Some(s) = self.slab.get(head as usize) {
+        if let Some(s) = self.first_ending(p) {
             crate::prefetch::value(s);
         }
     }
@@ -360,15 +357,20 @@ impl RankScheduler {
     /// appends to, and the top of the rank's free blocks.
     #[inline]
     pub(crate) fn prefetch_blocks(&self, p: u64) {
-        let Some(&head) = self.due.get(p as usize & (RING - 1)) else {
-            return;
-        };
-        if let Some(Some(s)) = self.slab.get(head as usize) {
+        if let Some(Some(s)) = self.first_ending(p) {
             if let Some(last) = s.blocks.last() {
                 crate::prefetch::line((last as *const u32).cast());
             }
             self.pool.prefetch_top();
         }
+    }
+
+    /// The slab slot of the first request whose steady window ends at plan step `p`, if any
+    /// (what the prefetches read ahead; no window list yet, or an empty one, gives none).
+    #[inline]
+    fn first_ending(&self, p: u64) -> Option<&Option<Seq>> {
+        let &head = self.due.get(p as usize & (RING - 1))?;
+        self.slab.get(head as usize)
     }
 
     /// The KV of pulling request `id` in `slot` has arrived: it decodes from the next step.
