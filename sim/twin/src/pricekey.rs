@@ -68,6 +68,20 @@ impl std::hash::Hash for PriceKey {
 }
 
 impl PriceKey {
+    /// A key no shape and load give (no word of a key has all 64 bits set: a code's shift is at
+    /// most 63 < 0xff, and word 2's load part leaves bits 34..48 clear): an empty slot.
+    pub(crate) const NONE: PriceKey = PriceKey([u64::MAX; 3]);
+
+    /// The key's slot among `N` (a power of two), by a hash of all three words: the top bits
+    /// of a Fibonacci multiply, which spread the quantized codes' structured low bits.
+    #[inline]
+    pub(crate) fn slot<const N: usize>(&self) -> usize {
+        const { assert!(N.is_power_of_two() && N > 1) };
+        let [a, b, c] = self.0;
+        let h = (a ^ b.rotate_left(21) ^ c.rotate_left(42)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (h >> (64 - N.trailing_zeros())) as usize
+    }
+
     #[cfg(test)]
     fn new(s: &BatchShape, group_tokens: u64, bucket: u32, comm: MoeCommUsed) -> Self {
         Self::with_load(s, StepLoad::from_bucket(group_tokens, bucket, comm))
@@ -222,6 +236,30 @@ mod tests {
         for v in 0..100_000u64 {
             assert_eq!(code(v), code(quantize(v)), "{v}");
         }
+    }
+
+    #[test]
+    fn slots_are_in_range_and_no_key_is_the_empty_one() {
+        let mut seen = [false; 64];
+        for v in (0..2000u64).chain([u32::MAX as u64, u64::MAX]) {
+            let s = BatchShape {
+                prefill_seqs: v as u32,
+                prefill_tokens: v,
+                prefill_pairs: v.saturating_mul(v),
+                prefill_pairs_capped: v,
+                prefill_cached: v,
+                decode_seqs: v as u32,
+                decode_tokens: v,
+                decode_pairs: v,
+                decode_pairs_capped: v,
+            };
+            let k = PriceKey::new(&s, v, u32::MAX, MoeCommUsed::AllGather);
+            assert_ne!(k, PriceKey::NONE, "{v}");
+            seen[k.slot::<64>()] = true;
+            assert!(PriceKey::new(&s, v, 50, MoeCommUsed::Mc2).slot::<256>() < 256);
+        }
+        // The hash spreads keys over every slot.
+        assert!(seen.iter().all(|&s| s));
     }
 
     #[test]

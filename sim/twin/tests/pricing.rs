@@ -217,3 +217,58 @@ fn shared_prices_are_the_prices_a_pricer_computes_alone() {
     assert_eq!((b.hits, b.misses), (2, 2));
     assert_eq!((alone.hits, alone.misses), (0, 4));
 }
+
+/// A pricer keeps its own copies of the prices it looked up last (hundreds of ranks share a
+/// few dozen shapes): with more shapes than copies, in any order and from any rank, every
+/// price is the one a fresh pricer computes, and only a new key is a miss.
+#[test]
+fn a_pricers_own_copies_are_the_shared_prices() {
+    use dstwin_core::features::MoeCommUsed;
+    use dstwin_twin::device::{PricerSpec, StepLoad, StepPricer};
+    let st = Setup::new(Layout::dp_ep(Role::Prefill, 32));
+    let spec = || PricerSpec {
+        model: st.m.clone(),
+        quant: Quant::W8a8,
+        kv_dtype: DType::Bf16,
+        plan: st.plan.clone(),
+        mtp_tokens: 0,
+        features: st.features.clone(),
+        cost: st.cm.clone(),
+    };
+    let cap = st.m.attn_cap();
+    // 127 x 3 shapes whose quantized keys all differ (sums below 128 are kept exactly), under
+    // two loads: more keys than a pricer keeps copies of.
+    let mut shapes = Vec::new();
+    for t in 1..128u64 {
+        for cached in [0, 64, 100] {
+            let mut s = BatchShape::default();
+            s.add_prefill(t, cached, cap);
+            shapes.push(s);
+        }
+    }
+    let loads = [
+        StepLoad::new(4096, 1.3, MoeCommUsed::AllToAll),
+        StepLoad::new(8192, 1.1, MoeCommUsed::AllToAll),
+    ];
+    let mut alone = StepPricer::new(spec());
+    let mut want = Vec::new();
+    for &load in &loads {
+        for s in &shapes {
+            let mut p = alone.step();
+            let c = p.rank_cost(s, load);
+            want.push((c.time_s, p.class_times(c)));
+        }
+    }
+    assert_eq!(alone.misses as usize, want.len(), "every key differs");
+    let mut near = StepPricer::new(spec());
+    let n = shapes.len();
+    // Forwards, backwards, then forwards again, each price as DP rank `i % 7`.
+    let order: Vec<usize> = (0..2 * n).chain((0..2 * n).rev()).chain(0..2 * n).collect();
+    for (step, &i) in order.iter().enumerate() {
+        let mut p = near.step();
+        let c = p.rank_cost_of(step % 7, &shapes[i % n], loads[i / n]);
+        assert_eq!((c.time_s, p.class_times(c)), want[i], "key {i}");
+    }
+    assert_eq!(near.misses as usize, want.len());
+    assert_eq!((near.hits + near.misses) as usize, order.len());
+}
