@@ -76,6 +76,23 @@ pub struct Op {
     pub repeat: u64,
     pub dies: DieSet,
     pub kind: OpKind,
+    /// The part of the step it belongs to.
+    #[serde(skip)]
+    pub part: Part,
+}
+
+/// The two parts of a step's ops, each fixed by less than the whole step: the twin prices
+/// them apart and caches each under what fixes it ([`step_part_ops_into`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Part {
+    /// Everything outside the MoE blocks (attention, dense FFN, norms, heads, the MTP
+    /// module's own layers): fixed by the rank's batch alone, and run on every die.
+    #[default]
+    Batch,
+    /// The MoE blocks (router, dispatch, routed and shared experts, combine, of the decoder
+    /// and the MTP module): fixed by the step's [`MoeLoad`] and what [`moe_reads`] reads of
+    /// the batch. The only ops on expert dies.
+    Moe,
 }
 
 impl Op {
@@ -118,6 +135,9 @@ pub struct StepSpec<'a> {
 struct Builder<'a> {
     s: StepSpec<'a>,
     ops: Vec<Op>,
+    /// The part the ops pushed now belong to, and the part kept (`None`: both).
+    part: Part,
+    keep: Option<Part>,
 }
 
 /// Compute work of `rows` rows (0: an op without a row dimension, e.g. elementwise).
@@ -137,6 +157,12 @@ fn work(class: OpClass, flops: f64, bytes: f64, dtype: DType, rows: f64) -> OpKi
 }
 
 impl Builder<'_> {
+    /// Whether the batch part's ops are left out: the builders of many ops return at once
+    /// (`push` would drop them one by one).
+    fn skips_batch(&self) -> bool {
+        self.keep == Some(Part::Moe)
+    }
+
     fn push(
         &mut self,
         name: &'static str,
@@ -145,7 +171,11 @@ impl Builder<'_> {
         dies: DieSet,
         kind: OpKind,
     ) {
-        if repeat == 0 {
+        debug_assert!(
+            self.part == Part::Moe || dies == DieSet::All,
+            "{name}: only MoE ops run on expert dies"
+        );
+        if repeat == 0 || self.keep.is_some_and(|k| k != self.part) {
             return;
         }
         let empty = match &kind {
@@ -159,6 +189,7 @@ impl Builder<'_> {
                 repeat,
                 dies,
                 kind,
+                part: self.part,
             });
         }
     }
@@ -251,6 +282,9 @@ impl Builder<'_> {
 
     /// Attention of `repeat` layers for the batch `b`, for one die of a TP group.
     fn attention(&mut self, layer: LayerKind, repeat: u64, b: &BatchShape, ratio: Option<u64>) {
+        if self.skips_batch() {
+            return;
+        }
         let m = self.s.model;
         let q = self.s.quant;
         let (lin, cdt) = (q.linear_weight(), q.linear_compute());
@@ -610,6 +644,9 @@ impl Builder<'_> {
     }
 
     fn dense_ffn(&mut self, repeat: u64, b: &BatchShape) {
+        if self.skips_batch() {
+            return;
+        }
         let m = self.s.model;
         let q = self.s.quant;
         let dtp = self.s.plan.dense_tp;
@@ -648,13 +685,23 @@ impl Builder<'_> {
         }
     }
 
-    /// One MoE layer, `repeat` times, for one die.
+    /// One MoE layer, `repeat` times, for one die: the step's [`Part::Moe`]. It reads of `b`
+    /// its tokens alone ([`moe_reads`]).
     fn moe(&mut self, layer: LayerKind, repeat: u64, b: &BatchShape, load: &MoeLoad) {
+        if self.keep == Some(Part::Batch) {
+            return;
+        }
+        self.part = Part::Moe;
+        self.moe_ops(layer, repeat, b.tokens(), load);
+        self.part = Part::Batch;
+    }
+
+    fn moe_ops(&mut self, layer: LayerKind, repeat: u64, tokens: u64, load: &MoeLoad) {
         let m = self.s.model;
         let q = self.s.quant;
         let p = self.s.plan;
         let h = m.hidden as f64;
-        let t = b.tokens() as f64;
+        let t = tokens as f64;
         let act = DType::Bf16.bytes();
         // The router runs in bf16 on every token of the rank (replicated over its TP dies).
         self.gemm(
@@ -768,6 +815,9 @@ impl Builder<'_> {
     }
 
     fn lm_head(&mut self, layer: LayerKind, repeat: u64, logit_tokens: f64) {
+        if self.skips_batch() {
+            return;
+        }
         let m = self.s.model;
         let dtp = self.s.plan.dense_tp;
         let (h, v) = (m.hidden as f64, m.vocab as f64 / dtp as f64);
@@ -819,7 +869,7 @@ fn layer_groups(m: &ModelConfig) -> Vec<(Option<u64>, u64, u64)> {
 
 /// The ops one die runs in one step of a DP rank computing `b`, with the EP group's MoE load.
 pub fn step_ops(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad) -> Vec<Op> {
-    build(spec, b, load, Vec::with_capacity(64))
+    build(spec, b, load, None, Vec::with_capacity(64))
 }
 
 /// [`step_ops`] into `out` (its contents replaced), reusing its allocation: a caller pricing
@@ -827,11 +877,45 @@ pub fn step_ops(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad) -> Vec<Op> {
 pub fn step_ops_into(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad, out: &mut Vec<Op>) {
     let mut ops = std::mem::take(out);
     ops.clear();
-    *out = build(spec, b, load, ops);
+    *out = build(spec, b, load, None, ops);
 }
 
-fn build(spec: StepSpec<'_>, b: &BatchShape, load: &MoeLoad, ops: Vec<Op>) -> Vec<Op> {
-    let mut bld = Builder { s: spec, ops };
+/// The ops of [`step_ops`] that belong to `part`, in the same order, into `out` (its contents
+/// replaced). [`Part::Batch`]'s do not depend on `load`; [`Part::Moe`]'s depend on `b` only
+/// through [`moe_reads`].
+pub fn step_part_ops_into(
+    spec: StepSpec<'_>,
+    b: &BatchShape,
+    load: &MoeLoad,
+    part: Part,
+    out: &mut Vec<Op>,
+) {
+    let mut ops = std::mem::take(out);
+    ops.clear();
+    *out = build(spec, b, load, Some(part), ops);
+}
+
+/// What the MoE part of a step of `b` reads of the batch: its tokens, and the sequences a
+/// later MTP draft pass runs (0 without one). Batches that agree on these have the same MoE
+/// ops under the same load.
+pub fn moe_reads(spec: &StepSpec<'_>, b: &BatchShape) -> (u64, u64) {
+    let later = spec.mtp_tokens > 1 && spec.model.mtp_layers > 0 && !b.is_empty();
+    (b.tokens(), if later { b.seqs() as u64 } else { 0 })
+}
+
+fn build(
+    spec: StepSpec<'_>,
+    b: &BatchShape,
+    load: &MoeLoad,
+    keep: Option<Part>,
+    ops: Vec<Op>,
+) -> Vec<Op> {
+    let mut bld = Builder {
+        s: spec,
+        ops,
+        part: Part::Batch,
+        keep,
+    };
     if b.is_empty() {
         return bld.ops;
     }

@@ -389,3 +389,67 @@ fn the_v3_family_op_lists_are_unchanged() {
         "the V3-family op lists changed; the new listing:\n{listing}"
     );
 }
+
+/// A step's ops split into two parts: every op in exactly one, each part in the whole list's
+/// order; the batch part never reads the MoE load, and the MoE part reads of the batch only
+/// what `moe_reads` says. For every builtin model (V4's hyper-connections and compressors
+/// included), with and without MTP drafts and a later draft pass.
+#[test]
+fn a_steps_parts_are_its_ops_and_read_only_what_they_say() {
+    use dstwin_core::opgraph::{moe_reads, step_part_ops_into, Part};
+    let sys = Catalog::builtin().system("cloudmatrix384").unwrap();
+    for name in ["deepseek-v3", "deepseek-v3.2", "deepseek-v4-flash"] {
+        let m = builtin(name).unwrap();
+        let plan = Layout::dp_ep(Role::Mixed, 32).validate(&m, sys).unwrap();
+        let features = dstwin_core::features::Resolved::plain("ascend-910c");
+        let cap = m.attn_cap();
+        for mtp in [0, 1, 2] {
+            let spec = StepSpec {
+                model: &m,
+                quant: Quant::W8a8,
+                kv_dtype: DType::Bf16,
+                plan: &plan,
+                mtp_tokens: mtp,
+                features: &features,
+            };
+            let load = |imbalance: f64, group_tokens: u64| MoeLoad {
+                group_tokens,
+                imbalance,
+                comm: dstwin_core::features::MoeCommUsed::AllToAll,
+            };
+            let mut shape = BatchShape::uniform_decode(8, 1 + mtp as u64, 3000, cap);
+            shape.add_prefill(500, 1000, cap);
+            // Another batch with the same tokens and sequences: longer contexts.
+            let mut other = BatchShape::uniform_decode(8, 1 + mtp as u64, 5000, cap);
+            other.add_prefill(500, 4000, cap);
+            assert_eq!(moe_reads(&spec, &shape), moe_reads(&spec, &other));
+            let whole = step_ops(spec, &shape, &load(1.3, 20_000));
+            let part = |b: &BatchShape, l: &MoeLoad, p: Part| {
+                let mut ops = Vec::new();
+                step_part_ops_into(spec, b, l, p, &mut ops);
+                ops
+            };
+            let of =
+                |p: Part| -> Vec<_> { whole.iter().filter(|o| o.part == p).copied().collect() };
+            let batch = part(&shape, &load(2.0, 7), Part::Batch);
+            let moe = part(&other, &load(1.3, 20_000), Part::Moe);
+            assert_eq!(batch, of(Part::Batch), "{name} mtp {mtp}");
+            assert_eq!(moe, of(Part::Moe), "{name} mtp {mtp}");
+            assert!(!batch.is_empty() && !moe.is_empty());
+            assert_eq!(batch.len() + moe.len(), whole.len());
+            assert!(moe.iter().any(|o| o.name == "experts"));
+            assert!(batch
+                .iter()
+                .all(|o| o.dies == dstwin_core::opgraph::DieSet::All));
+            // The MoE part moves with the load.
+            assert_ne!(part(&shape, &load(1.1, 20_000), Part::Moe), moe);
+            // The same tokens in one more sequence: only a later draft pass reads sequences.
+            let mut more = BatchShape::uniform_decode(8, 1 + mtp as u64, 3000, cap);
+            more.add_prefill(250, 1000, cap);
+            more.add_prefill(250, 1000, cap);
+            let same = part(&more, &load(1.3, 20_000), Part::Moe) == moe;
+            assert_eq!(same, mtp < 2, "{name} mtp {mtp}");
+            assert_eq!(moe_reads(&spec, &more) == moe_reads(&spec, &shape), same);
+        }
+    }
+}

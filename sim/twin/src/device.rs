@@ -3,7 +3,10 @@
 //! acceptance per sequence.
 
 use crate::expert_load::{fluctuation, imbalance, ExpertLoad, RoutingSums};
-use crate::pricing::{price_memo, price_step, two_microbatch_time, OpMemo, PathOp, StepCost};
+use crate::pricing::{
+    on_path, price_memo, price_step, price_sums, two_microbatch_time, OpMemo, PathOp, PathSums,
+    StepCost, StepSums,
+};
 pub use crate::spread::StepSpread;
 use dstwin_core::batch::BatchShape;
 use dstwin_core::device::{
@@ -11,19 +14,21 @@ use dstwin_core::device::{
     StepPlan, TransferOutcome, CLASS_SLOTS, DUMMY_TOKENS, HOST,
 };
 use dstwin_core::eplb::Placement;
-use dstwin_core::features::{Resolved, TwoMicrobatch};
+use dstwin_core::features::Resolved;
 use dstwin_core::layout::Plan;
 use dstwin_core::model::{ModelConfig, Quant};
 use dstwin_core::mtp::Acceptance;
-use dstwin_core::opgraph::{step_ops_into, MoeLoad, Op, StepSpec};
+use dstwin_core::opgraph::{
+    moe_reads, step_ops_into, step_part_ops_into, MoeLoad, Op, Part, StepSpec,
+};
 use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_hwmodels::{CostModel, DType};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::pricekey::PriceKey;
 pub use crate::pricekey::StepLoad;
+use crate::pricekey::{slot_of, PriceKey};
 
 fn half(s: &BatchShape) -> BatchShape {
     BatchShape {
@@ -40,7 +45,7 @@ fn half(s: &BatchShape) -> BatchShape {
 }
 
 /// The price of one rank's step: its time, and where the cache keeps its time by op class
-/// ([`StepPricer::class_times`]; only the slowest rank's are read).
+/// ([`PricerStep::class_times`]; only the slowest rank's are read).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RankCost {
     pub time_s: f64,
@@ -72,62 +77,190 @@ pub struct PricerSpec {
 }
 
 impl PricerSpec {
-    /// The op list of a rank computing `shape` under the step's `load`, into `out`.
-    fn ops(&self, shape: &BatchShape, load: &MoeLoad, out: &mut Vec<Op>) {
-        let spec = StepSpec {
+    fn step_spec(&self) -> StepSpec<'_> {
+        StepSpec {
             model: &self.model,
             quant: self.quant,
             kv_dtype: self.kv_dtype,
             plan: &self.plan,
             mtp_tokens: self.mtp_tokens,
             features: &self.features,
-        };
-        step_ops_into(spec, shape, load, out)
+        }
     }
 }
 
-/// Where a pricer prices one op list at a time (a whole batch's, or a half's): the list's
-/// storage and the memo of its ops' last prices, both kept between misses.
+/// Where a pricer prices one part's op list at a time (of a whole batch, or a half): the
+/// list's storage and the memo of its ops' last prices, both kept between misses.
 #[derive(Clone, Debug, Default)]
 struct Lane {
     ops: Vec<Op>,
-    memo: OpMemo<PathOp>,
+    memo: OpMemo,
 }
 
 impl Lane {
-    /// A rank computing `shape` under the step's `load`, priced.
-    fn price(&mut self, spec: &PricerSpec, shape: &BatchShape, load: &MoeLoad) -> StepCost<PathOp> {
-        spec.ops(shape, load, &mut self.ops);
+    /// A rank's step computing `shape` under the step's `load`, its whole op list priced.
+    fn step(&mut self, spec: &PricerSpec, shape: &BatchShape, load: &MoeLoad) -> StepCost<PathOp> {
+        step_ops_into(spec.step_spec(), shape, load, &mut self.ops);
         price_memo(&self.ops, &spec.cost, &mut self.memo)
     }
 
-    /// The step of `shape` in two micro-batches: its half batch (half the EP group's tokens
-    /// too) priced, the split's time.
-    fn split_time(&mut self, spec: &PricerSpec, shape: &BatchShape, load: &MoeLoad) -> f64 {
-        let half_load = MoeLoad {
-            group_tokens: load.group_tokens.div_ceil(2),
-            ..*load
-        };
-        let h = self.price(spec, &half(shape), &half_load);
-        let t = two_microbatch_time(&h, &spec.cost.params);
-        self.memo.recycle(h);
-        t
+    /// The `part` of a rank's step computing `shape` under the step's `load`, priced.
+    fn sums(
+        &mut self,
+        spec: &PricerSpec,
+        shape: &BatchShape,
+        load: &MoeLoad,
+        part: Part,
+    ) -> StepSums {
+        step_part_ops_into(spec.step_spec(), shape, load, part, &mut self.ops);
+        price_sums(&self.ops, &spec.cost, &mut self.memo)
+    }
+}
+
+/// Lanes of a price table: the batch part of a whole batch and of a half, the MoE part of
+/// each, and whole steps (for times by op class).
+const BATCH: usize = 0;
+const BATCH_HALF: usize = 1;
+const MOE: usize = 2;
+const MOE_HALF: usize = 3;
+const WHOLE: usize = 4;
+
+/// What fixes a step's MoE part ([`moe_reads`]): the EP group's tokens, the imbalance's bits,
+/// the rank's tokens, and a later MTP pass's sequences with the communication mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MoeKey([u64; 4]);
+
+impl MoeKey {
+    /// No load gives it (a communication mode's code is below 3).
+    const NONE: MoeKey = MoeKey([0, 0, 0, 3]);
+}
+
+/// Slots of a price table's MoE parts (a power of two).
+const MOE_SLOTS: usize = 256;
+
+/// The MoE parts a price table priced last, one per slot by a hash of the key, the newest in
+/// each. A prefill step's ranks share its load and mostly their tokens, so few MoE parts are
+/// new; kept for good they took 90 MB on the CloudMatrix384 hour (91 K keys, for the few
+/// hundred loads times the ranks' token counts), and a part is cheap to price again.
+#[derive(Debug)]
+struct MoeParts(Box<[(MoeKey, [PathSums; 3])]>);
+
+impl Default for MoeParts {
+    fn default() -> Self {
+        MoeParts(vec![(MoeKey::NONE, [PathSums::default(); 3]); MOE_SLOTS].into_boxed_slice())
     }
 }
 
 /// The prices of one pricer spec. Every device built from the same `[[instance]]` setup
 /// shares one table: the instances of a setup price the same shapes alike (a price is a
 /// function of its key alone), and a shape one instance priced is a hit for the others.
+///
+/// A price is made of two parts priced apart ([`Part`]), each cached under what fixes it: the
+/// batch part under the rank's quantized shape, the MoE part under the step's load and the
+/// rank's tokens. A step's rules read only the parts' sums ([`on_path`]), so a new pairing of
+/// a shape and a load costs two lookups and the rules, not an op list priced. (On the
+/// CloudMatrix384 hour the prefill ranks priced 296 K keys from about 60 K shapes and a few
+/// hundred loads.)
 #[derive(Debug, Default)]
 struct PriceTable {
     cache: HashMap<PriceKey, RankCost, BuildHasherDefault<KeyHasher>>,
     /// Each cached price's key and where its time by op class is (`RankCost::at`), once
-    /// computed: only the slowest rank's are read, and a two-micro-batch price needs the
-    /// whole shape priced for them, which its time does not.
+    /// computed: only the slowest rank's are read, from the whole step's op list.
     priced: Vec<(PriceKey, u32)>,
     classes: Vec<ClassTimes>,
-    /// Where a whole batch and a half batch are priced.
-    lanes: [Lane; 2],
+    /// Batch parts by their shape's key ([`PriceKey::batch`]): where in `batch_sums` the whole
+    /// batch's are, and the half's (`NO_HALF` where the mechanisms never split the batch).
+    batches: HashMap<PriceKey, (u32, u32), BuildHasherDefault<KeyHasher>>,
+    batch_sums: Vec<PathSums>,
+    moes: MoeParts,
+    lanes: [Lane; 5],
+}
+
+/// `PriceTable::batches`: a batch the mechanisms never split.
+const NO_HALF: u32 = u32::MAX;
+
+impl PriceTable {
+    /// The batch part of a rank computing `shape` (its price key `key`): where its whole and
+    /// half sums are. The half is priced where the mechanisms allow a split (a function of the
+    /// shape).
+    fn batch_part(
+        &mut self,
+        spec: &PricerSpec,
+        key: PriceKey,
+        shape: &BatchShape,
+        load: &MoeLoad,
+    ) -> (u32, u32) {
+        let bk = key.batch();
+        if let Some(&at) = self.batches.get(&bk) {
+            return at;
+        }
+        // The batch part does not read the load.
+        let whole = self.lanes[BATCH].sums(spec, shape, load, Part::Batch).batch;
+        self.batch_sums.push(whole);
+        let at_whole = self.batch_sums.len() as u32 - 1;
+        let f = &spec.features;
+        let at_half = if f.two_microbatch_allowed(shape.tokens(), shape.prefill_tokens > 0) {
+            let h = self.lanes[BATCH_HALF].sums(spec, &half(shape), load, Part::Batch);
+            self.batch_sums.push(h.batch);
+            self.batch_sums.len() as u32 - 1
+        } else {
+            NO_HALF
+        };
+        self.batches.insert(bk, (at_whole, at_half));
+        (at_whole, at_half)
+    }
+
+    /// The MoE part of a rank computing `shape` under `load` (priced in `lane` where new): the
+    /// slot of `moes` that holds its sums by die set.
+    fn moe_part(
+        &mut self,
+        spec: &PricerSpec,
+        shape: &BatchShape,
+        load: &MoeLoad,
+        lane: usize,
+    ) -> usize {
+        let (tokens, seqs) = moe_reads(&spec.step_spec(), shape);
+        let key = MoeKey([
+            load.group_tokens,
+            load.imbalance.to_bits(),
+            tokens,
+            seqs << 2 | load.comm as u64,
+        ]);
+        let slot = slot_of::<MOE_SLOTS>(&key.0);
+        let m = &mut self.moes.0[slot];
+        if m.0 != key {
+            m.1 = self.lanes[lane].sums(spec, shape, load, Part::Moe).moe;
+            m.0 = key;
+        }
+        slot
+    }
+
+    /// The critical path of the step `key` stands for (its quantized shape and load), from its
+    /// parts; and where its half's batch part is.
+    fn path(&mut self, spec: &PricerSpec, key: PriceKey) -> (PathSums, u32) {
+        let (shape, load) = key.shape();
+        let (whole, half) = self.batch_part(spec, key, &shape, &load);
+        let moe = self.moe_part(spec, &shape, &load, MOE);
+        let (_, path) = on_path(&self.batch_sums[whole as usize], &self.moes.0[moe].1);
+        (path, half)
+    }
+
+    /// The step's time for `key` under the instance's mechanisms ([`price_step`]).
+    fn time(&mut self, spec: &PricerSpec, key: PriceKey) -> f64 {
+        let (full, at_half) = self.path(spec, key);
+        let (shape, load) = key.shape();
+        let split = || {
+            // Two micro-batches of half the batch each, half the EP group's tokens too.
+            let half_load = MoeLoad {
+                group_tokens: load.group_tokens.div_ceil(2),
+                ..load
+            };
+            let moe = self.moe_part(spec, &half(&shape), &half_load, MOE_HALF);
+            let (_, h) = on_path(&self.batch_sums[at_half as usize], &self.moes.0[moe].1);
+            two_microbatch_time(&h, &spec.cost.params)
+        };
+        price_step(&spec.features, &shape, &full, split).time_s
+    }
 }
 
 /// Memoized per-rank step pricing. Clones (and [`StepPricer::share`]) share the prices; each
@@ -163,7 +296,7 @@ impl Default for Near {
     fn default() -> Self {
         let none = RankCost {
             time_s: 0.0,
-            at: NOT_YET,
+            at: u32::MAX,
         };
         Near([(PriceKey::NONE, none); NEAR_SLOTS])
     }
@@ -294,47 +427,27 @@ impl PricerStep<'_> {
 
     /// Time by op class on the critical path of a price this pricer returned.
     pub fn class_times(&mut self, c: RankCost) -> ClassTimes {
-        let spec = self.spec;
         let t = &mut *self.table;
         let (key, at) = t.priced[c.at as usize];
         if at != NOT_YET {
             return t.classes[at as usize];
         }
         let (shape, load) = key.shape();
-        let full = t.lanes[0].price(spec, &shape, &load);
-        let times = class_times(&full, c.time_s);
-        t.lanes[0].memo.recycle(full);
+        let times = class_times(&t.lanes[WHOLE].step(self.spec, &shape, &load), c.time_s);
         t.priced[c.at as usize].1 = t.classes.len() as u32;
         t.classes.push(times);
         times
     }
 
     fn cost_of(&mut self, key: PriceKey) -> RankCost {
-        let spec = self.spec;
         let t = &mut *self.table;
         if let Some(c) = t.cache.get(&key) {
             *self.hits += 1;
             return *c;
         }
         *self.misses += 1;
-        let (shape, load) = key.shape();
-        let f = &spec.features;
-        let split = f.two_microbatch_allowed(shape.tokens(), shape.prefill_tokens > 0);
-        let time_s = if split && f.two_microbatch == TwoMicrobatch::Force {
-            // A forced split's time needs only the half batch priced; the whole one waits for
-            // `class_times`.
-            t.priced.push((key, NOT_YET));
-            t.lanes[1].split_time(spec, &shape, &load)
-        } else {
-            let [whole, halves] = &mut t.lanes;
-            let full = whole.price(spec, &shape, &load);
-            let p = price_step(f, &shape, full, || halves.split_time(spec, &shape, &load));
-            let times = class_times(&p.full, p.time_s);
-            whole.memo.recycle(p.full);
-            t.priced.push((key, t.classes.len() as u32));
-            t.classes.push(times);
-            p.time_s
-        };
+        let time_s = t.time(self.spec, key);
+        t.priced.push((key, NOT_YET));
         let cost = RankCost {
             time_s,
             at: t.priced.len() as u32 - 1,
@@ -344,7 +457,7 @@ impl PricerStep<'_> {
     }
 }
 
-/// `StepPricer::priced`: times by op class not computed yet.
+/// `PriceTable::priced`: times by op class not computed yet.
 const NOT_YET: u32 = u32::MAX;
 
 /// The twin's device for one instance.

@@ -462,19 +462,19 @@ pub fn explain_under(
             imbalance,
             comm: moe_comm,
         };
-        let ops = step_ops(spec, &full, &load(unpadded.tokens()));
+        let step = price(&step_ops(spec, &full, &load(unpadded.tokens())), &inp.cost);
         let split_time = || {
             let half_ops = step_ops(spec, &half, &load(unpadded.tokens().div_ceil(2)));
-            crate::pricing::two_microbatch_time(&price(&half_ops, &inp.cost), &inp.cost.params)
+            let h = price(&half_ops, &inp.cost);
+            crate::pricing::two_microbatch_time(&h.path, &inp.cost.params)
         };
-        let p = price_step(&features, &full, price(&ops, &inp.cost), split_time);
+        let p = price_step(&features, &full, &step.path, split_time);
         let split = p.split_s.unwrap_or_else(split_time);
-        (p, split)
+        (p, split, step)
     };
-    let (priced, tmb) = step_at(imbalance);
+    let (priced, tmb, step) = step_at(imbalance);
     let serial = priced.serial_s;
     let step_s = priced.time_s;
-    let step = priced.full.clone();
     let moe = per_layer.map(|v| {
         let perfect = step_at(1.0).0.time_s;
         let l = load.expect("per-layer imbalance comes from a load");

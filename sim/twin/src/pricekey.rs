@@ -43,6 +43,19 @@ fn decode(c: u16) -> u64 {
     ((c & 0xff) as u64) << (c >> 8)
 }
 
+/// The slot among `N` (a power of two) of a key of `words`, by a hash of them all: the top
+/// bits of a Fibonacci multiply, which spread the structured low bits of quantized codes.
+#[inline]
+pub(crate) fn slot_of<const N: usize>(words: &[u64]) -> usize {
+    const { assert!(N.is_power_of_two() && N > 1) };
+    let mut x = 0u64;
+    for (i, w) in words.iter().enumerate() {
+        x ^= w.rotate_left(21 * i as u32);
+    }
+    let h = x.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> (64 - N.trailing_zeros())) as usize
+}
+
 /// A price-cache key: the quantized shape sums and group tokens as [`code`]s, and the imbalance
 /// bucket, packed into three words (24 bytes: the map's entries stay small enough to sit in
 /// cache where whole shapes did not).
@@ -72,14 +85,10 @@ impl PriceKey {
     /// most 63 < 0xff, and word 2's load part leaves bits 34..48 clear): an empty slot.
     pub(crate) const NONE: PriceKey = PriceKey([u64::MAX; 3]);
 
-    /// The key's slot among `N` (a power of two), by a hash of all three words: the top bits
-    /// of a Fibonacci multiply, which spread the quantized codes' structured low bits.
+    /// The key's slot among `N` (a power of two) ([`slot_of`]).
     #[inline]
     pub(crate) fn slot<const N: usize>(&self) -> usize {
-        const { assert!(N.is_power_of_two() && N > 1) };
-        let [a, b, c] = self.0;
-        let h = (a ^ b.rotate_left(21) ^ c.rotate_left(42)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        (h >> (64 - N.trailing_zeros())) as usize
+        slot_of::<N>(&self.0)
     }
 
     #[cfg(test)]
@@ -111,6 +120,11 @@ impl PriceKey {
             ),
             load.0 | (code(s.prefill_cached) as u64) << 48,
         ])
+    }
+
+    /// The key of the shape alone: the load's bits cleared (what fixes a step's batch part).
+    pub(crate) fn batch(&self) -> PriceKey {
+        PriceKey([self.0[0], self.0[1], self.0[2] & !((1 << 48) - 1)])
     }
 
     fn field(&self, i: usize) -> u64 {

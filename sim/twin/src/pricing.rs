@@ -1,7 +1,7 @@
 //! Prices an op list with the cost model: per-op time and bound, the step's critical path, and the
 //! effect of two-micro-batch overlap.
 
-use dstwin_core::opgraph::{DieSet, LayerKind, Op, OpKind};
+use dstwin_core::opgraph::{DieSet, LayerKind, Op, OpKind, Part};
 use dstwin_hwmodels::{A2aMode, Bound, Cost, CostModel, CostParams};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -179,6 +179,164 @@ pub fn class_slot(kind: &OpKind) -> usize {
     }
 }
 
+/// The sums a step's rules (critical path, two micro-batches, shared-expert overlap) read,
+/// over a set of priced ops: one part's ops on one die set ([`StepSums`]), or a step's
+/// critical path ([`on_path`]). The rules are functions of these sums alone, so the twin prices
+/// a step's two parts apart, caches each under what fixes it, and adds them. Times by op class
+/// and rooflines, which only the slowest rank's report and `explain` read, are summed from the
+/// op list instead: 144 bytes stay in the cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PathSums {
+    /// Seconds of ops bound by compute or HBM, and by communication.
+    pub compute_s: f64,
+    pub comm_s: f64,
+    /// Seconds of the ops that run once per step (embedding, LM head).
+    once_s: f64,
+    /// By layer group (0: the decoder layers, 1: the MTP module), for two micro-batches.
+    groups: [GroupSums; 2],
+    /// By layer group: the shared expert's seconds where every die runs it, and dispatch plus
+    /// combine seconds, what a second stream can hide it under (both sit in MoE layers only:
+    /// the decoder's and the MTP module's).
+    shared_s: [f64; 2],
+    a2a_s: [f64; 2],
+    /// Whether any collective runs in normal mode, and any in low-latency mode.
+    normal: bool,
+    low_latency: bool,
+}
+
+/// A layer group's sums for two micro-batches ([`two_microbatch_time`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct GroupSums {
+    /// Seconds of the attention stream (compute on every die) and of the MoE stream
+    /// (collectives and expert-die ops).
+    attention: f64,
+    moe: f64,
+    /// Seconds the ops keep the compute units and HBM busy.
+    compute: f64,
+    memory: f64,
+    /// Layers the group repeats over (its ops' largest repeat; 0: no ops).
+    layers: u64,
+}
+
+impl PathSums {
+    /// Adds a priced op.
+    #[inline]
+    fn add(&mut self, q: &PathOp) {
+        let comm = q.bound == Bound::Communication;
+        if comm {
+            self.comm_s += q.total_s;
+        } else {
+            self.compute_s += q.total_s;
+        }
+        let g = usize::from(q.layer == LayerKind::Mtp);
+        match q.layer {
+            LayerKind::Embedding | LayerKind::LmHead => self.once_s += q.total_s,
+            _ => {
+                let gs = &mut self.groups[g];
+                if comm || q.dies != DieSet::All {
+                    gs.moe += q.total_s;
+                } else {
+                    gs.attention += q.total_s;
+                }
+                gs.compute += q.compute_busy_s;
+                gs.memory += q.memory_busy_s;
+                // An op repeats at least once (the op graph drops the others).
+                gs.layers = gs.layers.max(q.repeat);
+            }
+        }
+        match q.name {
+            "shared_expert" | "dispatch" | "combine" => {
+                debug_assert!(matches!(q.layer, LayerKind::Moe | LayerKind::Mtp));
+                if q.name != "shared_expert" {
+                    self.a2a_s[g] += q.total_s;
+                } else if q.dies == DieSet::All {
+                    self.shared_s[g] += q.total_s;
+                }
+            }
+            _ => {}
+        }
+        match q.a2a_mode {
+            Some(A2aMode::Normal) => self.normal = true,
+            Some(A2aMode::LowLatency) => self.low_latency = true,
+            None => {}
+        }
+    }
+
+    /// Adds the sums of other ops.
+    #[inline]
+    fn merge(&mut self, o: &PathSums) {
+        self.compute_s += o.compute_s;
+        self.comm_s += o.comm_s;
+        self.once_s += o.once_s;
+        for (g, h) in self.groups.iter_mut().zip(&o.groups) {
+            g.attention += h.attention;
+            g.moe += h.moe;
+            g.compute += h.compute;
+            g.memory += h.memory;
+            g.layers = g.layers.max(h.layers);
+        }
+        for g in 0..2 {
+            self.shared_s[g] += o.shared_s[g];
+            self.a2a_s[g] += o.a2a_s[g];
+        }
+        self.normal |= o.normal;
+        self.low_latency |= o.low_latency;
+    }
+
+    /// Seconds of all the ops, one after another.
+    pub fn total_s(&self) -> f64 {
+        self.compute_s + self.comm_s
+    }
+
+    /// The all-to-all mode of steps with these ops: normal when any collective runs in normal
+    /// mode (or there is none), low-latency otherwise.
+    pub fn a2a_mode(&self) -> A2aMode {
+        if self.low_latency && !self.normal {
+            A2aMode::LowLatency
+        } else {
+            A2aMode::Normal
+        }
+    }
+}
+
+/// A step's sums by part: its batch part's (every die runs it), and its MoE part's by die set
+/// (indexed as [`DieSet`] is declared).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepSums {
+    pub batch: PathSums,
+    pub moe: [PathSums; 3],
+}
+
+impl StepSums {
+    #[inline]
+    fn add(&mut self, part: Part, q: &PathOp) {
+        match part {
+            Part::Batch => {
+                debug_assert_eq!(q.dies, DieSet::All, "{}", q.name);
+                self.batch.add(q)
+            }
+            Part::Moe => self.moe[q.dies as usize].add(q),
+        }
+    }
+}
+
+/// The critical path of a step whose batch part sums to `batch` and whose MoE part sums, by
+/// die set, to `moe`: every die's ops plus those of the slower expert die set, which it
+/// returns too (routed on a tie). The one rule `explain` and the twin device share.
+pub fn on_path(batch: &PathSums, moe: &[PathSums; 3]) -> (DieSet, PathSums) {
+    let shared = moe[DieSet::SharedExperts as usize].total_s();
+    let routed = moe[DieSet::RoutedExperts as usize].total_s();
+    let slow = if shared > routed {
+        DieSet::SharedExperts
+    } else {
+        DieSet::RoutedExperts
+    };
+    let mut p = *batch;
+    p.merge(&moe[DieSet::All as usize]);
+    p.merge(&moe[slow as usize]);
+    (slow, p)
+}
+
 /// A priced step, its ops recorded as `O` ([`OpPrice`]).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StepCost<O = PricedOp> {
@@ -192,9 +350,14 @@ pub struct StepCost<O = PricedOp> {
     /// The step at 100% of peak with no overhead and no communication: a lower bound (0 for
     /// ops recorded without rooflines, [`PathOp`]).
     pub roofline_s: f64,
-    /// The expert die set that sets the pace, found once ([`StepCost::slow_set`]).
+    /// The expert die set that sets the pace.
     #[serde(skip)]
     slow: DieSet,
+    /// The ops' sums by part and die set, and on the critical path.
+    #[serde(skip)]
+    pub sums: StepSums,
+    #[serde(skip)]
+    pub path: PathSums,
 }
 
 impl StepCost {
@@ -223,6 +386,23 @@ impl StepCost {
 }
 
 impl<O: OpPrice> StepCost<O> {
+    /// The step of the priced `ops`, which sum to `sums`.
+    fn new(ops: Vec<O>, sums: StepSums) -> Self {
+        let (slow, path) = on_path(&sums.batch, &sums.moe);
+        let mut step = StepCost {
+            ops,
+            serial_s: path.total_s(),
+            compute_s: path.compute_s,
+            comm_s: path.comm_s,
+            roofline_s: 0.0,
+            slow,
+            sums,
+            path,
+        };
+        step.roofline_s = step.on_path().map(O::roofline_s).sum();
+        step
+    }
+
     /// Ops on the critical path.
     pub fn on_path(&self) -> impl Iterator<Item = &O> {
         let slow = self.slow;
@@ -237,37 +417,9 @@ impl<O: OpPrice> StepCost<O> {
         self.slow
     }
 
-    /// The expert die set whose ops take longer (routed on a tie); `price_by` sums the two
-    /// as it builds the list, and checks against this in debug builds.
-    fn find_slow_set(ops: &[O]) -> DieSet {
-        let sum = |d| {
-            ops.iter()
-                .map(O::path)
-                .filter(|o| o.dies == d)
-                .map(|o| o.total_s)
-                .sum::<f64>()
-        };
-        Self::slower_set(sum(DieSet::SharedExperts), sum(DieSet::RoutedExperts))
-    }
-
-    /// The slower expert die set, from the seconds of each one's ops (routed on a tie).
-    fn slower_set(shared_s: f64, routed_s: f64) -> DieSet {
-        if shared_s > routed_s {
-            DieSet::SharedExperts
-        } else {
-            DieSet::RoutedExperts
-        }
-    }
-
-    /// The step's all-to-all mode: normal when any all-to-all on the path runs in normal mode
-    /// (or there is none), low-latency otherwise.
+    /// The step's all-to-all mode ([`PathSums::a2a_mode`] of its critical path).
     pub fn a2a_mode(&self) -> A2aMode {
-        let mut modes = self.on_path().filter_map(|o| o.path().a2a_mode).peekable();
-        if modes.peek().is_some() && modes.all(|m| m == A2aMode::LowLatency) {
-            A2aMode::LowLatency
-        } else {
-            A2aMode::Normal
-        }
+        self.path.a2a_mode()
     }
 }
 
@@ -283,20 +435,9 @@ fn op_cost(o: &Op, cm: &CostModel) -> Cost {
 /// mostly differ in a few ops (a new step load moves the MoE ops, a longer context the
 /// attention), and an op with the same name and the same work costs the same: it is priced
 /// once, then read back.
-#[derive(Clone, Debug)]
-pub struct OpMemo<O = PricedOp> {
+#[derive(Clone, Debug, Default)]
+pub struct OpMemo {
     last: Vec<Option<(&'static str, OpKind, Cost)>>,
-    /// The storage of the last priced list handed back ([`OpMemo::recycle`]).
-    spare: Vec<O>,
-}
-
-impl<O> Default for OpMemo<O> {
-    fn default() -> Self {
-        OpMemo {
-            last: Vec::new(),
-            spare: Vec::new(),
-        }
-    }
 }
 
 /// The same work to the bit (a price is a function of the op's name and the bits of its work).
@@ -322,12 +463,7 @@ fn same_kind(a: &OpKind, b: &OpKind) -> bool {
     }
 }
 
-impl<O> OpMemo<O> {
-    /// Takes back a step priced with this memo: the next price reuses its storage.
-    pub fn recycle(&mut self, step: StepCost<O>) {
-        self.spare = step.ops;
-    }
-
+impl OpMemo {
     /// The price of `o`, the op at position `i` of its list.
     #[inline]
     fn cost(&mut self, i: usize, o: &Op, cm: &CostModel) -> Cost {
@@ -358,9 +494,23 @@ pub fn price(ops: &[Op], cm: &CostModel) -> StepCost {
 }
 
 /// [`price`], each op's price read from `memo` where its work is unchanged.
-pub fn price_memo<O: OpPrice>(ops: &[Op], cm: &CostModel, memo: &mut OpMemo<O>) -> StepCost<O> {
-    let out = std::mem::take(&mut memo.spare);
-    price_by(ops, cm, |i, o| memo.cost(i, o, cm), out)
+pub fn price_memo<O: OpPrice>(ops: &[Op], cm: &CostModel, memo: &mut OpMemo) -> StepCost<O> {
+    price_by(
+        ops,
+        cm,
+        |i, o| memo.cost(i, o, cm),
+        Vec::with_capacity(ops.len()),
+    )
+}
+
+/// The sums of `ops` priced on `cm` (what [`price`] sums), each op's price read
+/// from `memo` where its work is unchanged: what the twin device caches of a step's part.
+pub fn price_sums(ops: &[Op], cm: &CostModel, memo: &mut OpMemo) -> StepSums {
+    let mut sums = StepSums::default();
+    for (i, o) in ops.iter().enumerate() {
+        sums.add(o.part, &PathOp::new(o, memo.cost(i, o, cm), cm));
+    }
+    sums
 }
 
 /// Prices `ops` into `out` (cleared first), each op's price from `cost_of(position, op)`.
@@ -371,49 +521,16 @@ fn price_by<O: OpPrice>(
     mut out: Vec<O>,
 ) -> StepCost<O> {
     out.clear();
-    // Each expert die set's seconds, summed in op order as the list is built (one pass less
-    // over it; the sums are those `find_slow_set` takes).
-    let (mut shared, mut routed) = (0.0, 0.0);
+    let mut sums = StepSums::default();
     for (i, o) in ops.iter().enumerate() {
         let p = O::new(o, cost_of(i, o), cm);
-        let q = p.path();
-        match q.dies {
-            DieSet::SharedExperts => shared += q.total_s,
-            DieSet::RoutedExperts => routed += q.total_s,
-            DieSet::All => {}
-        }
+        sums.add(o.part, &p.path());
         out.push(p);
     }
-    debug_assert_eq!(
-        StepCost::find_slow_set(&out),
-        StepCost::<O>::slower_set(shared, routed)
-    );
-    let mut step = StepCost {
-        slow: StepCost::<O>::slower_set(shared, routed),
-        ops: out,
-        serial_s: 0.0,
-        compute_s: 0.0,
-        comm_s: 0.0,
-        roofline_s: 0.0,
-    };
-    let (mut compute, mut comm, mut roof) = (0.0, 0.0, 0.0);
-    for o in step.on_path() {
-        let q = o.path();
-        if q.bound == Bound::Communication {
-            comm += q.total_s;
-        } else {
-            compute += q.total_s;
-        }
-        roof += o.roofline_s();
-    }
-    step.compute_s = compute;
-    step.comm_s = comm;
-    step.serial_s = compute + comm;
-    step.roofline_s = roof;
-    step
+    StepCost::new(out, sums)
 }
 
-/// Step time with two micro-batches, each half of the batch priced as `half`.
+/// Step time with two micro-batches, each half of the batch's critical path summing to `half`.
 ///
 /// Within each repeated layer the two micro-batches run on two streams of the same die: the
 /// attention stream (the ops every die runs) and the MoE stream (dispatch, the expert GEMMs,
@@ -426,38 +543,12 @@ fn price_by<O: OpPrice>(
 /// the step's all-to-all mode (1.0 = the best case) sets where between the two a layer lands.
 /// One stage's fill is added at the start. Ops that run once per step (embedding, LM head) do
 /// not overlap.
-pub fn two_microbatch_time<O: OpPrice>(half: &StepCost<O>, params: &CostParams) -> f64 {
+pub fn two_microbatch_time(half: &PathSums, params: &CostParams) -> f64 {
     let overlap = params.overlap_efficiency(half.a2a_mode());
-    #[derive(Default)]
-    struct Group {
-        attention: f64,
-        moe: f64,
-        compute: f64,
-        memory: f64,
-        layers: u64,
-    }
     // Decoder layers and the MTP module (in that order), each spread evenly over its layer
     // count; a group without ops adds nothing.
-    let mut groups: [Option<Group>; 2] = [None, None];
-    let mut once = 0.0;
-    for o in half.on_path().map(O::path) {
-        match o.layer {
-            LayerKind::Embedding | LayerKind::LmHead => once += 2.0 * o.total_s,
-            _ => {
-                let g = groups[usize::from(o.layer == LayerKind::Mtp)].get_or_insert_default();
-                if o.bound == Bound::Communication || o.dies != DieSet::All {
-                    g.moe += o.total_s;
-                } else {
-                    g.attention += o.total_s;
-                }
-                g.compute += o.compute_busy_s;
-                g.memory += o.memory_busy_s;
-                g.layers = g.layers.max(o.repeat);
-            }
-        }
-    }
-    let mut t = once;
-    for g in groups.into_iter().flatten() {
+    let mut t = 2.0 * half.once_s;
+    for g in half.groups.iter().filter(|g| g.layers > 0) {
         let n = g.layers.max(1) as f64;
         let (a, m) = (g.attention / n, g.moe / n);
         let best = 2.0 * a.max(m).max(g.compute / n).max(g.memory / n);
@@ -468,8 +559,8 @@ pub fn two_microbatch_time<O: OpPrice>(half: &StepCost<O>, params: &CostParams) 
 }
 
 /// A step priced under an instance's engine mechanisms.
-#[derive(Clone, Debug)]
-pub struct StepPrice<O = PricedOp> {
+#[derive(Clone, Copy, Debug)]
+pub struct StepPrice {
     /// The step's time: serial, or split in two micro-batches where the mechanisms say so.
     pub time_s: f64,
     /// The step without micro-batches (shared-expert overlap applied).
@@ -480,42 +571,34 @@ pub struct StepPrice<O = PricedOp> {
     pub split_used: bool,
     /// Seconds of the shared expert hidden under the dispatch and combine by a second stream.
     pub shared_overlap_s: f64,
-    /// The serial step's ops.
-    pub full: StepCost<O>,
 }
 
 /// Shared-expert seconds a second stream hides under the routed experts' dispatch and combine
-/// (`multistream_overlap_shared_expert`): per MoE layer, the lesser of the two.
-pub fn shared_expert_overlap<O: OpPrice>(step: &StepCost<O>) -> f64 {
-    let mut by_layer: BTreeMap<LayerKind, (f64, f64)> = BTreeMap::new();
-    for o in step.on_path().map(O::path) {
-        let e = by_layer.entry(o.layer).or_default();
-        match o.name {
-            "shared_expert" if o.dies == DieSet::All => e.0 += o.total_s,
-            "dispatch" | "combine" => e.1 += o.total_s,
-            _ => {}
-        }
-    }
-    by_layer.values().map(|(s, c)| s.min(*c)).sum()
+/// (`multistream_overlap_shared_expert`): per MoE layer, the lesser of the two, on the
+/// critical path `path`.
+pub fn shared_expert_overlap(path: &PathSums) -> f64 {
+    let [d, m] = [0, 1].map(|g| path.shared_s[g].min(path.a2a_s[g]));
+    d + m
 }
 
 /// Prices a step of one DP rank computing `shape` under the instance's mechanisms: the one
-/// rule `explain` and the twin device share. `full` is the step's ops priced ([`price`]);
-/// `half` is the step's time in two micro-batches ([`two_microbatch_time`] of the same step
-/// with half the batch), called only when the mechanisms allow a split at this size.
-pub fn price_step<O: OpPrice>(
+/// rule `explain` and the twin device share. `full` is the step's critical path
+/// ([`on_path`]); `half` is the step's time in two micro-batches ([`two_microbatch_time`] of
+/// the same step with half the batch), called only when the mechanisms allow a split at this
+/// size.
+pub fn price_step(
     features: &dstwin_core::features::Resolved,
     shape: &dstwin_core::batch::BatchShape,
-    full: StepCost<O>,
+    full: &PathSums,
     half: impl FnOnce() -> f64,
-) -> StepPrice<O> {
+) -> StepPrice {
     use dstwin_core::features::TwoMicrobatch;
     let shared_overlap_s = if features.shared_expert_overlap {
-        shared_expert_overlap(&full)
+        shared_expert_overlap(full)
     } else {
         0.0
     };
-    let serial_s = full.serial_s - shared_overlap_s;
+    let serial_s = full.total_s() - shared_overlap_s;
     let split_s = features
         .two_microbatch_allowed(shape.tokens(), shape.prefill_tokens > 0)
         .then(half);
@@ -530,7 +613,6 @@ pub fn price_step<O: OpPrice>(
         split_s,
         split_used,
         shared_overlap_s,
-        full,
     }
 }
 

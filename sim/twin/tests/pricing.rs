@@ -4,10 +4,11 @@ use dstwin_core::batch::BatchShape;
 use dstwin_core::features::Resolved;
 use dstwin_core::layout::{Layout, Plan, Role};
 use dstwin_core::model::{builtin, ModelConfig, Quant};
-use dstwin_core::opgraph::{step_ops, MoeLoad, StepSpec};
+use dstwin_core::opgraph::{step_ops, step_part_ops_into, MoeLoad, Part, StepSpec};
 use dstwin_hwmodels::{Catalog, CostModel, DType};
 use dstwin_twin::pricing::{
-    price, price_memo, shared_expert_overlap, two_microbatch_time, OpMemo, OpPrice, PathOp,
+    on_path, price, price_memo, price_sums, shared_expert_overlap, two_microbatch_time, OpMemo,
+    OpPrice, PathOp, PricedOp, StepCost,
 };
 use proptest::prelude::*;
 
@@ -100,21 +101,26 @@ fn critical_path_is_compute_plus_communication() {
     perfect.overlap_efficiency_low_latency = 1.0;
     let mut none = cm.params.clone();
     none.overlap_efficiency_low_latency = 0.0;
-    let best = two_microbatch_time(&h, &perfect);
+    let best = two_microbatch_time(&h.path, &perfect);
     assert!(best >= s.compute_s.max(s.comm_s) * 0.5);
     // Without overlap the halves run one after the other: never faster than the best case,
     // and the overlap efficiency moves the step monotonically between the two.
-    let worst = two_microbatch_time(&h, &none);
+    let worst = two_microbatch_time(&h.path, &none);
     assert!(worst > best);
     assert!(worst >= h.serial_s * 2.0 - 1e-12);
     let mut mid = cm.params.clone();
     mid.overlap_efficiency_low_latency = 0.5;
-    let m = two_microbatch_time(&h, &mid);
+    let m = two_microbatch_time(&h.path, &mid);
     assert!(best < m && m < worst);
     // A decode step's all-to-all is low-latency: the normal-mode efficiency does not touch it.
     let mut other = perfect.clone();
     other.overlap_efficiency_normal = 0.0;
-    assert_eq!(two_microbatch_time(&h, &other), best);
+    assert_eq!(two_microbatch_time(&h.path, &other), best);
+}
+
+/// The same value to the bit (`Debug` prints every float's shortest round-trip form).
+fn bits<T: std::fmt::Debug>(x: &T) -> String {
+    format!("{x:?}")
 }
 
 proptest! {
@@ -122,8 +128,8 @@ proptest! {
     /// A memo of each position's last op price changes no price: a run of op lists (decode and
     /// prefill shapes, loads and communication modes in turn, so that positions hold other ops
     /// and other work) priced through one memo equals each list priced afresh. The lean
-    /// records the twin device's cache prices into ([`PathOp`]) give the step's rules the same
-    /// bits as the full ones.
+    /// records and the sums the twin device's cache keeps ([`PathOp`], `price_sums`) give the
+    /// step's rules the same bits as the full ones.
     #[test]
     fn memoized_op_prices_equal_fresh_ones(
         steps in proptest::collection::vec(
@@ -133,8 +139,8 @@ proptest! {
     ) {
         let st = Setup::new(Layout::dp_ep(Role::Mixed, 32));
         let (cm, m, spec) = (&st.cm, &st.m, st.spec(1));
-        let mut memo = OpMemo::default();
-        let mut lean_memo = OpMemo::<PathOp>::default();
+        let (mut memo, mut lean_memo, mut sums_memo) =
+            (OpMemo::default(), OpMemo::default(), OpMemo::default());
         for (seqs, ctx, prefill, group, imbalance, mc2) in steps {
             let mut shape = BatchShape::uniform_decode(seqs, 2, ctx, m.attn_cap());
             shape.add_prefill(prefill, 0, m.attn_cap());
@@ -149,9 +155,10 @@ proptest! {
             };
             let ops = step_ops(spec, &shape, &load);
             let fresh = price(&ops, cm);
-            prop_assert_eq!(price_memo(&ops, cm, &mut memo), fresh.clone());
-            let lean = price_memo(&ops, cm, &mut lean_memo);
-            let bits = |x: f64| x.to_bits();
+            let memoized: StepCost<PricedOp> = price_memo(&ops, cm, &mut memo);
+            prop_assert_eq!(bits(&memoized), bits(&fresh));
+            prop_assert_eq!(bits(&memoized.sums), bits(&fresh.sums));
+            let lean: StepCost<PathOp> = price_memo(&ops, cm, &mut lean_memo);
             prop_assert_eq!(lean.ops.len(), fresh.ops.len());
             for (l, f) in lean.ops.iter().zip(&fresh.ops) {
                 prop_assert_eq!(*l, f.path());
@@ -159,18 +166,66 @@ proptest! {
             prop_assert_eq!(lean.slow_set(), fresh.slow_set());
             prop_assert_eq!(lean.a2a_mode(), fresh.a2a_mode());
             prop_assert_eq!(
-                [bits(lean.serial_s), bits(lean.compute_s), bits(lean.comm_s)],
-                [bits(fresh.serial_s), bits(fresh.compute_s), bits(fresh.comm_s)]
+                bits(&[lean.serial_s, lean.compute_s, lean.comm_s]),
+                bits(&[fresh.serial_s, fresh.compute_s, fresh.comm_s])
+            );
+            prop_assert_eq!(bits(&lean.sums), bits(&fresh.sums));
+            prop_assert_eq!(bits(&price_sums(&ops, cm, &mut sums_memo)), bits(&fresh.sums));
+            prop_assert_eq!(
+                bits(&two_microbatch_time(&lean.path, &cm.params)),
+                bits(&two_microbatch_time(&fresh.path, &cm.params))
             );
             prop_assert_eq!(
-                bits(two_microbatch_time(&lean, &cm.params)),
-                bits(two_microbatch_time(&fresh, &cm.params))
-            );
-            prop_assert_eq!(
-                bits(shared_expert_overlap(&lean)),
-                bits(shared_expert_overlap(&fresh))
+                bits(&shared_expert_overlap(&lean.path)),
+                bits(&shared_expert_overlap(&fresh.path))
             );
         }
+    }
+
+    /// A step priced in its two parts, each under only what fixes it, is the step priced
+    /// whole, to the bit: the batch part under another load, the MoE part for another batch
+    /// with the same tokens (and sequences, which a later MTP draft reads). This is what lets
+    /// the twin device cache the parts apart.
+    #[test]
+    fn a_step_priced_in_parts_is_the_step_priced_whole(
+        seqs in 0u32..64, ctx in 1u64..8192, prefill in 0u64..4096, cached in 0u64..4096,
+        group in 1u64..100_000, imbalance in 100u32..300, other in 100u32..300,
+        mtp in 0u32..3, shared_dies in any::<bool>(),
+    ) {
+        let st = Setup::new(Layout {
+            redundant_experts: 32,
+            shared_expert_dies: if shared_dies { 32 } else { 0 },
+            ..Layout::dp_ep(Role::Mixed, if shared_dies { 320 } else { 288 })
+        });
+        let (cm, m, spec) = (&st.cm, &st.m, st.spec(mtp));
+        let mut shape = BatchShape::uniform_decode(seqs, 1 + mtp as u64, ctx, m.attn_cap());
+        shape.add_prefill(prefill, cached, m.attn_cap());
+        let load = |imbalance: u32| MoeLoad {
+            group_tokens: group,
+            imbalance: imbalance as f64 / 100.0,
+            comm: dstwin_core::features::MoeCommUsed::AllToAll,
+        };
+        let whole = price(&step_ops(spec, &shape, &load(imbalance)), cm);
+        let part = |shape: &BatchShape, load: &MoeLoad, part: Part| {
+            let mut ops = Vec::new();
+            step_part_ops_into(spec, shape, load, part, &mut ops);
+            price_sums(&ops, cm, &mut OpMemo::default())
+        };
+        // The batch part, priced under another load.
+        let batch = part(&shape, &load(other), Part::Batch).batch;
+        // The MoE part, for the same tokens and sequences at a longer context.
+        let mut longer = BatchShape::uniform_decode(seqs, 1 + mtp as u64, ctx + 777, m.attn_cap());
+        longer.add_prefill(prefill, cached + 99, m.attn_cap());
+        let moe = part(&longer, &load(imbalance), Part::Moe).moe;
+        prop_assert_eq!(bits(&batch), bits(&whole.sums.batch));
+        prop_assert_eq!(bits(&moe), bits(&whole.sums.moe));
+        let (slow, path) = on_path(&batch, &moe);
+        prop_assert_eq!(slow, whole.slow_set());
+        prop_assert_eq!(bits(&path), bits(&whole.path));
+        prop_assert_eq!(
+            bits(&[path.total_s(), path.compute_s, path.comm_s]),
+            bits(&[whole.serial_s, whole.compute_s, whole.comm_s])
+        );
     }
 }
 
