@@ -32,5 +32,5 @@ pub mod model;
 pub mod mtp;
 pub mod opgraph;
 pub mod pd;
-mod prefetch;
+pub mod prefetch;
 pub mod time;

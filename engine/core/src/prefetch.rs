@@ -4,7 +4,7 @@
 
 /// Hints that the cache line holding `at` will be read soon.
 #[inline(always)]
-pub(crate) fn line(at: *const u8) {
+pub fn line(at: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and reads nothing the program sees, whatever the address.
     unsafe {
@@ -16,7 +16,7 @@ pub(crate) fn line(at: *const u8) {
 
 /// Hints that every cache line of `v` will be read soon.
 #[inline(always)]
-pub(crate) fn value<T>(v: &T) {
+pub fn value<T>(v: &T) {
     let at = (v as *const T).cast::<u8>();
     let size = std::mem::size_of::<T>();
     for offset in (0..size).step_by(64).chain([size.saturating_sub(1)]) {

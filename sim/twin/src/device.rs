@@ -23,10 +23,10 @@ use dstwin_core::opgraph::{
 };
 use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_hwmodels::{CostModel, DType};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::keymap::KeyMap;
 pub use crate::pricekey::StepLoad;
 use crate::pricekey::{slot_of, PriceKey};
 
@@ -46,7 +46,7 @@ fn half(s: &BatchShape) -> BatchShape {
 
 /// The price of one rank's step: its time, and where the cache keeps its time by op class
 /// ([`PricerStep::class_times`]; only the slowest rank's are read).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RankCost {
     pub time_s: f64,
     at: u32,
@@ -163,14 +163,15 @@ impl Default for MoeParts {
 /// hundred loads.)
 #[derive(Debug, Default)]
 struct PriceTable {
-    cache: HashMap<PriceKey, RankCost, BuildHasherDefault<KeyHasher>>,
+    /// Prices by key: a step's lookups are prefetched ([`KeyMap`]).
+    cache: KeyMap<RankCost>,
     /// Each cached price's key and where its time by op class is (`RankCost::at`), once
     /// computed: only the slowest rank's are read, from the whole step's op list.
     priced: Vec<(PriceKey, u32)>,
     classes: Vec<ClassTimes>,
     /// Batch parts by their shape's key ([`PriceKey::batch`]): where in `batch_sums` the whole
     /// batch's are, and the half's (`NO_HALF` where the mechanisms never split the batch).
-    batches: HashMap<PriceKey, (u32, u32), BuildHasherDefault<KeyHasher>>,
+    batches: KeyMap<(u32, u32)>,
     batch_sums: Vec<PathSums>,
     moes: MoeParts,
     lanes: [Lane; 5],
@@ -191,7 +192,7 @@ impl PriceTable {
         load: &MoeLoad,
     ) -> (u32, u32) {
         let bk = key.batch();
-        if let Some(&at) = self.batches.get(&bk) {
+        if let Some(at) = self.batches.get(&bk) {
             return at;
         }
         // The batch part does not read the load.
@@ -275,9 +276,25 @@ pub struct StepPricer {
     /// The prices this pricer looked up in the shared map last, by a hash of their key
     /// ([`Near`]).
     near: Box<Near>,
+    /// The ranks of the step being priced whose last key did not match ([`PricerStep::add`]).
+    pending: Vec<Pending>,
     pub hits: u64,
     pub misses: u64,
 }
+
+/// A rank of the step being priced whose last key did not match: looked up after the step's
+/// other ranks are added, its slot in the shared map prefetched meanwhile.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    /// Its place among the step's ranks, its DP rank (`NO_RANK`: the idle ranks' dummy batch)
+    /// and its key.
+    at: u32,
+    rank: u32,
+    key: PriceKey,
+}
+
+/// `Pending::rank` of the idle ranks' dummy batch, which keeps no last key.
+const NO_RANK: u32 = u32::MAX;
 
 /// Slots of a pricer's [`Near`] prices (a power of two).
 const NEAR_SLOTS: usize = 256;
@@ -309,6 +326,11 @@ pub struct PricerStep<'a> {
     table: MutexGuard<'a, PriceTable>,
     recent: &'a mut Vec<Option<(PriceKey, RankCost)>>,
     near: &'a mut Near,
+    pending: &'a mut Vec<Pending>,
+    /// Ranks added since the last [`PricerStep::slowest`], and the slowest of those priced so
+    /// far with its place.
+    added: u32,
+    slowest: Option<(u32, RankCost)>,
     hits: &'a mut u64,
     misses: &'a mut u64,
 }
@@ -364,6 +386,7 @@ impl StepPricer {
             table,
             recent: Vec::new(),
             near: Box::default(),
+            pending: Vec::new(),
             hits: 0,
             misses: 0,
         }
@@ -382,6 +405,9 @@ impl StepPricer {
             table: self.table.lock().unwrap_or_else(PoisonError::into_inner),
             recent: &mut self.recent,
             near: &mut self.near,
+            pending: &mut self.pending,
+            added: 0,
+            slowest: None,
             hits: &mut self.hits,
             misses: &mut self.misses,
         }
@@ -389,26 +415,70 @@ impl StepPricer {
 }
 
 impl PricerStep<'_> {
-    /// The price of one rank computing `shape` under the step's `load`.
+    /// The price of one rank computing `shape` under the step's `load` (nothing else added).
     pub fn rank_cost(&mut self, shape: &BatchShape, load: StepLoad) -> RankCost {
-        self.cost_near(PriceKey::with_load(shape, load))
+        self.add(None, shape, load);
+        self.slowest().expect("one rank added")
     }
 
     /// [`PricerStep::rank_cost`] for DP rank `rank`, checking first what that rank priced last.
     pub fn rank_cost_of(&mut self, rank: usize, shape: &BatchShape, load: StepLoad) -> RankCost {
+        self.add(Some(rank), shape, load);
+        self.slowest().expect("one rank added")
+    }
+
+    /// Adds DP rank `rank` computing `shape` under the step's `load` to the ranks whose
+    /// slowest [`PricerStep::slowest`] finds (`None`: the idle ranks' dummy batch). A rank
+    /// whose key is the one it priced last is priced at once; the others wait, their slots in
+    /// the shared map prefetched, so that their lookups wait for memory together rather than
+    /// one after another.
+    pub fn add(&mut self, rank: Option<usize>, shape: &BatchShape, load: StepLoad) {
         let key = PriceKey::with_load(shape, load);
-        if rank >= self.recent.len() {
-            self.recent.resize(rank + 1, None);
-        }
-        if let Some((k, c)) = &self.recent[rank] {
-            if *k == key {
-                *self.hits += 1;
-                return *c;
+        let at = self.added;
+        self.added += 1;
+        if let Some(r) = rank {
+            if r >= self.recent.len() {
+                self.recent.resize(r + 1, None);
+            }
+            if let Some((k, c)) = self.recent[r] {
+                if k == key {
+                    *self.hits += 1;
+                    self.offer(at, c);
+                    return;
+                }
             }
         }
-        let c = self.cost_near(key);
-        self.recent[rank] = Some((key, c));
-        c
+        self.table.cache.prefetch(&key);
+        self.pending.push(Pending {
+            at,
+            rank: rank.map_or(NO_RANK, |r| r as u32),
+            key,
+        });
+    }
+
+    /// The slowest price of the ranks added since the last call (the first added of equal
+    /// ones), every one of them priced.
+    pub fn slowest(&mut self) -> Option<RankCost> {
+        let pending = std::mem::take(self.pending);
+        for p in &pending {
+            let c = self.cost_near(p.key);
+            if p.rank != NO_RANK {
+                self.recent[p.rank as usize] = Some((p.key, c));
+            }
+            self.offer(p.at, c);
+        }
+        *self.pending = pending;
+        self.pending.clear();
+        self.added = 0;
+        self.slowest.take().map(|(_, c)| c)
+    }
+
+    /// The rank added `at`th costs `c`.
+    #[inline]
+    fn offer(&mut self, at: u32, c: RankCost) {
+        if slower_than(at, c, self.slowest) {
+            self.slowest = Some((at, c));
+        }
     }
 
     /// The price of `key`: this pricer's copy where it has one ([`Near`]), else the shared
@@ -443,7 +513,7 @@ impl PricerStep<'_> {
         let t = &mut *self.table;
         if let Some(c) = t.cache.get(&key) {
             *self.hits += 1;
-            return *c;
+            return c;
         }
         *self.misses += 1;
         let time_s = t.time(self.spec, key);
@@ -454,6 +524,16 @@ impl PricerStep<'_> {
         };
         t.cache.insert(key, cost);
         cost
+    }
+}
+
+/// Whether the rank added `at`th, costing `c`, is slower than the slowest so far (`slowest`,
+/// with its place): the first added of equal prices is the slowest, in whatever order the
+/// prices come.
+fn slower_than(at: u32, c: RankCost, slowest: Option<(u32, RankCost)>) -> bool {
+    match slowest {
+        None => true,
+        Some((a, s)) => c.time_s > s.time_s || (c.time_s == s.time_s && at < a),
     }
 }
 
@@ -736,9 +816,8 @@ impl Device for SimDevice {
         let padded = move |s: &BatchShape| pad.map_or(*s, |p| s.padded_to(p, mtp_tokens));
         let load = StepLoad::new(group, step_imbalance, comm);
         let mut prices = self.pricer.step();
-        let mut slowest: Option<RankCost> = None;
         if idle > 0 {
-            slowest = Some(prices.rank_cost(&padded(&self.dummy), load));
+            prices.add(None, &padded(&self.dummy), load);
         }
         // One pass over the ranks: their prices and their sequences' acceptances.
         let mut last: Option<BatchShape> = None;
@@ -759,11 +838,9 @@ impl Device for SimDevice {
                 continue;
             }
             last = Some(shape);
-            let c = prices.rank_cost_of(r.rank as usize, &padded(&shape), load);
-            if slowest.is_none_or(|s| c.time_s > s.time_s) {
-                slowest = Some(c);
-            }
+            prices.add(Some(r.rank as usize), &padded(&shape), load);
         }
+        let slowest = prices.slowest();
         let slowest_classes = slowest.map(|c| prices.class_times(c));
         drop(prices);
         let mut extra_s = 0.0;
@@ -829,5 +906,33 @@ impl Device for SimDevice {
 
     fn predicts_time(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slowest_is_the_first_added_of_equal_prices_in_any_order() {
+        let cost = |time_s, at| RankCost { time_s, at };
+        let prices = [
+            (5, cost(1.0, 0)),
+            (2, cost(1.0, 1)),
+            (7, cost(0.5, 2)),
+            (3, cost(1.0, 3)),
+        ];
+        // Every order of the four offers gives the one added second (place 2).
+        let orders = [[0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2], [2, 0, 3, 1]];
+        for order in orders {
+            let mut slowest = None;
+            for i in order {
+                let (at, c) = prices[i];
+                if slower_than(at, c, slowest) {
+                    slowest = Some((at, c));
+                }
+            }
+            assert_eq!(slowest, Some(prices[1]), "{order:?}");
+        }
     }
 }

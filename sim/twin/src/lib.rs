@@ -6,6 +6,7 @@
 //!   expert imbalance and the price of moving experts).
 //! - [`fabric`]: `TwinFabric`, KV links shared by concurrent transfers (processor sharing).
 //! - [`pricekey`]: the price cache's key (quantized shape sums, group tokens, imbalance).
+//! - `keymap`: the price tables' open-addressing map, whose lookups can be prefetched.
 //! - [`pricing`]: prices an op list with the cost model; critical path; two-micro-batch overlap.
 //! - [`expert_load`]: the routed-expert load (the fitted default, log-normal, Zipf, replayed heat
 //!   maps), its drift, the imbalance of a placement and the per-batch fluctuation of routing.
@@ -16,6 +17,7 @@ pub mod device;
 pub mod expert_load;
 pub mod explain;
 pub mod fabric;
+mod keymap;
 pub mod pricekey;
 pub mod pricing;
 pub mod spread;

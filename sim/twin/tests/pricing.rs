@@ -327,3 +327,50 @@ fn a_pricers_own_copies_are_the_shared_prices() {
     assert_eq!(near.misses as usize, want.len());
     assert_eq!((near.hits + near.misses) as usize, order.len());
 }
+
+/// A step's ranks added together are priced as one at a time would price them: the slowest
+/// price (the dummy batch among them) with its times by op class, and every rank keeps its
+/// key for the next step (which then prices from the ranks' last keys alone).
+#[test]
+fn a_steps_ranks_priced_together_give_the_slowest_first_rank() {
+    use dstwin_core::features::MoeCommUsed;
+    use dstwin_twin::device::{PricerSpec, StepLoad, StepPricer};
+    let st = Setup::new(Layout::dp_ep(Role::Decode, 32));
+    let spec = PricerSpec {
+        model: st.m.clone(),
+        quant: Quant::W8a8,
+        kv_dtype: DType::Bf16,
+        plan: st.plan.clone(),
+        mtp_tokens: 0,
+        features: st.features.clone(),
+        cost: st.cm.clone(),
+    };
+    let cap = st.m.attn_cap();
+    // 32 ranks over 5 shapes, the slowest (most sequences) at ranks 3, 8, 13, ...
+    let shape =
+        |r: u32| BatchShape::uniform_decode(1 + [1, 7, 2, 40, 5][r as usize % 5], 1, 2048, cap);
+    let dummy = BatchShape::uniform_decode(1, 1, 1, cap);
+    let load = StepLoad::new(32 * 20, 1.2, MoeCommUsed::Mc2);
+    let mut alone = StepPricer::new(spec.clone());
+    let want: Vec<_> = (0..32)
+        .map(|r| alone.step().rank_cost(&shape(r), load))
+        .collect();
+    let max = want.iter().map(|c| c.time_s).fold(f64::MIN, f64::max);
+    assert_eq!(want[3].time_s, max);
+    let mut p = StepPricer::new(spec);
+    for step in 0..2 {
+        let mut s = p.step();
+        s.add(None, &dummy, load);
+        for r in 0..32 {
+            s.add(Some(r as usize), &shape(r), load);
+        }
+        let slowest = s.slowest().unwrap();
+        assert_eq!(slowest.time_s, want[3].time_s, "step {step}");
+        // Times by op class are the first slowest rank's.
+        let mut a = alone.step();
+        assert_eq!(s.class_times(slowest), a.class_times(want[3]));
+    }
+    // The first step priced 6 keys (5 shapes and the dummy) and found the rest; the second
+    // found every rank's key as the rank left it, and the dummy's copy.
+    assert_eq!((p.misses, p.hits), (6, 27 + 33));
+}
