@@ -429,9 +429,9 @@ impl PricerStep<'_> {
 
     /// Adds DP rank `rank` computing `shape` under the step's `load` to the ranks whose
     /// slowest [`PricerStep::slowest`] finds (`None`: the idle ranks' dummy batch). A rank
-    /// whose key is the one it priced last is priced at once; the others wait, their slots in
-    /// the shared map prefetched, so that their lookups wait for memory together rather than
-    /// one after another.
+    /// whose key is the one it priced last, or whose price the pricer has a copy of ([`Near`]),
+    /// is priced at once; the others wait, their slots in the shared map prefetched, so that
+    /// their lookups wait for memory together rather than one after another.
     pub fn add(&mut self, rank: Option<usize>, shape: &BatchShape, load: StepLoad) {
         let key = PriceKey::with_load(shape, load);
         let at = self.added;
@@ -447,6 +447,15 @@ impl PricerStep<'_> {
                     return;
                 }
             }
+        }
+        // A copy at hand needs no prefetch (a prefetch the lookup will not use only holds up
+        // those it will).
+        if let Some(c) = self.near_copy(&key) {
+            if let Some(r) = rank {
+                self.recent[r] = Some((key, c));
+            }
+            self.offer(at, c);
+            return;
         }
         self.table.cache.prefetch(&key);
         self.pending.push(Pending {
@@ -484,15 +493,22 @@ impl PricerStep<'_> {
     /// The price of `key`: this pricer's copy where it has one ([`Near`]), else the shared
     /// map's.
     fn cost_near(&mut self, key: PriceKey) -> RankCost {
-        let slot = key.slot::<NEAR_SLOTS>();
-        let (k, c) = self.near.0[slot];
-        if k == key {
-            *self.hits += 1;
+        if let Some(c) = self.near_copy(&key) {
             return c;
         }
         let c = self.cost_of(key);
-        self.near.0[slot] = (key, c);
+        self.near.0[key.slot::<NEAR_SLOTS>()] = (key, c);
         c
+    }
+
+    /// This pricer's copy of the price of `key`, where it has one ([`Near`]).
+    #[inline]
+    fn near_copy(&mut self, key: &PriceKey) -> Option<RankCost> {
+        let (k, c) = self.near.0[key.slot::<NEAR_SLOTS>()];
+        (k == *key).then(|| {
+            *self.hits += 1;
+            c
+        })
     }
 
     /// Time by op class on the critical path of a price this pricer returned.
