@@ -33,6 +33,19 @@ impl Setup {
         }
     }
 
+    /// A twin pricer's spec for this setup, without MTP.
+    fn pricer_spec(&self) -> dstwin_twin::device::PricerSpec {
+        dstwin_twin::device::PricerSpec {
+            model: self.m.clone(),
+            quant: Quant::W8a8,
+            kv_dtype: DType::Bf16,
+            plan: self.plan.clone(),
+            mtp_tokens: 0,
+            features: self.features.clone(),
+            cost: self.cm.clone(),
+        }
+    }
+
     fn spec(&self, mtp_tokens: u32) -> StepSpec<'_> {
         StepSpec {
             model: &self.m,
@@ -235,17 +248,9 @@ proptest! {
 #[test]
 fn shared_prices_are_the_prices_a_pricer_computes_alone() {
     use dstwin_core::features::MoeCommUsed;
-    use dstwin_twin::device::{PricerSpec, StepLoad, StepPricer};
+    use dstwin_twin::device::{StepLoad, StepPricer};
     let st = Setup::new(Layout::dp_ep(Role::Prefill, 32));
-    let spec = || PricerSpec {
-        model: st.m.clone(),
-        quant: Quant::W8a8,
-        kv_dtype: DType::Bf16,
-        plan: st.plan.clone(),
-        mtp_tokens: 0,
-        features: st.features.clone(),
-        cost: st.cm.clone(),
-    };
+    let spec = || st.pricer_spec();
     let cap = st.m.attn_cap();
     let shapes: Vec<BatchShape> = [(4096, 0), (4096, 4096), (2048, 1024), (3000, 0)]
         .iter()
@@ -279,17 +284,9 @@ fn shared_prices_are_the_prices_a_pricer_computes_alone() {
 #[test]
 fn a_pricers_own_copies_are_the_shared_prices() {
     use dstwin_core::features::MoeCommUsed;
-    use dstwin_twin::device::{PricerSpec, StepLoad, StepPricer};
+    use dstwin_twin::device::{StepLoad, StepPricer};
     let st = Setup::new(Layout::dp_ep(Role::Prefill, 32));
-    let spec = || PricerSpec {
-        model: st.m.clone(),
-        quant: Quant::W8a8,
-        kv_dtype: DType::Bf16,
-        plan: st.plan.clone(),
-        mtp_tokens: 0,
-        features: st.features.clone(),
-        cost: st.cm.clone(),
-    };
+    let spec = || st.pricer_spec();
     let cap = st.m.attn_cap();
     // 127 x 3 shapes whose quantized keys all differ (sums below 128 are kept exactly), under
     // two loads: more keys than a pricer keeps copies of.
@@ -334,17 +331,9 @@ fn a_pricers_own_copies_are_the_shared_prices() {
 #[test]
 fn a_steps_ranks_priced_together_give_the_slowest_first_rank() {
     use dstwin_core::features::MoeCommUsed;
-    use dstwin_twin::device::{PricerSpec, StepLoad, StepPricer};
+    use dstwin_twin::device::{StepLoad, StepPricer};
     let st = Setup::new(Layout::dp_ep(Role::Decode, 32));
-    let spec = PricerSpec {
-        model: st.m.clone(),
-        quant: Quant::W8a8,
-        kv_dtype: DType::Bf16,
-        plan: st.plan.clone(),
-        mtp_tokens: 0,
-        features: st.features.clone(),
-        cost: st.cm.clone(),
-    };
+    let spec = st.pricer_spec();
     let cap = st.m.attn_cap();
     // 32 ranks over 5 shapes, the slowest (most sequences) at ranks 3, 8, 13, ...
     let shape =
