@@ -236,20 +236,13 @@ impl PriceTable {
         slot
     }
 
-    /// The critical path of the step `key` stands for (its quantized shape and load), from its
-    /// parts; and where its half's batch part is.
-    fn path(&mut self, spec: &PricerSpec, key: PriceKey) -> (PathSums, u32) {
-        let (shape, load) = key.shape();
-        let (whole, half) = self.batch_part(spec, key, &shape, &load);
-        let moe = self.moe_part(spec, &shape, &load, MOE);
-        let (_, path) = on_path(&self.batch_sums[whole as usize], &self.moes.0[moe].1);
-        (path, half)
-    }
-
-    /// The step's time for `key` under the instance's mechanisms ([`price_step`]).
+    /// The step's time for `key` (the quantized shape and load it stands for) under the
+    /// instance's mechanisms ([`price_step`]), from its parts.
     fn time(&mut self, spec: &PricerSpec, key: PriceKey) -> f64 {
-        let (full, at_half) = self.path(spec, key);
         let (shape, load) = key.shape();
+        let (whole, at_half) = self.batch_part(spec, key, &shape, &load);
+        let moe = self.moe_part(spec, &shape, &load, MOE);
+        let (_, full) = on_path(&self.batch_sums[whole as usize], &self.moes.0[moe].1);
         let split = || {
             // Two micro-batches of half the batch each, half the EP group's tokens too.
             let half_load = MoeLoad {
@@ -400,6 +393,8 @@ impl StepPricer {
     /// at worst a priced key that no cached price points to (a price enters the map last), so
     /// a poisoned lock is taken as it is.
     pub fn step(&mut self) -> PricerStep<'_> {
+        // Ranks a step added and never asked the slowest of are not this step's.
+        self.pending.clear();
         PricerStep {
             spec: &self.spec,
             table: self.table.lock().unwrap_or_else(PoisonError::into_inner),

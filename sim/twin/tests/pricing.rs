@@ -362,4 +362,13 @@ fn a_steps_ranks_priced_together_give_the_slowest_first_rank() {
     // The first step priced 6 keys (5 shapes and the dummy) and found the rest; the second
     // found every rank's key as the rank left it, and the dummy's copy.
     assert_eq!((p.misses, p.hits), (6, 27 + 33));
+    // A rank added to a step that never asked for its slowest is not the next step's.
+    p.step().add(
+        Some(40),
+        &shape(3),
+        StepLoad::new(32 * 400, 2.0, MoeCommUsed::Mc2),
+    );
+    let mut s = p.step();
+    s.add(Some(0), &shape(0), load);
+    assert_eq!(s.slowest().unwrap().time_s, want[0].time_s);
 }
