@@ -23,7 +23,6 @@ use dstwin_core::opgraph::{
 };
 use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_hwmodels::{CostModel, DType};
-use std::hash::Hasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::keymap::KeyMap;
@@ -326,39 +325,6 @@ pub struct PricerStep<'a> {
     slowest: Option<(u32, RankCost)>,
     hits: &'a mut u64,
     misses: &'a mut u64,
-}
-
-/// The price cache's hasher: FxHash's word mixing, finished with splitmix64's avalanche.
-/// Quantized sums end in long runs of zero bits; FxHash alone leaves the bits the map takes its
-/// bucket and tag from clustered, and a lookup then compares key after key (measured: a third
-/// of the Mooncake run's time went to those compares).
-#[derive(Default)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-
-    #[inline]
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(v as u64);
-    }
-
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
 }
 
 impl StepPricer {
