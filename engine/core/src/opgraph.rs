@@ -903,6 +903,34 @@ pub fn moe_reads(spec: &StepSpec<'_>, b: &BatchShape) -> (u64, u64) {
     (b.tokens(), if later { b.seqs() as u64 } else { 0 })
 }
 
+/// What the MoE part's ops on the expert dies (the routed experts, and a shared expert on
+/// dies of its own) read of the batch: nothing, unless a later MTP draft pass runs, whose
+/// load is the EP group's tokens scaled by the pass's share of the rank's tokens; then what
+/// [`moe_reads`] reads. Batches that agree on these have the same expert-die ops under the
+/// same load: a step's ranks share them.
+pub fn expert_reads(spec: &StepSpec<'_>, b: &BatchShape) -> (u64, u64) {
+    match moe_reads(spec, b) {
+        (_, 0) => (0, 0),
+        r => r,
+    }
+}
+
+/// The part of the step's load that the MoE part's ops on every die (router, dispatch,
+/// combine, and a shared expert without dies of its own) read: the imbalance and the
+/// communication mode, and the EP group's tokens only where every die gathers them (the
+/// all-gather mode). Loads that agree on this give batches that agree on [`moe_reads`] the
+/// same every-die ops.
+pub fn every_die_load(load: &MoeLoad) -> MoeLoad {
+    MoeLoad {
+        group_tokens: if load.comm == MoeCommUsed::AllGather {
+            load.group_tokens
+        } else {
+            0
+        },
+        ..*load
+    }
+}
+
 fn build(
     spec: StepSpec<'_>,
     b: &BatchShape,

@@ -453,3 +453,78 @@ fn a_steps_parts_are_its_ops_and_read_only_what_they_say() {
         }
     }
 }
+
+/// The MoE part's ops split by where they run: those on every die read of the load only
+/// what `every_die_load` keeps (the group's tokens only in all-gather mode), and those on the
+/// expert dies read of the batch only what `expert_reads` says (nothing without a later draft
+/// pass). For every builtin model, with and without MTP drafts and a later draft pass, with a
+/// shared expert on dies of its own and without.
+#[test]
+fn the_moe_parts_die_sets_read_only_what_they_say() {
+    use dstwin_core::features::MoeCommUsed;
+    use dstwin_core::opgraph::{
+        every_die_load, expert_reads, moe_reads, step_part_ops_into, DieSet, Part,
+    };
+    let sys = Catalog::builtin().system("cloudmatrix384").unwrap();
+    for name in ["deepseek-v3", "deepseek-v3.2", "deepseek-v4-flash"] {
+        let m = builtin(name).unwrap();
+        let mut own_dies = Layout::dp_ep(Role::Decode, 72);
+        own_dies.shared_expert_dies = 8;
+        for layout in [Layout::dp_ep(Role::Mixed, 32), own_dies] {
+            let plan = layout.validate(&m, sys).unwrap();
+            let features = dstwin_core::features::Resolved::plain("ascend-910c");
+            let cap = m.attn_cap();
+            for mtp in [0, 1, 2] {
+                let spec = StepSpec {
+                    model: &m,
+                    quant: Quant::W8a8,
+                    kv_dtype: DType::Bf16,
+                    plan: &plan,
+                    mtp_tokens: mtp,
+                    features: &features,
+                };
+                let ops = |b: &BatchShape, l: &MoeLoad, every: bool| -> Vec<_> {
+                    let mut ops = Vec::new();
+                    step_part_ops_into(spec, b, l, Part::Moe, &mut ops);
+                    ops.retain(|o| (o.dies == DieSet::All) == every);
+                    ops
+                };
+                let shape = BatchShape::uniform_decode(24, 1 + mtp as u64, 3000, cap);
+                // More sequences, other contexts, and a prompt chunk: another share of
+                // sequences in the tokens too (what a later draft pass's load reads).
+                let mut other = BatchShape::uniform_decode(48, 1 + mtp as u64, 700, cap);
+                other.add_prefill(500, 1000, cap);
+                for comm in [
+                    MoeCommUsed::Mc2,
+                    MoeCommUsed::AllToAll,
+                    MoeCommUsed::AllGather,
+                ] {
+                    let load = |group_tokens| MoeLoad {
+                        group_tokens,
+                        imbalance: 1.3,
+                        comm,
+                    };
+                    let (a, b) = (load(20_000), load(31_000));
+                    let what = format!("{name} {} dies mtp {mtp} {comm:?}", plan.dies);
+                    // Every die: the group's tokens matter only where `every_die_load` keeps them.
+                    let same_load = every_die_load(&a) == every_die_load(&b);
+                    assert_eq!(same_load, comm != MoeCommUsed::AllGather, "{what}");
+                    assert_eq!(
+                        ops(&shape, &a, true) == ops(&shape, &b, true),
+                        same_load,
+                        "{what}"
+                    );
+                    assert_ne!(ops(&shape, &a, true), ops(&other, &a, true), "{what}");
+                    assert_ne!(moe_reads(&spec, &shape), moe_reads(&spec, &other));
+                    // Expert dies: the batch matters only through `expert_reads`.
+                    let same_reads = expert_reads(&spec, &shape) == expert_reads(&spec, &other);
+                    assert_eq!(same_reads, mtp < 2, "{what}");
+                    let experts = ops(&shape, &a, false);
+                    assert!(experts.iter().any(|o| o.name == "experts"), "{what}");
+                    assert_eq!(experts == ops(&other, &a, false), same_reads, "{what}");
+                    assert_ne!(experts, ops(&shape, &b, false), "{what}");
+                }
+            }
+        }
+    }
+}

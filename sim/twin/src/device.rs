@@ -19,7 +19,8 @@ use dstwin_core::layout::Plan;
 use dstwin_core::model::{ModelConfig, Quant};
 use dstwin_core::mtp::Acceptance;
 use dstwin_core::opgraph::{
-    moe_reads, step_ops_into, step_part_ops_into, MoeLoad, Op, Part, StepSpec,
+    every_die_load, expert_reads, moe_reads, step_ops_into, step_part_ops_into, MoeLoad, Op, Part,
+    StepSpec,
 };
 use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_hwmodels::{CostModel, DType};
@@ -124,29 +125,76 @@ const MOE: usize = 2;
 const MOE_HALF: usize = 3;
 const WHOLE: usize = 4;
 
-/// What fixes a step's MoE part ([`moe_reads`]): the EP group's tokens, the imbalance's bits,
-/// the rank's tokens, and a later MTP pass's sequences with the communication mode.
+/// What fixes one die set's share of a step's MoE part, as four words: for the ops on every
+/// die, what they read of the batch ([`moe_reads`]) and of the load ([`every_die_load`]); for
+/// the ops on the expert dies, the load and [`expert_reads`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct MoeKey([u64; 4]);
 
 impl MoeKey {
     /// No load gives it (a communication mode's code is below 3).
-    const NONE: MoeKey = MoeKey([0, 0, 0, 3]);
+    const NONE: MoeKey = MoeKey([0, 3, 0, 0]);
+
+    /// The keys of the every-die ops and of the expert-die ops of a rank computing `shape`
+    /// under `load`.
+    fn of(spec: &StepSpec<'_>, shape: &BatchShape, load: &MoeLoad) -> (MoeKey, MoeKey) {
+        let comm = load.comm as u64;
+        let (tokens, seqs) = moe_reads(spec, shape);
+        let every = every_die_load(load);
+        let (et, es) = expert_reads(spec, shape);
+        (
+            MoeKey([
+                tokens,
+                seqs << 2 | comm,
+                every.imbalance.to_bits(),
+                every.group_tokens,
+            ]),
+            MoeKey([
+                et,
+                es << 2 | comm,
+                load.imbalance.to_bits(),
+                load.group_tokens,
+            ]),
+        )
+    }
 }
 
-/// Slots of a price table's MoE parts (a power of two).
-const MOE_SLOTS: usize = 256;
+/// Slots of a price table's MoE part tables (powers of two): the every-die ops' and the expert
+/// dies'.
+const EVERY_SLOTS: usize = 4096;
+const EXPERT_SLOTS: usize = 256;
 
 /// The MoE parts a price table priced last, one per slot by a hash of the key, the newest in
-/// each. A prefill step's ranks share its load and mostly their tokens, so few MoE parts are
-/// new; kept for good they took 90 MB on the CloudMatrix384 hour (91 K keys, for the few
-/// hundred loads times the ranks' token counts), and a part is cheap to price again.
+/// each, apart by die set: the every-die ops' sums, and the expert dies' (routed, shared).
+///
+/// The two move with different things. The EP group's tokens change most steps, and with them
+/// the expert dies' ops, the same for all of a step's ranks; the every-die ops read the
+/// rank's tokens, the imbalance and the communication mode, which a decode step's ranks
+/// revisit. Kept together, every new group size priced the whole MoE part again for each
+/// token count among the ranks (287 K MoE parts over the CloudMatrix384 hour, 13 per decode
+/// step); apart, a new group size prices the expert dies' part once. Kept for good they took
+/// 90 MB on that hour (91 K keys), and a part is cheap to price again.
 #[derive(Debug)]
-struct MoeParts(Box<[(MoeKey, [PathSums; 3])]>);
+struct MoeParts {
+    every: Box<[(MoeKey, PathSums)]>,
+    experts: Box<[(MoeKey, [PathSums; 2])]>,
+}
 
 impl Default for MoeParts {
     fn default() -> Self {
-        MoeParts(vec![(MoeKey::NONE, [PathSums::default(); 3]); MOE_SLOTS].into_boxed_slice())
+        MoeParts {
+            every: vec![(MoeKey::NONE, PathSums::default()); EVERY_SLOTS].into_boxed_slice(),
+            experts: vec![(MoeKey::NONE, [PathSums::default(); 2]); EXPERT_SLOTS]
+                .into_boxed_slice(),
+        }
+    }
+}
+
+impl MoeParts {
+    /// The MoE part's sums by die set ([`on_path`]'s order) in `every` and `experts` slots.
+    fn sums(&self, every: usize, experts: usize) -> [PathSums; 3] {
+        let [routed, shared] = self.experts[experts].1;
+        [self.every[every].1, routed, shared]
     }
 }
 
@@ -210,29 +258,28 @@ impl PriceTable {
         (at_whole, at_half)
     }
 
-    /// The MoE part of a rank computing `shape` under `load` (priced in `lane` where new): the
-    /// slot of `moes` that holds its sums by die set.
+    /// The MoE part of a rank computing `shape` under `load` (priced in `lane` where new): its
+    /// sums by die set ([`MoeParts`]).
     fn moe_part(
         &mut self,
         spec: &PricerSpec,
         shape: &BatchShape,
         load: &MoeLoad,
         lane: usize,
-    ) -> usize {
-        let (tokens, seqs) = moe_reads(&spec.step_spec(), shape);
-        let key = MoeKey([
-            load.group_tokens,
-            load.imbalance.to_bits(),
-            tokens,
-            seqs << 2 | load.comm as u64,
-        ]);
-        let slot = slot_of::<MOE_SLOTS>(&key.0);
-        let m = &mut self.moes.0[slot];
-        if m.0 != key {
-            m.1 = self.lanes[lane].sums(spec, shape, load, Part::Moe).moe;
-            m.0 = key;
+    ) -> [PathSums; 3] {
+        let (every, experts) = MoeKey::of(&spec.step_spec(), shape, load);
+        let (e, x) = (
+            slot_of::<EVERY_SLOTS>(&every.0),
+            slot_of::<EXPERT_SLOTS>(&experts.0),
+        );
+        let m = &mut self.moes;
+        if m.every[e].0 != every || m.experts[x].0 != experts {
+            // Each die set's ops are summed apart, so a part priced whole gives both.
+            let [a, r, s] = self.lanes[lane].sums(spec, shape, load, Part::Moe).moe;
+            m.every[e] = (every, a);
+            m.experts[x] = (experts, [r, s]);
         }
-        slot
+        m.sums(e, x)
     }
 
     /// The step's time for `key` (the quantized shape and load it stands for) under the
@@ -241,7 +288,7 @@ impl PriceTable {
         let (shape, load) = key.shape();
         let (whole, at_half) = self.batch_part(spec, key, &shape, &load);
         let moe = self.moe_part(spec, &shape, &load, MOE);
-        let (_, full) = on_path(&self.batch_sums[whole as usize], &self.moes.0[moe].1);
+        let (_, full) = on_path(&self.batch_sums[whole as usize], &moe);
         let split = || {
             // Two micro-batches of half the batch each, half the EP group's tokens too.
             let half_load = MoeLoad {
@@ -249,7 +296,7 @@ impl PriceTable {
                 ..load
             };
             let moe = self.moe_part(spec, &half(&shape), &half_load, MOE_HALF);
-            let (_, h) = on_path(&self.batch_sums[at_half as usize], &self.moes.0[moe].1);
+            let (_, h) = on_path(&self.batch_sums[at_half as usize], &moe);
             two_microbatch_time(&h, &spec.cost.params)
         };
         price_step(&spec.features, &shape, &full, split).time_s

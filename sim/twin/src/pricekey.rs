@@ -21,22 +21,20 @@ fn quantize(v: u64) -> u64 {
 }
 
 /// A quantized value as `shift << 8 | mantissa` (value = mantissa << shift, the mantissa below
-/// 2^KEY_BITS): 16 bits for any u64, exact, one code per value.
+/// 2^KEY_BITS): 16 bits for any u64, exact, one code per value. Without branches past the
+/// small values: nine codes make a rank's key, every rank and step.
+#[inline(always)]
 fn code(v: u64) -> u16 {
     let bits = 64 - v.leading_zeros();
     if bits <= KEY_BITS {
-        v as u16
-    } else {
-        let shift = bits - KEY_BITS;
-        // Round to nearest at the kept precision: (v + 2^(shift-1)) >> shift, without overflow.
-        let m = ((v >> (shift - 1)) + 1) >> 1;
-        // Rounding up to 2^KEY_BITS is the next power's code: one code per value.
-        if m >> KEY_BITS == 1 {
-            (((shift + 1) as u16) << 8) | (m >> 1) as u16
-        } else {
-            ((shift as u16) << 8) | m as u16
-        }
+        return v as u16;
     }
+    let shift = bits - KEY_BITS;
+    // Round to nearest at the kept precision: (v + 2^(shift-1)) >> shift, without overflow.
+    let m = ((v >> (shift - 1)) + 1) >> 1;
+    // Rounding up to 2^KEY_BITS is the next power's code: one code per value.
+    let carry = (m >> KEY_BITS) as u32;
+    (((shift + carry) as u16) << 8) | (m >> carry) as u16
 }
 
 fn decode(c: u16) -> u64 {
@@ -97,11 +95,15 @@ impl PriceKey {
     }
 
     pub(crate) fn with_load(s: &BatchShape, load: StepLoad) -> Self {
+        // A decode step's prompt fields are all zero (code 0), and without an attention cap
+        // its pairs are their capped pairs: codes computed once.
         let w = |a: u64, b: u64, c: u64, d: u64| {
-            code(a) as u64
-                | (code(b) as u64) << 16
-                | (code(c) as u64) << 32
-                | (code(d) as u64) << 48
+            if a | b | c | d == 0 {
+                return 0;
+            }
+            let cd = code(c) as u64;
+            let dd = if d == c { cd } else { code(d) as u64 };
+            code(a) as u64 | (code(b) as u64) << 16 | cd << 32 | dd << 48
         };
         // Word 2: the step's load (group tokens, imbalance bucket, comm mode) and the cached
         // prompt tokens.
@@ -289,6 +291,43 @@ mod tests {
             };
             assert_eq!(quantize(v), want, "{v}");
         }
+    }
+
+    /// The code as it was first written, with a branch for the carry (the reference).
+    fn code_with_branch(v: u64) -> u16 {
+        let bits = 64 - v.leading_zeros();
+        if bits <= KEY_BITS {
+            v as u16
+        } else {
+            let shift = bits - KEY_BITS;
+            let m = ((v >> (shift - 1)) + 1) >> 1;
+            if m >> KEY_BITS == 1 {
+                (((shift + 1) as u16) << 8) | (m >> 1) as u16
+            } else {
+                ((shift as u16) << 8) | m as u16
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// The branch-free code is the first one at every magnitude.
+        #[test]
+        fn codes_are_the_reference_codes(x in proptest::num::u64::ANY, sh in 0u32..64) {
+            let v = x >> sh;
+            proptest::prop_assert_eq!(code(v), code_with_branch(v), "{}", v);
+        }
+    }
+
+    #[test]
+    fn codes_are_the_reference_codes_at_each_carry() {
+        // Every power of two and its neighbours: where the rounding carries into the shift.
+        for b in 0..64 {
+            let p = 1u64 << b;
+            for v in [p - 1, p, p + 1, p.wrapping_sub(p >> 8), p | (p >> 1)] {
+                assert_eq!(code(v), code_with_branch(v), "{v}");
+            }
+        }
+        assert_eq!(code(u64::MAX), code_with_branch(u64::MAX));
     }
 
     #[test]

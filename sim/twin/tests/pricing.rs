@@ -4,7 +4,9 @@ use dstwin_core::batch::BatchShape;
 use dstwin_core::features::Resolved;
 use dstwin_core::layout::{Layout, Plan, Role};
 use dstwin_core::model::{builtin, ModelConfig, Quant};
-use dstwin_core::opgraph::{step_ops, step_part_ops_into, MoeLoad, Part, StepSpec};
+use dstwin_core::opgraph::{
+    every_die_load, expert_reads, step_ops, step_part_ops_into, DieSet, MoeLoad, Part, StepSpec,
+};
 use dstwin_hwmodels::{Catalog, CostModel, DType};
 use dstwin_twin::pricing::{
     on_path, price, price_memo, price_sums, shared_expert_overlap, two_microbatch_time, OpMemo,
@@ -232,6 +234,19 @@ proptest! {
         let moe = part(&longer, &load(imbalance), Part::Moe).moe;
         prop_assert_eq!(bits(&batch), bits(&whole.sums.batch));
         prop_assert_eq!(bits(&moe), bits(&whole.sums.moe));
+        // The MoE part's die sets apart, each under only what fixes it: the every-die ops'
+        // sums under another group size (which `every_die_load` drops here), the expert
+        // dies' for a batch of other tokens (where `expert_reads` reads the same).
+        let regrouped = MoeLoad { group_tokens: group + 1234, ..load(imbalance) };
+        prop_assert_eq!(every_die_load(&regrouped), every_die_load(&load(imbalance)));
+        let every = part(&shape, &regrouped, Part::Moe).moe[DieSet::All as usize];
+        prop_assert_eq!(bits(&every), bits(&whole.sums.moe[DieSet::All as usize]));
+        let mut more = shape;
+        more.add_prefill(321, 0, m.attn_cap());
+        if expert_reads(&spec, &more) == expert_reads(&spec, &shape) {
+            let experts = part(&more, &load(imbalance), Part::Moe).moe;
+            prop_assert_eq!(bits(&&experts[1..]), bits(&&whole.sums.moe[1..]));
+        }
         let (slow, path) = on_path(&batch, &moe);
         prop_assert_eq!(slow, whole.slow_set());
         prop_assert_eq!(bits(&path), bits(&whole.path));
