@@ -848,11 +848,13 @@ impl Device for SimDevice {
         out.accepted.resize_with(plan.ranks.len(), Vec::new);
         for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
             acc.clear();
-            acc.extend(
-                r.decode
-                    .iter()
-                    .map(|d| self.mtp.accepted(d.req, d.step, d.drafts)),
-            );
+            if !r.decode.is_empty() {
+                acc.extend(
+                    r.decode
+                        .iter()
+                        .map(|d| self.mtp.accepted(d.req, d.step, d.drafts)),
+                );
+            }
             if r.shape.is_empty() {
                 continue;
             }

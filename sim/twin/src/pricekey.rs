@@ -41,6 +41,18 @@ fn decode(c: u16) -> u64 {
     ((c & 0xff) as u64) << (c >> 8)
 }
 
+/// The codes of four shape sums packed in a word. A decode step's prompt sums are all zero
+/// (code 0), and without an attention cap its pairs are its capped pairs: codes computed once.
+#[inline(always)]
+fn word(a: u64, b: u64, c: u64, d: u64) -> u64 {
+    if a | b | c | d == 0 {
+        return 0;
+    }
+    let cc = code(c) as u64;
+    let dc = if d == c { cc } else { code(d) as u64 };
+    code(a) as u64 | (code(b) as u64) << 16 | cc << 32 | dc << 48
+}
+
 /// The slot among `N` (a power of two) of a key of `words`, by a hash of them all: the top
 /// bits of a Fibonacci multiply, which spread the structured low bits of quantized codes.
 #[inline]
@@ -94,27 +106,18 @@ impl PriceKey {
         Self::with_load(s, StepLoad::from_bucket(group_tokens, bucket, comm))
     }
 
+    #[inline]
     pub(crate) fn with_load(s: &BatchShape, load: StepLoad) -> Self {
-        // A decode step's prompt fields are all zero (code 0), and without an attention cap
-        // its pairs are their capped pairs: codes computed once.
-        let w = |a: u64, b: u64, c: u64, d: u64| {
-            if a | b | c | d == 0 {
-                return 0;
-            }
-            let cd = code(c) as u64;
-            let dd = if d == c { cd } else { code(d) as u64 };
-            code(a) as u64 | (code(b) as u64) << 16 | cd << 32 | dd << 48
-        };
         // Word 2: the step's load (group tokens, imbalance bucket, comm mode) and the cached
         // prompt tokens.
         PriceKey([
-            w(
+            word(
                 s.prefill_seqs as u64,
                 s.prefill_tokens,
                 s.prefill_pairs,
                 s.prefill_pairs_capped,
             ),
-            w(
+            word(
                 s.decode_seqs as u64,
                 s.decode_tokens,
                 s.decode_pairs,
