@@ -368,16 +368,23 @@ impl Instance {
             }
             let plan = &mut self.plan.ranks[kept];
             kept += 1;
+            plan.rank = r;
+            if let Some(t) = rank.quiet_step(self.steps, plan) {
+                totals.add(&plan.shape);
+                self.trivial.push(Some(t));
+                continue;
+            }
             rank.catch_up(self.steps);
             debug_assert_eq!(rank.steps(), self.steps, "rank {r} steps in lockstep");
             let before = rank.used_blocks();
-            plan.rank = r;
-            rank.schedule(plan, &mut self.started, &mut self.pulls, &mut events);
+            let steady = rank.schedule(plan, &mut self.started, &mut self.pulls, &mut events);
             totals.add(&plan.shape);
             self.trivial.push(rank.trivial_step());
             self.used_blocks = self.used_blocks + rank.used_blocks() - before;
             // Send-back preemption removes requests while scheduling.
-            self.loads.set(r, rank.load());
+            if !steady {
+                self.loads.set(r, rank.load());
+            }
         }
         active.truncate(kept);
         self.active = active;

@@ -2,7 +2,7 @@
 //! budget and `max_num_seqs`; preemption when KV runs out; the per-request plan entries of a
 //! device that executes requests; applying a step's outcome.
 
-use super::steady::{COOLDOWN, LIN, SAT};
+use super::steady::{COOLDOWN, LIN, NIL, RING, SAT};
 use super::{blocks_for, Entry, RankScheduler, Seq, State};
 use crate::batch::BatchShape;
 use crate::device::{DecodeSeq, FinishReason, RankPlan, ReqId, Sampled, ScheduledReq};
@@ -125,14 +125,16 @@ impl RankScheduler {
     }
 
     /// Plans this rank's step into `plan`; requests admitted for the first time go to `started`,
-    /// remote-KV requests whose blocks are now allocated go to `pulls`.
+    /// remote-KV requests whose blocks are now allocated go to `pulls`. Returns whether the
+    /// step holds only steady requests (no request was admitted, preempted or sent back: the
+    /// rank's load is what it was).
     pub fn schedule(
         &mut self,
         plan: &mut RankPlan,
         started: &mut Vec<ReqId>,
         pulls: &mut Vec<ReqId>,
         events: &mut Vec<InstEvent>,
-    ) {
+    ) -> bool {
         // A trivial plan left unapplied was not run (a plan without tokens): this plans the
         // same step again.
         self.unapplied = false;
@@ -156,9 +158,44 @@ impl RankScheduler {
             self.add_steady(plan);
             #[cfg(debug_assertions)]
             self.check();
-            return;
+            return true;
         }
         self.schedule_exact(plan, p, started, pulls, events);
+        false
+    }
+
+    /// The step of a rank that only goes on with its steady requests, planned without the
+    /// general path (most ranks of a long decode, most steps): its last plan was trivial and
+    /// has run (the instance has run `steps`, one more than the rank), it holds only steady
+    /// requests whose demand cannot bind the budget, and no window ends at the coming step.
+    /// Leaves the rank, `plan` and the counters as [`RankScheduler::catch_up`],
+    /// [`RankScheduler::schedule`] and [`RankScheduler::trivial_step`] would and returns the
+    /// step's trivial totals; `None`, with nothing changed, for any other rank.
+    #[inline]
+    pub fn quiet_step(&mut self, steps: u64, plan: &mut RankPlan) -> Option<(u64, u64)> {
+        let p = self.step + 1;
+        let k = self.cfg.num_spec_tokens as u64;
+        let quiet = self.unapplied
+            && steps == p
+            && self.running.is_empty()
+            && self.waiting.is_empty()
+            && self.phantoms.is_empty()
+            && self.freed.is_empty()
+            && self.due.get(p as usize & (RING - 1)) == Some(&NIL)
+            && self.steady.len() as u64 * (1 + k) <= self.cfg.max_num_batched_tokens as u64;
+        if !quiet {
+            return None;
+        }
+        self.close_step();
+        self.advance(p);
+        plan.shape = BatchShape::default();
+        plan.decode.clear();
+        plan.reqs.clear();
+        plan.freed.clear();
+        self.add_steady(plan);
+        #[cfg(debug_assertions)]
+        self.check();
+        self.trivial_step()
     }
 
     /// [`RankScheduler::schedule`] request by request: running requests, then waiting ones.
