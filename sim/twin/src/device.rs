@@ -192,9 +192,9 @@ impl Default for MoeParts {
 
 impl MoeParts {
     /// The MoE part's sums by die set ([`on_path`]'s order) in `every` and `experts` slots.
-    fn sums(&self, every: usize, experts: usize) -> [PathSums; 3] {
-        let [routed, shared] = self.experts[experts].1;
-        [self.every[every].1, routed, shared]
+    fn sums(&self, (every, experts): (usize, usize)) -> [&PathSums; 3] {
+        let [routed, shared] = &self.experts[experts].1;
+        [&self.every[every].1, routed, shared]
     }
 }
 
@@ -258,15 +258,15 @@ impl PriceTable {
         (at_whole, at_half)
     }
 
-    /// The MoE part of a rank computing `shape` under `load` (priced in `lane` where new): its
-    /// sums by die set ([`MoeParts`]).
+    /// The MoE part of a rank computing `shape` under `load` (priced in `lane` where new):
+    /// where in `moes` its sums by die set are ([`MoeParts::sums`]).
     fn moe_part(
         &mut self,
         spec: &PricerSpec,
         shape: &BatchShape,
         load: &MoeLoad,
         lane: usize,
-    ) -> [PathSums; 3] {
+    ) -> (usize, usize) {
         let (every, experts) = MoeKey::of(&spec.step_spec(), shape, load);
         let (e, x) = (
             slot_of::<EVERY_SLOTS>(&every.0),
@@ -279,7 +279,7 @@ impl PriceTable {
             m.every[e] = (every, a);
             m.experts[x] = (experts, [r, s]);
         }
-        m.sums(e, x)
+        (e, x)
     }
 
     /// The step's time for `key` (the quantized shape and load it stands for) under the
@@ -288,7 +288,7 @@ impl PriceTable {
         let (shape, load) = key.shape();
         let (whole, at_half) = self.batch_part(spec, key, &shape, &load);
         let moe = self.moe_part(spec, &shape, &load, MOE);
-        let (_, full) = on_path(&self.batch_sums[whole as usize], &moe);
+        let (_, full) = on_path(&self.batch_sums[whole as usize], self.moes.sums(moe));
         let split = || {
             // Two micro-batches of half the batch each, half the EP group's tokens too.
             let half_load = MoeLoad {
@@ -296,7 +296,7 @@ impl PriceTable {
                 ..load
             };
             let moe = self.moe_part(spec, &half(&shape), &half_load, MOE_HALF);
-            let (_, h) = on_path(&self.batch_sums[at_half as usize], &moe);
+            let (_, h) = on_path(&self.batch_sums[at_half as usize], self.moes.sums(moe));
             two_microbatch_time(&h, &spec.cost.params)
         };
         price_step(&spec.features, &shape, &full, split).time_s

@@ -323,7 +323,7 @@ impl StepSums {
 /// The critical path of a step whose batch part sums to `batch` and whose MoE part sums, by
 /// die set, to `moe`: every die's ops plus those of the slower expert die set, which it
 /// returns too (routed on a tie). The one rule `explain` and the twin device share.
-pub fn on_path(batch: &PathSums, moe: &[PathSums; 3]) -> (DieSet, PathSums) {
+pub fn on_path(batch: &PathSums, moe: [&PathSums; 3]) -> (DieSet, PathSums) {
     let shared = moe[DieSet::SharedExperts as usize].total_s();
     let routed = moe[DieSet::RoutedExperts as usize].total_s();
     let slow = if shared > routed {
@@ -332,8 +332,8 @@ pub fn on_path(batch: &PathSums, moe: &[PathSums; 3]) -> (DieSet, PathSums) {
         DieSet::RoutedExperts
     };
     let mut p = *batch;
-    p.merge(&moe[DieSet::All as usize]);
-    p.merge(&moe[slow as usize]);
+    p.merge(moe[DieSet::All as usize]);
+    p.merge(moe[slow as usize]);
     (slow, p)
 }
 
@@ -388,7 +388,7 @@ impl StepCost {
 impl<O: OpPrice> StepCost<O> {
     /// The step of the priced `ops`, which sum to `sums`.
     fn new(ops: Vec<O>, sums: StepSums) -> Self {
-        let (slow, path) = on_path(&sums.batch, &sums.moe);
+        let (slow, path) = on_path(&sums.batch, sums.moe.each_ref());
         let mut step = StepCost {
             ops,
             serial_s: path.total_s(),

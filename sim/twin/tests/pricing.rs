@@ -247,7 +247,7 @@ proptest! {
             let experts = part(&more, &load(imbalance), Part::Moe).moe;
             prop_assert_eq!(bits(&&experts[1..]), bits(&&whole.sums.moe[1..]));
         }
-        let (slow, path) = on_path(&batch, &moe);
+        let (slow, path) = on_path(&batch, moe.each_ref());
         prop_assert_eq!(slow, whole.slow_set());
         prop_assert_eq!(bits(&path), bits(&whole.path));
         prop_assert_eq!(
