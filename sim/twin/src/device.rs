@@ -844,7 +844,16 @@ impl Device for SimDevice {
             prices.add(None, &padded(&self.dummy), load);
         }
         // One pass over the ranks: their prices and their sequences' acceptances.
-        let mut last: Option<BatchShape> = None;
+        // The last rank added: consecutive ranks with equal shapes (as the engine's attention
+        // sees them) cost the same.
+        let mut last: Option<&BatchShape> = None;
+        let same = |a: &BatchShape, b: &BatchShape| {
+            if a.prefill_seqs == 0 && b.prefill_seqs == 0 {
+                a == b
+            } else {
+                a.short_chunks_as_decode(query_len) == b.short_chunks_as_decode(query_len)
+            }
+        };
         out.accepted.resize_with(plan.ranks.len(), Vec::new);
         for (r, acc) in plan.ranks.iter().zip(out.accepted.iter_mut()) {
             acc.clear();
@@ -855,16 +864,20 @@ impl Device for SimDevice {
                         .map(|d| self.mtp.accepted(d.req, d.step, d.drafts)),
                 );
             }
-            if r.shape.is_empty() {
+            if r.shape.is_empty() || last.is_some_and(|l| same(l, &r.shape)) {
                 continue;
             }
-            // Consecutive ranks with equal shapes cost the same.
-            let shape = r.shape.short_chunks_as_decode(query_len);
-            if last == Some(shape) {
-                continue;
+            last = Some(&r.shape);
+            let rank = Some(r.rank as usize);
+            match (r.shape.prefill_seqs, pad) {
+                // A decode-only rank, no graph padding: the shape as planned.
+                (0, None) => prices.add(rank, &r.shape, load),
+                _ => prices.add(
+                    rank,
+                    &padded(&r.shape.short_chunks_as_decode(query_len)),
+                    load,
+                ),
             }
-            last = Some(shape);
-            prices.add(Some(r.rank as usize), &padded(&shape), load);
         }
         let slowest = prices.slowest();
         let slowest_classes = slowest.map(|c| prices.class_times(c));
