@@ -167,7 +167,7 @@ impl BatchShape {
     /// When every prompt chunk of the step is that short (their tokens are at most
     /// `query_len` per chunk), they join the decodes.
     pub fn short_chunks_as_decode(&self, query_len: u64) -> BatchShape {
-        if self.prefill_seqs == 0 || self.prefill_tokens > self.prefill_seqs as u64 * query_len {
+        if !self.short_chunks(query_len) {
             return *self;
         }
         BatchShape {
@@ -181,6 +181,14 @@ impl BatchShape {
             decode_pairs: self.decode_pairs + self.prefill_pairs,
             decode_pairs_capped: self.decode_pairs_capped + self.prefill_pairs_capped,
         }
+    }
+
+    /// Whether the step has prompt chunks of at most `query_len` tokens each (as the shape's
+    /// sums tell: the chunks' tokens are at most their number times `query_len`): what
+    /// [`BatchShape::short_chunks_as_decode`] turns into decodes, their tokens unchanged.
+    #[inline]
+    pub fn short_chunks(&self, query_len: u64) -> bool {
+        self.prefill_seqs != 0 && self.prefill_tokens <= self.prefill_seqs as u64 * query_len
     }
 
     /// A decode step padded to `tokens` tokens (a captured graph's size): the padding is dummy

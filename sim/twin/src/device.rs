@@ -769,13 +769,12 @@ impl Device for SimDevice {
     }
 
     fn execute(&mut self, plan: &StepPlan, out: &mut StepOutcome) -> Result<(), DeviceError> {
-        if plan.dp_ranks != self.capacity.dp_ranks
-            || plan.ranks.iter().any(|r| r.rank >= plan.dp_ranks)
-        {
-            return Err(DeviceError::Ranks {
-                got: plan.dp_ranks as usize,
-                expected: self.capacity.dp_ranks,
-            });
+        let bad_ranks = || DeviceError::Ranks {
+            got: plan.dp_ranks as usize,
+            expected: self.capacity.dp_ranks,
+        };
+        if plan.dp_ranks != self.capacity.dp_ranks {
+            return Err(bad_ranks());
         }
         // Idle ranks run a one-token dummy batch: priced once, whatever their number. Every
         // token of every rank enters the MoE layers once (TP dies split a rank's tokens); the
@@ -796,6 +795,9 @@ impl Device for SimDevice {
         let mut routing = RoutingSums::default();
         let (mut max_tokens, mut with_prompts, mut host_max) = (0, false, f64::NEG_INFINITY);
         for r in &plan.ranks {
+            if r.rank >= plan.dp_ranks {
+                return Err(bad_ranks());
+            }
             totals.add(&r.shape);
             if fluctuates {
                 routing.add(&r.shape);
@@ -807,11 +809,9 @@ impl Device for SimDevice {
                         + h.per_token_s * r.shape.tokens() as f64,
                 );
             }
-            if !r.shape.is_empty() {
-                let s = r.shape.short_chunks_as_decode(query_len);
-                max_tokens = max_tokens.max(s.tokens());
-                with_prompts |= s.prefill_tokens > 0;
-            }
+            // Short prompt chunks run as decodes: the same tokens, and no prompt.
+            max_tokens = max_tokens.max(r.shape.tokens());
+            with_prompts |= r.shape.prefill_tokens > 0 && !r.shape.short_chunks(query_len);
         }
         let totals = totals.finish(plan.idle_ranks());
         let (group, idle) = (totals.routed_tokens, totals.dummy_ranks);

@@ -387,3 +387,63 @@ fn a_steps_ranks_priced_together_give_the_slowest_first_rank() {
     s.add(Some(0), &shape(0), load);
     assert_eq!(s.slowest().unwrap().time_s, want[0].time_s);
 }
+
+/// The device's pass over a plan: a rank outside the instance is refused; a step whose prompt
+/// chunks are as short as a decode's query costs what the same tokens as decodes cost, and
+/// ranks with equal shapes, next to each other or not, cost one price.
+#[test]
+fn the_device_prices_a_plan_as_its_ranks() {
+    use dstwin_core::device::{Capacity, Device, DeviceError, RankPlan, StepOutcome, StepPlan};
+    use dstwin_core::mtp::Acceptance;
+    use dstwin_twin::device::{SimDevice, StepPricer};
+    let st = Setup::new(Layout::dp_ep(Role::Decode, 32));
+    let cap = st.m.attn_cap();
+    let capacity = Capacity {
+        dp_ranks: 32,
+        kv_blocks_per_rank: 1000,
+        block_size: 128,
+        kv_bytes_per_token: 1.0,
+        memory: None,
+    };
+    let device = || {
+        let pricer = StepPricer::new(st.pricer_spec());
+        SimDevice::new(pricer, Acceptance::new(&[], 1), capacity, None)
+    };
+    let plan = |shapes: &[BatchShape]| StepPlan {
+        dp_ranks: 32,
+        ranks: shapes
+            .iter()
+            .enumerate()
+            .map(|(r, &shape)| RankPlan {
+                rank: r as u32,
+                shape,
+                ..RankPlan::default()
+            })
+            .collect(),
+        expert_move: None,
+    };
+    let run = |p: &StepPlan| {
+        let mut out = StepOutcome::default();
+        device().execute(p, &mut out).map(|()| out.duration)
+    };
+    let decodes = BatchShape::uniform_decode(16, 1, 2000, cap);
+    let mut outside = plan(&[decodes]);
+    outside.ranks[0].rank = 32;
+    assert!(matches!(run(&outside), Err(DeviceError::Ranks { .. })));
+    // One-token prompt chunks (a hand-off's recompute) are priced as decodes.
+    let mut chunks = BatchShape::uniform_decode(15, 1, 2000, cap);
+    chunks.add_prefill(1, 1999, cap);
+    let mut as_decodes = BatchShape::uniform_decode(15, 1, 2000, cap);
+    as_decodes.add_decode(1, 1999, cap);
+    assert_eq!(chunks.short_chunks_as_decode(1), as_decodes);
+    assert!(chunks.short_chunks(1) && !chunks.short_chunks(0) && !decodes.short_chunks(1));
+    let t = |shapes: &[BatchShape]| run(&plan(shapes)).unwrap();
+    assert_eq!(t(&[chunks]), t(&[as_decodes]));
+    // Equal shapes, adjacent or not, cost one price: the step is its slowest rank's,
+    // whatever the order (the same ranks, so the same EP group's load).
+    let small = BatchShape::uniform_decode(2, 1, 100, cap);
+    let slowest = t(&[decodes, decodes, small, decodes]);
+    assert_eq!(slowest, t(&[small, decodes, decodes, decodes]));
+    assert_eq!(slowest, t(&[decodes, small, decodes, decodes]));
+    assert!(t(&[small, small, small, small]) < slowest);
+}
