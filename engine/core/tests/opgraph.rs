@@ -390,6 +390,23 @@ fn the_v3_family_op_lists_are_unchanged() {
     );
 }
 
+/// The step spec of W8A8 weights and a bf16 KV cache, with `mtp` draft tokens.
+fn w8a8_spec<'a>(
+    m: &'a ModelConfig,
+    plan: &'a dstwin_core::layout::Plan,
+    features: &'a dstwin_core::features::Resolved,
+    mtp: u32,
+) -> StepSpec<'a> {
+    StepSpec {
+        model: m,
+        quant: Quant::W8a8,
+        kv_dtype: DType::Bf16,
+        plan,
+        mtp_tokens: mtp,
+        features,
+    }
+}
+
 /// A step's ops split into two parts: every op in exactly one, each part in the whole list's
 /// order; the batch part never reads the MoE load, and the MoE part reads of the batch only
 /// what `moe_reads` says. For every builtin model (V4's hyper-connections and compressors
@@ -404,14 +421,7 @@ fn a_steps_parts_are_its_ops_and_read_only_what_they_say() {
         let features = dstwin_core::features::Resolved::plain("ascend-910c");
         let cap = m.attn_cap();
         for mtp in [0, 1, 2] {
-            let spec = StepSpec {
-                model: &m,
-                quant: Quant::W8a8,
-                kv_dtype: DType::Bf16,
-                plan: &plan,
-                mtp_tokens: mtp,
-                features: &features,
-            };
+            let spec = w8a8_spec(&m, &plan, &features, mtp);
             let load = |imbalance: f64, group_tokens: u64| MoeLoad {
                 group_tokens,
                 imbalance,
@@ -475,14 +485,7 @@ fn the_moe_parts_die_sets_read_only_what_they_say() {
             let features = dstwin_core::features::Resolved::plain("ascend-910c");
             let cap = m.attn_cap();
             for mtp in [0, 1, 2] {
-                let spec = StepSpec {
-                    model: &m,
-                    quant: Quant::W8a8,
-                    kv_dtype: DType::Bf16,
-                    plan: &plan,
-                    mtp_tokens: mtp,
-                    features: &features,
-                };
+                let spec = w8a8_spec(&m, &plan, &features, mtp);
                 let ops = |b: &BatchShape, l: &MoeLoad, every: bool| -> Vec<_> {
                     let mut ops = Vec::new();
                     step_part_ops_into(spec, b, l, Part::Moe, &mut ops);
