@@ -258,6 +258,19 @@ impl PriceTable {
         (at_whole, at_half)
     }
 
+    /// Asks for the sums of the batch part of `key` (its whole and half batch), if they are
+    /// cached: a hint before the price of `key` is computed. (Asking for its MoE parts' slots
+    /// too cost more than it saved: the keys are computed from the price key's shape.)
+    fn prefetch_batch_sums(&self, key: &PriceKey) {
+        if let Some((whole, half)) = self.batches.get(&key.batch()) {
+            for at in [whole, half] {
+                if let Some(sums) = self.batch_sums.get(at as usize) {
+                    dstwin_core::prefetch::value(sums);
+                }
+            }
+        }
+    }
+
     /// The MoE part of a rank computing `shape` under `load` (priced in `lane` where new):
     /// where in `moes` its sums by die set are ([`MoeParts::sums`]).
     fn moe_part(
@@ -317,6 +330,8 @@ pub struct StepPricer {
     near: Box<Near>,
     /// The ranks of the step being priced whose last key did not match ([`PricerStep::add`]).
     pending: Vec<Pending>,
+    /// Where among `pending` the ranks whose price is not cached are ([`PricerStep::slowest`]).
+    misses_at: Vec<usize>,
     pub hits: u64,
     pub misses: u64,
 }
@@ -366,6 +381,7 @@ pub struct PricerStep<'a> {
     recent: &'a mut Vec<Option<(PriceKey, RankCost)>>,
     near: &'a mut Near,
     pending: &'a mut Vec<Pending>,
+    misses_at: &'a mut Vec<usize>,
     /// Ranks added since the last [`PricerStep::slowest`], and the slowest of those priced so
     /// far with its place.
     added: u32,
@@ -393,6 +409,7 @@ impl StepPricer {
             recent: Vec::new(),
             near: Box::default(),
             pending: Vec::new(),
+            misses_at: Vec::new(),
             hits: 0,
             misses: 0,
         }
@@ -414,6 +431,7 @@ impl StepPricer {
             recent: &mut self.recent,
             near: &mut self.near,
             pending: &mut self.pending,
+            misses_at: &mut self.misses_at,
             added: 0,
             slowest: None,
             hits: &mut self.hits,
@@ -475,19 +493,56 @@ impl PricerStep<'_> {
 
     /// The slowest price of the ranks added since the last call (the first added of equal
     /// ones), every one of them priced.
+    ///
+    /// Queued ranks whose price is cached are priced first. The others' prices are computed
+    /// after their batch parts' slots, then the parts' sums, were asked for together: a step
+    /// of new pairings of shapes and a load (a prefill step's, most steps) waits for those
+    /// cache misses once, not once per rank. The prices, the counts and the slowest are what
+    /// pricing the ranks one after another gives (a price is a function of its key; a key
+    /// queued twice is priced once and found once).
     pub fn slowest(&mut self) -> Option<RankCost> {
-        let pending = std::mem::take(self.pending);
-        for p in &pending {
-            let c = self.cost_near(p.key);
-            if p.rank != NO_RANK {
-                self.recent[p.rank as usize] = Some((p.key, c));
+        let mut pending = std::mem::take(self.pending);
+        let mut misses = std::mem::take(self.misses_at);
+        misses.clear();
+        for (i, p) in pending.iter().enumerate() {
+            let found = self.near_copy(&p.key).or_else(|| {
+                let c = self.table.cache.get(&p.key)?;
+                *self.hits += 1;
+                self.near.0[p.key.slot::<NEAR_SLOTS>()] = (p.key, c);
+                Some(c)
+            });
+            match found {
+                Some(c) => self.priced_rank(p, c),
+                None => {
+                    self.table.batches.prefetch(&p.key.batch());
+                    misses.push(i);
+                }
             }
-            self.offer(p.at, c);
         }
+        if misses.len() > 1 {
+            for &i in &misses {
+                self.table.prefetch_batch_sums(&pending[i].key);
+            }
+        }
+        for &i in &misses {
+            let p = pending[i];
+            let c = self.cost_near(p.key);
+            self.priced_rank(&p, c);
+        }
+        pending.clear();
         *self.pending = pending;
-        self.pending.clear();
+        *self.misses_at = misses;
         self.added = 0;
         self.slowest.take().map(|(_, c)| c)
+    }
+
+    /// Queued rank `p` costs `c`: its last key, and an offer for the slowest.
+    #[inline]
+    fn priced_rank(&mut self, p: &Pending, c: RankCost) {
+        if p.rank != NO_RANK {
+            self.recent[p.rank as usize] = Some((p.key, c));
+        }
+        self.offer(p.at, c);
     }
 
     /// The rank added `at`th costs `c`.
