@@ -9,7 +9,9 @@
 #   3. the serve front end (twin device, time scale 0), streamed completions: at least 5,000/s.
 #
 # Each figure is the minimum and the median over RUNS runs (the development machine's speed moves
-# 10-25% between consecutive runs; the minimum is the steadiest). With REF=/path/to/other/dstwin
+# 10-25% between consecutive runs; the minimum is the steadiest). A target is "met" when the
+# median run meets it, "met by the best run only" when only the minimum (or, for serve, the
+# best rate) does. With REF=/path/to/other/dstwin
 # the same runs of that build are interleaved with this one's, so that two builds are compared
 # under the same load.
 #
@@ -65,7 +67,8 @@ bench() {
         wall=$(cut -d' ' -f1 "$OUT/$name.$label" | stats)
         user=$(cut -d' ' -f2 "$OUT/$name.$label" | stats)
         rss=$(cut -d' ' -f3 "$OUT/$name.$label" | sort -g | tail -1 | awk '{ print $1 / 1024 }')
-        verdict=$(awk -v w="${wall%% *}" -v t="$target" 'BEGIN { print (w < t) ? "met" : "NOT met" }')
+        verdict=$(awk -v min="${wall%% *}" -v med="${wall#* }" -v t="$target" 'BEGIN {
+            print (med < t) ? "met" : (min < t) ? "met by the best run only" : "NOT met" }')
         if [[ -n ${NOT_TARGET:-} ]]; then
             verdict="not the target's run"
         fi
@@ -129,7 +132,8 @@ if [[ $ONLY == all || $ONLY == serve ]]; then
         done
         rate=$(stats <"$OUT/serve.$label")
         best=$(sort -g "$OUT/serve.$label" | tail -1)
-        verdict=$(awk -v r="$best" 'BEGIN { print (r >= 5000) ? "met" : "NOT met" }')
+        verdict=$(awk -v best="$best" -v med="${rate#* }" 'BEGIN {
+            print (med >= 5000) ? "met" : (best >= 5000) ? "met by the best run only" : "NOT met" }')
         printf '%-26s %-5s completions/s best %.0f, median %.0f   >= 5000: %s\n' serve-front-end \
             "$label" "$best" "${rate#* }" "$verdict"
         rm -f "$OUT/serve.$label"
