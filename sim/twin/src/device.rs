@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::keymap::KeyMap;
 pub use crate::pricekey::StepLoad;
-use crate::pricekey::{slot_of, PriceKey};
+use crate::pricekey::{slot_of, DecodeWord, PriceKey};
 
 fn half(s: &BatchShape) -> BatchShape {
     BatchShape {
@@ -316,15 +316,24 @@ impl PriceTable {
     }
 }
 
+/// What a pricer keeps of one DP rank: the last key it priced with its cost, and the decode
+/// word its keys are read from ([`DecodeWord`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Recent {
+    last: Option<(PriceKey, RankCost)>,
+    word: DecodeWord,
+}
+
 /// Memoized per-rank step pricing. Clones (and [`StepPricer::share`]) share the prices; each
 /// keeps its own ranks' last keys and its own hit counts.
 #[derive(Clone, Debug)]
 pub struct StepPricer {
     spec: Arc<PricerSpec>,
     table: Arc<Mutex<PriceTable>>,
-    /// Per DP rank, the last key it priced and its cost: a rank's quantized shape stays the
-    /// same for many steps, and this small array stays in cache where the map does not.
-    recent: Vec<Option<(PriceKey, RankCost)>>,
+    /// Per DP rank, the last key it priced and its cost, and its last decode word: a rank's
+    /// quantized shape stays the same for many steps, and this small array stays in cache
+    /// where the map does not.
+    recent: Vec<Recent>,
     /// The prices this pricer looked up in the shared map last, by a hash of their key
     /// ([`Near`]).
     near: Box<Near>,
@@ -378,7 +387,7 @@ impl Default for Near {
 pub struct PricerStep<'a> {
     spec: &'a PricerSpec,
     table: MutexGuard<'a, PriceTable>,
-    recent: &'a mut Vec<Option<(PriceKey, RankCost)>>,
+    recent: &'a mut Vec<Recent>,
     near: &'a mut Near,
     pending: &'a mut Vec<Pending>,
     misses_at: &'a mut Vec<usize>,
@@ -459,26 +468,31 @@ impl PricerStep<'_> {
     /// is priced at once; the others wait, their slots in the shared map prefetched, so that
     /// their lookups wait for memory together rather than one after another.
     pub fn add(&mut self, rank: Option<usize>, shape: &BatchShape, load: StepLoad) {
-        let key = PriceKey::with_load(shape, load);
         let at = self.added;
         self.added += 1;
-        if let Some(r) = rank {
-            if r >= self.recent.len() {
-                self.recent.resize(r + 1, None);
-            }
-            if let Some((k, c)) = self.recent[r] {
-                if k == key {
-                    *self.hits += 1;
-                    self.offer(at, c);
-                    return;
+        let key = match rank {
+            Some(r) => {
+                if r >= self.recent.len() {
+                    self.recent.resize(r + 1, Recent::default());
                 }
+                let recent = &mut self.recent[r];
+                let key = recent.word.key(shape, load);
+                if let Some((k, c)) = recent.last {
+                    if k == key {
+                        *self.hits += 1;
+                        self.offer(at, c);
+                        return;
+                    }
+                }
+                key
             }
-        }
+            None => PriceKey::with_load(shape, load),
+        };
         // A copy at hand needs no prefetch (a prefetch the lookup will not use only holds up
         // those it will).
         if let Some(c) = self.near_copy(&key) {
             if let Some(r) = rank {
-                self.recent[r] = Some((key, c));
+                self.recent[r].last = Some((key, c));
             }
             self.offer(at, c);
             return;
@@ -540,7 +554,7 @@ impl PricerStep<'_> {
     #[inline]
     fn priced_rank(&mut self, p: &Pending, c: RankCost) {
         if p.rank != NO_RANK {
-            self.recent[p.rank as usize] = Some((p.key, c));
+            self.recent[p.rank as usize].last = Some((p.key, c));
         }
         self.offer(p.at, c);
     }

@@ -53,6 +53,73 @@ fn word(a: u64, b: u64, c: u64, d: u64) -> u64 {
     code(a) as u64 | (code(b) as u64) << 16 | cc << 32 | dc << 48
 }
 
+/// The largest value whose code is `c`: codes are monotone in the value, so every value from
+/// one with code `c` up to this one has code `c`.
+fn last_of(c: u16) -> u64 {
+    let (shift, m) = ((c >> 8) as u32, (c & 0xff) as u128);
+    if shift == 0 {
+        return m as u64;
+    }
+    // Rounding to nearest at `shift`: m covers up to (m + 1/2) 2^shift, excluded.
+    (((2 * m + 1) << (shift - 1)) - 1).min(u64::MAX as u128) as u64
+}
+
+/// A DP rank's last decode-only key word, with the range of pairs that gives the same word:
+/// a steady rank's context grows a few tokens a step, so its next key is mostly found without
+/// coding its sums ([`DecodeWord::key`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DecodeWord {
+    seqs: u32,
+    tokens: u64,
+    /// Pairs from `lo` to `hi` (with their capped pairs equal) code as `word`'s pairs.
+    lo: u64,
+    hi: u64,
+    word: u64,
+}
+
+impl Default for DecodeWord {
+    /// No shape matches it (an empty range of pairs).
+    fn default() -> Self {
+        DecodeWord {
+            seqs: 0,
+            tokens: 0,
+            lo: 1,
+            hi: 0,
+            word: 0,
+        }
+    }
+}
+
+impl DecodeWord {
+    /// [`PriceKey::with_load`] of `s` under `load`, read from this word where `s` is a decode
+    /// step with the word's sequences and tokens and pairs in its range; a decode step
+    /// elsewhere becomes the word.
+    #[inline]
+    pub(crate) fn key(&mut self, s: &BatchShape, load: StepLoad) -> PriceKey {
+        let prompts = s.prefill_seqs as u64
+            | s.prefill_tokens
+            | s.prefill_pairs
+            | s.prefill_pairs_capped
+            | s.prefill_cached;
+        let pairs = s.decode_pairs;
+        if prompts != 0 || s.decode_pairs_capped != pairs {
+            return PriceKey::with_load(s, load);
+        }
+        let (seqs, tokens) = (s.decode_seqs, s.decode_tokens);
+        if !(seqs == self.seqs && tokens == self.tokens && self.lo <= pairs && pairs <= self.hi) {
+            *self = DecodeWord {
+                seqs,
+                tokens,
+                lo: pairs,
+                hi: last_of(code(pairs)),
+                word: word(seqs as u64, tokens, pairs, pairs),
+            };
+        }
+        // The prompt word of a decode step is 0, and so is its cached prompt tokens' code.
+        PriceKey([0, self.word, load.0])
+    }
+}
+
 /// The slot among `N` (a power of two) of a key of `words`, by a hash of them all: the top
 /// bits of a Fibonacci multiply, which spread the structured low bits of quantized codes.
 #[inline]
@@ -196,6 +263,8 @@ impl StepLoad {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dstwin_core::batch::AttnCap;
+    use proptest::prelude::any;
 
     #[test]
     fn price_keys_stand_for_the_quantized_shape() {
@@ -318,6 +387,43 @@ mod tests {
         fn codes_are_the_reference_codes(x in proptest::num::u64::ANY, sh in 0u32..64) {
             let v = x >> sh;
             proptest::prop_assert_eq!(code(v), code_with_branch(v), "{}", v);
+        }
+    }
+
+    proptest::proptest! {
+        /// The last value of a code has that code, and the next value does not.
+        #[test]
+        fn last_of_is_the_last_value_of_its_code(x in proptest::num::u64::ANY, sh in 0u32..64) {
+            let v = x >> sh;
+            let c = code(v);
+            let last = last_of(c);
+            proptest::prop_assert!(last >= v);
+            proptest::prop_assert_eq!(code(last), c);
+            proptest::prop_assert!(last == u64::MAX || code(last + 1) != c);
+        }
+
+        /// A rank's keys read from its decode word are the keys its shapes give, whatever
+        /// steps they come in: growing contexts, sequences joining and leaving, prompt chunks
+        /// and capped pairs in between.
+        #[test]
+        fn decode_words_give_the_keys_of_their_shapes(
+            steps in proptest::collection::vec(
+                (0u32..70, 0u64..3, 0u64..5000, 0u64..3, 0u64..40, any::<bool>()), 1..80),
+            bucket in 50u32..200,
+        ) {
+            let load = StepLoad::from_bucket(123_456, bucket, MoeCommUsed::AllToAll);
+            let mut w = DecodeWord::default();
+            let mut context = 1000u64;
+            for (seqs, kind, grow, mtp, chunk, capped) in steps {
+                context += grow;
+                let t = 1 + mtp;
+                let mut s = BatchShape::default();
+                s.add_decode_sums(seqs as u64, seqs as u64 * t, context * t, if capped { context } else { context * t });
+                if kind == 2 {
+                    s.add_prefill(chunk, 7, AttnCap(None));
+                }
+                proptest::prop_assert_eq!(w.key(&s, load), PriceKey::with_load(&s, load));
+            }
         }
     }
 
