@@ -138,23 +138,14 @@ impl RankScheduler {
         // A trivial plan left unapplied was not run (a plan without tokens): this plans the
         // same step again.
         self.unapplied = false;
-        plan.shape = BatchShape::default();
-        plan.decode.clear();
-        plan.reqs.clear();
-        plan.freed.clear();
+        Self::clear_plan(plan);
         plan.freed.append(&mut self.freed);
         self.entries.clear();
         let p = self.step;
         self.advance(p);
         self.end_windows(p);
-        // Only steady requests (the common case in a long decode): the step is their sums,
-        // unless their demand alone could bind the budget.
-        if self.running.is_empty()
-            && self.waiting.is_empty()
-            && self.phantoms.is_empty()
-            && self.steady.len() as u64 * (1 + self.cfg.num_spec_tokens as u64)
-                <= self.cfg.max_num_batched_tokens as u64
-        {
+        // Only steady requests (the common case in a long decode): the step is their sums.
+        if self.only_steady() {
             self.add_steady(plan);
             #[cfg(debug_assertions)]
             self.check();
@@ -174,28 +165,41 @@ impl RankScheduler {
     #[inline]
     pub fn quiet_step(&mut self, steps: u64, plan: &mut RankPlan) -> Option<(u64, u64)> {
         let p = self.step + 1;
-        let k = self.cfg.num_spec_tokens as u64;
         let quiet = self.unapplied
             && steps == p
-            && self.running.is_empty()
-            && self.waiting.is_empty()
-            && self.phantoms.is_empty()
             && self.freed.is_empty()
             && self.due.get(p as usize & (RING - 1)) == Some(&NIL)
-            && self.steady.len() as u64 * (1 + k) <= self.cfg.max_num_batched_tokens as u64;
+            && self.only_steady();
         if !quiet {
             return None;
         }
         self.close_step();
         self.advance(p);
-        plan.shape = BatchShape::default();
-        plan.decode.clear();
-        plan.reqs.clear();
-        plan.freed.clear();
+        Self::clear_plan(plan);
         self.add_steady(plan);
         #[cfg(debug_assertions)]
         self.check();
         self.trivial_step()
+    }
+
+    /// Whether the rank holds only steady requests (no running, waiting or phantom one) whose
+    /// demand cannot bind the token budget: its step is their sums.
+    #[inline]
+    fn only_steady(&self) -> bool {
+        self.running.is_empty()
+            && self.waiting.is_empty()
+            && self.phantoms.is_empty()
+            && self.steady.len() as u64 * (1 + self.cfg.num_spec_tokens as u64)
+                <= self.cfg.max_num_batched_tokens as u64
+    }
+
+    /// Empties a plan entry for this rank's next step.
+    #[inline]
+    fn clear_plan(plan: &mut RankPlan) {
+        plan.shape = BatchShape::default();
+        plan.decode.clear();
+        plan.reqs.clear();
+        plan.freed.clear();
     }
 
     /// [`RankScheduler::schedule`] request by request: running requests, then waiting ones.
