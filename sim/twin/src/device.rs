@@ -519,13 +519,7 @@ impl PricerStep<'_> {
         let mut misses = std::mem::take(self.misses_at);
         misses.clear();
         for (i, p) in pending.iter().enumerate() {
-            let found = self.near_copy(&p.key).or_else(|| {
-                let c = self.table.cache.get(&p.key)?;
-                *self.hits += 1;
-                self.near.0[p.key.slot::<NEAR_SLOTS>()] = (p.key, c);
-                Some(c)
-            });
-            match found {
+            match self.cached(&p.key) {
                 Some(c) => self.priced_rank(p, c),
                 None => {
                     self.table.batches.prefetch(&p.key.batch());
@@ -533,6 +527,7 @@ impl PricerStep<'_> {
                 }
             }
         }
+        // A single miss has no other to wait beside.
         if misses.len() > 1 {
             for &i in &misses {
                 self.table.prefetch_batch_sums(&pending[i].key);
@@ -567,15 +562,28 @@ impl PricerStep<'_> {
         }
     }
 
-    /// The price of `key`: this pricer's copy where it has one ([`Near`]), else the shared
-    /// map's.
+    /// The price of `key`: cached ([`PricerStep::cached`]), or computed now (a miss) and kept
+    /// as this pricer's copy.
     fn cost_near(&mut self, key: PriceKey) -> RankCost {
-        if let Some(c) = self.near_copy(&key) {
+        if let Some(c) = self.cached(&key) {
             return c;
         }
-        let c = self.cost_of(key);
+        let c = self.compute(key);
         self.near.0[key.slot::<NEAR_SLOTS>()] = (key, c);
         c
+    }
+
+    /// The price of `key` where it is cached (a hit): this pricer's copy ([`Near`]), else the
+    /// shared map's, which becomes this pricer's copy.
+    #[inline(always)]
+    fn cached(&mut self, key: &PriceKey) -> Option<RankCost> {
+        if let Some(c) = self.near_copy(key) {
+            return Some(c);
+        }
+        let c = self.table.cache.get(key)?;
+        *self.hits += 1;
+        self.near.0[key.slot::<NEAR_SLOTS>()] = (*key, c);
+        Some(c)
     }
 
     /// This pricer's copy of the price of `key`, where it has one ([`Near`]).
@@ -602,12 +610,9 @@ impl PricerStep<'_> {
         times
     }
 
-    fn cost_of(&mut self, key: PriceKey) -> RankCost {
+    /// Prices `key`, which no cache holds (a miss), into the shared map.
+    fn compute(&mut self, key: PriceKey) -> RankCost {
         let t = &mut *self.table;
-        if let Some(c) = t.cache.get(&key) {
-            *self.hits += 1;
-            return c;
-        }
         *self.misses += 1;
         let time_s = t.time(self.spec, key);
         t.priced.push((key, NOT_YET));
