@@ -115,8 +115,8 @@ impl DecodeWord {
                 word: word(seqs as u64, tokens, pairs, pairs),
             };
         }
-        // The prompt word of a decode step is 0, and so is its cached prompt tokens' code.
-        PriceKey([0, self.word, load.0])
+        // A decode step's prompt word and cached prompt tokens are 0.
+        PriceKey::from_words(0, self.word, 0, load)
     }
 }
 
@@ -175,9 +175,7 @@ impl PriceKey {
 
     #[inline]
     pub(crate) fn with_load(s: &BatchShape, load: StepLoad) -> Self {
-        // Word 2: the step's load (group tokens, imbalance bucket, comm mode) and the cached
-        // prompt tokens.
-        PriceKey([
+        Self::from_words(
             word(
                 s.prefill_seqs as u64,
                 s.prefill_tokens,
@@ -190,8 +188,17 @@ impl PriceKey {
                 s.decode_pairs,
                 s.decode_pairs_capped,
             ),
-            load.0 | (code(s.prefill_cached) as u64) << 48,
-        ])
+            code(s.prefill_cached),
+            load,
+        )
+    }
+
+    /// The key of a shape's prompt and decode words and its cached prompt tokens' code, under
+    /// `load`. Word 2: the step's load (group tokens, imbalance bucket, comm mode) and the
+    /// cached prompt tokens.
+    #[inline(always)]
+    fn from_words(prompt: u64, decode: u64, cached: u16, load: StepLoad) -> Self {
+        PriceKey([prompt, decode, load.0 | (cached as u64) << 48])
     }
 
     /// The key of the shape alone: the load's bits cleared (what fixes a step's batch part).
