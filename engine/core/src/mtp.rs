@@ -66,21 +66,35 @@ fn wy(s: u64) -> u64 {
     (r as u64) ^ ((r >> 64) as u64)
 }
 
-/// Whether [`StepDraws::add_one_draft_until`] runs eight steps at a time here (AVX-512F/DQ
-/// and POPCNT). Elsewhere it checks every step, which costs more than a scan in runs that
-/// cannot reach a limit: a caller with such a scan should keep it.
-#[inline]
-pub fn wide_runs() -> bool {
+/// The kernel [`StepDraws::add_one_draft_until`] runs eight steps at a time with, detected at
+/// run time: AVX-512 (F, DQ and POPCNT), else AVX2 (and POPCNT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wide {
+    Avx512,
+    Avx2,
+    None,
+}
+
+fn wide() -> Wide {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("popcnt")
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512dq") && has!("popcnt") {
+            return Wide::Avx512;
+        }
+        if has!("avx2") && has!("popcnt") {
+            return Wide::Avx2;
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    Wide::None
+}
+
+/// Whether [`StepDraws::add_one_draft_until`] runs eight steps at a time here (AVX-512, or
+/// AVX2). Elsewhere it checks every step, which costs more than a scan in runs that cannot
+/// reach a limit: a caller with such a scan should keep it.
+#[inline]
+pub fn wide_runs() -> bool {
+    wide() != Wide::None
 }
 
 /// Whether the draw at stream position `s` accepts against `threshold` (0 or 1).
@@ -188,16 +202,21 @@ impl StepDraws<'_> {
     /// out, each step in turn (one per cell of `cells`) stops the run if it would start past
     /// `o_limit` tokens out or reach `max_o` (1 + the draft if accepted); otherwise its tokens
     /// are added to its cell. Returns the steps taken and the tokens out after them; the draws
-    /// move past the steps taken. Eight steps at a time where the processor has AVX-512 (a
-    /// steady window's scan is a tenth of a long decode's simulation).
+    /// move past the steps taken. Eight steps at a time where the processor has AVX-512 or AVX2
+    /// ([`wide_runs`]; a steady window's scan is a tenth of a long decode's simulation).
     pub fn add_one_draft_until(&mut self, cells: &mut [u32], run: RunLimits) -> (usize, u32) {
         let mut done = (0, run.o);
         #[cfg(target_arch = "x86_64")]
-        if cells.len() >= 8 && wide_runs() {
-            // SAFETY: the processor has the features the function is compiled for. The
+        if cells.len() >= 8 {
+            let t = self.acc.thresholds[0];
+            // SAFETY: the processor has the features each function is compiled for. The
             // position and the threshold go by value: the stores that just wrote them could
             // not be forwarded to one wide load of the struct.
-            done = unsafe { add_one_draft_avx512(self.at, self.acc.thresholds[0], cells, run) };
+            done = match wide() {
+                Wide::Avx512 => unsafe { add_one_draft_avx512(self.at, t, cells, run) },
+                Wide::Avx2 => unsafe { add_one_draft_avx2(self.at, t, cells, run) },
+                Wide::None => done,
+            };
             self.at = self.at.wrapping_add(WY_INC.wrapping_mul(done.0 as u64));
             if done.0 < cells.len() / 8 * 8 {
                 return done;
@@ -241,6 +260,124 @@ impl StepDraws<'_> {
         }
         n
     }
+}
+
+/// Whether a chunk of eight single-draft steps starting with `o` tokens out may end the run:
+/// its last step starts with at most `o + 14` tokens out and ends with at most `o + 16`.
+#[inline(always)]
+fn chunk_may_stop(o: u32, run: &RunLimits) -> bool {
+    o as u64 + 14 > run.o_limit as u64 || o as u64 + 16 >= run.max_o as u64
+}
+
+/// A chunk that may end the run ([`chunk_may_stop`]), step by step from its acceptance bits
+/// (bit j: step j accepts its draft): adds each step's tokens to its cell and to `o` until a
+/// step would end the run; returns that step's index in the chunk.
+#[inline(always)]
+fn chunk_by_step(chunk: &mut [u32], accepted: u32, o: &mut u32, run: &RunLimits) -> Option<usize> {
+    for (j, c) in chunk.iter_mut().enumerate() {
+        let e = 1 + (accepted >> j & 1);
+        if run.stops(*o, e) {
+            return Some(j);
+        }
+        *c += e;
+        *o += e;
+    }
+    None
+}
+
+/// [`add_one_draft_avx512`] with AVX2: four steps to a vector, two vectors to a chunk, and the
+/// low word of wyrand's product from the partial products too (AVX2 has no 64-bit multiply).
+/// The same bits as the scalar `wy`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn add_one_draft_avx2(
+    at: u64,
+    threshold: u64,
+    cells: &mut [u32],
+    run: RunLimits,
+) -> (usize, u32) {
+    use std::arch::x86_64::*;
+    /// `vpmuludq` as an instruction the compiler cannot see through (see
+    /// [`add_one_draft_avx512`]).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn mul_epu32(a: __m256i, b: __m256i) -> __m256i {
+        let r: __m256i;
+        // SAFETY: an arithmetic instruction on registers (the caller has AVX2).
+        unsafe {
+            std::arch::asm!(
+                "vpmuludq {r}, {a}, {b}",
+                r = lateout(ymm_reg) r,
+                a = in(ymm_reg) a,
+                b = in(ymm_reg) b,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
+        r
+    }
+    let out = _mm256_set1_epi64x(WY_OUT as i64);
+    let low32 = _mm256_set1_epi64x(0xffff_ffff);
+    // Unsigned x < threshold as a signed compare, both with the top bit flipped.
+    let sign = _mm256_set1_epi64x(i64::MIN);
+    let flipped = _mm256_set1_epi64x((threshold ^ 1 << 63) as i64);
+    // All-ones in the 64-bit lanes of four steps at positions `s` whose draft is accepted.
+    let accepts = |s: __m256i| {
+        let b = _mm256_xor_si256(s, out);
+        let (s_hi, b_hi) = (_mm256_srli_epi64::<32>(s), _mm256_srli_epi64::<32>(b));
+        let (ll, lh) = (mul_epu32(s, b), mul_epu32(s, b_hi));
+        let (hl, hh) = (mul_epu32(s_hi, b), mul_epu32(s_hi, b_hi));
+        // Bits 64 and up of lh + hl fall off the low word.
+        let lo = _mm256_add_epi64(ll, _mm256_slli_epi64::<32>(_mm256_add_epi64(lh, hl)));
+        // The carry out of the low word: (ll >> 32) + low(lh) + low(hl), above bit 32.
+        let mid = _mm256_add_epi64(
+            _mm256_srli_epi64::<32>(ll),
+            _mm256_add_epi64(_mm256_and_si256(lh, low32), _mm256_and_si256(hl, low32)),
+        );
+        let hi = _mm256_add_epi64(
+            _mm256_add_epi64(hh, _mm256_srli_epi64::<32>(lh)),
+            _mm256_add_epi64(_mm256_srli_epi64::<32>(hl), _mm256_srli_epi64::<32>(mid)),
+        );
+        let x = _mm256_xor_si256(_mm256_xor_si256(lo, hi), sign);
+        _mm256_cmpgt_epi64(flipped, x)
+    };
+    let lanes: [u64; 8] = std::array::from_fn(|j| WY_INC.wrapping_mul(j as u64));
+    let at4 = _mm256_set1_epi64x(at as i64);
+    // SAFETY: `lanes` holds eight u64s; unaligned loads.
+    let (mut s0, mut s1) = unsafe {
+        (
+            _mm256_add_epi64(at4, _mm256_loadu_si256(lanes.as_ptr().cast())),
+            _mm256_add_epi64(at4, _mm256_loadu_si256(lanes[4..].as_ptr().cast())),
+        )
+    };
+    let step8 = _mm256_set1_epi64x(WY_INC.wrapping_mul(8) as i64);
+    // The low dword of each 64-bit lane, in the low half (the high half repeats it).
+    let low_dwords = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    let one = _mm256_set1_epi32(1);
+    let mut o = run.o;
+    for (k, chunk) in cells.chunks_exact_mut(8).enumerate() {
+        let (a0, a1) = (accepts(s0), accepts(s1));
+        let accepted = (_mm256_movemask_pd(_mm256_castsi256_pd(a0))
+            | _mm256_movemask_pd(_mm256_castsi256_pd(a1)) << 4) as u32;
+        if chunk_may_stop(o, &run) {
+            if let Some(j) = chunk_by_step(chunk, accepted, &mut o, &run) {
+                return (8 * k + j, o);
+            }
+        } else {
+            // 1 + accepted per step: 1 minus the all-ones (-1) lanes.
+            let both = _mm256_blend_epi32::<0xf0>(
+                _mm256_permutevar8x32_epi32(a0, low_dwords),
+                _mm256_permutevar8x32_epi32(a1, low_dwords),
+            );
+            let tokens = _mm256_sub_epi32(one, both);
+            let at = chunk.as_mut_ptr().cast::<__m256i>();
+            // SAFETY: the chunk is eight u32s; unaligned loads and stores.
+            unsafe { _mm256_storeu_si256(at, _mm256_add_epi32(_mm256_loadu_si256(at), tokens)) };
+            o += 8 + accepted.count_ones();
+        }
+        s0 = _mm256_add_epi64(s0, step8);
+        s1 = _mm256_add_epi64(s1, step8);
+    }
+    (cells.len() / 8 * 8, o)
 }
 
 /// [`StepDraws::add_one_draft_until`] over the whole chunks of eight cells of `cells`, from
@@ -303,16 +440,9 @@ unsafe fn add_one_draft_avx512(
             _mm512_add_epi64(_mm512_srli_epi64::<32>(hl), _mm512_srli_epi64::<32>(mid)),
         );
         let accepted = _mm512_cmplt_epu64_mask(_mm512_xor_si512(lo, hi), thresholds);
-        // The last step starts with at most o + 14 tokens out and ends with at most o + 16.
-        if o as u64 + 14 > run.o_limit as u64 || o as u64 + 16 >= run.max_o as u64 {
-            // The run may stop in this chunk: step by step.
-            for (j, c) in chunk.iter_mut().enumerate() {
-                let e = 1 + u32::from(accepted >> j & 1);
-                if run.stops(o, e) {
-                    return (8 * k + j, o);
-                }
-                *c += e;
-                o += e;
+        if chunk_may_stop(o, &run) {
+            if let Some(j) = chunk_by_step(chunk, u32::from(accepted), &mut o, &run) {
+                return (8 * k + j, o);
             }
         } else {
             let tokens = _mm256_add_epi32(
@@ -403,7 +533,7 @@ mod tests {
 
     /// A run of single-draft steps adds, cell by cell, what `next_one` draws step by step, and
     /// stops where the rule says (a step that would start past `o_limit` or reach `max_o`):
-    /// the eight-step kernel where the processor has one, and the scalar loop.
+    /// as dispatched here, the portable eight-step kernel, and the scalar loop.
     #[test]
     fn a_run_of_one_draft_steps_adds_the_single_steps() {
         let reference = |d: &RequestDraws<'_>, step: u32, cells: &mut [u32], run: RunLimits| {
@@ -445,6 +575,31 @@ mod tests {
                         let mut scalar = start.clone();
                         let out = d.from_step(40).add_one_draft_scalar(&mut scalar, run);
                         assert_eq!((out, scalar), (want_out, want));
+                        // Each eight-step kernel this processor has, over the whole chunks.
+                        let whole = len / 8 * 8;
+                        let mut want = start[..whole].to_vec();
+                        let want_out = reference(&d, 40, &mut want, run);
+                        let (at, t) = (d.from_step(40).at, a.thresholds[0]);
+                        #[cfg(target_arch = "x86_64")]
+                        for kernel in [Wide::Avx512, Wide::Avx2] {
+                            let has = match kernel {
+                                Wide::Avx512 => wide() == Wide::Avx512,
+                                _ => wide() != Wide::None,
+                            };
+                            if !has || whole == 0 {
+                                continue;
+                            }
+                            let mut got = start[..whole].to_vec();
+                            // SAFETY: the processor has the kernel's features.
+                            let out = unsafe {
+                                match kernel {
+                                    Wide::Avx512 => add_one_draft_avx512(at, t, &mut got, run),
+                                    _ => add_one_draft_avx2(at, t, &mut got, run),
+                                }
+                            };
+                            assert_eq!((out, &got), (want_out, &want), "{kernel:?}");
+                        }
+                        let _ = (at, t, want_out);
                         cases += 1;
                     }
                 }
