@@ -69,13 +69,34 @@ fn wy(s: u64) -> u64 {
 /// The kernel [`StepDraws::add_one_draft_until`] runs eight steps at a time with, detected at
 /// run time: AVX-512 (F, DQ and POPCNT), else AVX2 (and POPCNT).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Wide {
     Avx512,
     Avx2,
     None,
 }
 
+/// [`Wide`] here, detected once (five feature checks per window were half a percent of a long
+/// decode's instructions).
+#[inline]
 fn wide() -> Wide {
+    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+    // 0: not detected yet; otherwise 1 + the kernel's index.
+    static KERNEL: AtomicU8 = AtomicU8::new(0);
+    const KERNELS: [Wide; 3] = [Wide::Avx512, Wide::Avx2, Wide::None];
+    match KERNEL.load(Relaxed) {
+        0 => {
+            let w = detect_wide();
+            let at = KERNELS.iter().position(|&k| k == w).expect("a listed kernel");
+            KERNEL.store(1 + at as u8, Relaxed);
+            w
+        }
+        k => KERNELS[k as usize - 1],
+    }
+}
+
+#[cold]
+fn detect_wide() -> Wide {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
@@ -326,17 +347,14 @@ unsafe fn add_one_draft_avx2(
         let (s_hi, b_hi) = (_mm256_srli_epi64::<32>(s), _mm256_srli_epi64::<32>(b));
         let (ll, lh) = (mul_epu32(s, b), mul_epu32(s, b_hi));
         let (hl, hh) = (mul_epu32(s_hi, b), mul_epu32(s_hi, b_hi));
-        // Bits 64 and up of lh + hl fall off the low word.
-        let lo = _mm256_add_epi64(ll, _mm256_slli_epi64::<32>(_mm256_add_epi64(lh, hl)));
-        // The carry out of the low word: (ll >> 32) + low(lh) + low(hl), above bit 32.
-        let mid = _mm256_add_epi64(
-            _mm256_srli_epi64::<32>(ll),
-            _mm256_add_epi64(_mm256_and_si256(lh, low32), _mm256_and_si256(hl, low32)),
-        );
+        // Schoolbook: t and u cannot overflow (a 32 x 32-bit product plus a 32-bit number).
+        let t = _mm256_add_epi64(lh, _mm256_srli_epi64::<32>(ll));
+        let u = _mm256_add_epi64(hl, _mm256_and_si256(t, low32));
         let hi = _mm256_add_epi64(
-            _mm256_add_epi64(hh, _mm256_srli_epi64::<32>(lh)),
-            _mm256_add_epi64(_mm256_srli_epi64::<32>(hl), _mm256_srli_epi64::<32>(mid)),
+            _mm256_add_epi64(hh, _mm256_srli_epi64::<32>(t)),
+            _mm256_srli_epi64::<32>(u),
         );
+        let lo = _mm256_or_si256(_mm256_slli_epi64::<32>(u), _mm256_and_si256(ll, low32));
         let x = _mm256_xor_si256(_mm256_xor_si256(lo, hi), sign);
         _mm256_cmpgt_epi64(flipped, x)
     };
