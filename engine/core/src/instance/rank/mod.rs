@@ -24,7 +24,7 @@ use super::{InstanceConfig, NewRequest};
 use crate::device::ReqId;
 use crate::mtp::Acceptance;
 use std::collections::VecDeque;
-use steady::{SteadySums, NIL, RING};
+use steady::{SteadySums, CELLS, NIL, RING};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -202,7 +202,7 @@ impl RankScheduler {
         );
         self.acceptance = a;
         if a.is_some() && self.tokens.is_empty() {
-            self.tokens = vec![0; RING * self.regimes];
+            self.tokens = vec![0; CELLS * self.regimes];
             self.due = vec![NIL; RING];
         }
     }

@@ -28,6 +28,10 @@ use crate::mtp::{wide_runs, RunLimits, StepDraws};
 
 /// Ring cells: steps a steady window can span (at most `RING - 2`).
 pub(super) const RING: usize = 128;
+/// Cells per regime: the ring, then as many that a single-draft scan runs on into past the
+/// ring's end (in one run, not two), added back to the ring's start once the scan is done.
+/// They are zero between scans.
+pub(super) const CELLS: usize = 2 * RING;
 const _: () = assert!(RING.is_power_of_two(), "ring cells are indexed by a mask");
 /// Steps a rank stays exact after a step whose budget could bind.
 pub const COOLDOWN: u64 = 64;
@@ -70,9 +74,12 @@ impl Window {
     /// until the window ends; returns the step it ends at and the tokens out then. With one
     /// draft, eight steps at a time where the processor can ([`wide_runs`]).
     #[inline(always)]
-    fn scan(&self, ring: &mut [u32; RING], draws: &mut StepDraws<'_>, k: u32) -> (u64, u32) {
+    fn scan(&self, ring: &mut [u32; CELLS], draws: &mut StepDraws<'_>, k: u32) -> (u64, u32) {
+        if k == 1 && wide_runs() {
+            return self.scan_one_draft(ring, draws);
+        }
+        let ring = (&mut ring[..RING]).try_into().expect("the ring's cells");
         match k {
-            1 if wide_runs() => self.scan_one_draft(ring, draws),
             // A single draft (the common MTP setting) without the loop.
             1 => self.scan_steps(ring, || 1 + draws.next_one()),
             _ => self.scan_steps(ring, || 1 + draws.next(k)),
@@ -113,37 +120,38 @@ impl Window {
         }
     }
 
-    /// [`Window::scan`] with one draft per step (the common MTP setting), in stretches of
-    /// consecutive ring cells, each step checked against the limits by the draws' run
-    /// ([`StepDraws::add_one_draft_until`]). Inlined into the window's scan: called with a
+    /// [`Window::scan`] with one draft per step (the common MTP setting), in one run of
+    /// consecutive cells from the window's first step's (the cells past the ring's end then
+    /// added back to its start: most windows cross the ring's end, and a second run cost a
+    /// call and two part chunks stepped one by one), each step checked against the limits by
+    /// the draws' run ([`StepDraws::add_one_draft_until`]). Inlined into the window's scan: called with a
     /// window just stored field by field, its loads of two fields as one word waited for the
     /// stores to retire (store forwarding fails), a tenth of the run's time.
     #[inline(always)]
-    fn scan_one_draft(&self, ring: &mut [u32; RING], draws: &mut StepDraws<'_>) -> (u64, u32) {
-        let (mut q, mut o) = (self.q0, self.o0);
-        while q < self.end {
-            let at = q as usize & (RING - 1);
-            let len = ((self.end - q) as usize).min(RING - at);
-            let limits = RunLimits {
-                o,
-                o_limit: self.o_limit,
-                max_o: self.max_o,
-            };
-            let (steps, after) = draws.add_one_draft_until(&mut ring[at..at + len], limits);
-            q += steps as u64;
-            o = after;
-            if steps < len {
-                break;
+    fn scan_one_draft(&self, ring: &mut [u32; CELLS], draws: &mut StepDraws<'_>) -> (u64, u32) {
+        let at = self.q0 as usize & (RING - 1);
+        let len = (self.end - self.q0) as usize;
+        let limits = RunLimits {
+            o: self.o0,
+            o_limit: self.o_limit,
+            max_o: self.max_o,
+        };
+        let (steps, o) = draws.add_one_draft_until(&mut ring[at..at + len], limits);
+        // The steps past the ring's end go back to its start.
+        if let Some(over) = (at + steps).checked_sub(RING).filter(|&n| n > 0) {
+            let (head, tail) = ring.split_at_mut(RING);
+            for (cell, past) in head.iter_mut().zip(&mut tail[..over]) {
+                *cell += std::mem::take(past);
             }
         }
-        (q, o)
+        (self.q0 + steps as u64, o)
     }
 }
 
 impl RankScheduler {
     /// Ring index of `step`'s cell for `regime` (each regime's cells are contiguous).
     pub(super) fn at(step: u64, regime: usize) -> usize {
-        regime * RING + (step as usize & (RING - 1))
+        regime * CELLS + (step as usize & (RING - 1))
     }
 
     /// Inserts a running request into the running list at its place in the running order.
@@ -362,7 +370,7 @@ impl RankScheduler {
             return None;
         }
         let mut draws = acc.request(s.id).from_step(s.samples);
-        let ring: &mut [u32; RING] = (&mut self.tokens[regime * RING..][..RING])
+        let ring: &mut [u32; CELLS] = (&mut self.tokens[regime * CELLS..][..CELLS])
             .try_into()
             .expect("a ring per regime");
         let w = Window {
@@ -492,12 +500,15 @@ mod tests {
             let a = Acceptance::new(&[p], 3);
             let d = a.request(req);
             let start: [u32; RING] = std::array::from_fn(|i| (i % 5) as u32);
-            let (mut runs, mut steps) = (start, start);
+            let mut runs = [0; CELLS];
+            runs[..RING].copy_from_slice(&start);
             let by_runs = w.scan_one_draft(&mut runs, &mut d.from_step(step));
+            let mut steps = start;
             let mut one = d.from_step(step);
             let by_steps = w.scan_steps(&mut steps, || 1 + one.next_one());
             prop_assert_eq!(by_runs, by_steps);
-            prop_assert_eq!(runs, steps);
+            prop_assert_eq!(&runs[..RING], &steps[..]);
+            prop_assert!(runs[RING..].iter().all(|&c| c == 0), "cells past the ring emptied");
         }
     }
 }
