@@ -138,8 +138,9 @@ impl Acceptance {
     pub fn new(probs: &[f64], seed: u64) -> Self {
         let mut thresholds = [0u32; MAX_POSITIONS];
         for (t, p) in thresholds.iter_mut().zip(probs) {
-            // NaN clamps to 0.
-            *t = (p.max(0.0).min(1.0) * DRAW_RANGE as f64).round() as u32;
+            // NaN accepts nothing.
+            let p = if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) };
+            *t = (p * DRAW_RANGE as f64).round() as u32;
         }
         Acceptance {
             seed: mix(seed ^ 0x6a09_e667_f3bc_c908),
