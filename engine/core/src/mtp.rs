@@ -76,10 +76,10 @@ const DRAW_RANGE: u32 = 1 << 16;
 /// The uniform 16-bit draw at sampling step `step` of the stream from `key`: field `step mod 4`
 /// of wyrand's output at position `step div 4 + 1`.
 #[inline]
-fn draw(key: u64, step: u32) -> u32 {
-    let group = step as u64 / FIELDS;
+fn draw(key: u64, step: u64) -> u32 {
+    let group = step / FIELDS;
     let h = wy(key.wrapping_add((group + 1).wrapping_mul(WY_INC)));
-    (h >> (16 * (step as u64 % FIELDS))) as u32 & 0xffff
+    (h >> (16 * (step % FIELDS))) as u32 & 0xffff
 }
 
 /// Whether [`StepDraws::add_one_draft_until`] runs eight steps at a time here (AVX2 and
@@ -180,7 +180,7 @@ impl<'a> RequestDraws<'a> {
         StepDraws {
             acc: self.acc,
             key: self.key,
-            step,
+            step: step as u64,
         }
     }
 }
@@ -191,8 +191,9 @@ pub struct StepDraws<'a> {
     acc: &'a Acceptance,
     /// The request's stream key (draft i's stream is offset by i strides).
     key: u64,
-    /// The current sampling step.
-    step: u32,
+    /// The current sampling step (64 bits: a run's kernel counts on past 2^32 as the scalar
+    /// draws do).
+    step: u64,
 }
 
 impl StepDraws<'_> {
@@ -200,7 +201,7 @@ impl StepDraws<'_> {
     #[inline]
     pub fn next_one(&mut self) -> u32 {
         let d = draw(self.key, self.step);
-        self.step = self.step.wrapping_add(1);
+        self.step += 1;
         // An empty list's threshold is 0: nothing is accepted.
         u32::from(d < self.acc.thresholds[0])
     }
@@ -220,7 +221,7 @@ impl StepDraws<'_> {
             // step and threshold go by value: the stores that just wrote them could not be
             // forwarded to one wide load of the struct.
             done = unsafe { add_one_draft_avx2(self.key, self.step, t, cells, run) };
-            self.step = self.step.wrapping_add(done.0 as u32);
+            self.step += done.0 as u64;
             if done.0 < cells.len() / 8 * 8 {
                 return done;
             }
@@ -237,7 +238,7 @@ impl StepDraws<'_> {
             if run.stops(o, e) {
                 return (i, o);
             }
-            self.step = self.step.wrapping_add(1);
+            self.step += 1;
             *c += e;
             o += e;
         }
@@ -249,7 +250,7 @@ impl StepDraws<'_> {
     pub fn next(&mut self, drafts: u32) -> u32 {
         let a = self.acc;
         let step = self.step;
-        self.step = self.step.wrapping_add(1);
+        self.step += 1;
         if a.len == 0 {
             return 0;
         }
@@ -300,7 +301,7 @@ fn chunk_by_step(chunk: &mut [u32], accepted: u32, o: &mut u32, run: &RunLimits)
 #[target_feature(enable = "avx2,popcnt")]
 unsafe fn add_one_draft_avx2(
     key: u64,
-    step: u32,
+    step: u64,
     threshold: u32,
     cells: &mut [u32],
     run: RunLimits,
@@ -360,7 +361,7 @@ unsafe fn add_one_draft_avx2(
         m & 0xff | m >> 8 & 0xff00
     };
     let inc = |n: u64| WY_INC.wrapping_mul(n);
-    let group = step as u64 / FIELDS;
+    let group = step / FIELDS;
     let mut s = _mm256_add_epi64(
         _mm256_set1_epi64x(key.wrapping_add(inc(group + 1)) as i64),
         _mm256_setr_epi64x(0, inc(1) as i64, inc(2) as i64, inc(3) as i64),
@@ -372,7 +373,7 @@ unsafe fn add_one_draft_avx2(
         bits as u64
     };
     // Acceptance bits not yet used, from the next step on.
-    let skip = step as u64 % FIELDS;
+    let skip = step % FIELDS;
     let mut buffer = next16() >> skip;
     let mut buffered = 16 - skip;
     let pow2 = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -521,8 +522,9 @@ mod tests {
             let a = Acceptance::new(probs, 13);
             for req in [0, 5, 99] {
                 let d = a.request(req);
-                // Every alignment of the first step in its hash's four.
-                for from in [40, 41, 42, 43] {
+                // Every alignment of the first step in its hash's four, and a run past step
+                // 2^32 (the kernel and the single steps count on alike).
+                for from in [40, 41, 42, 43, u32::MAX - 5] {
                     for len in [0usize, 1, 7, 8, 9, 16, 63, 126] {
                         for (o, o_limit, max_o) in [
                             (10, 1000, 2000),
@@ -542,7 +544,7 @@ mod tests {
                             assert_eq!(draws.add_one_draft_until(&mut got, run), want_out);
                             assert_eq!(got, want, "{case}");
                             // The draws moved past the steps taken.
-                            assert_eq!(draws.step, from + want_out.0 as u32);
+                            assert_eq!(draws.step, from as u64 + want_out.0 as u64);
                             let mut scalar = start.clone();
                             let out = d.from_step(from).add_one_draft_scalar(&mut scalar, run);
                             assert_eq!((out, scalar), (want_out, want), "{case}");
@@ -555,8 +557,9 @@ mod tests {
                                 let mut got = start[..whole].to_vec();
                                 let t = a.thresholds[0];
                                 // SAFETY: the processor has the kernel's features.
-                                let out =
-                                    unsafe { add_one_draft_avx2(d.key, from, t, &mut got, run) };
+                                let out = unsafe {
+                                    add_one_draft_avx2(d.key, from as u64, t, &mut got, run)
+                                };
                                 assert_eq!((out, got), (want_out, want), "AVX2 {case}");
                             }
                             cases += 1;
@@ -565,7 +568,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(cases, 4 * 3 * 4 * 8 * 5);
+        assert_eq!(cases, 4 * 3 * 5 * 8 * 5);
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub(super) const RING: usize = 128;
 /// ring's end (in one run, not two), added back to the ring's start once the scan is done.
 /// They are zero between scans.
 pub(super) const CELLS: usize = 2 * RING;
+const _: () = assert!(
+    CELLS >= (RING - 1) + (RING - 2),
+    "a window (at most RING - 2 steps) from the ring's last cell fits in one run"
+);
 const _: () = assert!(RING.is_power_of_two(), "ring cells are indexed by a mask");
 /// Steps a rank stays exact after a step whose budget could bind.
 pub const COOLDOWN: u64 = 64;
@@ -131,6 +135,7 @@ impl Window {
     fn scan_one_draft(&self, ring: &mut [u32; CELLS], draws: &mut StepDraws<'_>) -> (u64, u32) {
         let at = self.q0 as usize & (RING - 1);
         let len = (self.end - self.q0) as usize;
+        debug_assert!(len <= RING - 2, "a window spans at most RING - 2 steps");
         let limits = RunLimits {
             o: self.o0,
             o_limit: self.o_limit,
