@@ -200,10 +200,16 @@ impl StepDraws<'_> {
     /// [`StepDraws::next`] with one draft.
     #[inline]
     pub fn next_one(&mut self) -> u32 {
-        let d = draw(self.key, self.step);
+        let a = self.one_draft();
         self.step += 1;
+        a
+    }
+
+    /// Whether the current step accepts a single draft (1 or 0), without moving on.
+    #[inline]
+    fn one_draft(&self) -> u32 {
         // An empty list's threshold is 0: nothing is accepted.
-        u32::from(d < self.acc.thresholds[0])
+        u32::from(draw(self.key, self.step) < self.acc.thresholds[0])
     }
 
     /// A run of steps with one draft each, as a steady window scans them: from `o` tokens
@@ -213,19 +219,23 @@ impl StepDraws<'_> {
     /// move past the steps taken. Eight steps at a time where the processor has AVX2
     /// ([`wide_runs`]; a steady window's scan is a tenth of a long decode's simulation).
     pub fn add_one_draft_until(&mut self, cells: &mut [u32], run: RunLimits) -> (usize, u32) {
-        let mut done = (0, run.o);
         #[cfg(target_arch = "x86_64")]
-        if cells.len() >= 8 && wide_runs() {
+        let done = if cells.len() >= 8 && wide_runs() {
             let t = self.acc.thresholds[0];
             // SAFETY: the processor has the features the function is compiled for. The key,
             // step and threshold go by value: the stores that just wrote them could not be
             // forwarded to one wide load of the struct.
-            done = unsafe { add_one_draft_avx2(self.key, self.step, t, cells, run) };
+            let done = unsafe { add_one_draft_avx2(self.key, self.step, t, cells, run) };
             self.step += done.0 as u64;
             if done.0 < cells.len() / 8 * 8 {
                 return done;
             }
-        }
+            done
+        } else {
+            (0, run.o)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = (0, run.o);
         let (steps, o) =
             self.add_one_draft_scalar(&mut cells[done.0..], RunLimits { o: done.1, ..run });
         (done.0 + steps, o)
@@ -234,7 +244,7 @@ impl StepDraws<'_> {
     fn add_one_draft_scalar(&mut self, cells: &mut [u32], run: RunLimits) -> (usize, u32) {
         let mut o = run.o;
         for (i, c) in cells.iter_mut().enumerate() {
-            let e = 1 + u32::from(draw(self.key, self.step) < self.acc.thresholds[0]);
+            let e = 1 + self.one_draft();
             if run.stops(o, e) {
                 return (i, o);
             }

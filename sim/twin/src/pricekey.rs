@@ -425,7 +425,8 @@ mod tests {
                 context += grow;
                 let t = 1 + mtp;
                 let mut s = BatchShape::default();
-                s.add_decode_sums(seqs as u64, seqs as u64 * t, context * t, if capped { context } else { context * t });
+                let capped_pairs = if capped { context } else { context * t };
+                s.add_decode_sums(seqs as u64, seqs as u64 * t, context * t, capped_pairs);
                 if kind == 2 {
                     s.add_prefill(chunk, 7, AttnCap(None));
                 }

@@ -128,9 +128,9 @@ impl Window {
     /// consecutive cells from the window's first step's (the cells past the ring's end then
     /// added back to its start: most windows cross the ring's end, and a second run cost a
     /// call and two part chunks stepped one by one), each step checked against the limits by
-    /// the draws' run ([`StepDraws::add_one_draft_until`]). Inlined into the window's scan: called with a
-    /// window just stored field by field, its loads of two fields as one word waited for the
-    /// stores to retire (store forwarding fails), a tenth of the run's time.
+    /// the draws' run ([`StepDraws::add_one_draft_until`]). Inlined into the window's scan:
+    /// called with a window just stored field by field, its loads of two fields as one word
+    /// waited for the stores to retire (store forwarding fails), a tenth of the run's time.
     #[inline(always)]
     fn scan_one_draft(&self, ring: &mut [u32; CELLS], draws: &mut StepDraws<'_>) -> (u64, u32) {
         let at = self.q0 as usize & (RING - 1);
