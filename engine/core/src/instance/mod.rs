@@ -162,9 +162,14 @@ impl Loads {
             return;
         }
         self.tree[i] = v;
+        // A node whose minimum stays what it was leaves every node above it as it was.
         while i > 1 {
             i /= 2;
-            self.tree[i] = self.tree[2 * i].min(self.tree[2 * i + 1]);
+            let m = self.tree[2 * i].min(self.tree[2 * i + 1]);
+            if self.tree[i] == m {
+                break;
+            }
+            self.tree[i] = m;
         }
     }
 
