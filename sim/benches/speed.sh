@@ -18,6 +18,12 @@
 #   sim/benches/speed.sh                          # every benchmark, 3 runs each
 #   RUNS=5 ONLY=hour sim/benches/speed.sh         # one of: hour, mooncake, serve
 #   MOONCAKE=/path/to/mooncake_conversation.jsonl REF=/tmp/dstwin-old sim/benches/speed.sh
+#   REF=/tmp/dstwin-old ONLY=instructions sim/benches/speed.sh
+#
+# ONLY=instructions (not part of "all"; needs valgrind) counts the instructions the hour's first
+# five simulated minutes and the Mooncake trace on 32 decode dies take, with callgrind: one run
+# each, the same count every time, a companion to the times where a machine's speed moves more
+# than a change does (docs/performance.md quotes these cuts).
 #
 # MOONCAKE: the full trace (12,031 requests). Without it the 2,000-request head shipped in
 # sim/scenarios/data is used and the figure is not the target's. CORE (default 1): the core the
@@ -87,10 +93,14 @@ if [[ $ONLY == all || $ONLY == hour ]]; then
     bench cm384-hour 3 sim/scenarios/cm384-pd.toml
 fi
 
+# The Mooncake trace's arguments: the full trace where it is at hand.
+trace=()
+if [[ -f $MOONCAKE ]]; then
+    trace=(--set "workload.path=$(realpath "$MOONCAKE")")
+fi
+
 if [[ $ONLY == all || $ONLY == mooncake ]]; then
-    trace=()
     if [[ -f $MOONCAKE ]]; then
-        trace=(--set "workload.path=$(realpath "$MOONCAKE")")
         echo "Mooncake: the full trace, $MOONCAKE"
     else
         echo "Mooncake: $MOONCAKE not found; the shipped 2,000-request head (not the target's run)"
@@ -138,4 +148,34 @@ if [[ $ONLY == all || $ONLY == serve ]]; then
             "$label" "$best" "${rate#* }" "$verdict"
         rm -f "$OUT/serve.$label"
     done
+fi
+
+if [[ $ONLY == instructions ]]; then
+    if ! command -v valgrind >/dev/null; then
+        echo "instructions: valgrind not found (apt install valgrind)" >&2
+        exit 1
+    fi
+    # Prints a row per build: its instruction count and the change from the first build's.
+    # Usage: count NAME ARGS...
+    count() {
+        local name=$1 first="" b label bin ir
+        shift
+        for b in "${BUILDS[@]}"; do
+            label=${b%%:*}
+            bin=${b#*:}
+            valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.out" \
+                "$bin" simulate "$@" -q --json >/dev/null 2>"$OUT/callgrind.log"
+            ir=$(awk '$1 == "totals:" { print $2 }' "$OUT/callgrind.out")
+            first=${first:-$ir}
+            awk -v n="$name" -v l="$label" -v a="$ir" -v b="$first" 'BEGIN {
+                printf "%-26s %-5s %13.4f G   %+.2f%% against this build\n", n, l, a / 1e9,
+                    100 * (a - b) / b }'
+        done
+        rm -f "$OUT/callgrind.out" "$OUT/callgrind.log"
+    }
+    printf '%-26s %-5s %15s\n' benchmark build instructions
+    count cm384-first-5-minutes sim/scenarios/cm384-pd.toml --set duration_s=300 \
+        --set workload.duration_s=300
+    count mooncake-32-dies sim/scenarios/mooncake-conversation.toml "${trace[@]}" \
+        --set hardware=cloudmatrix384 --set decode.dies=32
 fi
