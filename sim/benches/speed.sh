@@ -173,6 +173,9 @@ if [[ $ONLY == instructions ]]; then
         done
         rm -f "$OUT/callgrind.out" "$OUT/callgrind.log"
     }
+    if [[ ${#trace[@]} -eq 0 ]]; then
+        echo "Mooncake: $MOONCAKE not found; counting the shipped 2,000-request head"
+    fi
     printf '%-26s %-5s %15s\n' benchmark build instructions
     count cm384-first-5-minutes sim/scenarios/cm384-pd.toml --set duration_s=300 \
         --set workload.duration_s=300
