@@ -511,7 +511,7 @@ mod tests {
 
     /// A run of single-draft steps adds, cell by cell, what `next_one` draws step by step, and
     /// stops where the rule says (a step that would start past `o_limit` or reach `max_o`):
-    /// as dispatched here, the portable eight-step kernel, and the scalar loop.
+    /// as dispatched here, the AVX2 kernel where the processor has it, and the scalar loop.
     #[test]
     fn a_run_of_one_draft_steps_adds_the_single_steps() {
         let reference = |d: &RequestDraws<'_>, step: u32, cells: &mut [u32], run: RunLimits| {

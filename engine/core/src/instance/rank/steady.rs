@@ -143,11 +143,10 @@ impl Window {
         };
         let (steps, o) = draws.add_one_draft_until(&mut ring[at..at + len], limits);
         // The steps past the ring's end go back to its start.
-        if let Some(over) = (at + steps).checked_sub(RING).filter(|&n| n > 0) {
-            let (head, tail) = ring.split_at_mut(RING);
-            for (cell, past) in head.iter_mut().zip(&mut tail[..over]) {
-                *cell += std::mem::take(past);
-            }
+        let over = (at + steps).saturating_sub(RING);
+        let (head, tail) = ring.split_at_mut(RING);
+        for (cell, past) in head.iter_mut().zip(&mut tail[..over]) {
+            *cell += std::mem::take(past);
         }
         (self.q0 + steps as u64, o)
     }
