@@ -20,6 +20,8 @@ pub struct TwinFabric {
     /// Link checks and deliveries, keyed by (time, sequence number).
     queue: BinaryHeap<Reverse<(SimTime, u64, FabricEvent)>>,
     seq: u64,
+    /// A completion check's finished transfers (kept: no allocation per check).
+    finished: Vec<ReqId>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -74,7 +76,7 @@ impl Fabric for TwinFabric {
     }
 
     fn poll(&mut self, now: SimTime, done: &mut Vec<ReqId>) {
-        let mut finished = Vec::new();
+        let mut finished = std::mem::take(&mut self.finished);
         while let Some(&Reverse((t, _, e))) = self.queue.peek() {
             if t > now {
                 break;
@@ -96,6 +98,7 @@ impl Fabric for TwinFabric {
                 FabricEvent::Deliver(id) => done.push(id),
             }
         }
+        self.finished = finished;
     }
 }
 

@@ -150,7 +150,13 @@ pub struct RankScheduler {
     pub detail: bool,
     /// Requests whose device state may be dropped, handed to the device with the next plan.
     freed: Vec<ReqId>,
+    /// Block tables of requests that left, emptied, for the requests that come (a table is
+    /// not allocated and freed per request).
+    spare: Vec<Vec<u32>>,
 }
+
+/// Emptied block tables a rank keeps at most ([`RankScheduler::spare`]).
+const SPARE_TABLES: usize = 16;
 
 fn blocks_for(tokens: u64, bs: u32) -> u64 {
     tokens.div_ceil(bs as u64)
@@ -190,6 +196,7 @@ impl RankScheduler {
             stopped: Vec::new(),
             detail: false,
             freed: Vec::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -268,7 +275,8 @@ impl RankScheduler {
         let longest = (r.prompt_tokens as u64 + r.max_output_tokens as u64)
             .min(self.cfg.max_model_len)
             + self.cfg.num_spec_tokens as u64;
-        let blocks = Vec::with_capacity(blocks_for(longest, self.cfg.block_size) as usize);
+        let mut blocks = self.spare.pop().unwrap_or_default();
+        blocks.reserve(blocks_for(longest, self.cfg.block_size) as usize);
         let seq = Seq {
             id: r.id,
             prompt: r.prompt_tokens,
@@ -313,6 +321,19 @@ impl RankScheduler {
     fn remove(&mut self, slot: u32) -> Seq {
         let s = self.slab[slot as usize].take().expect("live slot");
         self.free_slots.push(slot);
+        s
+    }
+
+    /// Removes the request in `slot` and frees its blocks; its block table is kept for a
+    /// request to come.
+    fn remove_freeing(&mut self, slot: u32) -> Seq {
+        let mut s = self.remove(slot);
+        self.pool.release(&s.blocks);
+        if self.spare.len() < SPARE_TABLES {
+            let mut table = std::mem::take(&mut s.blocks);
+            table.clear();
+            self.spare.push(table);
+        }
         s
     }
 
@@ -422,8 +443,7 @@ impl RankScheduler {
             }
             State::Held => {}
         }
-        let s = self.remove(slot);
-        self.pool.release(&s.blocks);
+        let s = self.remove_freeing(slot);
         if self.detail {
             self.freed.push(s.id);
         }
@@ -441,8 +461,7 @@ impl RankScheduler {
             .is_some_and(|s| s.id == id && s.state == State::Held);
         {
             if held {
-                let s = self.remove(slot);
-                self.pool.release(&s.blocks);
+                let s = self.remove_freeing(slot);
                 if self.detail {
                     self.freed.push(s.id);
                 }

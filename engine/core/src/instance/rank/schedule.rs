@@ -569,8 +569,7 @@ impl RankScheduler {
                 if self.cfg.role == Role::Prefill {
                     Self::seq_mut(&mut self.slab, slot).state = State::Held;
                 } else {
-                    let s = self.remove(slot);
-                    self.pool.release(&s.blocks);
+                    let s = self.remove_freeing(slot);
                     if self.cfg.async_scheduling {
                         self.phantoms.push(s.computed);
                     }
