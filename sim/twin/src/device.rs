@@ -467,6 +467,10 @@ impl PricerStep<'_> {
     /// whose key is the one it priced last, or whose price the pricer has a copy of ([`Near`]),
     /// is priced at once; the others wait, their slots in the shared map prefetched, so that
     /// their lookups wait for memory together rather than one after another.
+    ///
+    /// The common case, a rank whose key is the one it priced last, is inlined into the
+    /// caller's pass over the ranks; the rest is not.
+    #[inline]
     pub fn add(&mut self, rank: Option<usize>, shape: &BatchShape, load: StepLoad) {
         let at = self.added;
         self.added += 1;
@@ -488,6 +492,13 @@ impl PricerStep<'_> {
             }
             None => PriceKey::with_load(shape, load),
         };
+        self.add_key(at, rank, key);
+    }
+
+    /// [`PricerStep::add`] of a key that is not the rank's last: from this pricer's copy, or
+    /// queued for [`PricerStep::slowest`].
+    #[inline(never)]
+    fn add_key(&mut self, at: u32, rank: Option<usize>, key: PriceKey) {
         // A copy at hand needs no prefetch (a prefetch the lookup will not use only holds up
         // those it will).
         if let Some(c) = self.near_copy(&key) {
@@ -923,7 +934,8 @@ impl Device for SimDevice {
         let mut last: Option<&BatchShape> = None;
         let same = |a: &BatchShape, b: &BatchShape| {
             if a.prefill_seqs == 0 && b.prefill_seqs == 0 {
-                a == b
+                // Decode ranks' contexts differ most often: compared first.
+                a.decode_pairs == b.decode_pairs && a == b
             } else {
                 a.short_chunks_as_decode(query_len) == b.short_chunks_as_decode(query_len)
             }
