@@ -13,11 +13,8 @@ fn refused(args: &[&str]) -> String {
     stderr
 }
 
-fn tmp(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("dstwin-bad-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn tmp(name: &str) -> common::TmpDir {
+    common::tmp_dir("bad", name)
 }
 
 #[test]

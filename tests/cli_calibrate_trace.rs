@@ -17,11 +17,8 @@ fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dstwin-trace-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn tmp(name: &str) -> common::TmpDir {
+    common::tmp_dir("trace", name)
 }
 
 /// A torch_npu output directory made of the documented samples.

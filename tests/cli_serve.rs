@@ -546,8 +546,7 @@ fn shutdown_drains_in_flight_requests() {
 #[test]
 fn bench_serve_reports_like_vllm_bench_serve() {
     let srv = Server::start(&[&data("tiny-pd.toml"), "--time-scale", "0"]);
-    let dir = std::env::temp_dir().join(format!("dstwin-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::tmp_dir("bench", "vllm");
     let saved = dir.join("result.json");
     let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
         .args([
@@ -831,8 +830,7 @@ fn shutdown_answers_503_while_streams_drain() {
 #[test]
 fn bench_serve_saves_what_vllm_saves_and_fails_when_nothing_succeeds() {
     let srv = Server::start(&[&data("tiny-mixed.toml"), "--time-scale", "0"]);
-    let dir = std::env::temp_dir().join(format!("dstwin-bench-fields-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::tmp_dir("bench", "fields");
     let saved = dir.join("result.json");
     let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
         .args([

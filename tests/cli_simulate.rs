@@ -14,10 +14,8 @@ fn err(o: &Output) -> String {
     String::from_utf8(o.stderr.clone()).unwrap()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dstwin-test-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn tmp(name: &str) -> common::TmpDir {
+    common::tmp_dir("test", name)
 }
 
 #[test]

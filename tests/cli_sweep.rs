@@ -3,10 +3,10 @@
 mod common;
 use common::{data, dstwin, read, stderr_text as err};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> common::TmpDir {
     common::tmp_dir("sweep", name)
 }
 

@@ -187,7 +187,7 @@ fn error_bound_and_text_report() {
     let measured = serde_json::json!({
         "output_throughput": r["output_tok_s"].as_f64().unwrap() * 1.25,
     });
-    let path = temp_file("bound.json", &measured.to_string());
+    let (_dir, path) = temp_file("bound.json", &measured.to_string());
     let args = |bound: &'static str| {
         vec![
             "validate".to_string(),
@@ -226,7 +226,7 @@ fn own_measurement_format() {
             "tpot_ms.p90": r["latency"]["tpot_ms"]["p90"].as_f64().unwrap() * 2.0,
         },
     });
-    let path = temp_file("own.json", &own.to_string());
+    let (_dir, path) = temp_file("own.json", &own.to_string());
     let args = [
         "validate",
         "--measured",
@@ -290,12 +290,13 @@ fn measured_rows(path: &std::path::Path, extra: &[&str]) -> Vec<serde_json::Valu
     v["measured"]["rows"].as_array().unwrap().clone()
 }
 
-fn temp_file(name: &str, text: &str) -> String {
-    let dir = std::env::temp_dir().join(format!("dstwin-validate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// `text` in file `name` of a fresh directory (removed when the directory is dropped).
+fn temp_file(name: &str, text: &str) -> (common::TmpDir, String) {
+    let dir = common::tmp_dir("validate", name);
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
-    path.to_str().unwrap().to_string()
+    let path = path.to_str().unwrap().to_string();
+    (dir, path)
 }
 
 #[test]
@@ -313,8 +314,7 @@ fn measurements_compare_with_a_simulation_of_the_same_run() {
         "mean_itl_ms": r["latency"]["itl_ms"]["mean"].as_f64().unwrap() * 1.25,
         "backend": "vllm",
     });
-    let dir = std::env::temp_dir().join(format!("dstwin-validate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::tmp_dir("validate", "bench");
     let path = dir.join("bench.json");
     std::fs::write(&path, measured.to_string()).unwrap();
     let rows = measured_rows(&path, &[]);
@@ -400,5 +400,4 @@ fn a_measurement_is_compared_with_the_median_of_draws_of_the_step_spread() {
         assert!(row.get("draws").is_none(), "{row}");
         assert_eq!(row["how"], "simulated");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,7 +5,7 @@
 mod common;
 use common::dstwin;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -34,9 +34,8 @@ const MIN_SLO_ATTAINMENT: f64 = 0.5;
 
 /// A copy of sim/scenarios (data/ and anchors/ included) in a fresh directory: a scenario that
 /// reads anything outside the directory, as from a checkout's neighbours, fails to load here.
-fn copy_of_scenarios() -> PathBuf {
-    let to = std::env::temp_dir().join(format!("dstwin-test-{}-scenarios", std::process::id()));
-    let _ = std::fs::remove_dir_all(&to);
+fn copy_of_scenarios() -> common::TmpDir {
+    let to = common::tmp_dir("test", "scenarios");
     copy_dir(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("sim/scenarios"),
         &to,
@@ -141,6 +140,5 @@ fn every_shipped_scenario_runs_from_the_repository_and_meets_its_slos_or_says_wh
             ));
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -16,15 +16,42 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
-/// `init-weights --preset tiny --seed 1`, written once.
+/// `init-weights --preset tiny --seed 1`, written once per test process. A process cannot
+/// remove it when it ends (statics are not dropped): each removes those that processes no longer
+/// running left (on Linux, where a process id's `/proc` entry says whether it runs).
 pub fn tiny_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        remove_stale("tiny");
         let d = temp_dir("tiny");
         let cfg = dstwin_cpu::init::preset_config("tiny").unwrap();
         dstwin_cpu::init_weights(&cfg, SEED, &d).expect("init-weights");
         d
     })
+}
+
+/// Removes the directories [`temp_dir`] made for `tag` in test processes that have ended.
+fn remove_stale(tag: &str) {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let (prefix, suffix) = ("dstwin-cpu-test-", format!("-{tag}"));
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix)?.strip_suffix(suffix.as_str()))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 pub fn tiny(dtype: DType) -> &'static Model {

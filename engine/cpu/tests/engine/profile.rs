@@ -16,7 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Serves the test prompts on `l` with every device tracing into one file; returns the trace,
 /// the steps executed and the steps that moved experts.
 fn traced(l: Layout, experts: &Experts, tag: &str) -> (Value, u64, u64) {
-    let path = temp_dir(tag).join("trace.json");
+    let dir = temp_dir(tag);
+    let path = dir.join("trace.json");
     let sink = TraceSink::create(&path).unwrap();
     let pid = Cell::new(0);
     let mut steps = 0;
@@ -36,6 +37,7 @@ fn traced(l: Layout, experts: &Experts, tag: &str) -> (Value, u64, u64) {
     sink.flush();
     assert!(sink.error().is_none());
     let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     (
         serde_json::from_str(&text).unwrap(),
         steps,
