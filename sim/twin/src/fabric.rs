@@ -98,6 +98,7 @@ impl Fabric for TwinFabric {
                 FabricEvent::Deliver(id) => done.push(id),
             }
         }
+        finished.clear();
         self.finished = finished;
     }
 }

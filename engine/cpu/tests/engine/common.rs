@@ -17,8 +17,8 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 }
 
 /// `init-weights --preset tiny --seed 1`, written once per test process. A process cannot
-/// remove it when it ends (statics are not dropped): each removes those that processes no longer
-/// running left (on Linux, where a process id's `/proc` entry says whether it runs).
+/// remove it when it ends (statics are not dropped): each removes those that ended processes
+/// left ([`remove_stale`]).
 pub fn tiny_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -30,9 +30,13 @@ pub fn tiny_dir() -> &'static Path {
     })
 }
 
-/// Removes the directories [`temp_dir`] made for `tag` in test processes that have ended.
+/// Removes the directories [`temp_dir`] made for `tag` in test processes that have ended: on
+/// Linux, with `/proc` mounted, where a process id without an entry has ended (in this PID
+/// namespace), and only directories untouched for an hour (a test process sharing the
+/// temporary directory from another namespace is not that old).
 fn remove_stale(tag: &str) {
-    if !cfg!(target_os = "linux") {
+    const STALE: std::time::Duration = std::time::Duration::from_secs(3600);
+    if !cfg!(target_os = "linux") || !Path::new("/proc/self").exists() {
         return;
     }
     let (prefix, suffix) = ("dstwin-cpu-test-", format!("-{tag}"));
@@ -48,7 +52,13 @@ fn remove_stale(tag: &str) {
         else {
             continue;
         };
-        if pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > STALE);
+        if old && pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists() {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }

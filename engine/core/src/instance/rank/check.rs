@@ -8,6 +8,11 @@ impl RankScheduler {
     /// conserved; tokens conserved.
     pub fn check(&self) {
         self.pool.check();
+        assert!(
+            self.spare.len() <= super::SPARE_TABLES && self.spare.iter().all(Vec::is_empty),
+            "spare block tables: at most {} and empty",
+            super::SPARE_TABLES
+        );
         for &slot in &self.waiting {
             assert_eq!(
                 self.seq(slot).state,

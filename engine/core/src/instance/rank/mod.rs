@@ -324,13 +324,13 @@ impl RankScheduler {
         s
     }
 
-    /// Removes the request in `slot` and frees its blocks; its block table is kept for a
-    /// request to come.
+    /// Removes the request in `slot` and frees its blocks; its block table (empty in the
+    /// returned request) is kept for a request to come.
     fn remove_freeing(&mut self, slot: u32) -> Seq {
         let mut s = self.remove(slot);
-        self.pool.release(&s.blocks);
+        let mut table = std::mem::take(&mut s.blocks);
+        self.pool.release(&table);
         if self.spare.len() < SPARE_TABLES {
-            let mut table = std::mem::take(&mut s.blocks);
             table.clear();
             self.spare.push(table);
         }

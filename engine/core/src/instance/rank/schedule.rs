@@ -36,7 +36,8 @@ impl RankScheduler {
         }
         self.stats.preemptions += 1;
         if self.cfg.send_back && self.cfg.role != Role::Prefill {
-            let s = self.remove(slot);
+            // Its blocks are freed above: this keeps its (empty) table.
+            let s = self.remove_freeing(slot);
             events.push(InstEvent::SentBack {
                 req: s.id,
                 emitted: s.output,
