@@ -48,7 +48,6 @@ fn calibrate_targets_need_positive_published_figures() {
             "{bad}: {e}"
         );
     }
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -122,7 +121,6 @@ fn a_config_json_with_absurd_sizes_is_refused() {
         let field = to.split('"').nth(1).unwrap();
         assert!(e.contains(field) && e.contains("must be in ["), "{to}: {e}");
     }
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -134,7 +132,6 @@ fn messages_speak_the_users_words_not_rusts() {
     std::fs::write(&p, "{").unwrap();
     let e = refused(&["eplb", "--load", p.to_str().unwrap(), "--dies", "4"]);
     assert_eq!(e.matches("EOF while parsing").count(), 1, "{e}");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]

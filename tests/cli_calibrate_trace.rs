@@ -156,7 +156,6 @@ fn an_npu_profile_writes_a_cost_file_and_a_system_file_using_it() {
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(j.to_string().contains("my-a3-system"), "{j}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `calibrate --trace` of a CPU engine trace on a stand-in system, the cost file to `cost`.
@@ -208,7 +207,6 @@ fn the_cpu_engine_profile_fits_its_gemms_and_host_time() {
     // sequences) and step 10's time inside it no op covers (757.7 us) is added.
     assert_eq!(t["host"]["per_seq_us"].as_float(), Some(0.0));
     assert_eq!(t["host"]["per_token_us"].as_float(), Some(0.0));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -262,7 +260,6 @@ fn bad_traces_and_options_are_refused_with_what_is_wrong() {
     );
     let e = refused(&["calibrate", "--trace", &trace, "--targets", "t.toml"]);
     assert!(e.contains("--targets"), "{e}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -331,5 +328,4 @@ fn check_prices_a_trace_with_a_fitted_cost_file_as_it_is() {
         ]);
         assert!(e.contains(flag), "{e}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -187,6 +187,4 @@ fn a_fit_on_one_workload_predicts_another_on_the_real_engine() {
             "{metric}: {m} measured, {p} predicted"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_dir_all(&model);
 }

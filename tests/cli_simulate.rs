@@ -240,7 +240,6 @@ fn csv_per_request_rows_and_timeline() {
             .as_str()
             .is_some_and(|n| n.starts_with("kv transfers"))));
     dstwin_sim::report::check_trace(&t).expect("a well-formed trace");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -349,7 +348,6 @@ fn bad_input_exits_2_names_the_field_and_writes_nothing() {
     let o = dstwin(&["simulate", &data("tiny-pd.toml"), "--set", "nosuch"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(err(&o).contains("PATH=VALUE"), "{}", err(&o));
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -371,7 +369,6 @@ fn malformed_and_empty_traces_exit_2_with_the_line() {
     let o = dstwin(&["simulate", scen.to_str().unwrap(), "--quiet"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(err(&o).contains("no requests"), "{}", err(&o));
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -482,7 +479,6 @@ fn a_recorded_heat_map_replays() {
         &format!("expert_load.path=\"{}\"", path.display()),
     ]);
     assert_eq!(o.status.code(), Some(2));
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -570,7 +566,6 @@ fn dynamic_eplb_follows_a_shifting_load_and_pays_for_its_moves() {
         decode(&dynamic)["moe_imbalance"].as_f64().unwrap()
             < decode(&fixed)["moe_imbalance"].as_f64().unwrap()
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -638,7 +633,6 @@ fn an_instance_can_start_from_a_placement_file() {
         "{}",
         err(&o)
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -744,7 +738,6 @@ fn a_cost_files_host_time_reaches_the_twin_unless_the_scenario_gives_its_own() {
         "{shipped} ms without [host], {with_host} ms with"
     );
     assert_eq!(overridden, shipped);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -791,7 +784,6 @@ fn host_time_per_token_is_paid_on_every_token_a_step_computes() {
     let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
     assert_eq!(v["latency"]["ttft_ms"]["mean"].as_f64(), Some(ttft));
     assert_eq!(v["latency"]["tpot_ms"]["mean"].as_f64(), Some(tpot));
-    let _ = std::fs::remove_dir_all(&dir);
     // 700 tokens x 100 us on the first token; 100 us on each later one. (The report's
     // latencies come from histograms of three significant digits.)
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-3 * b.max(a);
@@ -926,7 +918,6 @@ fn a_step_after_idling_runs_its_kernels_at_the_cold_factor() {
         assert_eq!(o.status.code(), Some(2), "{host}: {}", err(&o));
         assert!(err(&o).contains(field), "{host}: {}", err(&o));
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -1015,5 +1006,4 @@ fn steps_land_around_their_price_by_the_cost_files_step_sigma() {
         assert_eq!(o.status.code(), Some(2), "{host}: {}", err(&o));
         assert!(err(&o).contains("host.step_sigma"), "{host}: {}", err(&o));
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

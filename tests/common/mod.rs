@@ -18,21 +18,10 @@ pub fn data(name: &str) -> String {
     format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A test's directory under the system's temporary directory, removed when the test is done
-/// with it. A failing test leaves it in place (its path is in the failure's output), so that
-/// what the command wrote can be looked at.
+/// A test's directory under the system's temporary directory ([`tmp_dir`]), removed when the
+/// test is done with it. A failing test leaves it in place (its path is in the failure's
+/// output), so that what the command wrote can be looked at.
 pub struct TmpDir(PathBuf);
-
-impl TmpDir {
-    /// `dstwin-NAME-PID` under the temporary directory, emptied (the process id keeps two test
-    /// runs apart).
-    pub fn new(name: &str) -> TmpDir {
-        let dir = std::env::temp_dir().join(format!("dstwin-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TmpDir(dir)
-    }
-}
 
 impl Drop for TmpDir {
     fn drop(&mut self) {
@@ -61,10 +50,13 @@ impl AsRef<std::ffi::OsStr> for TmpDir {
     }
 }
 
-/// An empty directory `dstwin-PREFIX-NAME-PID` under the system's temporary directory, removed
-/// when dropped ([`TmpDir`]).
+/// An empty directory `dstwin-PREFIX-NAME-PID` under the system's temporary directory (the
+/// process id keeps two test runs apart), removed when dropped ([`TmpDir`]).
 pub fn tmp_dir(prefix: &str, name: &str) -> TmpDir {
-    TmpDir::new(&format!("{prefix}-{name}"))
+    let dir = std::env::temp_dir().join(format!("dstwin-{prefix}-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    TmpDir(dir)
 }
 
 /// A command's standard error as text.
@@ -131,7 +123,7 @@ impl Drop for Server {
 
 /// `dstwin init-weights --preset tiny --seed 1` into a fresh directory ([`TmpDir`]).
 pub fn tiny_model(tag: &str) -> TmpDir {
-    let dir = TmpDir::new(&format!("cpu-serve-{tag}"));
+    let dir = tmp_dir("cpu-serve", tag);
     let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
         .args(["init-weights", "--preset", "tiny", "--seed", "1", "--out"])
         .arg(&dir)
