@@ -349,15 +349,18 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
                 concurrency,
                 num_requests,
                 mut sampler,
+                mut pace,
             } => {
                 if num_requests.get() > MAX_PROMPTS {
                     return Err(too_many_prompts());
                 }
+                // A paced loop sends request k at the k-th arrival, as the concurrency allows.
                 let v = (0..num_requests.get())
                     .map(|index| {
                         let l = sampler.next_lengths();
+                        let at = pace.as_mut().and_then(Iterator::next).unwrap_or(0);
                         Job {
-                            at: Duration::ZERO,
+                            at: Duration::from_nanos(at),
                             input: l.input_tokens,
                             output: l.output_tokens,
                             index,

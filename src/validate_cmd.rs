@@ -6,6 +6,7 @@ use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
 use dstwin_calibration::anchors::{builtin_runs, Evaluated};
+use dstwin_calibration::e2e;
 use dstwin_calibration::fit::{eplb_gap_ratio, parse_eplb_gap, EXPERT_LOAD};
 use dstwin_calibration::globals::{self, Values};
 use dstwin_calibration::measured::compare;
@@ -34,7 +35,12 @@ pub struct ValidateArgs {
     /// model and the calibrated hardware of a CPU engine run).
     #[arg(long = "set", value_name = "PATH=VALUE", requires = "scenario")]
     sets: Vec<String>,
-    /// Exit 1 when any |error| exceeds this many percent.
+    /// Only the end-to-end suite: every published serving run of sim/scenarios/e2e/ simulated
+    /// as a whole run and compared figure by figure (plain `validate` shows it first too).
+    #[arg(long, conflicts_with = "measured")]
+    e2e: bool,
+    /// Exit 1 when any |error| of a prediction (end-to-end runs, out-of-sample anchors, your
+    /// measurements) exceeds this many percent.
     #[arg(long, value_name = "PCT")]
     max_error: Option<f64>,
     /// Print JSON.
@@ -53,6 +59,8 @@ struct Row {
     published: f64,
     predicted: f64,
     error: f64,
+    /// `e2e`: a published serving run of the end-to-end suite, simulated whole (`e2e_in_sample`
+    /// when its figure is also a calibration anchor's);
     /// `out_of_sample`: an end-to-end anchor predicted by the parameters fitted without it
     /// (simulated from its shipped scenario when it has one, else its steady step);
     /// `fit`: a residual of the full fit (the parameters were fitted to it); `micro`: a
@@ -218,7 +226,34 @@ fn sensitivity(targets: &[Target], cost_model: &str) -> Result<Vec<Sensitivity>,
         .collect()
 }
 
+/// The end-to-end suite's rows: every shipped run simulated whole, in parallel.
+fn e2e_rows(quiet: bool) -> Result<Vec<Row>, Failure> {
+    let runs = e2e::shipped_runs().map_err(runtime)?;
+    let bar = crate::progress::bar(
+        Some(runs.len() as u64),
+        quiet,
+        "end-to-end runs {bar:30} {pos}/{len} {elapsed}",
+    );
+    let results = e2e::evaluate_all(&runs, || bar.inc(1)).map_err(runtime)?;
+    bar.finish_and_clear();
+    Ok(results
+        .into_iter()
+        .map(|f| Row {
+            id: f.run,
+            metric: f.metric.name().to_string(),
+            published: f.published,
+            predicted: f.predicted,
+            error: f.error,
+            kind: if f.in_sample { "e2e_in_sample" } else { "e2e" },
+            how: Some("simulated"),
+            bound: Some(GOAL),
+            draws: None,
+        })
+        .collect())
+}
+
 fn builtin(quiet: bool) -> Result<Builtin, Failure> {
+    let mut rows = e2e_rows(quiet)?;
     let cost_model = "ascend-910c";
     let targets = parse_targets("targets.toml", TARGETS).map_err(runtime)?;
     let shipped_params = crate::calibrate_cmd::shipped_cost(cost_model)?;
@@ -253,7 +288,6 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
         .collect::<Result<_, _>>()
         .map_err(runtime)?;
     bar.finish_and_clear();
-    let mut rows: Vec<Row> = Vec::new();
     let simulated: Vec<&str> = runs.iter().map(|r| r.anchor.as_str()).collect();
     rows.extend(evaluated.iter().flat_map(|r| &r.figures).map(|f| Row {
         id: f.run.clone(),
@@ -449,21 +483,23 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
         }
     }
     let started = std::time::Instant::now();
+    let only = |rows: Vec<Row>| Builtin {
+        rows,
+        runs: Vec::new(),
+        fitted: String::new(),
+        params: Vec::new(),
+        sensitivity: Vec::new(),
+    };
     let report = match (&a.measured, &a.scenario) {
-        (Some(m), Some(s)) => Builtin {
-            rows: rows_measured(m, s, &a.sets)?,
-            runs: Vec::new(),
-            fitted: String::new(),
-            params: Vec::new(),
-            sensitivity: Vec::new(),
-        },
+        (Some(m), Some(s)) => only(rows_measured(m, s, &a.sets)?),
+        _ if a.e2e => only(e2e_rows(a.quiet)?),
         _ => builtin(a.quiet)?,
     };
     let rows = &report.rows;
     // --max-error holds the predictions: the out-of-sample rows (or a team's measurements).
     let held_to: Vec<&Row> = rows
         .iter()
-        .filter(|r| r.kind == "out_of_sample" || r.kind == "measured")
+        .filter(|r| matches!(r.kind, "e2e" | "e2e_in_sample" | "out_of_sample" | "measured"))
         .collect();
     let over: Vec<&Row> = a
         .max_error
@@ -487,6 +523,7 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
             })
         };
         let v = serde_json::json!({
+            "e2e": { "summary": summary("e2e"), "rows": section("e2e"), "in_sample_rows": section("e2e_in_sample") },
             "out_of_sample": { "summary": summary("out_of_sample"), "rows": section("out_of_sample") },
             "fit": { "cost_model": report.fitted, "parameters": report.params, "summary": summary("fit"), "rows": section("fit") },
             "micro": { "summary": summary("micro"), "rows": section("micro") },
@@ -538,7 +575,15 @@ fn print_table(report: &Builtin) -> Result<(), Failure> {
         "In-sample: residuals of the figures the {} parameters ({params}) were fitted to (steady steps, shipped values)",
         report.fitted
     );
-    let sections: [(&str, &str); 4] = [
+    let sections: [(&str, &str); 6] = [
+        (
+            "e2e",
+            "End to end: published serving runs, each simulated whole from its launch flags and benchmark (sim/scenarios/e2e/; nothing fitted to them)",
+        ),
+        (
+            "e2e_in_sample",
+            "End to end, in sample: published serving runs whose figures a calibration anchor was also fitted to",
+        ),
         (
             "out_of_sample",
             "Out of sample: each end-to-end anchor predicted by the parameters fitted without it (leave-one-anchor-out)",

@@ -45,12 +45,36 @@ pub enum AnchorError {
     Run { run: String, message: String },
 }
 
-/// What an anchor figure measures, read from a simulation report.
+/// What a published figure measures, read from a simulation report: latencies over the
+/// measured requests (after any warm-up), throughputs over the measured time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunMetric {
+    TtftMeanMs,
+    TtftP50Ms,
+    TtftP90Ms,
+    TtftP99Ms,
+    TpotMeanMs,
     /// Median TPOT of the measured requests, ms.
     TpotP50Ms,
+    TpotP90Ms,
+    TpotP99Ms,
+    ItlMeanMs,
+    ItlP50Ms,
+    E2eMeanMs,
+    E2eP50Ms,
+    /// Finished requests per second.
+    RequestS,
+    /// Output tokens/s of the whole deployment.
+    OutputTokS,
+    /// Prompt tokens/s of the whole deployment.
+    InputTokS,
+    /// Prompt and output tokens/s of the whole deployment.
+    TotalTokS,
+    /// Output tokens/s per card of every instance.
+    OutputTokSPerCard,
+    /// Prompt and output tokens/s per card of every instance.
+    TotalTokSPerCard,
     /// Output tokens/s per card of the decode instances.
     OutputTokSPerDecodeCard,
     /// Prompt tokens/s per card of the prefill instances.
@@ -58,9 +82,50 @@ pub enum RunMetric {
 }
 
 impl RunMetric {
+    /// Every metric, in the order reports list them.
+    pub const ALL: [RunMetric; 20] = [
+        RunMetric::TtftMeanMs,
+        RunMetric::TtftP50Ms,
+        RunMetric::TtftP90Ms,
+        RunMetric::TtftP99Ms,
+        RunMetric::TpotMeanMs,
+        RunMetric::TpotP50Ms,
+        RunMetric::TpotP90Ms,
+        RunMetric::TpotP99Ms,
+        RunMetric::ItlMeanMs,
+        RunMetric::ItlP50Ms,
+        RunMetric::E2eMeanMs,
+        RunMetric::E2eP50Ms,
+        RunMetric::RequestS,
+        RunMetric::OutputTokS,
+        RunMetric::InputTokS,
+        RunMetric::TotalTokS,
+        RunMetric::OutputTokSPerCard,
+        RunMetric::TotalTokSPerCard,
+        RunMetric::OutputTokSPerDecodeCard,
+        RunMetric::InputTokSPerPrefillCard,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
+            RunMetric::TtftMeanMs => "ttft_mean_ms",
+            RunMetric::TtftP50Ms => "ttft_p50_ms",
+            RunMetric::TtftP90Ms => "ttft_p90_ms",
+            RunMetric::TtftP99Ms => "ttft_p99_ms",
+            RunMetric::TpotMeanMs => "tpot_mean_ms",
             RunMetric::TpotP50Ms => "tpot_p50_ms",
+            RunMetric::TpotP90Ms => "tpot_p90_ms",
+            RunMetric::TpotP99Ms => "tpot_p99_ms",
+            RunMetric::ItlMeanMs => "itl_mean_ms",
+            RunMetric::ItlP50Ms => "itl_p50_ms",
+            RunMetric::E2eMeanMs => "e2e_mean_ms",
+            RunMetric::E2eP50Ms => "e2e_p50_ms",
+            RunMetric::RequestS => "request_s",
+            RunMetric::OutputTokS => "output_tok_s",
+            RunMetric::InputTokS => "input_tok_s",
+            RunMetric::TotalTokS => "total_tok_s",
+            RunMetric::OutputTokSPerCard => "output_tok_s_per_card",
+            RunMetric::TotalTokSPerCard => "total_tok_s_per_card",
             RunMetric::OutputTokSPerDecodeCard => "output_tok_s_per_decode_card",
             RunMetric::InputTokSPerPrefillCard => "input_tok_s_per_prefill_card",
         }
@@ -68,20 +133,46 @@ impl RunMetric {
 
     /// The figure in a report; NaN when the run has none (no request finished, no such role).
     pub fn read(self, r: &SimReport) -> f64 {
-        let cards = |role: Role| {
+        let cards = |role: Option<Role>| {
             let dies: u32 = r
                 .instances
                 .iter()
-                .filter(|i| i.role == role)
+                .filter(|i| role.is_none_or(|role| i.role == role))
                 .map(|i| i.dies)
                 .sum();
             dies as f64 * r.cards / r.dies.max(1) as f64
         };
         let per = |x: f64, c: f64| if c > 0.0 { x / c } else { f64::NAN };
+        let l = &r.latency;
+        let total = r.input_tok_s + r.output_tok_s;
+        let finished = |x: f64| {
+            if l.ttft_ms.count > 0 {
+                x
+            } else {
+                f64::NAN
+            }
+        };
         match self {
-            RunMetric::TpotP50Ms => r.latency.tpot_ms.p50,
-            RunMetric::OutputTokSPerDecodeCard => per(r.output_tok_s, cards(Role::Decode)),
-            RunMetric::InputTokSPerPrefillCard => per(r.input_tok_s, cards(Role::Prefill)),
+            RunMetric::TtftMeanMs => finished(l.ttft_ms.mean),
+            RunMetric::TtftP50Ms => finished(l.ttft_ms.p50),
+            RunMetric::TtftP90Ms => finished(l.ttft_ms.p90),
+            RunMetric::TtftP99Ms => finished(l.ttft_ms.p99),
+            RunMetric::TpotMeanMs => finished(l.tpot_ms.mean),
+            RunMetric::TpotP50Ms => l.tpot_ms.p50,
+            RunMetric::TpotP90Ms => finished(l.tpot_ms.p90),
+            RunMetric::TpotP99Ms => finished(l.tpot_ms.p99),
+            RunMetric::ItlMeanMs => finished(l.itl_ms.mean),
+            RunMetric::ItlP50Ms => finished(l.itl_ms.p50),
+            RunMetric::E2eMeanMs => finished(l.e2e_ms.mean),
+            RunMetric::E2eP50Ms => finished(l.e2e_ms.p50),
+            RunMetric::RequestS => r.request_throughput,
+            RunMetric::OutputTokS => r.output_tok_s,
+            RunMetric::InputTokS => r.input_tok_s,
+            RunMetric::TotalTokS => total,
+            RunMetric::OutputTokSPerCard => per(r.output_tok_s, cards(None)),
+            RunMetric::TotalTokSPerCard => per(total, cards(None)),
+            RunMetric::OutputTokSPerDecodeCard => per(r.output_tok_s, cards(Some(Role::Decode))),
+            RunMetric::InputTokSPerPrefillCard => per(r.input_tok_s, cards(Some(Role::Prefill))),
         }
     }
 }

@@ -19,6 +19,8 @@
 //!   their residuals.
 //! - [`anchors`]: the end-to-end anchors as shipped scenarios (`sim/scenarios/anchors/`), the
 //!   figures each is compared on and their regression bounds (`data/anchor-scenarios.toml`).
+//! - [`e2e`]: the end-to-end validation suite: published serving runs as shipped scenarios
+//!   (`sim/scenarios/e2e/`), simulated whole and compared figure by figure; nothing fitted.
 //! - [`measured`]: a team's `vllm bench serve` results against a simulation of the same run.
 //! - [`kernels`]: profiler kernels (read by `dstwin_traces::profile`) mapped onto the op graph's
 //!   ops and classes by per-backend rule files (`data/kernels/*.toml`).
@@ -27,6 +29,7 @@
 //! - `lsq`: the bounded linear least squares the fits share.
 
 pub mod anchors;
+pub mod e2e;
 pub mod expert_load;
 pub mod fit;
 pub mod globals;

@@ -13,6 +13,7 @@ use dstwin_core::device::{ClassTimes, Device, Fabric, ReqId, StepOutcome, CLASS_
 use dstwin_core::idmap::IdMap;
 use dstwin_core::layout::Role;
 use dstwin_core::time::{SimDuration, SimTime};
+use dstwin_traces::synthetic::Arrivals;
 use dstwin_traces::{LengthSampler, RequestStream, StreamRequest, WorkloadSource};
 use dstwin_twin::device::SimDevice;
 use dstwin_twin::fabric::TwinFabric;
@@ -22,6 +23,8 @@ use std::collections::BinaryHeap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
     Arrival(u64),
+    /// A paced closed loop's next request reaches its issue time (a slot is waiting for it).
+    Paced,
     StepDone(u32),
     Fabric,
     Stop,
@@ -83,6 +86,8 @@ pub(super) struct Sim<'s, 'o> {
     /// The open-loop request whose arrival event is queued (its hash ids wait in the stream).
     next_arrival: Option<StreamRequest>,
     closed: Option<(u64, LengthSampler)>,
+    /// A paced closed loop's issue times, and how many requests have had theirs queued.
+    pace: Option<(Arrivals, u64)>,
     /// Requests admitted so far (ids are 0..admitted).
     admitted: u64,
     /// Requests the workload issues in all; `u64::MAX` until an open-loop stream ends.
@@ -148,15 +153,17 @@ impl<'s, 'o> Sim<'s, 'o> {
                 imbalance_sum: 0.0,
             })
             .collect();
-        let (open, closed, total) = match s.workload.build(s.seed, &s.base_dir)? {
-            WorkloadSource::Open(w) => (Some(w), None, u64::MAX),
+        let (open, closed, pace, total) = match s.workload.build(s.seed, &s.base_dir)? {
+            WorkloadSource::Open(w) => (Some(w), None, None, u64::MAX),
             WorkloadSource::ClosedLoop {
                 concurrency,
                 num_requests,
                 sampler,
+                pace,
             } => (
                 None,
                 Some((concurrency.get() as u64, *sampler)),
+                pace.map(|p| (p, 0)),
                 num_requests.get(),
             ),
         };
@@ -183,6 +190,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             open,
             next_arrival: None,
             closed,
+            pace,
             admitted: 0,
             total,
             expected,
@@ -507,7 +515,23 @@ impl<'s, 'o> Sim<'s, 'o> {
         }
     }
 
+    /// A slot of the closed loop is free: the next request is issued now, or, when the client
+    /// paces requests and its issue time is still to come, then (slots wait in order).
     fn next_closed_loop(&mut self) {
+        if let Some((times, queued)) = &mut self.pace {
+            if *queued < self.total {
+                *queued += 1;
+                let at = SimTime(times.next().expect("arrival times never end"));
+                if at > self.now {
+                    self.push(at, Ev::Paced);
+                    return;
+                }
+            }
+        }
+        self.issue_closed_loop();
+    }
+
+    fn issue_closed_loop(&mut self) {
         if let Some((_, sampler)) = &mut self.closed {
             let id = self.admitted;
             if id < self.total {
@@ -584,6 +608,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             self.processed += 1;
             match ev {
                 Ev::Arrival(k) => self.on_arrival(k)?,
+                Ev::Paced => self.issue_closed_loop(),
                 Ev::StepDone(i) => self.on_step_done(i as usize),
                 Ev::Fabric => self.on_fabric(),
                 Ev::Stop => break,

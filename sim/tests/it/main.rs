@@ -1,6 +1,7 @@
 //! Behaviour of the simulator crate's inputs, one file per behaviour.
 
 mod fuzz_scenario;
+mod paced_loop;
 #[path = "../../../tests/common/mutate.rs"]
 mod mutate;
 mod plan;

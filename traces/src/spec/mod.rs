@@ -89,7 +89,9 @@ pub struct TraceFileSpec {
 
 /// `kind = "closed_loop"`: keep `concurrency` requests in flight; when one finishes, the next
 /// is issued at once with lengths drawn from `input` and `output`, until `num_requests` have
-/// been issued.
+/// been issued. With `arrival`, request k is also not issued before the k-th arrival of that
+/// process: a benchmark client's request rate under its concurrency cap (`vllm bench serve
+/// --request-rate R --max-concurrency C`, AISBench `request_rate` with `batch_size`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClosedLoopSpec {
@@ -101,6 +103,10 @@ pub struct ClosedLoopSpec {
     pub input: LengthSpec,
     /// Output length distribution, in tokens.
     pub output: LengthSpec,
+    /// The client's request rate: request k waits for the k-th arrival of this process as well
+    /// as for a free slot. Default: none (every request is issued as soon as a slot frees).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival: Option<ArrivalSpec>,
 }
 
 /// A distribution of token counts, selected by `dist`. Draws are rounded to whole tokens and

@@ -4,7 +4,7 @@ use super::{ArrivalSpec, ClosedLoopSpec, LengthSpec, SyntheticSpec, TraceFileSpe
 use crate::error::{positive_finite, TraceError};
 use crate::stream::RequestStream;
 use crate::synthetic::{
-    ArrivalProcess, ClosedLoopConfig, LengthDist, LengthSampler, RequestCount, SyntheticConfig,
+    ArrivalProcess, Arrivals, ClosedLoopConfig, LengthDist, LengthSampler, RequestCount, SyntheticConfig,
 };
 use crate::workload::Workload;
 use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
@@ -74,6 +74,9 @@ pub enum WorkloadSource {
         num_requests: NonZeroU64,
         /// Draws each new request's lengths (boxed: its generators hold their block buffers).
         sampler: Box<LengthSampler>,
+        /// The client's request rate, if it sets one: request k is not issued before the k-th
+        /// of these times (ns from the start).
+        pace: Option<Arrivals>,
     },
 }
 
@@ -112,6 +115,7 @@ impl WorkloadPlan {
                 concurrency: config.concurrency(),
                 num_requests: config.num_requests(),
                 sampler: Box::new(config.sampler(seed)),
+                pace: config.pace(seed),
             }),
         }
     }
@@ -236,12 +240,16 @@ fn closed_loop(c: &ClosedLoopSpec) -> Result<ClosedLoopConfig, TraceError> {
     at_most_requests("num_requests", num_requests.get())?;
     let input = length(&c.input).map_err(|e| e.within(&field("input")))?;
     let output = length(&c.output).map_err(|e| e.within(&field("output")))?;
-    Ok(ClosedLoopConfig::new(
-        concurrency,
-        num_requests,
-        input,
-        output,
-    ))
+    let arrival = match &c.arrival {
+        None => None,
+        Some(a) => {
+            if let ArrivalSpec::Poisson { rate } | ArrivalSpec::Gamma { rate, .. } = *a {
+                at_most_rate(&field("arrival.rate"), rate)?;
+            }
+            Some(arrival(a).map_err(|e| e.within(&field("arrival")))?)
+        }
+    };
+    Ok(ClosedLoopConfig::new(concurrency, num_requests, input, output).paced(arrival))
 }
 
 /// A length distribution; error fields are relative (`std`), the caller prefixes the path.

@@ -80,9 +80,9 @@ impl ArrivalProcess {
     }
 }
 
-/// Endless iterator over arrival times of one process.
+/// Endless iterator over arrival times of one process, ns from the first (at 0).
 #[derive(Debug)]
-pub(crate) struct Arrivals {
+pub struct Arrivals {
     process: ArrivalProcess,
     rng: ChaCha8Rng,
     next_ns: u64,

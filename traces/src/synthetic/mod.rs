@@ -12,8 +12,7 @@
 mod arrival;
 mod length;
 
-pub use arrival::ArrivalProcess;
-use arrival::Arrivals;
+pub use arrival::{ArrivalProcess, Arrivals};
 pub use length::{LengthDist, LengthSampler, RequestLengths};
 
 use crate::error::TraceError;
@@ -169,6 +168,7 @@ pub struct ClosedLoopConfig {
     num_requests: NonZeroU64,
     input: LengthDist,
     output: LengthDist,
+    arrival: Option<ArrivalProcess>,
 }
 
 impl ClosedLoopConfig {
@@ -183,7 +183,25 @@ impl ClosedLoopConfig {
             num_requests,
             input,
             output,
+            arrival: None,
         }
+    }
+
+    /// The same loop with the client's request rate: request k is also not issued before the
+    /// k-th arrival of `arrival` (`None`, or all at once: no pacing).
+    pub fn paced(self, arrival: Option<ArrivalProcess>) -> ClosedLoopConfig {
+        ClosedLoopConfig {
+            arrival: arrival.filter(|a| !a.is_all_at_once()),
+            ..self
+        }
+    }
+
+    /// The earliest issue times of the requests in order, ns from the start (the first at 0),
+    /// drawn from `seed`'s arrival stream as an open loop's arrivals are; `None` when unpaced.
+    pub fn pace(&self, seed: u64) -> Option<Arrivals> {
+        self.arrival
+            .as_ref()
+            .map(|a| a.arrivals(stream_rng(seed, STREAM_ARRIVALS)))
     }
 
     /// Requests kept in flight.

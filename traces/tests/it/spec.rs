@@ -118,14 +118,56 @@ fn closed_loop_builds_a_sampler_not_a_request_list() {
             concurrency,
             num_requests,
             mut sampler,
+            pace,
         } => {
             assert_eq!((concurrency.get(), num_requests.get()), (64, 5000));
+            assert!(pace.is_none(), "no arrival: unpaced");
             let l = sampler.next_lengths();
             assert!((1..=32768).contains(&l.input_tokens));
             assert!((100..=400).contains(&l.output_tokens));
         }
         WorkloadSource::Open(_) => panic!("expected a closed loop"),
     }
+}
+
+const PACED: &str = r#"
+    [workload]
+    kind = "closed_loop"
+    concurrency = 512
+    num_requests = 100
+    input = { dist = "fixed", value = 3500 }
+    output = { dist = "fixed", value = 1500 }
+    arrival = { process = "poisson", rate = 11.2 }
+"#;
+
+#[test]
+fn a_paced_closed_loop_issues_no_faster_than_its_rate() {
+    let pace = |text: &str, seed| match parse(text).unwrap().build(seed, Path::new(".")).unwrap() {
+        WorkloadSource::ClosedLoop { pace, .. } => pace,
+        WorkloadSource::Open(_) => panic!("expected a closed loop"),
+    };
+    let times: Vec<u64> = pace(PACED, 3).expect("paced").take(2001).collect();
+    assert_eq!(times[0], 0, "the first request at once");
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "in order");
+    let rate = 2000.0 / (times[2000] as f64 * 1e-9);
+    assert!((rate - 11.2).abs() < 1.0, "mean rate {rate}");
+    // The issue times are the synthetic workload's arrivals of the same seed.
+    let open = parse(
+        "[workload]\nkind = \"synthetic\"\nnum_requests = 5\ninput = { dist = \"fixed\", value = 9 }\noutput = { dist = \"fixed\", value = 9 }\narrival = { process = \"poisson\", rate = 11.2 }\n",
+    )
+    .unwrap();
+    let WorkloadSource::Open(mut w) = open.build(3, Path::new(".")).unwrap() else {
+        panic!("open");
+    };
+    for t in &times[..5] {
+        assert_eq!(w.next_request().unwrap().unwrap().arrival_ns, *t);
+    }
+    // All at once is no pacing.
+    let burst = PACED.replace(r#"{ process = "poisson", rate = 11.2 }"#, r#"{ process = "all_at_once" }"#);
+    assert!(pace(&burst, 3).is_none());
+    let bad = PACED.replace("rate = 11.2", "rate = -1");
+    let e = parse(&bad).unwrap().validate().unwrap_err().to_string();
+    assert!(e.contains("workload.arrival.rate"), "{e}");
 }
 
 #[test]

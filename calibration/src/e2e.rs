@@ -1,0 +1,187 @@
+//! The end-to-end validation suite: published serving runs, each written as a shipped scenario
+//! from the run's own launch flags and benchmark command (`sim/scenarios/e2e/`), simulated as a
+//! whole serving run and compared figure by figure with what the source published.
+//!
+//! Validation only: nothing is fitted to these runs. The index (`sim/scenarios/e2e/runs.toml`)
+//! says where each figure comes from and how its source defines it; the scenario file says
+//! every assumption its reading makes and the launch flags the twin cannot express.
+
+use crate::anchors::{AnchorError, RunMetric};
+use dstwin_sim::run::{run as simulate, RunOptions};
+use dstwin_sim::scenario::{load_str, Scenario};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The index of the end-to-end runs.
+pub const E2E_RUNS: &str = include_str!("../../sim/scenarios/e2e/runs.toml");
+
+macro_rules! shipped {
+    ($($file:literal),* $(,)?) => {
+        &[$(($file, include_str!(concat!("../../sim/scenarios/e2e/", $file)))),*]
+    };
+}
+
+/// The end-to-end scenarios, by file name (every `.toml` of `sim/scenarios/e2e/` but the index;
+/// `tests/e2e.rs` checks the list against the folder).
+pub const E2E_SCENARIOS: &[(&str, &str)] = shipped![];
+
+/// One published figure of a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct E2eFigure {
+    pub metric: RunMetric,
+    pub published: f64,
+    /// How the source defines the figure (its benchmark client's metric).
+    pub definition: String,
+}
+
+/// A published serving run and the figures it is compared on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct E2eRun {
+    /// Unique; the scenario file's stem.
+    pub name: String,
+    /// File name under sim/scenarios/e2e/.
+    pub scenario: String,
+    /// Where the run and its figures are published.
+    pub source: String,
+    /// Scenario overrides, as `--set PATH=VALUE` (a variant of a shared scenario).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set: Vec<String>,
+    /// The calibration anchor this run's figures were also fitted to, if any: such a run is
+    /// shown but left out of the suite's summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_sample: Option<String>,
+    pub figures: Vec<E2eFigure>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Index {
+    #[serde(default)]
+    run: Vec<E2eRun>,
+}
+
+/// One figure compared.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct E2eResult {
+    pub run: String,
+    pub metric: RunMetric,
+    pub published: f64,
+    pub predicted: f64,
+    /// predicted / published - 1 (NaN when the run produced no such figure).
+    pub error: f64,
+    pub in_sample: bool,
+}
+
+impl E2eRun {
+    /// The run's scenario, overrides applied.
+    pub fn scenario(&self) -> Result<Scenario, AnchorError> {
+        let text = scenario_text(&self.name, &self.scenario)?;
+        load_str(&self.scenario, text, Path::new("."), &self.set).map_err(|e| AnchorError::Run {
+            run: self.name.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Simulates the whole run and compares its figures.
+    pub fn evaluate(&self) -> Result<Vec<E2eResult>, AnchorError> {
+        let s = self.scenario()?;
+        let r = simulate(&s, RunOptions::default()).map_err(|e| AnchorError::Run {
+            run: self.name.clone(),
+            message: e.to_string(),
+        })?;
+        Ok(self
+            .figures
+            .iter()
+            .map(|f| {
+                let predicted = f.metric.read(&r.report);
+                E2eResult {
+                    run: self.name.clone(),
+                    metric: f.metric,
+                    published: f.published,
+                    predicted,
+                    error: predicted / f.published - 1.0,
+                    in_sample: self.in_sample.is_some(),
+                }
+            })
+            .collect())
+    }
+}
+
+fn scenario_text<'a>(run: &str, file: &str) -> Result<&'a str, AnchorError> {
+    E2E_SCENARIOS
+        .iter()
+        .find(|(f, _)| *f == file)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| AnchorError::UnknownScenario {
+            run: run.to_string(),
+            scenario: file.to_string(),
+            known: E2E_SCENARIOS
+                .iter()
+                .map(|(f, _)| *f)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+/// Parses an end-to-end index (`file` names it in errors): names unique, every scenario
+/// shipped, every figure a positive finite published value with a definition.
+pub fn parse_e2e(file: &str, text: &str) -> Result<Vec<E2eRun>, AnchorError> {
+    let parse = |message: String| AnchorError::Parse {
+        file: file.to_string(),
+        message,
+    };
+    let idx: Index = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
+    let mut names = std::collections::BTreeSet::new();
+    for r in &idx.run {
+        if !names.insert(r.name.as_str()) {
+            return Err(parse(format!("run {}: name used twice", r.name)));
+        }
+        scenario_text(&r.name, &r.scenario)?;
+        if r.figures.is_empty() {
+            return Err(parse(format!("run {}: figures is empty", r.name)));
+        }
+        for f in &r.figures {
+            if !(f.published.is_finite() && f.published > 0.0) {
+                return Err(parse(format!(
+                    "run {} {}: published = {}: must be a positive number",
+                    r.name,
+                    f.metric.name(),
+                    f.published
+                )));
+            }
+            if f.definition.trim().is_empty() {
+                return Err(parse(format!(
+                    "run {} {}: definition is empty: say how the source defines the figure",
+                    r.name,
+                    f.metric.name()
+                )));
+            }
+        }
+    }
+    Ok(idx.run)
+}
+
+/// The shipped runs.
+pub fn shipped_runs() -> Result<Vec<E2eRun>, AnchorError> {
+    parse_e2e("sim/scenarios/e2e/runs.toml", E2E_RUNS)
+}
+
+/// Simulates every run (in parallel where there are cores), calling `done` after each; the
+/// results keep the index's order.
+pub fn evaluate_all(
+    runs: &[E2eRun],
+    done: impl Fn() + Sync,
+) -> Result<Vec<E2eResult>, AnchorError> {
+    let per_run: Vec<Vec<E2eResult>> = runs
+        .par_iter()
+        .map(|r| {
+            let out = r.evaluate();
+            done();
+            out
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(per_run.into_iter().flatten().collect())
+}
