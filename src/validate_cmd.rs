@@ -108,6 +108,8 @@ fn runtime(e: impl Into<anyhow::Error>) -> Failure {
 /// Everything the built-in report holds.
 struct Builtin {
     rows: Vec<Row>,
+    /// End-to-end suite runs simulated.
+    e2e_runs: usize,
     runs: Vec<Evaluated>,
     fitted: String,
     params: Vec<String>,
@@ -227,7 +229,7 @@ fn sensitivity(targets: &[Target], cost_model: &str) -> Result<Vec<Sensitivity>,
 }
 
 /// The end-to-end suite's rows: every shipped run simulated whole, in parallel.
-fn e2e_rows(quiet: bool) -> Result<Vec<Row>, Failure> {
+fn e2e_rows(quiet: bool) -> Result<(Vec<Row>, usize), Failure> {
     let runs = e2e::shipped_runs().map_err(runtime)?;
     let bar = crate::progress::bar(
         Some(runs.len() as u64),
@@ -236,7 +238,7 @@ fn e2e_rows(quiet: bool) -> Result<Vec<Row>, Failure> {
     );
     let results = e2e::evaluate_all(&runs, || bar.inc(1)).map_err(runtime)?;
     bar.finish_and_clear();
-    Ok(results
+    let rows = results
         .into_iter()
         .map(|f| Row {
             id: f.run,
@@ -249,11 +251,12 @@ fn e2e_rows(quiet: bool) -> Result<Vec<Row>, Failure> {
             bound: Some(GOAL),
             draws: None,
         })
-        .collect())
+        .collect();
+    Ok((rows, runs.len()))
 }
 
 fn builtin(quiet: bool) -> Result<Builtin, Failure> {
-    let mut rows = e2e_rows(quiet)?;
+    let (mut rows, e2e_runs) = e2e_rows(quiet)?;
     let cost_model = "ascend-910c";
     let targets = parse_targets("targets.toml", TARGETS).map_err(runtime)?;
     let shipped_params = crate::calibrate_cmd::shipped_cost(cost_model)?;
@@ -403,6 +406,7 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
     let sensitivity = sensitivity(&targets, cost_model)?;
     Ok(Builtin {
         rows,
+        e2e_runs,
         runs: evaluated,
         fitted: cost_model.to_string(),
         params: params.iter().map(|p| p.name.to_string()).collect(),
@@ -483,15 +487,16 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
         }
     }
     let started = std::time::Instant::now();
-    let only = |rows: Vec<Row>| Builtin {
+    let only = |(rows, e2e_runs): (Vec<Row>, usize)| Builtin {
         rows,
+        e2e_runs,
         runs: Vec::new(),
         fitted: String::new(),
         params: Vec::new(),
         sensitivity: Vec::new(),
     };
     let report = match (&a.measured, &a.scenario) {
-        (Some(m), Some(s)) => only(rows_measured(m, s, &a.sets)?),
+        (Some(m), Some(s)) => only((rows_measured(m, s, &a.sets)?, 0)),
         _ if a.e2e => only(e2e_rows(a.quiet)?),
         _ => builtin(a.quiet)?,
     };
@@ -499,7 +504,12 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
     // --max-error holds the predictions: the out-of-sample rows (or a team's measurements).
     let held_to: Vec<&Row> = rows
         .iter()
-        .filter(|r| matches!(r.kind, "e2e" | "e2e_in_sample" | "out_of_sample" | "measured"))
+        .filter(|r| {
+            matches!(
+                r.kind,
+                "e2e" | "e2e_in_sample" | "out_of_sample" | "measured"
+            )
+        })
         .collect();
     let over: Vec<&Row> = a
         .max_error
@@ -546,7 +556,7 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
             "wall {:.2} s: {} figures, {} simulated runs",
             started.elapsed().as_secs_f64(),
             rows.len(),
-            report.runs.len().max(
+            (report.runs.len() + report.e2e_runs).max(
                 report
                     .rows
                     .iter()

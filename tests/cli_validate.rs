@@ -401,3 +401,44 @@ fn a_measurement_is_compared_with_the_median_of_draws_of_the_step_spread() {
         assert_eq!(row["how"], "simulated");
     }
 }
+
+/// `validate --e2e`: every published serving run of sim/scenarios/e2e/ simulated whole, its
+/// figures compared; the JSON has the suite's summary, and `--max-error` holds its rows.
+#[test]
+fn the_end_to_end_suite_is_simulated_and_held_to_max_error() {
+    let o = dstwin(&["validate", "--e2e", "--json", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = v["e2e"]["rows"].as_array().unwrap();
+    assert!(rows.len() >= 55, "{} figures", rows.len());
+    let runs: std::collections::BTreeSet<&str> =
+        rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert!(runs.len() >= 25, "{} runs", runs.len());
+    for r in rows {
+        assert_eq!(r["kind"], "e2e");
+        assert_eq!(r["how"], "simulated");
+        let (p, q, e) = (
+            r["published"].as_f64().unwrap(),
+            r["predicted"].as_f64().unwrap(),
+            r["error"].as_f64().unwrap(),
+        );
+        assert!(p > 0.0 && q.is_finite(), "{r}");
+        assert!((e - (q / p - 1.0)).abs() < 1e-9, "{r}");
+    }
+    let mean: f64 = rows
+        .iter()
+        .map(|r| r["error"].as_f64().unwrap().abs())
+        .sum::<f64>()
+        / rows.len() as f64;
+    let summary = &v["e2e"]["summary"];
+    assert!((summary["mean_absolute_error"].as_f64().unwrap() - mean).abs() < 1e-9);
+    assert_eq!(summary["figures"].as_u64().unwrap() as usize, rows.len());
+    // Only the suite: no anchors, fits or microbenchmarks.
+    assert!(v["micro"]["rows"].as_array().unwrap().is_empty());
+    // The largest error is far above 1%: a 1% bound fails (exit 1) and names the count.
+    let o = dstwin(&["validate", "--e2e", "--quiet", "--max-error", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.starts_with("End to end:"), "{text}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("off by more than 1%"));
+}

@@ -24,7 +24,43 @@ macro_rules! shipped {
 
 /// The end-to-end scenarios, by file name (every `.toml` of `sim/scenarios/e2e/` but the index;
 /// `tests/e2e.rs` checks the list against the folder).
-pub const E2E_SCENARIOS: &[(&str, &str)] = shipped![];
+pub const E2E_SCENARIOS: &[(&str, &str)] = shipped![
+    "hopper-deepseek-h800-decode-ep144.toml",
+    "hopper-gpustack-h200-sglang-tp8-rand2k.toml",
+    "hopper-gpustack-h200-sglang-tp8-rand4k.toml",
+    "hopper-gpustack-h200-vllm-tp8-rand4k.toml",
+    "hopper-sglang-h100-decode-ep72.toml",
+    "hopper-sglang-h100-prefill-ep32-2k.toml",
+    "hopper-sglang-h100-prefill-ep32-4k.toml",
+    "sglang-a3-r1-lowlat-3k5-1k.toml",
+    "sglang-a3-r1-lowlat-3k5-1k5.toml",
+    "sglang-a3-r1-lowlat-3k9-1k.toml",
+    "sglang-a3-r1-lowlat-6k-1k6.toml",
+    "sglang-a3-r1-w4a8-16c-pd-2k-2k.toml",
+    "sglang-a3-r1-w4a8-16c-pd-3k5-1k5.toml",
+    "sglang-a3-r1-w4a8-8c-mixed-2k-2k.toml",
+    "sglang-a3-r1-w4a8-8c-mixed-3k5-1k5.toml",
+    "sglang-a3-r1-w8a8-32c-pd-3k5-1k5.toml",
+    "sglang-a3-v32-w8a8-32c-pd-64k-3k.toml",
+    "vaa-nightly-r1-0528-quarot-a3-dp2tp8.toml",
+    "vaa-nightly-r1-0528-w8a8-a3-dp2tp8-aclgraph.toml",
+    "vaa-nightly-r1-0528-w8a8-a3-prefix0-prefill.toml",
+    "vaa-nightly-v31-bf16-a3-dp4tp8-2node.toml",
+    "vaa-nightly-v32-w8a8-a3-dcp8-2node.toml",
+    "vaa-nightly-v32-w8a8-a3-dp2tp8-1node.toml",
+    "vaa-nightly-v32-w8a8-a3-dp4tp8-2node.toml",
+    "vaa-nightly-v32-w8a8-a3-pd-1p1d-long64k.toml",
+    "vaa-nightly-v32-w8a8-a3-pd-1p1d-short.toml",
+    "vaa-nightly-v4-flash-w8a8-a3-dp4tp4-32k.toml",
+    "vaa-tut-v31-a3-2p1d-3k5-1k5.toml",
+    "vaa-tut-v31t-a3-2p1d-3k5-1k5-ci.toml",
+    "vaa-tut-v32-a3-1p1d-64k-3k-d1.toml",
+    "vaa-tut-v32-a3-1p1d-64k-3k-d4.toml",
+    "vaa-tut-v32-a3-mixed-32k-ci.toml",
+    "vaa-tut-v32-a3-mixed-64k-ci.toml",
+    "vaa-tut-v4flash-a3-1p1d-3k5-1k5-bs100-ci.toml",
+    "vaa-tut-v4flash-a3-1p1d-3k5-1k5-bs1024-ci.toml",
+];
 
 /// One published figure of a run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

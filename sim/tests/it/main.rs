@@ -1,9 +1,9 @@
 //! Behaviour of the simulator crate's inputs, one file per behaviour.
 
 mod fuzz_scenario;
-mod paced_loop;
 #[path = "../../../tests/common/mutate.rs"]
 mod mutate;
+mod paced_loop;
 mod plan;
 mod scenario_bounds;
 mod step_draws;

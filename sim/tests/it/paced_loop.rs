@@ -9,9 +9,7 @@ fn closed(rate: Option<f64>) -> Vec<(f64, f64)> {
         "workload={kind=\"closed_loop\",concurrency=4,num_requests=40,input={dist=\"fixed\",value=512},output={dist=\"fixed\",value=16}}".to_string(),
     ];
     if let Some(r) = rate {
-        sets.push(format!(
-            "workload.arrival={{process=\"poisson\",rate={r}}}"
-        ));
+        sets.push(format!("workload.arrival={{process=\"poisson\",rate={r}}}"));
     }
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let s = default_with(&sets).unwrap();
@@ -46,7 +44,10 @@ fn a_slow_rate_spaces_the_requests_and_a_fast_one_leaves_the_loop_as_it_was() {
     // Never more than the concurrency in flight.
     for (k, r) in slow.iter().enumerate() {
         let in_flight = slow[..k].iter().filter(|p| p.1 > r.0 + 1e-9).count();
-        assert!(in_flight < 4, "request {k}: {in_flight} in flight before it");
+        assert!(
+            in_flight < 4,
+            "request {k}: {in_flight} in flight before it"
+        );
     }
     // A rate far above what the loop sustains changes only the first requests' issue times.
     let fast = closed(Some(1e5));

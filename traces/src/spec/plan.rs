@@ -4,7 +4,8 @@ use super::{ArrivalSpec, ClosedLoopSpec, LengthSpec, SyntheticSpec, TraceFileSpe
 use crate::error::{positive_finite, TraceError};
 use crate::stream::RequestStream;
 use crate::synthetic::{
-    ArrivalProcess, Arrivals, ClosedLoopConfig, LengthDist, LengthSampler, RequestCount, SyntheticConfig,
+    ArrivalProcess, Arrivals, ClosedLoopConfig, LengthDist, LengthSampler, RequestCount,
+    SyntheticConfig,
 };
 use crate::workload::Workload;
 use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};

@@ -163,7 +163,10 @@ fn a_paced_closed_loop_issues_no_faster_than_its_rate() {
         assert_eq!(w.next_request().unwrap().unwrap().arrival_ns, *t);
     }
     // All at once is no pacing.
-    let burst = PACED.replace(r#"{ process = "poisson", rate = 11.2 }"#, r#"{ process = "all_at_once" }"#);
+    let burst = PACED.replace(
+        r#"{ process = "poisson", rate = 11.2 }"#,
+        r#"{ process = "all_at_once" }"#,
+    );
     assert!(pace(&burst, 3).is_none());
     let bad = PACED.replace("rate = 11.2", "rate = -1");
     let e = parse(&bad).unwrap().validate().unwrap_err().to_string();
