@@ -87,7 +87,7 @@ pub(super) struct Sim<'s, 'o> {
     next_arrival: Option<StreamRequest>,
     closed: Option<(u64, LengthSampler)>,
     /// A paced closed loop's issue times, and how many requests have had theirs queued.
-    pace: Option<(Arrivals, u64)>,
+    pace: Option<(Box<Arrivals>, u64)>,
     /// Requests admitted so far (ids are 0..admitted).
     admitted: u64,
     /// Requests the workload issues in all; `u64::MAX` until an open-loop stream ends.

@@ -77,7 +77,7 @@ pub enum WorkloadSource {
         sampler: Box<LengthSampler>,
         /// The client's request rate, if it sets one: request k is not issued before the k-th
         /// of these times (ns from the start).
-        pace: Option<Arrivals>,
+        pace: Option<Box<Arrivals>>,
     },
 }
 
@@ -116,7 +116,7 @@ impl WorkloadPlan {
                 concurrency: config.concurrency(),
                 num_requests: config.num_requests(),
                 sampler: Box::new(config.sampler(seed)),
-                pace: config.pace(seed),
+                pace: config.pace(seed).map(Box::new),
             }),
         }
     }
