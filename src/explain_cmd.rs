@@ -279,6 +279,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
             flashcomm1: a.flashcomm1,
             mlapo: a.mlapo,
             attention_per_sequence: false,
+            enforce_eager: false,
         },
     };
     Ok((input, load))

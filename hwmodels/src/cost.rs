@@ -228,6 +228,12 @@ pub struct HostParams {
     /// percentiles carry the variation a real device shows. 0 or absent: every step at its price.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub step_sigma: f64,
+    /// Host time to launch one model layer's kernels one by one, µs: what a step that runs
+    /// eagerly (no captured graph) spends on the CPU per layer. The device runs behind the
+    /// launches, so an eager step takes the longer of its kernels' time and its launches'. 0 or
+    /// absent: not priced.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub eager_layer_us: f64,
     pub source: String,
 }
 
@@ -439,6 +445,7 @@ impl CostParams {
         if let Some(h) = &self.host {
             check_nonneg(file, "host.step_us", h.step_us)?;
             check_nonneg(file, "host.per_seq_us", h.per_seq_us)?;
+            check_nonneg(file, "host.eager_layer_us", h.eager_layer_us)?;
             check_nonneg(file, "host.per_token_us", h.per_token_us)?;
             check_nonneg(file, "host.request_us", h.request_us)?;
             if !(h.step_sigma.is_finite() && (0.0..=MAX_STEP_SIGMA).contains(&h.step_sigma)) {

@@ -304,6 +304,15 @@ pub fn cost_file(
     {
         h.entry("request_us").or_insert(Value::Float(r));
     }
+    // Traces of graph-mode steps say nothing of eager launches: the base file's stays.
+    let base_eager = base
+        .host
+        .as_ref()
+        .map(|h| h.eager_layer_us)
+        .filter(|e| *e > 0.0);
+    if let (Some(e), Some(Value::Table(h))) = (base_eager, t.get_mut("host")) {
+        h.entry("eager_layer_us").or_insert(Value::Float(e));
+    }
     if let Some(fe) = &cal.frontend {
         let host = t.entry("host").or_insert_with(|| {
             let mut h = Table::new();

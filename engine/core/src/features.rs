@@ -186,6 +186,10 @@ pub struct Features {
     /// attention.rs`), each paying its own fixed cost, instead of one batched kernel per layer.
     #[serde(default)]
     pub attention_per_sequence: bool,
+    /// vLLM's `--enforce-eager`: no graph at all, every step's kernels launched one by one (the
+    /// cost file's `[host] eager_layer_us` per layer).
+    #[serde(default)]
+    pub enforce_eager: bool,
 }
 
 /// vLLM's default capture sizes up to `max`: 1, 2, 4, then every 8 to 256, then every 16.
@@ -215,6 +219,7 @@ pub struct Resolved {
     pub flashcomm1: bool,
     pub mlapo: bool,
     pub attention_per_sequence: bool,
+    pub enforce_eager: bool,
 }
 
 /// What a decode step's MoE uses and why.
@@ -260,6 +265,15 @@ impl Features {
         let query_len = 1 + mtp_tokens as u64;
         let default_max =
             (max_num_seqs as u64 * query_len).clamp(1, MAX_CAPTURE_SIZE as u64) as u32;
+        if self.enforce_eager && self.cudagraph_mode != CudagraphMode::None {
+            return Err(FeatureError {
+                field: "enforce_eager",
+                value: "true".into(),
+                reason: "runs no graph: leave cudagraph_mode out (vLLM ignores the compilation \
+                         config under --enforce-eager)"
+                    .into(),
+            });
+        }
         let capture_sizes = match (self.cudagraph_mode, &self.cudagraph_capture_sizes) {
             (CudagraphMode::None, Some(_)) => {
                 return Err(FeatureError {
@@ -301,6 +315,7 @@ impl Features {
             flashcomm1: self.flashcomm1,
             mlapo: self.mlapo,
             attention_per_sequence: self.attention_per_sequence,
+            enforce_eager: self.enforce_eager,
         })
     }
 }
@@ -318,7 +333,17 @@ impl Resolved {
             flashcomm1: false,
             mlapo: false,
             attention_per_sequence: false,
+            enforce_eager: false,
         }
+    }
+
+    /// Whether a step whose graph padding is `pad` launches its kernels one by one: every step
+    /// under `enforce_eager`, and under `FULL_DECODE_ONLY` every step no graph was captured for
+    /// (steps with prompts, decode steps above the largest size), as vLLM runs them. Without
+    /// either, graphs are not modelled (vllm-ascend's default piecewise graphs launch a few
+    /// graphs per layer, taken as free).
+    pub fn launches_eagerly(&self, pad: Option<u64>) -> bool {
+        self.enforce_eager || (!self.capture_sizes.is_empty() && pad.is_none())
     }
 
     /// The MoE communication of a step whose largest DP rank computes `max_rank_tokens` tokens,

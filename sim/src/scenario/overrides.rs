@@ -75,6 +75,7 @@ fn is_instance_key(k: &str) -> bool {
             | "flashcomm1"
             | "mlapo"
             | "attention_per_sequence"
+            | "enforce_eager"
             | "placement"
             | "scheduler"
     )

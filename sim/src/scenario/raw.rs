@@ -304,6 +304,10 @@ pub struct InstanceSpec {
     /// MLA), instead of one batched kernel per layer.
     #[serde(default)]
     pub attention_per_sequence: bool,
+    /// vLLM's `--enforce-eager`: every step launches its kernels one by one (the cost file's
+    /// `[host] eager_layer_us` per layer); not with `cudagraph_mode`.
+    #[serde(default)]
+    pub enforce_eager: bool,
     /// An expert placement file to start from instead of computing one (what `dstwin eplb
     /// --json` prints, or its `placement` object), relative to the scenario file; it must match
     /// this instance's MoE layers (MTP included when on) and routed-expert slots.

@@ -284,6 +284,7 @@ pub(super) fn validate(
             flashcomm1: spec.flashcomm1,
             mlapo: spec.mlapo,
             attention_per_sequence: spec.attention_per_sequence,
+            enforce_eager: spec.enforce_eager,
         }
         .resolve(&system.chip.name, s.max_num_seqs, raw.mtp.tokens, plan.tp)
         .map_err(|e| field(f(e.field), e.value, e.reason))?;

@@ -28,6 +28,7 @@ fn with_sigma(sigma: f64) -> Scenario {
         cold_after_us: None,
         cold_factor: None,
         step_sigma: sigma,
+        eager_layer_us: 0.0,
         source: "test".into(),
     });
     s

@@ -686,6 +686,9 @@ pub struct HostOverhead {
     /// Per token the rank computes.
     pub per_token_s: f64,
     pub overlapped: bool,
+    /// Host time to launch one step's kernels one by one, seconds (the cost file's `[host]
+    /// eager_layer_us` for each layer the step runs): the floor of a step that runs eagerly.
+    pub eager_s: f64,
     /// A step that starts more than this long after the previous one ended (seconds) runs its
     /// kernels this many times their warm time (the cost file's `[host] cold_after_us,
     /// cold_factor`). `None`: every step is warm.
@@ -922,6 +925,7 @@ impl Device for SimDevice {
             spec.features.padded_tokens(max_tokens)
         };
         let mtp_tokens = spec.mtp_tokens;
+        let spec_eager = h.eager_s > 0.0 && spec.features.launches_eagerly(pad);
         let padded = move |s: &BatchShape| pad.map_or(*s, |p| s.padded_to(p, mtp_tokens));
         let load = StepLoad::new(group, step_imbalance, comm);
         let mut prices = self.pricer.step();
@@ -997,7 +1001,14 @@ impl Device for SimDevice {
         // The step's kernels land around their price as a real device's do.
         let kernels = cold * self.spread.as_mut().map_or(1.0, |s| s.draw());
         // Expert weights moving in this step are not overlapped with it.
-        let device_s = slowest.map_or(0.0, |c| c.time_s) * kernels + extra_s;
+        let kernels_s = slowest.map_or(0.0, |c| c.time_s) * kernels + extra_s;
+        // An eager step's kernels run behind their launches: the longer of the two.
+        let launch_gap_s = if spec_eager {
+            (h.eager_s - kernels_s).max(0.0)
+        } else {
+            0.0
+        };
+        let device_s = kernels_s + launch_gap_s;
         // The slowest rank's host work: added to the step, or hidden behind it (async).
         let host_s = if host_work {
             host_max.max(if idle > 0 { h.step_s } else { 0.0 })
@@ -1017,7 +1028,7 @@ impl Device for SimDevice {
                 *t *= kernels;
             }
         }
-        out.class_times[HOST] = visible_host_s;
+        out.class_times[HOST] = visible_host_s + launch_gap_s;
         Ok(())
     }
 
