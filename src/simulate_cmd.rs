@@ -4,9 +4,13 @@ use crate::output::{out, outln};
 use crate::Failure;
 use anyhow::Context;
 use clap::Args;
+use dstwin_calibration::anchors::RunMetric;
+use dstwin_calibration::e2e::Interval;
 use dstwin_sim::report::{chrome_trace, render_sim, sim_csv, write_requests_csv};
+use dstwin_sim::run::SimReport;
 use dstwin_sim::run::{run, Progress, RunOptions};
 use dstwin_sim::scenario::{load_path, load_str, Scenario};
+use dstwin_sim::uncertainty::perturbed;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -45,6 +49,13 @@ pub struct SimulateArgs {
     /// 0 is the seed's own draw; without a spread every draw is the same run.
     #[arg(long, default_value_t = 0, value_name = "N")]
     draw: u64,
+    /// Also give every headline metric an 80% interval (10th to 90th percentile) over N draws
+    /// of what the scenario leaves unknown: the expert load's draws, skew and per-request
+    /// concentration, the calibrated MTP acceptance, kernel time by the fitted parameters'
+    /// leave-one-out spread, eager launch time (docs/validation.md, "Uncertainty"). JSON:
+    /// `uncertainty.<metric>.p10/p90`. N defaults to 16.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "16", conflicts_with = "csv")]
+    uncertainty: Option<u32>,
     /// No progress bar and no footer on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -117,15 +128,31 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::Runtime(e.into()))?;
         write_file(p, &doc)?;
     }
+    let intervals = match a.uncertainty {
+        Some(0) => {
+            return Err(Failure::Input(anyhow::anyhow!(
+                "--uncertainty 0: give at least 2 draws (16 if the number is left out)"
+            )))
+        }
+        Some(n) => Some(uncertainty(&scenario, r, n)?),
+        None => None,
+    };
     if a.json {
-        outln!(
-            "{}",
-            serde_json::to_string_pretty(r).map_err(|e| Failure::Runtime(e.into()))?
-        )?;
+        let text = match &intervals {
+            None => serde_json::to_string_pretty(r),
+            Some(u) => serde_json::to_value(r).and_then(|mut v| {
+                v["uncertainty"] = u.json();
+                serde_json::to_string_pretty(&v)
+            }),
+        };
+        outln!("{}", text.map_err(|e| Failure::Runtime(e.into()))?)?;
     } else if a.csv {
         out!("{}", sim_csv(r))?;
     } else {
         out!("{}", render_sim(r))?;
+        if let Some(u) = &intervals {
+            out!("{}", u.table())?;
+        }
     }
     if !a.quiet {
         crate::output::errln!(
@@ -139,4 +166,61 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// Every headline metric's 80% interval over draws of what a scenario leaves unknown.
+struct Intervals {
+    draws: u32,
+    rows: Vec<(RunMetric, f64, Interval)>,
+}
+
+/// Runs draws 1..=`n` of `s` (`dstwin_sim::uncertainty`) in parallel; `r` is draw 0's report.
+fn uncertainty(s: &Scenario, r: &SimReport, n: u32) -> Result<Intervals, Failure> {
+    use rayon::prelude::*;
+    if n < 2 {
+        return Err(Failure::Input(anyhow::anyhow!(
+            "--uncertainty {n}: give at least 2 draws (16 if the number is left out)"
+        )));
+    }
+    let reports: Vec<SimReport> = (1..=n as u64)
+        .into_par_iter()
+        .map(|k| run(&perturbed(s, k), RunOptions::default()).map(|x| x.report))
+        .collect::<Result<_, _>>()
+        .map_err(|e| Failure::Runtime(e.into()))?;
+    let rows = RunMetric::ALL
+        .iter()
+        .map(|&m| {
+            let v: Vec<f64> = reports.iter().map(|x| m.read(x)).collect();
+            (m, m.read(r), Interval::of(&v))
+        })
+        .filter(|(_, x, i)| x.is_finite() && i.p10.is_finite() && i.p90.is_finite())
+        .collect();
+    Ok(Intervals { draws: n, rows })
+}
+
+impl Intervals {
+    fn json(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({ "draws": self.draws });
+        for (m, _, i) in &self.rows {
+            v[m.name()] = serde_json::json!({ "p10": i.p10, "p90": i.p90 });
+        }
+        v
+    }
+
+    fn table(&self) -> String {
+        let mut t = format!(
+            "\n  80% intervals over {} draws of what the scenario leaves unknown (docs/validation.md, \"Uncertainty\")\n  {:<30} {:>12} {:>12} {:>12}\n",
+            self.draws, "metric", "this run", "p10", "p90"
+        );
+        for (m, x, i) in &self.rows {
+            t.push_str(&format!(
+                "  {:<30} {:>12.3} {:>12.3} {:>12.3}\n",
+                m.name(),
+                x,
+                i.p10,
+                i.p90
+            ));
+        }
+        t
+    }
 }

@@ -39,6 +39,11 @@ pub struct ValidateArgs {
     /// as a whole run and compared figure by figure (plain `validate` shows it first too).
     #[arg(long, conflicts_with = "measured")]
     e2e: bool,
+    /// Draws of what each end-to-end run leaves unknown (expert load, acceptance, kernel and
+    /// host time: docs/validation.md), for each figure's 80% interval and the suite's coverage;
+    /// 0: no intervals.
+    #[arg(long, value_name = "N", default_value_t = dstwin_sim::uncertainty::DEFAULT_DRAWS)]
+    draws: u32,
     /// Exit 1 when any |error| of a prediction (end-to-end runs, out-of-sample anchors, your
     /// measurements) exceeds this many percent.
     #[arg(long, value_name = "PCT")]
@@ -77,6 +82,9 @@ struct Row {
     /// range of their predictions (the row's is their median).
     #[serde(skip_serializing_if = "Option::is_none")]
     draws: Option<Draws>,
+    /// An end-to-end figure's 80% interval over draws of what its run leaves unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interval: Option<e2e::Interval>,
 }
 
 #[derive(Serialize, Debug, Clone, Copy)]
@@ -229,14 +237,14 @@ fn sensitivity(targets: &[Target], cost_model: &str) -> Result<Vec<Sensitivity>,
 }
 
 /// The end-to-end suite's rows: every shipped run simulated whole, in parallel.
-fn e2e_rows(quiet: bool) -> Result<(Vec<Row>, usize), Failure> {
+fn e2e_rows(quiet: bool, draws: u32) -> Result<(Vec<Row>, usize), Failure> {
     let runs = e2e::shipped_runs().map_err(runtime)?;
     let bar = crate::progress::bar(
-        Some(runs.len() as u64),
+        Some(runs.len() as u64 * (draws as u64 + 1)),
         quiet,
-        "end-to-end runs {bar:30} {pos}/{len} {elapsed}",
+        "end-to-end runs and their draws {bar:30} {pos}/{len} {elapsed}",
     );
-    let results = e2e::evaluate_all(&runs, || bar.inc(1)).map_err(runtime)?;
+    let results = e2e::evaluate_all(&runs, draws, || bar.inc(1)).map_err(runtime)?;
     bar.finish_and_clear();
     let rows = results
         .into_iter()
@@ -250,13 +258,14 @@ fn e2e_rows(quiet: bool) -> Result<(Vec<Row>, usize), Failure> {
             how: Some("simulated"),
             bound: Some(GOAL),
             draws: None,
+            interval: f.interval,
         })
         .collect();
     Ok((rows, runs.len()))
 }
 
-fn builtin(quiet: bool) -> Result<Builtin, Failure> {
-    let (mut rows, e2e_runs) = e2e_rows(quiet)?;
+fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
+    let (mut rows, e2e_runs) = e2e_rows(quiet, draws)?;
     let cost_model = "ascend-910c";
     let targets = parse_targets("targets.toml", TARGETS).map_err(runtime)?;
     let shipped_params = crate::calibrate_cmd::shipped_cost(cost_model)?;
@@ -302,6 +311,7 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
         how: Some("simulated"),
         bound: Some(GOAL),
         draws: None,
+        interval: None,
     }));
     for h in &held {
         if simulated.contains(&h.anchor.as_str()) {
@@ -317,6 +327,7 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
             how: Some("steady step"),
             bound: Some(GOAL),
             draws: None,
+            interval: None,
         }));
     }
     // Anchors on other cost models (borrowed parameters, never fitted): their steady steps.
@@ -336,6 +347,7 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
                 how: Some("steady step"),
                 bound: Some(GOAL),
                 draws: None,
+                interval: None,
             });
         }
     }
@@ -353,6 +365,7 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
                 how: None,
                 bound: None,
                 draws: None,
+                interval: None,
             }),
     );
     let gap = parse_eplb_gap("expert-load.toml", EXPERT_LOAD).map_err(runtime)?;
@@ -380,6 +393,7 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
         how: None,
         bound: None,
         draws: None,
+        interval: None,
     });
     let bench = micro::builtin().map_err(runtime)?;
     rows.extend(
@@ -401,6 +415,7 @@ fn builtin(quiet: bool) -> Result<Builtin, Failure> {
                 how: None,
                 bound: Some(r.bound.min(GOAL)),
                 draws: None,
+                interval: None,
             }),
     );
     let sensitivity = sensitivity(&targets, cost_model)?;
@@ -473,6 +488,7 @@ fn rows_measured(measured: &Path, scenario: &Path, sets: &[String]) -> Result<Ve
                     min: p[0],
                     max: p[p.len() - 1],
                 }),
+                interval: None,
             }
         })
         .collect())
@@ -497,8 +513,8 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
     };
     let report = match (&a.measured, &a.scenario) {
         (Some(m), Some(s)) => only((rows_measured(m, s, &a.sets)?, 0)),
-        _ if a.e2e => only(e2e_rows(a.quiet)?),
-        _ => builtin(a.quiet)?,
+        _ if a.e2e => only(e2e_rows(a.quiet, a.draws)?),
+        _ => builtin(a.quiet, a.draws)?,
     };
     let rows = &report.rows;
     // --max-error holds the predictions: the out-of-sample rows (or a team's measurements).
@@ -526,11 +542,15 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
         let section = |k: &str| rows.iter().filter(|r| r.kind == k).collect::<Vec<_>>();
         let summary = |k: &str| {
             let part = section(k);
-            serde_json::json!({
+            let mut v = serde_json::json!({
                 "mean_absolute_error": mean_abs(part.iter().copied()),
                 "max_absolute_error": max_abs(part.iter().copied()),
                 "figures": part.len(),
-            })
+            });
+            if let Some(c) = coverage(part.iter().copied()) {
+                v["interval_coverage"] = c.into();
+            }
+            v
         };
         let v = serde_json::json!({
             "e2e": { "summary": summary("e2e"), "rows": section("e2e"), "in_sample_rows": section("e2e_in_sample") },
@@ -631,12 +651,23 @@ fn print_table(report: &Builtin) -> Result<(), Failure> {
                 Some(b) => format!("{:>3.0}%", b * 100.0),
                 None => String::new(),
             };
-            let how = match &r.draws {
-                Some(d) => format!(
+            let how = match (&r.draws, &r.interval) {
+                (Some(d), _) => format!(
                     "median of {} draws of the step spread, {:.3} .. {:.3}",
                     d.n, d.min, d.max
                 ),
-                None => r.how.unwrap_or("").to_owned(),
+                (None, Some(i)) => format!(
+                    "{} 80% {:.3} .. {:.3}{}",
+                    r.how.unwrap_or(""),
+                    i.p10,
+                    i.p90,
+                    if i.contains(r.published) {
+                        ""
+                    } else {
+                        " (outside)"
+                    }
+                ),
+                (None, None) => r.how.unwrap_or("").to_owned(),
             };
             outln!(
                 "  {:<38} {:<34} {:>11.3} {:>11.3} {:>+7.1}% {how} {bound}",
@@ -663,8 +694,15 @@ fn print_table(report: &Builtin) -> Result<(), Failure> {
                 }
             }
         }
+        let held = match coverage(part.iter().copied()) {
+            Some(c) => format!(
+                "; the 80% intervals hold {:.0}% of the published figures",
+                c * 100.0
+            ),
+            None => String::new(),
+        };
         outln!(
-            "  mean absolute error {:.1}%, largest {:.1}% ({} figures)\n",
+            "  mean absolute error {:.1}%, largest {:.1}% ({} figures){held}\n",
             mean_abs(part.iter().copied()) * 100.0,
             max_abs(part.iter().copied()) * 100.0,
             part.len()
@@ -696,6 +734,15 @@ fn print_table(report: &Builtin) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The share of rows with an interval whose interval holds the published figure; `None` when
+/// no row has one.
+fn coverage<'a>(rows: impl Iterator<Item = &'a Row>) -> Option<f64> {
+    let (inside, n) = rows
+        .filter_map(|r| r.interval.map(|i| i.contains(r.published)))
+        .fold((0usize, 0usize), |(k, n), c| (k + c as usize, n + 1));
+    (n > 0).then(|| inside as f64 / n as f64)
 }
 
 fn mean_abs<'a>(rows: impl Iterator<Item = &'a Row>) -> f64 {

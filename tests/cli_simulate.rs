@@ -1007,3 +1007,47 @@ fn steps_land_around_their_price_by_the_cost_files_step_sigma() {
         assert!(err(&o).contains("host.step_sigma"), "{host}: {}", err(&o));
     }
 }
+
+/// `--uncertainty`: every headline metric with an 80% interval over draws of what the scenario
+/// leaves unknown, the same every time; the report itself is the run without draws.
+#[test]
+fn uncertainty_gives_every_headline_metric_an_interval() {
+    let tiny = data("tiny-pd.toml");
+    let plain = dstwin(&["simulate", &tiny, "--json", "--quiet"]);
+    let with = dstwin(&["simulate", &tiny, "--json", "--quiet", "--uncertainty", "6"]);
+    assert!(with.status.success(), "{}", err(&with));
+    let (p, mut w): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&out(&plain)).unwrap(),
+        serde_json::from_str(&out(&with)).unwrap(),
+    );
+    let u = w["uncertainty"].take();
+    assert_eq!(u["draws"], 6);
+    for m in [
+        "ttft_mean_ms",
+        "tpot_p50_ms",
+        "output_tok_s",
+        "output_tok_s_per_card",
+    ] {
+        let (lo, hi) = (u[m]["p10"].as_f64().unwrap(), u[m]["p90"].as_f64().unwrap());
+        assert!(lo.is_finite() && lo <= hi, "{m}: {lo} .. {hi}");
+    }
+    // Without the draws' object the report is the plain run's, byte for byte in its fields.
+    w.as_object_mut().unwrap().remove("uncertainty");
+    assert_eq!(w, p);
+    let again = dstwin(&["simulate", &tiny, "--json", "--quiet", "--uncertainty", "6"]);
+    assert_eq!(out(&again), out(&with), "deterministic");
+    let text = dstwin(&["simulate", &tiny, "--quiet", "--uncertainty", "3"]);
+    assert!(
+        out(&text).contains("80% intervals over 3 draws"),
+        "{}",
+        out(&text)
+    );
+    for bad in [
+        &["--uncertainty", "1"][..],
+        &["--uncertainty", "4", "--csv"][..],
+    ] {
+        let mut args = vec!["simulate", tiny.as_str(), "--quiet"];
+        args.extend_from_slice(bad);
+        assert_eq!(dstwin(&args).status.code(), Some(2), "{bad:?}");
+    }
+}

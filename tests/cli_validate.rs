@@ -9,7 +9,8 @@ use common::{data, dstwin};
 /// errors stay where docs/validation.md reports them.
 #[test]
 fn builtin_anchors_stay_within_their_documented_bounds() {
-    let o = dstwin(&["validate", "--json", "--quiet"]);
+    // The end-to-end suite's intervals are another test's (below): no draws here.
+    let o = dstwin(&["validate", "--json", "--quiet", "--draws", "0"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let rows = |section: &str| v[section]["rows"].as_array().unwrap().clone();
@@ -406,7 +407,7 @@ fn a_measurement_is_compared_with_the_median_of_draws_of_the_step_spread() {
 /// figures compared; the JSON has the suite's summary, and `--max-error` holds its rows.
 #[test]
 fn the_end_to_end_suite_is_simulated_and_held_to_max_error() {
-    let o = dstwin(&["validate", "--e2e", "--json", "--quiet"]);
+    let o = dstwin(&["validate", "--e2e", "--json", "--quiet", "--draws", "4"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let rows = v["e2e"]["rows"].as_array().unwrap();
@@ -433,10 +434,32 @@ fn the_end_to_end_suite_is_simulated_and_held_to_max_error() {
     let summary = &v["e2e"]["summary"];
     assert!((summary["mean_absolute_error"].as_f64().unwrap() - mean).abs() < 1e-9);
     assert_eq!(summary["figures"].as_u64().unwrap() as usize, rows.len());
+    // Every figure has its 80% interval, and the summary the share of figures inside.
+    let inside = rows
+        .iter()
+        .filter(|r| {
+            let (lo, hi) = (
+                r["interval"]["p10"].as_f64().unwrap(),
+                r["interval"]["p90"].as_f64().unwrap(),
+            );
+            assert!(lo <= hi, "{r}");
+            (lo..=hi).contains(&r["published"].as_f64().unwrap())
+        })
+        .count();
+    let coverage = summary["interval_coverage"].as_f64().unwrap();
+    assert!((coverage - inside as f64 / rows.len() as f64).abs() < 1e-9);
     // Only the suite: no anchors, fits or microbenchmarks.
     assert!(v["micro"]["rows"].as_array().unwrap().is_empty());
     // The largest error is far above 1%: a 1% bound fails (exit 1) and names the count.
-    let o = dstwin(&["validate", "--e2e", "--quiet", "--max-error", "1"]);
+    let o = dstwin(&[
+        "validate",
+        "--e2e",
+        "--quiet",
+        "--max-error",
+        "1",
+        "--draws",
+        "0",
+    ]);
     assert_eq!(o.status.code(), Some(1));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.starts_with("End to end:"), "{text}");

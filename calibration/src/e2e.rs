@@ -9,6 +9,7 @@
 use crate::anchors::{AnchorError, RunMetric};
 use dstwin_sim::run::{run as simulate, RunOptions};
 use dstwin_sim::scenario::{load_str, Scenario};
+use dstwin_sim::uncertainty::{perturbed, quantile};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -109,6 +110,31 @@ pub struct E2eResult {
     /// predicted / published - 1 (NaN when the run produced no such figure).
     pub error: f64,
     pub in_sample: bool,
+    /// The 10th and 90th percentiles of the figure over draws of what the scenario leaves
+    /// unknown (`dstwin_sim::uncertainty`); absent without draws.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Interval>,
+}
+
+/// An 80% interval.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Interval {
+    pub p10: f64,
+    pub p90: f64,
+}
+
+impl Interval {
+    /// The interval of `draws` (NaN bounds when a draw has no such figure).
+    pub fn of(draws: &[f64]) -> Interval {
+        Interval {
+            p10: quantile(draws, 0.1),
+            p90: quantile(draws, 0.9),
+        }
+    }
+
+    pub fn contains(&self, x: f64) -> bool {
+        x >= self.p10 && x <= self.p90
+    }
 }
 
 impl E2eRun {
@@ -124,25 +150,39 @@ impl E2eRun {
     /// Simulates the whole run and compares its figures.
     pub fn evaluate(&self) -> Result<Vec<E2eResult>, AnchorError> {
         let s = self.scenario()?;
-        let r = simulate(&s, RunOptions::default()).map_err(|e| AnchorError::Run {
-            run: self.name.clone(),
-            message: e.to_string(),
-        })?;
+        Ok(self.compare(&self.predict(&s, 0)?, None))
+    }
+
+    /// The run's figures in draw `k` of its scenario (`dstwin_sim::uncertainty`; 0: as given).
+    fn predict(&self, s: &Scenario, k: u64) -> Result<Vec<f64>, AnchorError> {
+        let r =
+            simulate(&perturbed(s, k), RunOptions::default()).map_err(|e| AnchorError::Run {
+                run: self.name.clone(),
+                message: e.to_string(),
+            })?;
         Ok(self
             .figures
             .iter()
-            .map(|f| {
-                let predicted = f.metric.read(&r.report);
-                E2eResult {
-                    run: self.name.clone(),
-                    metric: f.metric,
-                    published: f.published,
-                    predicted,
-                    error: predicted / f.published - 1.0,
-                    in_sample: self.in_sample.is_some(),
-                }
-            })
+            .map(|f| f.metric.read(&r.report))
             .collect())
+    }
+
+    /// The figures compared: `predicted` in the index's order, with the draws' intervals.
+    fn compare(&self, predicted: &[f64], draws: Option<&[Vec<f64>]>) -> Vec<E2eResult> {
+        self.figures
+            .iter()
+            .zip(predicted)
+            .enumerate()
+            .map(|(i, (f, &predicted))| E2eResult {
+                run: self.name.clone(),
+                metric: f.metric,
+                published: f.published,
+                predicted,
+                error: predicted / f.published - 1.0,
+                in_sample: self.in_sample.is_some(),
+                interval: draws.map(|d| Interval::of(&d.iter().map(|x| x[i]).collect::<Vec<_>>())),
+            })
+            .collect()
     }
 }
 
@@ -205,19 +245,33 @@ pub fn shipped_runs() -> Result<Vec<E2eRun>, AnchorError> {
     parse_e2e("sim/scenarios/e2e/runs.toml", E2E_RUNS)
 }
 
-/// Simulates every run (in parallel where there are cores), calling `done` after each; the
-/// results keep the index's order.
+/// Simulates every run, and `draws` draws of each for its figures' 80% intervals (none when 0),
+/// in parallel where there are cores, calling `done` after each simulation; the results keep
+/// the index's order.
 pub fn evaluate_all(
     runs: &[E2eRun],
+    draws: u32,
     done: impl Fn() + Sync,
 ) -> Result<Vec<E2eResult>, AnchorError> {
-    let per_run: Vec<Vec<E2eResult>> = runs
+    let scenarios: Vec<Scenario> = runs
+        .iter()
+        .map(E2eRun::scenario)
+        .collect::<Result<_, _>>()?;
+    let tasks: Vec<(usize, u64)> = (0..runs.len())
+        .flat_map(|i| (0..=draws as u64).map(move |k| (i, k)))
+        .collect();
+    let predicted: Vec<Vec<f64>> = tasks
         .par_iter()
-        .map(|r| {
-            let out = r.evaluate();
+        .map(|&(i, k)| {
+            let out = runs[i].predict(&scenarios[i], k);
             done();
             out
         })
         .collect::<Result<_, _>>()?;
-    Ok(per_run.into_iter().flatten().collect())
+    let per_run = draws as usize + 1;
+    Ok(runs
+        .iter()
+        .zip(predicted.chunks(per_run))
+        .flat_map(|(r, p)| r.compare(&p[0], (draws > 0).then_some(&p[1..])))
+        .collect())
 }

@@ -8,6 +8,7 @@
 //! - [`plan`]: the deployment search of `dstwin plan` and vllm-ascend launch arguments.
 //! - [`plot`]: scatter plots with a Pareto front and knee, SVG and PNG.
 //! - [`sweep`]: what-if grids, sharding, result rows, Pareto fronts and knees.
+//! - [`uncertainty`]: draws of what a scenario leaves unknown, for 80% intervals.
 //! - [`serve`] (feature `serve`): a scenario's instances on twin devices in the wall-clock runtime.
 
 pub mod metrics;
@@ -19,3 +20,4 @@ pub mod scenario;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod sweep;
+pub mod uncertainty;
