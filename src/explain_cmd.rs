@@ -14,10 +14,10 @@ use std::path::Path;
 /// Defaults reproduce the CloudMatrix384 decode deployment of the CloudMatrix-Infer paper:
 /// DeepSeek-R1 w8a8, one decode instance of 320 dies (160 NPUs), EP320 with 32 redundant experts
 /// and 32 shared-expert dies, 48 sequences per die (96 per NPU) at KV 4K, MTP 1 at the calibrated
-/// acceptance (0.717).
+/// acceptance (0.743).
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin explain\n      CloudMatrix384 decode, EP320, 96 seqs per NPU at KV 4K, MTP 1 at the calibrated 71.7%\n  dstwin explain --skew\n      the same with the simulator's default expert load (fitted to measured DeepSeek-R1 loads) on a greedy EPLB placement\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --mtp 0\n      CloudMatrix384 prefill instance of 16 NPUs, 16K tokens per NPU in 4K prompts\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --cached 12288 --mtp 0\n      the same step as the last chunks of 16K prompts (or after 12K-token prefix hits): attention over the cached 12K and its latent up-projected again\n  dstwin explain --hardware atlas-800i-a2 --dies 32 --redundant-experts 0 --shared-expert-dies 0 --seqs 24 --kv 2048 --json\n      Atlas 800I A2, 4 nodes, as JSON for scripts\n\nSizes count dies, as vllm-ascend's flags do (a 910C card = 2 dies).\nExit codes: 0 ok, 2 invalid input or impossible layout (the message names the field and numbers)."
+    after_help = "Examples:\n  dstwin explain\n      CloudMatrix384 decode, EP320, 96 seqs per NPU at KV 4K, MTP 1 at the calibrated 74.3%\n  dstwin explain --skew\n      the same with the simulator's default expert load (fitted to measured DeepSeek-R1 loads) on a greedy EPLB placement\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --mtp 0\n      CloudMatrix384 prefill instance of 16 NPUs, 16K tokens per NPU in 4K prompts\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --cached 12288 --mtp 0\n      the same step as the last chunks of 16K prompts (or after 12K-token prefix hits): attention over the cached 12K and its latent up-projected again\n  dstwin explain --hardware atlas-800i-a2 --dies 32 --redundant-experts 0 --shared-expert-dies 0 --seqs 24 --kv 2048 --json\n      Atlas 800I A2, 4 nodes, as JSON for scripts\n\nSizes count dies, as vllm-ascend's flags do (a 910C card = 2 dies).\nExit codes: 0 ok, 2 invalid input or impossible layout (the message names the field and numbers)."
 )]
 pub struct ExplainArgs {
     /// Built-in model name (see `dstwin catalog`) or path to a HuggingFace config.json.
@@ -77,7 +77,7 @@ pub struct ExplainArgs {
     #[arg(long, default_value_t = 1)]
     mtp: u32,
     /// Acceptance probability of each draft given the previous was accepted, comma-separated
-    /// (default: the calibrated acceptance, 0.717 at every position; see docs/validation.md).
+    /// (default: the calibrated acceptance, 0.743 at every position; see docs/validation.md).
     #[arg(long, value_delimiter = ',')]
     mtp_accept: Vec<f64>,
     /// Tokens on the hottest routed die over the mean (1.0 = perfect expert balance, the
@@ -114,12 +114,12 @@ pub struct ExplainArgs {
     /// alltoall, allgather.
     #[arg(long, default_value = "auto", value_parser = parse_moe_comm)]
     moe_comm: dstwin_core::features::MoeComm,
-    /// Graph capture of decode steps: NONE or FULL_DECODE_ONLY (pads each decode step to the next
+    /// Graph capture of decode steps: NONE, FULL_DECODE_ONLY or FULL_AND_PIECEWISE (pads each decode step to the next
     /// capture size).
     #[arg(long, default_value = "NONE", value_parser = parse_graph_mode)]
     cudagraph_mode: dstwin_core::features::CudagraphMode,
     /// Capture sizes in tokens per DP rank, comma-separated (default: vLLM's list up to
-    /// min(seqs x (1 + MTP), 512)); needs --cudagraph-mode FULL_DECODE_ONLY.
+    /// min(seqs x (1 + MTP), 512)); needs --cudagraph-mode FULL_DECODE_ONLY or FULL_AND_PIECEWISE.
     #[arg(long, value_delimiter = ',')]
     cudagraph_capture_sizes: Vec<u32>,
     /// FLASHCOMM1: attention TP's all-reduce as reduce-scatter + all-gather.
@@ -196,7 +196,10 @@ fn parse_graph_mode(s: &str) -> Result<dstwin_core::features::CudagraphMode, Str
     match s {
         "NONE" | "none" => Ok(CudagraphMode::None),
         "FULL_DECODE_ONLY" | "full_decode_only" => Ok(CudagraphMode::FullDecodeOnly),
-        _ => Err(format!("{s:?}: expected NONE or FULL_DECODE_ONLY")),
+        "FULL_AND_PIECEWISE" | "full_and_piecewise" => Ok(CudagraphMode::FullAndPiecewise),
+        _ => Err(format!(
+            "{s:?}: expected NONE, FULL_DECODE_ONLY or FULL_AND_PIECEWISE"
+        )),
     }
 }
 

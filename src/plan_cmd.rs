@@ -42,7 +42,7 @@ pub struct PlanArgs {
     #[arg(long, default_value = "tpot=50ms")]
     slo: String,
     /// MTP acceptance of each draft given the previous was accepted, comma-separated (default:
-    /// the calibrated acceptance, 0.717 at every position; see docs/validation.md).
+    /// the calibrated acceptance, 0.743 at every position; see docs/validation.md).
     #[arg(long, value_delimiter = ',')]
     mtp_accept: Vec<f64>,
     /// Layouts to show in full, with launch arguments.

@@ -53,8 +53,15 @@ pub struct SimulateArgs {
     /// of what the scenario leaves unknown: the expert load's draws, skew and per-request
     /// concentration, the calibrated MTP acceptance, kernel time by the fitted parameters'
     /// leave-one-out spread, eager launch time (docs/validation.md, "Uncertainty"). JSON:
-    /// `uncertainty.<metric>.p10/p90`. N defaults to 16.
-    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "16", conflicts_with = "csv")]
+    /// `uncertainty.<metric>.p10/p90`. N defaults to 16; give another as `--uncertainty=N`.
+    #[arg(
+        long,
+        value_name = "N",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "16",
+        conflicts_with = "csv"
+    )]
     uncertainty: Option<u32>,
     /// No progress bar and no footer on stderr.
     #[arg(long, short)]

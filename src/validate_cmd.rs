@@ -107,6 +107,10 @@ struct Sensitivity {
     mean_change: f64,
     max_change: f64,
     max_target: String,
+    /// The same over the figures of the end-to-end runs on this cost model.
+    e2e_mean_change: f64,
+    e2e_max_change: f64,
+    e2e_max_run: String,
 }
 
 fn runtime(e: impl Into<anyhow::Error>) -> Failure {
@@ -128,7 +132,8 @@ struct Builtin {
 type Assumption = (String, f64, String, fn(&mut CostParams, f64));
 
 /// The assumption-marked numbers of a cost file whose effect is reported: every class
-/// efficiency, fixed cost and padding not in the fit, and the collective parameters.
+/// efficiency, fixed cost and padding not in the fit, the collective parameters and the eager
+/// launch time.
 fn assumptions(p: &CostParams) -> Vec<Assumption> {
     let mut out: Vec<Assumption> = Vec::new();
     let classes = [
@@ -179,6 +184,18 @@ fn assumptions(p: &CostParams) -> Vec<Assumption> {
         p.collective.source.clone(),
         |p, v| p.collective.base_us = v,
     ));
+    if let Some(h) = p.host.as_ref().filter(|h| h.eager_layer_us > 0.0) {
+        out.push((
+            "host.eager_layer_us".into(),
+            h.eager_layer_us,
+            h.source.clone(),
+            |p, v| {
+                if let Some(h) = p.host.as_mut() {
+                    h.eager_layer_us = v;
+                }
+            },
+        ));
+    }
     out.retain(|(n, ..)| !p.fit.contains(n));
     out
 }
@@ -201,8 +218,15 @@ fn sensitivity(targets: &[Target], cost_model: &str) -> Result<Vec<Sensitivity>,
         .collect::<Result<_, _>>()
         .map_err(runtime)?;
     let shipped = crate::calibrate_cmd::shipped_cost(cost_model)?;
+    // The end-to-end runs on this cost model, as shipped and with each number moved.
+    let runs: Vec<e2e::E2eRun> = e2e::shipped_runs()
+        .map_err(runtime)?
+        .into_iter()
+        .filter(|r| r.scenario().is_ok_and(|s| s.cost.params.name == cost_model))
+        .collect();
+    let e2e_base = e2e::predict_all(&runs, &|_| {}).map_err(runtime)?;
     assumptions(&shipped)
-        .into_par_iter()
+        .into_iter()
         .map(|(name, value, source, set)| {
             let mut worst = (0.0f64, String::new());
             let mut sum = 0.0;
@@ -224,6 +248,30 @@ fn sensitivity(targets: &[Target], cost_model: &str) -> Result<Vec<Sensitivity>,
                     worst = (change, t.id.clone());
                 }
             }
+            let moved = if name.starts_with("efficiency.") {
+                (value * 1.2).min(1.0)
+            } else {
+                value * 1.2
+            };
+            let moved_runs = e2e::predict_all(&runs, &|s: &mut dstwin_sim::scenario::Scenario| {
+                let mut p = s.cost.params.clone();
+                set(&mut p, moved);
+                s.cost = dstwin_hwmodels::CostModel::new(s.cost.system.clone(), p);
+            })
+            .map_err(runtime)?;
+            let (mut e2e_sum, mut e2e_n, mut e2e_worst) = (0.0, 0usize, (0.0f64, String::new()));
+            for ((r, b), m) in runs.iter().zip(&e2e_base).zip(&moved_runs) {
+                for (x, y) in b.iter().zip(m) {
+                    let change = (y / x - 1.0).abs();
+                    if change.is_finite() {
+                        e2e_sum += change;
+                        e2e_n += 1;
+                        if change > e2e_worst.0 {
+                            e2e_worst = (change, r.name.clone());
+                        }
+                    }
+                }
+            }
             Ok(Sensitivity {
                 parameter: name,
                 value,
@@ -231,6 +279,9 @@ fn sensitivity(targets: &[Target], cost_model: &str) -> Result<Vec<Sensitivity>,
                 mean_change: sum / on.len().max(1) as f64,
                 max_change: worst.0,
                 max_target: worst.1,
+                e2e_mean_change: e2e_sum / e2e_n.max(1) as f64,
+                e2e_max_change: e2e_worst.0,
+                e2e_max_run: e2e_worst.1,
             })
         })
         .collect()
@@ -517,7 +568,8 @@ pub fn run(a: ValidateArgs) -> Result<(), Failure> {
         _ => builtin(a.quiet, a.draws)?,
     };
     let rows = &report.rows;
-    // --max-error holds the predictions: the out-of-sample rows (or a team's measurements).
+    // --max-error holds the predictions: the end-to-end runs, the out-of-sample anchors (or a
+    // team's measurements).
     let held_to: Vec<&Row> = rows
         .iter()
         .filter(|r| {
@@ -710,26 +762,32 @@ fn print_table(report: &Builtin) -> Result<(), Failure> {
     }
     if !report.sensitivity.is_empty() {
         outln!(
-            "Sensitivity: each number of the {} cost file that is read or assumed rather than fitted, moved up by 20% (efficiencies capped at 1)",
+            "Sensitivity: each number of the {} cost file that is read or assumed rather than fitted, moved up by 20% (efficiencies capped at 1): the steady-step predictions, then the end-to-end suite's figures on it",
             report.fitted
         )?;
         outln!(
-            "  {:<34} {:>8} {:>12} {:>12}  {:<34} source",
+            "  {:<34} {:>8} {:>12} {:>12}  {:<34} {:>10} {:>10}  {:<38} source",
             "parameter",
             "value",
             "mean change",
             "max change",
-            "most moved"
+            "most moved",
+            "e2e mean",
+            "e2e max",
+            "e2e most moved"
         )?;
         for x in &report.sensitivity {
             let src: String = x.source.chars().take(60).collect();
             outln!(
-                "  {:<34} {:>8.3} {:>11.1}% {:>11.1}%  {:<34} {src}",
+                "  {:<34} {:>8.3} {:>11.1}% {:>11.1}%  {:<34} {:>9.1}% {:>9.1}%  {:<38} {src}",
                 x.parameter,
                 x.value,
                 x.mean_change * 100.0,
                 x.max_change * 100.0,
                 x.max_target,
+                x.e2e_mean_change * 100.0,
+                x.e2e_max_change * 100.0,
+                x.e2e_max_run,
             )?;
         }
     }

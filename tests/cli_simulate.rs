@@ -1014,7 +1014,7 @@ fn steps_land_around_their_price_by_the_cost_files_step_sigma() {
 fn uncertainty_gives_every_headline_metric_an_interval() {
     let tiny = data("tiny-pd.toml");
     let plain = dstwin(&["simulate", &tiny, "--json", "--quiet"]);
-    let with = dstwin(&["simulate", &tiny, "--json", "--quiet", "--uncertainty", "6"]);
+    let with = dstwin(&["simulate", &tiny, "--json", "--quiet", "--uncertainty=6"]);
     assert!(with.status.success(), "{}", err(&with));
     let (p, mut w): (serde_json::Value, serde_json::Value) = (
         serde_json::from_str(&out(&plain)).unwrap(),
@@ -1034,18 +1034,15 @@ fn uncertainty_gives_every_headline_metric_an_interval() {
     // Without the draws' object the report is the plain run's, byte for byte in its fields.
     w.as_object_mut().unwrap().remove("uncertainty");
     assert_eq!(w, p);
-    let again = dstwin(&["simulate", &tiny, "--json", "--quiet", "--uncertainty", "6"]);
+    let again = dstwin(&["simulate", &tiny, "--json", "--quiet", "--uncertainty=6"]);
     assert_eq!(out(&again), out(&with), "deterministic");
-    let text = dstwin(&["simulate", &tiny, "--quiet", "--uncertainty", "3"]);
+    let text = dstwin(&["simulate", &tiny, "--quiet", "--uncertainty=3"]);
     assert!(
         out(&text).contains("80% intervals over 3 draws"),
         "{}",
         out(&text)
     );
-    for bad in [
-        &["--uncertainty", "1"][..],
-        &["--uncertainty", "4", "--csv"][..],
-    ] {
+    for bad in [&["--uncertainty=1"][..], &["--uncertainty=4", "--csv"][..]] {
         let mut args = vec!["simulate", tiny.as_str(), "--quiet"];
         args.extend_from_slice(bad);
         assert_eq!(dstwin(&args).status.code(), Some(2), "{bad:?}");

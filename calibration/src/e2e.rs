@@ -245,6 +245,21 @@ pub fn shipped_runs() -> Result<Vec<E2eRun>, AnchorError> {
     parse_e2e("sim/scenarios/e2e/runs.toml", E2E_RUNS)
 }
 
+/// Every run's figures (the index's order) with `edit` applied to its scenario first, in
+/// parallel: how far the suite moves when a number of a cost model moves.
+pub fn predict_all(
+    runs: &[E2eRun],
+    edit: &(dyn Fn(&mut Scenario) + Sync),
+) -> Result<Vec<Vec<f64>>, AnchorError> {
+    runs.par_iter()
+        .map(|r| {
+            let mut s = r.scenario()?;
+            edit(&mut s);
+            r.predict(&s, 0)
+        })
+        .collect()
+}
+
 /// Simulates every run, and `draws` draws of each for its figures' 80% intervals (none when 0),
 /// in parallel where there are cores, calling `done` after each simulation; the results keep
 /// the index's order.

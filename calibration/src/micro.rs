@@ -666,7 +666,11 @@ mod tests {
         let bad = MICROBENCHMARKS.replacen("value = 2.59", "value = 4.59", 1);
         let e = parse("x.toml", &bad).unwrap_err().to_string();
         assert!(e.contains("sglang-a3-mtp") && e.contains("4.59"), "{e}");
-        let bad = MICROBENCHMARKS.replacen("drafts = 4", "drafts = 0", 1);
+        let bad = MICROBENCHMARKS.replacen(
+            "drafts = 3, metric = \"accept_len\", value = 2.88",
+            "drafts = 0, metric = \"accept_len\", value = 2.88",
+            1,
+        );
         let e = parse("x.toml", &bad).unwrap_err().to_string();
         assert!(
             e.contains("sglang-a3-mtp") && e.contains("drafts = 0"),

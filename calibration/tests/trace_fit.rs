@@ -906,7 +906,8 @@ fn check_prices_each_kernel_with_the_cost_model_as_it_is() {
         .unwrap();
     let sum: f64 = ck.ops.iter().map(|r| r.priced_ms).sum();
     assert!((gemm.priced_ms - sum).abs() < 1e-9 * sum);
-    // The shipped H800 cost file has no [host]: nothing to check the host time against.
+    // The shipped H800 cost file's [host] gives eager launches alone: nothing to check a
+    // step's host time against.
     assert_eq!(ck.host_terms, None);
     assert!(ck.host[0].check.is_none());
     // Without a cost model there is nothing to price with.

@@ -80,6 +80,11 @@ pub fn perturbed(s: &Scenario, k: u64) -> Scenario {
         if let Some(f) = e.fixed_us.as_mut() {
             *f *= kernel;
         }
+        if let Some(o) = e.one_row.as_mut() {
+            o.compute = (o.compute / kernel).min(1.0);
+            o.memory = (o.memory / kernel).min(1.0);
+            o.fixed_us *= kernel;
+        }
     }
     for k in &mut p.kernel {
         k.efficiency = (k.efficiency / kernel).min(1.0);

@@ -154,6 +154,8 @@ pub fn check(profiles: &[Profile], opts: &TraceOptions) -> Option<TraceCheck> {
         .params
         .host
         .as_ref()
+        // A `[host]` of eager launches alone says nothing of a step's host time.
+        .filter(|h| h.step_us > 0.0 || h.per_seq_us > 0.0 || h.per_token_us > 0.0)
         .map(|h| (h.step_us, h.per_seq_us, h.per_token_us));
     let host = profiles
         .iter()

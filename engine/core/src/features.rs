@@ -160,6 +160,9 @@ pub enum CudagraphMode {
     None,
     /// Decode-only steps run captured graphs (padded); steps with prompts run eagerly.
     FullDecodeOnly,
+    /// vLLM's default: decode-only steps run captured full graphs (padded), the others
+    /// piecewise graphs (attention eager between captured pieces, taken as free).
+    FullAndPiecewise,
 }
 
 /// The mechanisms of one instance, as a scenario gives them.
@@ -220,6 +223,9 @@ pub struct Resolved {
     pub mlapo: bool,
     pub attention_per_sequence: bool,
     pub enforce_eager: bool,
+    /// Steps no graph was captured for run piecewise graphs rather than eagerly
+    /// (`FULL_AND_PIECEWISE`).
+    pub piecewise: bool,
 }
 
 /// What a decode step's MoE uses and why.
@@ -279,12 +285,15 @@ impl Features {
                 return Err(FeatureError {
                     field: "cudagraph_capture_sizes",
                     value: "(given)".into(),
-                    reason: "needs cudagraph_mode = \"FULL_DECODE_ONLY\"".into(),
+                    reason: "needs cudagraph_mode = \"FULL_DECODE_ONLY\" or \"FULL_AND_PIECEWISE\""
+                        .into(),
                 })
             }
             (CudagraphMode::None, None) => Vec::new(),
-            (CudagraphMode::FullDecodeOnly, None) => default_capture_sizes(default_max),
-            (CudagraphMode::FullDecodeOnly, Some(v)) => {
+            (CudagraphMode::FullDecodeOnly | CudagraphMode::FullAndPiecewise, None) => {
+                default_capture_sizes(default_max)
+            }
+            (CudagraphMode::FullDecodeOnly | CudagraphMode::FullAndPiecewise, Some(v)) => {
                 let mut v = v.clone();
                 if v.is_empty() || v.contains(&0) || v.iter().any(|&s| s > 1 << 20) {
                     return Err(FeatureError {
@@ -316,6 +325,7 @@ impl Features {
             mlapo: self.mlapo,
             attention_per_sequence: self.attention_per_sequence,
             enforce_eager: self.enforce_eager,
+            piecewise: self.cudagraph_mode == CudagraphMode::FullAndPiecewise,
         })
     }
 }
@@ -334,16 +344,17 @@ impl Resolved {
             mlapo: false,
             attention_per_sequence: false,
             enforce_eager: false,
+            piecewise: false,
         }
     }
 
     /// Whether a step whose graph padding is `pad` launches its kernels one by one: every step
     /// under `enforce_eager`, and under `FULL_DECODE_ONLY` every step no graph was captured for
-    /// (steps with prompts, decode steps above the largest size), as vLLM runs them. Without
-    /// either, graphs are not modelled (vllm-ascend's default piecewise graphs launch a few
-    /// graphs per layer, taken as free).
+    /// (steps with prompts, decode steps above the largest size), as vLLM runs them. Under
+    /// `FULL_AND_PIECEWISE` those run piecewise graphs, and without a mode graphs are not
+    /// modelled: a few graphs launched per layer, taken as free.
     pub fn launches_eagerly(&self, pad: Option<u64>) -> bool {
-        self.enforce_eager || (!self.capture_sizes.is_empty() && pad.is_none())
+        self.enforce_eager || (!self.capture_sizes.is_empty() && !self.piecewise && pad.is_none())
     }
 
     /// The MoE communication of a step whose largest DP rank computes `max_rank_tokens` tokens,

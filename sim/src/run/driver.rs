@@ -519,13 +519,15 @@ impl<'s, 'o> Sim<'s, 'o> {
     /// paces requests and its issue time is still to come, then (slots wait in order).
     fn next_closed_loop(&mut self) {
         if let Some((times, queued)) = &mut self.pace {
-            if *queued < self.total {
-                *queued += 1;
-                let at = SimTime(times.next().expect("arrival times never end"));
-                if at > self.now {
-                    self.push(at, Ev::Paced);
-                    return;
-                }
+            // Every request has its issue time: the rest are issued by their Paced events.
+            if *queued >= self.total {
+                return;
+            }
+            *queued += 1;
+            let at = SimTime(times.next().expect("arrival times never end"));
+            if at > self.now {
+                self.push(at, Ev::Paced);
+                return;
             }
         }
         self.issue_closed_loop();

@@ -5,9 +5,15 @@ use crate::default_with;
 use dstwin_sim::run::{run, RunOptions};
 
 fn closed(rate: Option<f64>) -> Vec<(f64, f64)> {
-    let mut sets = vec![
-        "workload={kind=\"closed_loop\",concurrency=4,num_requests=40,input={dist=\"fixed\",value=512},output={dist=\"fixed\",value=16}}".to_string(),
-    ];
+    closed_with(4, 40, rate)
+}
+
+/// (issue, end) of every request of a closed loop of `concurrency` and `n` requests, in issue
+/// order, paced at `rate` when given.
+fn closed_with(concurrency: u32, n: u64, rate: Option<f64>) -> Vec<(f64, f64)> {
+    let mut sets = vec![format!(
+        "workload={{kind=\"closed_loop\",concurrency={concurrency},num_requests={n},input={{dist=\"fixed\",value=512}},output={{dist=\"fixed\",value=16}}}}"
+    )];
     if let Some(r) = rate {
         sets.push(format!("workload.arrival={{process=\"poisson\",rate={r}}}"));
     }
@@ -53,4 +59,36 @@ fn a_slow_rate_spaces_the_requests_and_a_fast_one_leaves_the_loop_as_it_was() {
     let fast = closed(Some(1e5));
     let end = |v: &[(f64, f64)]| v.iter().map(|r| r.1).fold(0.0, f64::max);
     assert!((end(&fast) / end(&unpaced) - 1.0).abs() < 0.02);
+}
+
+#[test]
+fn a_paced_loop_wider_than_its_requests_issues_each_at_its_arrival() {
+    // Concurrency above the request count: every slot is free at once, so each request is
+    // issued exactly at its arrival (the same seeded arrivals a synthetic workload draws).
+    let paced = closed_with(64, 30, Some(2.0));
+    let open = default_with(&[
+        "workload.num_requests=30",
+        "workload.arrival.rate=2.0",
+        "workload.input={dist=\"fixed\",value=512}",
+        "workload.output={dist=\"fixed\",value=16}",
+    ])
+    .unwrap();
+    let r = run(
+        &open,
+        RunOptions {
+            per_request: true,
+            ..RunOptions::default()
+        },
+    )
+    .unwrap();
+    let mut arrivals: Vec<f64> = r.requests.iter().map(|q| q.arrival_s).collect();
+    arrivals.sort_by(f64::total_cmp);
+    let issued: Vec<f64> = paced.iter().map(|r| r.0).collect();
+    assert_eq!(issued.len(), 30);
+    for (k, (i, a)) in issued.iter().zip(&arrivals).enumerate() {
+        assert!(
+            (i - a).abs() < 1e-6,
+            "request {k}: issued at {i} s, arrives at {a} s"
+        );
+    }
 }
