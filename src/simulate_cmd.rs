@@ -19,7 +19,7 @@ pub const DEFAULT_SCENARIO: &str = include_str!("../sim/scenarios/a3-2p1d.toml")
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin simulate\n      the built-in default: vllm-ascend's 2P1D on four Atlas 800 A3 nodes, 1,000 requests\n  dstwin simulate sim/scenarios/cm384-pd.toml --set decode.max_num_seqs=32 --json\n  dstwin simulate s.toml --requests-csv reqs.csv --timeline steps.json   (open steps.json in ui.perfetto.dev)\n\nScenario fields: docs/scenarios.md. Exit codes: 0 ok, 2 invalid scenario or workload (nothing written), 1 other failures."
+    after_help = "Examples:\n  dstwin simulate\n      the built-in default: vllm-ascend's 2P1D on four Atlas 800 A3 nodes, 1,000 requests\n  dstwin simulate sim/scenarios/cm384-pd.toml --set decode.max_num_seqs=32 --json\n  dstwin simulate s.toml --requests-csv reqs.csv --timeline steps.json   (open steps.json in ui.perfetto.dev)\n  dstwin simulate s.toml --uncertainty --json\n      every headline metric with its 80% interval over 16 draws of what the scenario leaves unknown\n\nScenario fields: docs/scenarios.md. Exit codes: 0 ok, 2 invalid scenario or workload (nothing written), 1 other failures."
 )]
 pub struct SimulateArgs {
     /// Scenario file (TOML); without it, the built-in default scenario.
