@@ -128,6 +128,11 @@ pub struct ExplainArgs {
     /// MLAPO: the MLA pre-processing of decode steps as one fused kernel.
     #[arg(long)]
     mlapo: bool,
+    /// vLLM's --enforce-eager: the step launches its kernels one by one and takes at least the
+    /// cost file's [host] eager_layer_us per layer (as do steps no graph was captured for under
+    /// --cudagraph-mode FULL_DECODE_ONLY).
+    #[arg(long, conflicts_with = "cudagraph_mode")]
+    enforce_eager: bool,
     /// Print the full report as JSON.
     #[arg(long)]
     json: bool,
@@ -282,7 +287,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
             flashcomm1: a.flashcomm1,
             mlapo: a.mlapo,
             attention_per_sequence: false,
-            enforce_eager: false,
+            enforce_eager: a.enforce_eager,
         },
     };
     Ok((input, load))

@@ -325,3 +325,40 @@ fn cached_prompt_tokens_cost_attention_and_the_latent_up_projection() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("prompt_cached"), "{}", stderr(&o));
 }
+
+/// `--enforce-eager`: the step launches its kernels one by one, so it takes at least the cost
+/// file's `[host] eager_layer_us` per layer (61 decoder layers and the MTP module once), as
+/// `simulate` prices an eager step.
+#[test]
+fn an_eager_step_takes_at_least_its_kernel_launches() {
+    let args = [
+        "explain",
+        "--hardware",
+        "atlas-800-a3",
+        "--dies",
+        "32",
+        "--redundant-experts",
+        "0",
+        "--shared-expert-dies",
+        "0",
+        "--seqs",
+        "8",
+        "--kv",
+        "2048",
+        "--json",
+    ];
+    let graphs: serde_json::Value = serde_json::from_str(&stdout(&dstwin(&args))).unwrap();
+    assert!(graphs.get("eager_launch_ms").is_none());
+    let mut eager_args = args.to_vec();
+    eager_args.push("--enforce-eager");
+    let o = dstwin(&eager_args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let eager: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let launch = eager["eager_launch_ms"].as_f64().unwrap();
+    assert!((launch - 2.7 * 62.0).abs() < 1e-6, "{launch}");
+    let step = eager["step_ms"].as_f64().unwrap();
+    assert!((step - launch.max(graphs["step_ms"].as_f64().unwrap())).abs() < 1e-9);
+    let mut both = eager_args.clone();
+    both.extend(["--cudagraph-mode", "FULL_DECODE_ONLY"]);
+    assert_eq!(dstwin(&both).status.code(), Some(2));
+}

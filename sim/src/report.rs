@@ -44,6 +44,13 @@ pub fn render_explain(e: &Explain) -> String {
     );
     let _ = writeln!(s);
     let _ = writeln!(s, "step time          {:>9.3} ms", e.step_ms);
+    if let Some(l) = e.eager_launch_ms {
+        let _ = writeln!(
+            s,
+            "  eager launches   {:>9.3} ms  (no captured graph: kernels launched one by one; the step takes at least this)",
+            l
+        );
+    }
     let _ = writeln!(
         s,
         "  serial           {:>9.3} ms  (compute {:.3} + communication {:.3})",

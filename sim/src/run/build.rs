@@ -228,10 +228,7 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                     per_seq_s: per_seq_us * 1e-6,
                     per_token_s: per_token_us * 1e-6,
                     overlapped: sc.async_scheduling,
-                    // Every decoder layer, and the MTP module once per draft (vLLM reruns it).
-                    eager_s: host.map_or(0.0, |h| h.eager_layer_us)
-                        * 1e-6
-                        * (s.model.layers + s.model.mtp_layers.min(1) * s.mtp.tokens as u64) as f64,
+                    eager_s: dstwin_twin::pricing::eager_launch_s(&s.cost, &s.model, s.mtp.tokens),
                     cold: host
                         .and_then(|h| h.cold_after_us.zip(h.cold_factor))
                         .map(|(after_us, factor)| (after_us * 1e-6, factor)),

@@ -1,5 +1,6 @@
 //! Behaviour of the simulator crate's inputs, one file per behaviour.
 
+mod eager;
 mod fuzz_scenario;
 #[path = "../../../tests/common/mutate.rs"]
 mod mutate;

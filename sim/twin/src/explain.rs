@@ -181,6 +181,10 @@ pub struct Explain {
     pub moe_comm: MoeCommUsed,
     /// Tokens per DP rank the step runs at after graph padding (None: eager).
     pub padded_tokens: Option<u64>,
+    /// Host time to launch the step's kernels one by one, ms, when it runs eagerly and the cost
+    /// file gives a launch cost: the step takes at least this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eager_launch_ms: Option<f64>,
     /// Step time used for throughput: split in two micro-batches when the mechanisms say so.
     pub step_ms: f64,
     /// The step without micro-batches (shared-expert overlap applied).
@@ -474,7 +478,13 @@ pub fn explain_under(
     };
     let (priced, tmb, step) = step_at(imbalance);
     let serial = priced.serial_s;
-    let step_s = priced.time_s;
+    // An eager step's kernels run behind their launches (as `simulate` prices it).
+    let eager_launch_s = if features.launches_eagerly(padded_tokens) {
+        crate::pricing::eager_launch_s(&inp.cost, &inp.model, inp.mtp.tokens)
+    } else {
+        0.0
+    };
+    let step_s = priced.time_s.max(eager_launch_s);
     let moe = per_layer.map(|v| {
         let perfect = step_at(1.0).0.time_s;
         let l = load.expect("per-layer imbalance comes from a load");
@@ -547,6 +557,7 @@ pub fn explain_under(
         features: features.clone(),
         moe_comm,
         padded_tokens,
+        eager_launch_ms: (eager_launch_s > 0.0).then_some(eager_launch_s * 1e3),
         step_ms: step_s * 1e3,
         serial_step_ms: serial * 1e3,
         two_microbatch_step_ms: tmb * 1e3,

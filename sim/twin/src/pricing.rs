@@ -619,6 +619,18 @@ pub fn price_step(
 /// What a report must say about the fabric an instance's all-to-all runs on: one line per
 /// dispatch/combine mode whose fabric level the cost model's all-to-all parameters were not
 /// fitted on (the price there is an extrapolation), empty when every level is fitted.
+/// Host time, seconds, to launch one step's kernels one by one (an eager step's floor): the cost
+/// file's `[host] eager_layer_us` for every decoder layer, and for the MTP module once per draft
+/// (vLLM reruns it). 0 when the file gives none.
+pub fn eager_launch_s(
+    cost: &CostModel,
+    model: &dstwin_core::model::ModelConfig,
+    mtp_tokens: u32,
+) -> f64 {
+    let per_layer = cost.params.host.as_ref().map_or(0.0, |h| h.eager_layer_us);
+    per_layer * 1e-6 * (model.layers + model.mtp_layers.min(1) * mtp_tokens as u64) as f64
+}
+
 pub fn fabric_caveats(ep: u32, cost: &CostModel) -> Vec<String> {
     use dstwin_hwmodels::{Comm, CommKind};
     let mut out = Vec::new();
