@@ -5,12 +5,11 @@ use crate::Failure;
 use anyhow::Context;
 use clap::Args;
 use dstwin_calibration::anchors::RunMetric;
-use dstwin_calibration::e2e::Interval;
 use dstwin_sim::report::{chrome_trace, render_sim, sim_csv, write_requests_csv};
 use dstwin_sim::run::SimReport;
 use dstwin_sim::run::{run, Progress, RunOptions};
 use dstwin_sim::scenario::{load_path, load_str, Scenario};
-use dstwin_sim::uncertainty::perturbed;
+use dstwin_sim::uncertainty::{perturbed, Interval};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -136,11 +135,6 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
         write_file(p, &doc)?;
     }
     let intervals = match a.uncertainty {
-        Some(0) => {
-            return Err(Failure::Input(anyhow::anyhow!(
-                "--uncertainty 0: give at least 2 draws (16 if the number is left out)"
-            )))
-        }
         Some(n) => Some(uncertainty(&scenario, r, n)?),
         None => None,
     };

@@ -84,7 +84,7 @@ struct Row {
     draws: Option<Draws>,
     /// An end-to-end figure's 80% interval over draws of what its run leaves unknown.
     #[serde(skip_serializing_if = "Option::is_none")]
-    interval: Option<e2e::Interval>,
+    interval: Option<dstwin_sim::uncertainty::Interval>,
 }
 
 #[derive(Serialize, Debug, Clone, Copy)]
@@ -228,16 +228,16 @@ fn sensitivity(targets: &[Target], cost_model: &str) -> Result<Vec<Sensitivity>,
     assumptions(&shipped)
         .into_iter()
         .map(|(name, value, source, set)| {
+            let moved = if name.starts_with("efficiency.") {
+                (value * 1.2).min(1.0)
+            } else {
+                value * 1.2
+            };
             let mut worst = (0.0f64, String::new());
             let mut sum = 0.0;
             for (t, b) in on.iter().zip(&base) {
                 let cm = t.base_cost().map_err(runtime)?;
                 let mut p = cm.params.clone();
-                let moved = if name.starts_with("efficiency.") {
-                    (value * 1.2).min(1.0)
-                } else {
-                    value * 1.2
-                };
                 set(&mut p, moved);
                 let pred = t
                     .predict(dstwin_hwmodels::CostModel::new(cm.system.clone(), p))
@@ -248,11 +248,6 @@ fn sensitivity(targets: &[Target], cost_model: &str) -> Result<Vec<Sensitivity>,
                     worst = (change, t.id.clone());
                 }
             }
-            let moved = if name.starts_with("efficiency.") {
-                (value * 1.2).min(1.0)
-            } else {
-                value * 1.2
-            };
             let moved_runs = e2e::predict_all(&runs, &|s: &mut dstwin_sim::scenario::Scenario| {
                 let mut p = s.cost.params.clone();
                 set(&mut p, moved);

@@ -221,19 +221,7 @@ impl AnchorRun {
 
     /// The scenario this run simulates, overrides applied.
     pub fn scenario(&self) -> Result<Scenario, AnchorError> {
-        let text = SCENARIOS
-            .iter()
-            .find(|(f, _)| *f == self.scenario)
-            .map(|(_, t)| *t)
-            .ok_or_else(|| AnchorError::UnknownScenario {
-                run: self.label(),
-                scenario: self.scenario.clone(),
-                known: SCENARIOS.map(|(f, _)| f).join(", "),
-            })?;
-        load_str(&self.scenario, text, Path::new("."), &self.set).map_err(|e| AnchorError::Run {
-            run: self.label(),
-            message: e.to_string(),
-        })
+        shipped_scenario(&SCENARIOS, &self.label(), &self.scenario, &self.set)
     }
 
     /// Simulates the run and reads its figures.
@@ -284,6 +272,38 @@ impl AnchorRun {
             })
             .collect()
     }
+}
+
+/// The text of `file` in a table of shipped scenarios (file name, text); `run` names the run
+/// that asks in the error.
+pub(crate) fn shipped_text<'a>(
+    table: &[(&str, &'a str)],
+    run: &str,
+    file: &str,
+) -> Result<&'a str, AnchorError> {
+    table
+        .iter()
+        .find(|(f, _)| *f == file)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| AnchorError::UnknownScenario {
+            run: run.to_string(),
+            scenario: file.to_string(),
+            known: table.iter().map(|(f, _)| *f).collect::<Vec<_>>().join(", "),
+        })
+}
+
+/// `file` of a table of shipped scenarios, loaded with the overrides `sets`.
+pub(crate) fn shipped_scenario(
+    table: &[(&str, &str)],
+    run: &str,
+    file: &str,
+    sets: &[String],
+) -> Result<Scenario, AnchorError> {
+    let text = shipped_text(table, run, file)?;
+    load_str(file, text, Path::new("."), sets).map_err(|e| AnchorError::Run {
+        run: run.to_string(),
+        message: e.to_string(),
+    })
 }
 
 /// A simulated anchor run.
@@ -338,13 +358,7 @@ pub fn parse_runs(file: &str, text: &str) -> Result<Vec<AnchorRun>, AnchorError>
     };
     let idx: Index = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
     for r in &idx.run {
-        if !SCENARIOS.iter().any(|(f, _)| *f == r.scenario) {
-            return Err(AnchorError::UnknownScenario {
-                run: r.label(),
-                scenario: r.scenario.clone(),
-                known: SCENARIOS.map(|(f, _)| f).join(", "),
-            });
-        }
+        shipped_text(&SCENARIOS, &r.label(), &r.scenario)?;
         if r.figures.is_empty() {
             return Err(parse(format!("run {}: figures is empty", r.label())));
         }

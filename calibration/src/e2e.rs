@@ -6,13 +6,12 @@
 //! says where each figure comes from and how its source defines it; the scenario file says
 //! every assumption its reading makes and the launch flags the twin cannot express.
 
-use crate::anchors::{AnchorError, RunMetric};
+use crate::anchors::{shipped_scenario, shipped_text, AnchorError, RunMetric};
 use dstwin_sim::run::{run as simulate, RunOptions};
-use dstwin_sim::scenario::{load_str, Scenario};
-use dstwin_sim::uncertainty::{perturbed, quantile};
+use dstwin_sim::scenario::Scenario;
+use dstwin_sim::uncertainty::{perturbed, Interval};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
 
 /// The index of the end-to-end runs.
 pub const E2E_RUNS: &str = include_str!("../../sim/scenarios/e2e/runs.toml");
@@ -116,35 +115,10 @@ pub struct E2eResult {
     pub interval: Option<Interval>,
 }
 
-/// An 80% interval.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Interval {
-    pub p10: f64,
-    pub p90: f64,
-}
-
-impl Interval {
-    /// The interval of `draws` (NaN bounds when a draw has no such figure).
-    pub fn of(draws: &[f64]) -> Interval {
-        Interval {
-            p10: quantile(draws, 0.1),
-            p90: quantile(draws, 0.9),
-        }
-    }
-
-    pub fn contains(&self, x: f64) -> bool {
-        x >= self.p10 && x <= self.p90
-    }
-}
-
 impl E2eRun {
     /// The run's scenario, overrides applied.
     pub fn scenario(&self) -> Result<Scenario, AnchorError> {
-        let text = scenario_text(&self.name, &self.scenario)?;
-        load_str(&self.scenario, text, Path::new("."), &self.set).map_err(|e| AnchorError::Run {
-            run: self.name.clone(),
-            message: e.to_string(),
-        })
+        shipped_scenario(E2E_SCENARIOS, &self.name, &self.scenario, &self.set)
     }
 
     /// Simulates the whole run and compares its figures.
@@ -186,22 +160,6 @@ impl E2eRun {
     }
 }
 
-fn scenario_text<'a>(run: &str, file: &str) -> Result<&'a str, AnchorError> {
-    E2E_SCENARIOS
-        .iter()
-        .find(|(f, _)| *f == file)
-        .map(|(_, t)| *t)
-        .ok_or_else(|| AnchorError::UnknownScenario {
-            run: run.to_string(),
-            scenario: file.to_string(),
-            known: E2E_SCENARIOS
-                .iter()
-                .map(|(f, _)| *f)
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
-}
-
 /// Parses an end-to-end index (`file` names it in errors): names unique, every scenario
 /// shipped, every figure a positive finite published value with a definition.
 pub fn parse_e2e(file: &str, text: &str) -> Result<Vec<E2eRun>, AnchorError> {
@@ -215,7 +173,7 @@ pub fn parse_e2e(file: &str, text: &str) -> Result<Vec<E2eRun>, AnchorError> {
         if !names.insert(r.name.as_str()) {
             return Err(parse(format!("run {}: name used twice", r.name)));
         }
-        scenario_text(&r.name, &r.scenario)?;
+        shipped_text(E2E_SCENARIOS, &r.name, &r.scenario)?;
         if r.figures.is_empty() {
             return Err(parse(format!("run {}: figures is empty", r.name)));
         }

@@ -23,6 +23,7 @@ use dstwin_twin::expert_load::{fitted, ExpertLoadSpec};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
+use serde::Serialize;
 
 /// Draws `simulate --uncertainty` and `validate --e2e` make by default.
 pub const DEFAULT_DRAWS: u32 = 16;
@@ -114,6 +115,27 @@ pub fn perturbed(s: &Scenario, k: u64) -> Scenario {
         other => other.clone(),
     };
     out
+}
+
+/// An 80% interval: the 10th and 90th percentiles of a figure over draws.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Interval {
+    pub p10: f64,
+    pub p90: f64,
+}
+
+impl Interval {
+    /// The interval of `draws` (NaN bounds when a draw has no such figure).
+    pub fn of(draws: &[f64]) -> Interval {
+        Interval {
+            p10: quantile(draws, 0.1),
+            p90: quantile(draws, 0.9),
+        }
+    }
+
+    pub fn contains(&self, x: f64) -> bool {
+        x >= self.p10 && x <= self.p90
+    }
 }
 
 /// The `q` quantile (0..1) of `v` by linear interpolation between order statistics; NaN when
