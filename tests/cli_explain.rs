@@ -358,6 +358,15 @@ fn an_eager_step_takes_at_least_its_kernel_launches() {
     assert!((launch - 2.7 * 62.0).abs() < 1e-6, "{launch}");
     let step = eager["step_ms"].as_f64().unwrap();
     assert!((step - launch.max(graphs["step_ms"].as_f64().unwrap())).abs() < 1e-9);
+    // Under a skewed load the perfectly balanced step is eager too: a launch-bound step's
+    // imbalance costs nothing.
+    let mut skewed = eager_args.clone();
+    skewed.push("--skew");
+    let sk: serde_json::Value = serde_json::from_str(&stdout(&dstwin(&skewed))).unwrap();
+    let perfect = sk["moe"]["perfect_step_ms"].as_f64().unwrap();
+    assert!(perfect >= launch - 1e-9, "{perfect}");
+    let cost = sk["moe"]["imbalance_cost_ms"].as_f64().unwrap();
+    assert!((cost - (sk["step_ms"].as_f64().unwrap() - perfect)).abs() < 1e-9);
     let mut both = eager_args.clone();
     both.extend(["--cudagraph-mode", "FULL_DECODE_ONLY"]);
     assert_eq!(dstwin(&both).status.code(), Some(2));

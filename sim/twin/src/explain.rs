@@ -486,7 +486,7 @@ pub fn explain_under(
     };
     let step_s = priced.time_s.max(eager_launch_s);
     let moe = per_layer.map(|v| {
-        let perfect = step_at(1.0).0.time_s;
+        let perfect = step_at(1.0).0.time_s.max(eager_launch_s);
         let l = load.expect("per-layer imbalance comes from a load");
         MoeReport {
             load: l.spec.assumption(),
