@@ -188,3 +188,13 @@ pub enum ArrivalSpec {
     },
     AllAtOnce,
 }
+
+impl ArrivalSpec {
+    /// The mean rate, requests per second; `None` when every request arrives at once.
+    pub fn rate(&self) -> Option<f64> {
+        match *self {
+            ArrivalSpec::Poisson { rate } | ArrivalSpec::Gamma { rate, .. } => Some(rate),
+            ArrivalSpec::AllAtOnce => None,
+        }
+    }
+}

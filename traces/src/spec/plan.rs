@@ -156,11 +156,7 @@ fn synthetic(s: &SyntheticSpec) -> Result<SyntheticConfig, TraceError> {
     if let RequestCount::Requests(n) = count {
         at_most_requests("num_requests", n.get())?;
     }
-    let rate = match s.arrival {
-        ArrivalSpec::Poisson { rate } | ArrivalSpec::Gamma { rate, .. } => Some(rate),
-        ArrivalSpec::AllAtOnce => None,
-    };
-    if let Some(rate) = rate {
+    if let Some(rate) = s.arrival.rate() {
         at_most_rate(&field("arrival.rate"), rate)?;
         if let (Some(d), true) = (s.duration_s, rate.is_finite()) {
             let expected = rate * d;
@@ -244,7 +240,7 @@ fn closed_loop(c: &ClosedLoopSpec) -> Result<ClosedLoopConfig, TraceError> {
     let arrival = match &c.arrival {
         None => None,
         Some(a) => {
-            if let ArrivalSpec::Poisson { rate } | ArrivalSpec::Gamma { rate, .. } = *a {
+            if let Some(rate) = a.rate() {
                 at_most_rate(&field("arrival.rate"), rate)?;
             }
             Some(arrival(a).map_err(|e| e.within(&field("arrival")))?)
