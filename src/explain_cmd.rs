@@ -133,6 +133,11 @@ pub struct ExplainArgs {
     /// --cudagraph-mode FULL_DECODE_ONLY).
     #[arg(long, conflicts_with = "cudagraph_mode")]
     enforce_eager: bool,
+    /// vllm-ascend's enable_dsa_cp (SGLang's --enable-nsa-prefill-context-parallel): a step
+    /// with prompts splits its tokens over the --tp dies instead of the attention heads, the
+    /// whole context's latent KV and indexer keys all-gathered every layer (V3.2, V4; --tp > 1).
+    #[arg(long)]
+    enable_dsa_cp: bool,
     /// Print the full report as JSON.
     #[arg(long)]
     json: bool,
@@ -288,6 +293,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
             mlapo: a.mlapo,
             attention_per_sequence: false,
             enforce_eager: a.enforce_eager,
+            enable_dsa_cp: a.enable_dsa_cp,
         },
     };
     Ok((input, load))

@@ -191,6 +191,26 @@ impl BatchShape {
         self.prefill_seqs != 0 && self.prefill_tokens <= self.prefill_seqs as u64 * query_len
     }
 
+    /// One die's share of the step when context parallelism spreads its tokens evenly over
+    /// `ranks` dies (vllm-ascend's DSA-CP, SGLang's NSA prefill CP, both splitting each sequence
+    /// round-robin): every sequence keeps a slice on every die, so sequence counts and cached
+    /// tokens stay, and each die's queries still attend the whole context, so the query-key
+    /// pairs split with the tokens. Rounded up.
+    pub fn context_split(&self, ranks: u64) -> BatchShape {
+        if ranks <= 1 {
+            return *self;
+        }
+        BatchShape {
+            prefill_tokens: self.prefill_tokens.div_ceil(ranks),
+            prefill_pairs: self.prefill_pairs.div_ceil(ranks),
+            prefill_pairs_capped: self.prefill_pairs_capped.div_ceil(ranks),
+            decode_tokens: self.decode_tokens.div_ceil(ranks),
+            decode_pairs: self.decode_pairs.div_ceil(ranks),
+            decode_pairs_capped: self.decode_pairs_capped.div_ceil(ranks),
+            ..*self
+        }
+    }
+
     /// A decode step padded to `tokens` tokens (a captured graph's size): the padding is dummy
     /// sequences of `1 + mtp_tokens` tokens that attend to one key each, so every projection
     /// and GEMM computes the padded rows while attention reads almost nothing more. A shape
@@ -246,5 +266,21 @@ mod tests {
         assert_eq!(p.prefill_tokens, 16384);
         assert_eq!(p.prefill_pairs, 4 * 4096 * 4097 / 2);
         assert!(p.prefill_pairs_capped < p.prefill_pairs);
+    }
+
+    #[test]
+    fn a_context_split_divides_tokens_and_pairs_not_sequences() {
+        let mut b = BatchShape::uniform_chunks(1, 64_000, 4_000, AttnCap(Some(2048)));
+        b.add_decode(2, 10_000, AttnCap(Some(2048)));
+        let s = b.context_split(32);
+        assert_eq!(s.prefill_tokens, 2_000);
+        assert_eq!(s.prefill_pairs, b.prefill_pairs.div_ceil(32));
+        assert_eq!(s.prefill_pairs_capped, b.prefill_pairs_capped.div_ceil(32));
+        assert_eq!(s.decode_tokens, 1, "rounded up");
+        assert_eq!((s.prefill_seqs, s.decode_seqs), (1, 1));
+        assert_eq!(s.prefill_cached, b.prefill_cached);
+        assert_eq!(b.context_split(1), b);
+        // Every die's share together covers the step.
+        assert!(s.tokens() * 32 >= b.tokens() && (s.tokens() - 1) * 32 < b.tokens());
     }
 }

@@ -17,6 +17,11 @@
 //!   an all-gather, and the norms run on 1/TP of the tokens.
 //! - MLAPO: the MLA pre-processing (norm, q/kv projections, RoPE, cache write) of a decode step
 //!   as one fused kernel.
+//! - `enable_dsa_cp` (vllm-ascend's DSA context parallelism; SGLang's
+//!   `--enable-nsa-prefill-context-parallel`): in steps with prompts, the dies of an attention
+//!   TP group split the step's tokens instead of the attention heads, each running the whole
+//!   attention (full weights) for its slice against the whole context, whose latent KV and
+//!   indexer keys are all-gathered every layer; decode-only steps keep attention TP.
 
 use serde::{Deserialize, Serialize};
 
@@ -193,6 +198,10 @@ pub struct Features {
     /// cost file's `[host] eager_layer_us` per layer).
     #[serde(default)]
     pub enforce_eager: bool,
+    /// DSA context parallelism in steps with prompts (module docs); sparse-attention models
+    /// with attention TP > 1 only.
+    #[serde(default)]
+    pub enable_dsa_cp: bool,
 }
 
 /// vLLM's default capture sizes up to `max`: 1, 2, 4, then every 8 to 256, then every 16.
@@ -226,6 +235,8 @@ pub struct Resolved {
     /// Steps no graph was captured for run piecewise graphs rather than eagerly
     /// (`FULL_AND_PIECEWISE`).
     pub piecewise: bool,
+    /// Steps with prompts split their tokens over the attention TP group (`enable_dsa_cp`).
+    pub dsa_cp: bool,
 }
 
 /// What a decode step's MoE uses and why.
@@ -280,6 +291,16 @@ impl Features {
                     .into(),
             });
         }
+        if self.enable_dsa_cp && tp < 2 {
+            return Err(FeatureError {
+                field: "enable_dsa_cp",
+                value: "true".into(),
+                reason: format!(
+                    "splits the tokens of an attention TP group over its dies: needs tp > 1 \
+                     (this instance has tp {tp})"
+                ),
+            });
+        }
         let capture_sizes = match (self.cudagraph_mode, &self.cudagraph_capture_sizes) {
             (CudagraphMode::None, Some(_)) => {
                 return Err(FeatureError {
@@ -326,6 +347,7 @@ impl Features {
             attention_per_sequence: self.attention_per_sequence,
             enforce_eager: self.enforce_eager,
             piecewise: self.cudagraph_mode == CudagraphMode::FullAndPiecewise,
+            dsa_cp: self.enable_dsa_cp,
         })
     }
 }
@@ -345,6 +367,7 @@ impl Resolved {
             attention_per_sequence: false,
             enforce_eager: false,
             piecewise: false,
+            dsa_cp: false,
         }
     }
 
@@ -450,6 +473,18 @@ mod tests {
         assert_eq!(r.padded_tokens(17), None);
         let eager = Features::default().resolve("ascend-910c", 8, 1, 1).unwrap();
         assert_eq!(eager.padded_tokens(5), None);
+    }
+
+    #[test]
+    fn context_parallelism_needs_a_tp_group() {
+        let f = Features {
+            enable_dsa_cp: true,
+            ..Features::default()
+        };
+        let e = f.resolve("ascend-910c", 1, 0, 1).unwrap_err();
+        assert_eq!(e.field, "enable_dsa_cp");
+        assert!(e.reason.contains("tp 1"), "{}", e.reason);
+        assert!(f.resolve("ascend-910c", 1, 0, 16).unwrap().dsa_cp);
     }
 
     #[test]

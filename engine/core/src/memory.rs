@@ -22,7 +22,8 @@ pub struct MemoryInputs {
     pub kv_dtype: DType,
     /// MTP draft tokens per step; the MTP module is loaded when this is above 0.
     pub mtp_tokens: u32,
-    /// The most tokens one DP rank computes in a step (the scheduler's token budget).
+    /// The most tokens one die's activations hold in a step: the DP rank's token budget, or
+    /// its slice of it under context parallelism ([`cp_tokens_per_die`]).
     pub max_tokens_per_step: u64,
 }
 
@@ -58,6 +59,16 @@ pub enum MemoryError {
         hbm_gb: f64,
         die: &'static str,
     },
+}
+
+/// The tokens of a step of `tokens` that one die of an attention TP group of `tp` holds: its
+/// slice under context parallelism (`dsa_cp`), all of them otherwise.
+pub fn cp_tokens_per_die(tokens: u64, tp: u32, dsa_cp: bool) -> u64 {
+    if dsa_cp {
+        tokens.div_ceil(tp.max(1) as u64)
+    } else {
+        tokens
+    }
 }
 
 /// Computes the memory map of the fullest die (a routed-expert die, or a shared-expert die if it

@@ -156,6 +156,46 @@ fn work(class: OpClass, flops: f64, bytes: f64, dtype: DType, rows: f64) -> OpKi
     OpKind::Compute(compute(class, flops, bytes, dtype, rows))
 }
 
+/// Bytes of one token's hidden state after the activations' quantization (INT8 under W8A8,
+/// with its per-group scales), as FLASHCOMM1's all-gather moves it.
+fn quantized_hidden_bytes(q: Quant, h: f64) -> f64 {
+    match q.linear_compute() {
+        DType::Int8 | DType::Int4 | DType::Fp8 => {
+            h + (h / DISPATCH_SCALE_GROUP).ceil() * SCALE_BYTES
+        }
+        _ => h * DType::Bf16.bytes(),
+    }
+}
+
+/// Bytes per new token that context parallelism gathers in an attention layer of compression
+/// `ratio` so that every die attends the whole context: MLA's latent and rope key, V4's
+/// compressed entries (one per `ratio` tokens; a sliding-window layer needs only its
+/// neighbours' window, taken as nothing), and the indexer's FP8 key where the layer has one.
+fn gathered_kv_bytes(m: &ModelConfig, kv_bytes: f64, ratio: Option<u64>) -> f64 {
+    let index_key = |ix: &Indexer| ix.head_dim as f64 * DType::Fp8.bytes() + SCALE_BYTES;
+    match &m.attention {
+        Attention::Mla {
+            kv_lora_rank,
+            qk_rope_dim,
+            indexer,
+            ..
+        } => {
+            (*kv_lora_rank + *qk_rope_dim) as f64 * kv_bytes
+                + indexer.as_ref().map_or(0.0, index_key)
+        }
+        Attention::Hybrid {
+            head_dim, indexer, ..
+        } => match ratio.unwrap_or(0) {
+            0 => 0.0,
+            r => {
+                let csa = Some(r) == m.sparse_ratio();
+                (*head_dim as f64 * kv_bytes + if csa { index_key(indexer) } else { 0.0 })
+                    / r as f64
+            }
+        },
+    }
+}
+
 impl Builder<'_> {
     /// Whether the batch part's ops are left out: the builders of many ops return at once
     /// (`push` would drop them one by one).
@@ -280,15 +320,45 @@ impl Builder<'_> {
         self.collective(name, layer, repeat, CommKind::AllReduce, bytes, group);
     }
 
-    /// Attention of `repeat` layers for the batch `b`, for one die of a TP group.
+    /// The dies a step of `b` splits its tokens over under context parallelism
+    /// (`enable_dsa_cp`: the attention TP group, in steps with prompts); 1 without it.
+    fn cp(&self, b: &BatchShape) -> u32 {
+        if self.s.features.dsa_cp && self.s.plan.tp > 1 && b.prefill_tokens > 0 {
+            self.s.plan.tp
+        } else {
+            1
+        }
+    }
+
+    /// The tokens the dense FFN, the router and a local shared expert of one die compute for
+    /// a step of `tokens`, and the tokens it dispatches to the routed experts. Attention TP
+    /// leaves every token on every die of the group (each dispatches 1/TP of them); context
+    /// parallelism leaves each die its slice, gathered over the dense-TP group for the dense
+    /// layers.
+    fn ffn_tokens(&self, b: &BatchShape, tokens: f64) -> (f64, f64) {
+        let p = self.s.plan;
+        match self.cp(b) {
+            1 => (tokens, tokens / p.tp as f64),
+            cp => {
+                let own = tokens / cp as f64;
+                (own * p.dense_tp as f64, own)
+            }
+        }
+    }
+
+    /// Attention of `repeat` layers for the batch `b`, for one die of a TP group; under
+    /// context parallelism, for one die's slice of the step (the heads unsplit).
     fn attention(&mut self, layer: LayerKind, repeat: u64, b: &BatchShape, ratio: Option<u64>) {
         if self.skips_batch() {
             return;
         }
+        let cp = self.cp(b);
+        let whole = b.tokens() as f64;
+        let b = &b.context_split(cp as u64);
         let m = self.s.model;
         let q = self.s.quant;
         let (lin, cdt) = (q.linear_weight(), q.linear_compute());
-        let tp = self.s.plan.tp as f64;
+        let tp = if cp > 1 { 1.0 } else { self.s.plan.tp as f64 };
         let kvb = self.s.kv_dtype.bytes();
         let h = m.hidden as f64;
         let t = b.tokens() as f64;
@@ -523,7 +593,19 @@ impl Builder<'_> {
                 self.gemm("o_b_proj", layer, repeat, t, og * ol / tp, h, lin, cdt);
             }
         }
-        if self.s.plan.tp > 1 {
+        if cp > 1 {
+            // Every die attends the whole context: the step's new latent KV (and indexer keys)
+            // are gathered from the group; the outputs stay with their tokens.
+            let per_token = gathered_kv_bytes(m, self.s.kv_dtype.bytes(), ratio);
+            self.collective(
+                "cp_kv_all_gather",
+                layer,
+                repeat,
+                CommKind::AllGather,
+                whole * per_token,
+                cp,
+            );
+        } else if self.s.plan.tp > 1 {
             if fc1 {
                 self.collective(
                     "attn_reduce_scatter",
@@ -548,21 +630,26 @@ impl Builder<'_> {
         self.hc_post(layer, repeat, norm_tokens);
         self.hc_pre(layer, repeat, norm_tokens);
         self.elementwise("ffn_norm", layer, repeat, norm_tokens * h);
-        if fc1 {
-            // The all-gather runs after the norm and the activations' quantization, so it moves
-            // the quantized hidden state (INT8 under W8A8) instead of BF16.
-            let gathered = match self.s.quant.linear_compute() {
-                DType::Int8 | DType::Int4 | DType::Fp8 => {
-                    h + (h / DISPATCH_SCALE_GROUP).ceil() * SCALE_BYTES
-                }
-                _ => h * act,
-            };
+        let dtp = self.s.plan.dense_tp;
+        if cp > 1 && dtp > 1 {
+            // The dense layers' TP group gathers its dies' slices (quantized, as FLASHCOMM1's).
             self.collective(
                 "ffn_all_gather",
                 layer,
                 repeat,
                 CommKind::AllGather,
-                t * gathered,
+                t * dtp as f64 * quantized_hidden_bytes(q, h),
+                dtp,
+            );
+        } else if fc1 && cp == 1 {
+            // The all-gather runs after the norm and the activations' quantization, so it moves
+            // the quantized hidden state (INT8 under W8A8) instead of BF16.
+            self.collective(
+                "ffn_all_gather",
+                layer,
+                repeat,
+                CommKind::AllGather,
+                t * quantized_hidden_bytes(q, h),
                 self.s.plan.tp,
             );
         }
@@ -650,7 +737,7 @@ impl Builder<'_> {
         let m = self.s.model;
         let q = self.s.quant;
         let dtp = self.s.plan.dense_tp;
-        let t = b.tokens() as f64;
+        let (t, _) = self.ffn_tokens(b, b.tokens() as f64);
         let h = m.hidden as f64;
         let f = m.dense_ffn as f64 / dtp as f64;
         self.gemm(
@@ -674,7 +761,17 @@ impl Builder<'_> {
             q.linear_weight(),
             q.linear_compute(),
         );
-        if dtp > 1 {
+        if dtp > 1 && self.cp(b) > 1 {
+            // Back to each die's slice of the tokens.
+            self.collective(
+                "ffn_reduce_scatter",
+                LayerKind::DenseFfn,
+                repeat,
+                CommKind::ReduceScatter,
+                t * h * DType::Bf16.bytes(),
+                dtp,
+            );
+        } else if dtp > 1 {
             self.all_reduce(
                 "ffn_all_reduce",
                 LayerKind::DenseFfn,
@@ -692,18 +789,21 @@ impl Builder<'_> {
             return;
         }
         self.part = Part::Moe;
-        self.moe_ops(layer, repeat, b.tokens(), load);
+        let (t, own) = self.ffn_tokens(b, b.tokens() as f64);
+        self.moe_ops(layer, repeat, t, own, load);
         self.part = Part::Batch;
     }
 
-    fn moe_ops(&mut self, layer: LayerKind, repeat: u64, tokens: u64, load: &MoeLoad) {
+    /// The MoE ops of one die that routes `t` tokens (and runs a local shared expert on them)
+    /// and dispatches `own` of them.
+    fn moe_ops(&mut self, layer: LayerKind, repeat: u64, t: f64, own: f64, load: &MoeLoad) {
         let m = self.s.model;
         let q = self.s.quant;
         let p = self.s.plan;
         let h = m.hidden as f64;
-        let t = tokens as f64;
         let act = DType::Bf16.bytes();
-        // The router runs in bf16 on every token of the rank (replicated over its TP dies).
+        // The router runs in bf16 on every token the die holds (under attention TP, every
+        // token of the rank, replicated over its TP dies).
         self.gemm(
             "router",
             layer,
@@ -715,8 +815,6 @@ impl Builder<'_> {
             DType::Bf16,
         );
         self.elementwise("router_topk", layer, repeat, t * m.routed_experts as f64);
-        // Each die of a TP group dispatches its share of the rank's tokens.
-        let own = t / p.tp as f64;
         let shared_dies = p.shared_expert_dies > 0;
         let fanout = (m.top_k + u64::from(shared_dies)) as f64;
         let dq = q.dispatch();
@@ -951,9 +1049,11 @@ fn build(
     let h = m.hidden as f64;
     let t = b.tokens() as f64;
     bld.elementwise("embed", LayerKind::Embedding, 1, t * h);
-    // mHC ops cover the residual stream a die holds: 1/TP of the tokens under FLASHCOMM1.
+    // mHC ops cover the residual stream a die holds: 1/TP of the tokens under FLASHCOMM1 and
+    // context parallelism.
+    let sharded = (spec.features.flashcomm1 && spec.plan.tp > 1) || bld.cp(b) > 1;
     let stream_tokens = |t: f64| {
-        if spec.features.flashcomm1 && spec.plan.tp > 1 {
+        if sharded {
             t / spec.plan.tp as f64
         } else {
             t
@@ -995,7 +1095,7 @@ fn build(
                 "mtp_eh_proj",
                 LayerKind::Mtp,
                 n,
-                pt,
+                pt / bld.cp(&pb) as f64,
                 2.0 * h,
                 h,
                 DType::Bf16,

@@ -76,6 +76,7 @@ fn is_instance_key(k: &str) -> bool {
             | "mlapo"
             | "attention_per_sequence"
             | "enforce_eager"
+            | "enable_dsa_cp"
             | "placement"
             | "scheduler"
     )

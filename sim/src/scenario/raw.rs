@@ -308,6 +308,12 @@ pub struct InstanceSpec {
     /// `[host] eager_layer_us` per layer); not with `cudagraph_mode`.
     #[serde(default)]
     pub enforce_eager: bool,
+    /// vllm-ascend's `enable_dsa_cp` (SGLang's `--enable-nsa-prefill-context-parallel`): steps
+    /// with prompts split their tokens over the attention TP group's dies instead of the heads,
+    /// the whole context's latent KV and indexer keys gathered every layer; sparse-attention
+    /// models (V3.2, V4) with tp > 1.
+    #[serde(default)]
+    pub enable_dsa_cp: bool,
     /// An expert placement file to start from instead of computing one (what `dstwin eplb
     /// --json` prints, or its `placement` object), relative to the scenario file; it must match
     /// this instance's MoE layers (MTP included when on) and routed-expert slots.

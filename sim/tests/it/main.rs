@@ -1,5 +1,6 @@
 //! Behaviour of the simulator crate's inputs, one file per behaviour.
 
+mod context_parallel;
 mod eager;
 mod fuzz_scenario;
 #[path = "../../../tests/common/mutate.rs"]

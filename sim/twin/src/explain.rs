@@ -512,7 +512,11 @@ pub fn explain_under(
             quant: inp.quant,
             kv_dtype: inp.kv_dtype,
             mtp_tokens: inp.mtp.tokens,
-            max_tokens_per_step: inp.max_tokens_per_step.unwrap_or(full.tokens()),
+            max_tokens_per_step: dstwin_core::memory::cp_tokens_per_die(
+                inp.max_tokens_per_step.unwrap_or(full.tokens()),
+                plan.tp,
+                inp.features.enable_dsa_cp,
+            ),
         },
     )?;
     let prompts = if b.prompt_len > 0 {

@@ -118,6 +118,58 @@ fn flashcomm1_cuts_prefill_communication() {
 }
 
 #[test]
+fn dsa_context_parallelism_splits_a_long_prompt_over_the_tp_group() {
+    // DeepSeek-V3.2, one 12K prompt on a TP16 rank; then a decode-only step.
+    let step = |cp: bool, prefill: bool| {
+        let layout = Layout {
+            tp: 16,
+            dp: 1,
+            ..Layout::dp_ep(Role::Mixed, 16)
+        };
+        let batch = BatchSpec {
+            decode_seqs: if prefill { 0 } else { 2 },
+            kv_len: 4096,
+            prefill_tokens: if prefill { 12_000 } else { 0 },
+            prompt_len: 12_000,
+            prompt_cached: 0,
+        };
+        let f = Features {
+            enable_dsa_cp: cp,
+            two_microbatch: TwoMicrobatch::Off,
+            ..Features::default()
+        };
+        let mut inp = input(layout, batch, f, "atlas-800-a3");
+        inp.model = builtin("deepseek-v3.2").unwrap();
+        explain(&inp).unwrap()
+    };
+    let total = |e: &Explain, name: &str| -> f64 {
+        e.step
+            .ops
+            .iter()
+            .filter(|o| o.name == name && o.layer == dstwin_core::opgraph::LayerKind::Attention)
+            .map(|o| o.total_s)
+            .sum()
+    };
+    let (tp, cp) = (step(false, true), step(true, true));
+    // Each die scores 1/16 of the queries against the whole context, and projects 1/16 of
+    // the tokens (with all heads: the same q_b_proj work, the replicated q_a_proj split).
+    let ratio = total(&tp, "indexer_score") / total(&cp, "indexer_score");
+    assert!(ratio > 8.0, "indexer {ratio}");
+    assert!(total(&cp, "q_a_proj") < total(&tp, "q_a_proj") / 8.0);
+    // The all-reduce of the attention output gives way to an all-gather of the new KV.
+    assert!(total(&tp, "attn_all_reduce") > 0.0 && total(&cp, "attn_all_reduce") == 0.0);
+    assert!(total(&cp, "cp_kv_all_gather") > 0.0 && total(&tp, "cp_kv_all_gather") == 0.0);
+    assert!(
+        cp.step_ms < tp.step_ms / 2.0,
+        "{} vs {}",
+        cp.step_ms,
+        tp.step_ms
+    );
+    // Decode-only steps keep attention TP.
+    assert_eq!(step(false, false).step_ms, step(true, false).step_ms);
+}
+
+#[test]
 fn two_microbatches_are_never_used_where_they_lose_unless_forced() {
     let at = |seqs: u32, mode: TwoMicrobatch| {
         decode(

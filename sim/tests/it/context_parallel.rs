@@ -1,0 +1,55 @@
+//! DSA context parallelism (`enable_dsa_cp`): a prefill instance of a sparse-attention model
+//! splits each prompt over its attention TP group, and the scenario refuses it where it cannot
+//! apply.
+
+use crate::{default_with, scenarios};
+use dstwin_sim::run::{run, RunOptions};
+use dstwin_sim::scenario::load_str;
+
+fn e2e(name: &str, sets: &[&str]) -> Result<dstwin_sim::scenario::Scenario, String> {
+    let dir = scenarios().join("e2e");
+    let file = format!("{name}.toml");
+    let text = std::fs::read_to_string(dir.join(&file)).unwrap();
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    load_str(&file, &text, &dir, &sets).map_err(|e| e.to_string())
+}
+
+#[test]
+fn context_parallel_prefill_shortens_long_prompts_time_to_first_token() {
+    // SGLang's V3.2 64K PD run (one TP32 prefill instance), first 8 requests; without context
+    // parallelism its dense layers must be split too for a 64K step's workspace to fit.
+    let name = "sglang-a3-v32-w8a8-32c-pd-64k-3k";
+    let ttft = |cp: bool| {
+        let sets = [
+            "workload.num_requests=8".to_string(),
+            format!("prefill.enable_dsa_cp={cp}"),
+            format!("prefill.dense_tp={}", if cp { 1 } else { 32 }),
+        ];
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let s = e2e(name, &sets).unwrap();
+        run(&s, RunOptions::default())
+            .unwrap()
+            .report
+            .latency
+            .ttft_ms
+            .mean
+    };
+    let (with, without) = (ttft(true), ttft(false));
+    assert!(with < without / 2.0, "{with} ms vs {without} ms");
+}
+
+#[test]
+fn context_parallelism_is_refused_where_it_cannot_apply() {
+    // DeepSeek-V3.1 (the default scenario) has dense attention.
+    let e = default_with(&["prefill.enable_dsa_cp=true"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("enable_dsa_cp") && e.contains("dense attention"),
+        "{e}"
+    );
+    // A decode instance of attention TP 1 has no group to split over.
+    let name = "vaa-tut-v4flash-a3-1p1d-3k5-1k5-bs100-ci";
+    let e = e2e(name, &["decode.enable_dsa_cp=true"]).unwrap_err();
+    assert!(e.contains("enable_dsa_cp") && e.contains("tp 1"), "{e}");
+}
