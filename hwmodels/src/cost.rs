@@ -896,10 +896,14 @@ impl CostModel {
     }
 
     /// Transfer time of `remote` bytes of a dispatch or combine on `level` at efficiency `eff`.
-    /// A bulk all-to-all whose group spans several nodes over a slower outer level sends each
-    /// token once to every other node holding one of its experts and fans it out over the node
-    /// fabric: the outer level carries the deduplicated copies, the node level all of them, and
-    /// the slower of the two sets the time.
+    /// A group spanning several nodes over a slower outer level sends over both at once, and
+    /// the slower of the two sets the time (an outer level as fast as the node fabric is taken
+    /// as the same plane, as CloudMatrix384's UB is). A bulk all-to-all sends each token once to every
+    /// other node holding one of its experts and fans it out over the node fabric: the outer
+    /// level carries the deduplicated copies, the node level all of them. Low-latency kernels
+    /// send every copy straight to its die: the copies for dies of the same node go over the
+    /// node fabric, the others over the outer level (unless the kernels route everything over
+    /// the outer level, as DeepEP's do: then `level` is already that one and carries it all).
     fn a2a_transfer_s(&self, c: &Comm, level: &FabricLevel, remote: f64, eff: f64) -> f64 {
         let bw = level.bw_gb_s_per_die * 1e9;
         let per_node = self.system.dies_per_node().max(1);
@@ -908,9 +912,23 @@ impl CostModel {
             .fabric
             .first()
             .expect("validated: at least one level");
+        // A level as fast as the node's is the same plane (CloudMatrix384's UB): one path.
+        let slower = level.bw_gb_s_per_die < inner.bw_gb_s_per_die;
         let spans_nodes = c.group > per_node && level.scope > Scope::Node;
-        if c.mode != A2aMode::Normal || c.copies <= 1.0 || !spans_nodes || inner.name == level.name
-        {
+        if !spans_nodes || inner.name == level.name || !slower {
+            return remote / (bw * eff);
+        }
+        let inner_bw = inner.bw_gb_s_per_die * 1e9 * eff;
+        if c.mode == A2aMode::LowLatency {
+            if self.params.alltoall.low_latency_uses_outer_level {
+                return remote / (bw * eff);
+            }
+            let g = c.group as f64;
+            let local = (per_node as f64 - 1.0) / g * c.bytes;
+            let outer = (g - per_node as f64) / g * c.bytes;
+            return (outer / (bw * eff)).max(local / inner_bw);
+        }
+        if c.copies <= 1.0 {
             return remote / (bw * eff);
         }
         let nodes = (c.group as f64 / per_node as f64).ceil();
@@ -918,7 +936,7 @@ impl CostModel {
         let other_nodes = (nodes - 1.0) * (1.0 - (1.0 - 1.0 / nodes).powf(c.copies));
         let per_copy = c.bytes / c.copies;
         let outer_s = per_copy * other_nodes / (bw * eff);
-        let inner_s = remote / (inner.bw_gb_s_per_die * 1e9 * eff);
+        let inner_s = remote / inner_bw;
         outer_s.max(inner_s)
     }
 }
