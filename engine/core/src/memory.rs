@@ -15,6 +15,32 @@ pub const ACTIVATION_BUFFERS_PER_TOKEN: f64 = 8.0;
 /// Bytes per element of the fp32 logits buffer.
 const LOGIT_BYTES: f64 = 4.0;
 
+/// How much of a die's HBM the engine may use for weights, workspace and KV.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryBudget {
+    /// The system file's `reserved_hbm_gb_per_die` is kept back (on the shipped systems 10% of
+    /// HBM: vLLM's default `--gpu-memory-utilization` 0.9).
+    #[default]
+    SystemReserve,
+    /// vLLM's `--gpu-memory-utilization`: weights, workspace and KV fill this share of HBM.
+    GpuMemoryUtilization(f64),
+    /// SGLang's `--mem-fraction-static`: weights and the KV pool fill this share of HBM; the
+    /// workspace (activations, graphs) lives in the rest.
+    MemFractionStatic(f64),
+}
+
+impl MemoryBudget {
+    /// The bytes kept back from `hbm` beside weights, workspace and KV.
+    pub fn reserved(self, hbm: f64, system_reserve: f64, workspace: f64) -> f64 {
+        match self {
+            MemoryBudget::SystemReserve => system_reserve,
+            MemoryBudget::GpuMemoryUtilization(u) => (1.0 - u) * hbm,
+            MemoryBudget::MemFractionStatic(f) => ((1.0 - f) * hbm - workspace).max(0.0),
+        }
+    }
+}
+
 /// Everything that sizes one die's memory besides the model and layout.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct MemoryInputs {
@@ -25,6 +51,7 @@ pub struct MemoryInputs {
     /// The most tokens one die's activations hold in a step: the DP rank's token budget, or
     /// its slice of it under context parallelism ([`cp_tokens_per_die`]).
     pub max_tokens_per_step: u64,
+    pub budget: MemoryBudget,
 }
 
 /// Bytes per die by use.
@@ -126,7 +153,9 @@ pub fn memory_map(
     let workspace = activations + moe_buffers + logits;
 
     let hbm = system.chip.hbm_bytes();
-    let reserved = system.reserved_hbm_gb_per_die * 1e9;
+    let reserved = inp
+        .budget
+        .reserved(hbm, system.reserved_hbm_gb_per_die * 1e9, workspace);
     let kv = kv_bytes(m, inp.kv_dtype, mtp);
     let kv_cache = hbm - reserved - weights - workspace;
     if kv_cache <= 0.0 {

@@ -1,7 +1,7 @@
 //! Layout validation and the memory map: impossible layouts are errors that name the numbers.
 
 use dstwin_core::layout::{Layout, LayoutError, Role};
-use dstwin_core::memory::{memory_map, MemoryError, MemoryInputs};
+use dstwin_core::memory::{memory_map, MemoryBudget, MemoryError, MemoryInputs};
 use dstwin_core::model::{builtin, Quant};
 use dstwin_hwmodels::{Catalog, DType};
 
@@ -92,7 +92,39 @@ fn inputs(quant: Quant) -> MemoryInputs {
         kv_dtype: DType::Bf16,
         mtp_tokens: 1,
         max_tokens_per_step: 2048,
+        budget: MemoryBudget::SystemReserve,
     }
+}
+
+#[test]
+fn the_engines_memory_flags_set_what_is_kept_back() {
+    let m = builtin("r1").unwrap();
+    let plan = Layout::dp_ep(Role::Decode, 256)
+        .validate(&m, cm384())
+        .unwrap();
+    let at = |budget| {
+        memory_map(
+            &m,
+            &plan,
+            cm384(),
+            &MemoryInputs {
+                budget,
+                ..inputs(Quant::W8a8)
+            },
+        )
+        .unwrap()
+    };
+    let base = at(MemoryBudget::SystemReserve);
+    let hbm = base.hbm;
+    // vLLM's 0.9 is the shipped systems' reserve (10% of HBM); 0.85 keeps 5% more back.
+    let u90 = at(MemoryBudget::GpuMemoryUtilization(0.9));
+    assert!((u90.kv_cache - base.kv_cache).abs() < 1e-3 * hbm);
+    let u85 = at(MemoryBudget::GpuMemoryUtilization(0.85));
+    assert!((u90.kv_cache - u85.kv_cache - 0.05 * hbm).abs() < 1.0);
+    // SGLang's fraction covers weights and KV only: the workspace comes out of the rest.
+    let f = at(MemoryBudget::MemFractionStatic(0.8));
+    assert!((f.weights + f.kv_cache - 0.8 * hbm).abs() < 1.0);
+    assert!((f.reserved + f.workspace - 0.2 * hbm).abs() < 1.0);
 }
 
 #[test]

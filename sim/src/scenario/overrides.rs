@@ -77,6 +77,8 @@ fn is_instance_key(k: &str) -> bool {
             | "attention_per_sequence"
             | "enforce_eager"
             | "enable_dsa_cp"
+            | "gpu_memory_utilization"
+            | "mem_fraction_static"
             | "placement"
             | "scheduler"
     )

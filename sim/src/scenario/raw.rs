@@ -314,6 +314,15 @@ pub struct InstanceSpec {
     /// models (V3.2, V4) with tp > 1.
     #[serde(default)]
     pub enable_dsa_cp: bool,
+    /// vLLM's `--gpu-memory-utilization`: weights, workspace and KV fill this share of each
+    /// die's HBM (default: the system's `reserved_hbm_gb_per_die` kept back, 10% on the shipped
+    /// systems = vLLM's 0.9). Not with `mem_fraction_static`.
+    #[serde(default)]
+    pub gpu_memory_utilization: Option<f64>,
+    /// SGLang's `--mem-fraction-static`: weights and the KV pool fill this share of each die's
+    /// HBM; the workspace lives in the rest.
+    #[serde(default)]
+    pub mem_fraction_static: Option<f64>,
     /// An expert placement file to start from instead of computing one (what `dstwin eplb
     /// --json` prints, or its `placement` object), relative to the scenario file; it must match
     /// this instance's MoE layers (MTP included when on) and routed-expert slots.

@@ -5,7 +5,7 @@ use super::{
     field, fnv1a, load_model, resolve, InstanceSetup, Scenario, ScenarioError, ScenarioFile, Slo,
 };
 use dstwin_core::layout::{Layout, Role};
-use dstwin_core::memory::{memory_map, MemoryInputs};
+use dstwin_core::memory::{memory_map, MemoryBudget, MemoryInputs};
 use dstwin_core::time::SimDuration;
 use dstwin_hwmodels::{Catalog, DType};
 use dstwin_twin::explain::Mtp;
@@ -231,6 +231,25 @@ pub(super) fn validate(
                 instance: spec.name.clone(),
                 source,
             })?;
+        let budget =
+            match (spec.gpu_memory_utilization, spec.mem_fraction_static) {
+                (Some(_), Some(_)) => return Err(field(
+                    f("mem_fraction_static"),
+                    spec.mem_fraction_static.unwrap_or_default(),
+                    "give gpu_memory_utilization (vLLM) or mem_fraction_static (SGLang), not both",
+                )),
+                (Some(u), None) | (None, Some(u)) if !(u > 0.0 && u <= 1.0) => {
+                    let name = if spec.gpu_memory_utilization.is_some() {
+                        "gpu_memory_utilization"
+                    } else {
+                        "mem_fraction_static"
+                    };
+                    return Err(field(f(name), u, "a share of HBM: above 0, at most 1"));
+                }
+                (Some(u), None) => MemoryBudget::GpuMemoryUtilization(u),
+                (None, Some(s)) => MemoryBudget::MemFractionStatic(s),
+                (None, None) => MemoryBudget::SystemReserve,
+            };
         let memory = memory_map(
             &model,
             &plan,
@@ -244,6 +263,7 @@ pub(super) fn validate(
                     plan.tp,
                     spec.enable_dsa_cp,
                 ),
+                budget,
             },
         )
         .map_err(|source| ScenarioError::Memory {

@@ -3,6 +3,7 @@
 mod context_parallel;
 mod eager;
 mod fuzz_scenario;
+mod memory_budget;
 #[path = "../../../tests/common/mutate.rs"]
 mod mutate;
 mod paced_loop;

@@ -517,6 +517,7 @@ pub fn explain_under(
                 plan.tp,
                 inp.features.enable_dsa_cp,
             ),
+            budget: dstwin_core::memory::MemoryBudget::SystemReserve,
         },
     )?;
     let prompts = if b.prompt_len > 0 {
