@@ -167,35 +167,6 @@ fn quantized_hidden_bytes(q: Quant, h: f64) -> f64 {
     }
 }
 
-/// Bytes per new token that context parallelism gathers in an attention layer of compression
-/// `ratio` so that every die attends the whole context: MLA's latent and rope key, V4's
-/// compressed entries (one per `ratio` tokens; a sliding-window layer needs only its
-/// neighbours' window, taken as nothing), and the indexer's FP8 key where the layer has one.
-fn gathered_kv_bytes(m: &ModelConfig, kv_bytes: f64, ratio: Option<u64>) -> f64 {
-    let index_key = |ix: &Indexer| ix.head_dim as f64 * DType::Fp8.bytes() + SCALE_BYTES;
-    match &m.attention {
-        Attention::Mla {
-            kv_lora_rank,
-            qk_rope_dim,
-            indexer,
-            ..
-        } => {
-            (*kv_lora_rank + *qk_rope_dim) as f64 * kv_bytes
-                + indexer.as_ref().map_or(0.0, index_key)
-        }
-        Attention::Hybrid {
-            head_dim, indexer, ..
-        } => match ratio.unwrap_or(0) {
-            0 => 0.0,
-            r => {
-                let csa = Some(r) == m.sparse_ratio();
-                (*head_dim as f64 * kv_bytes + if csa { index_key(indexer) } else { 0.0 })
-                    / r as f64
-            }
-        },
-    }
-}
-
 impl Builder<'_> {
     /// Whether the batch part's ops are left out: the builders of many ops return at once
     /// (`push` would drop them one by one).
@@ -596,7 +567,9 @@ impl Builder<'_> {
         if cp > 1 {
             // Every die attends the whole context: the step's new latent KV (and indexer keys)
             // are gathered from the group; the outputs stay with their tokens.
-            let per_token = gathered_kv_bytes(m, self.s.kv_dtype.bytes(), ratio);
+            // (A sliding-window layer needs only its neighbours' window: taken as nothing.)
+            let per_token =
+                model::layer_bytes_per_token(m, self.s.kv_dtype.bytes(), ratio.unwrap_or(0));
             self.collective(
                 "cp_kv_all_gather",
                 layer,

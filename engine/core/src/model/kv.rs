@@ -24,6 +24,39 @@ fn index_key_bytes(head_dim: u64) -> f64 {
     head_dim as f64 * DType::Fp8.bytes() + INDEX_KEY_SCALE_BYTES
 }
 
+/// Bytes one token adds to the cache of one decoder layer of compression `ratio`, its values
+/// `value_bytes` each: MLA's latent, rope key and (V3.2) indexer key in every layer; V4's
+/// compressed entry and (sparse layers) indexer key, one per `ratio` tokens, and nothing in a
+/// sliding-window layer (`ratio` 0), whose entries are per sequence.
+pub fn layer_bytes_per_token(m: &ModelConfig, value_bytes: f64, ratio: u64) -> f64 {
+    match &m.attention {
+        Attention::Mla {
+            kv_lora_rank,
+            qk_rope_dim,
+            indexer,
+            ..
+        } => {
+            (kv_lora_rank + qk_rope_dim) as f64 * value_bytes
+                + indexer
+                    .as_ref()
+                    .map_or(0.0, |ix| index_key_bytes(ix.head_dim))
+        }
+        Attention::Hybrid {
+            head_dim, indexer, ..
+        } => {
+            if ratio == 0 {
+                return 0.0;
+            }
+            let idx = if Some(ratio) == m.sparse_ratio() {
+                index_key_bytes(indexer.head_dim)
+            } else {
+                0.0
+            };
+            (*head_dim as f64 * value_bytes + idx) / ratio as f64
+        }
+    }
+}
+
 /// KV bytes of `m` with its cache in `kv_dtype`, counting `extra_layers` MTP layers (which keep
 /// a cache like any decoder layer).
 pub fn kv_bytes(m: &ModelConfig, kv_dtype: DType, extra_layers: u64) -> KvBytes {
@@ -32,43 +65,19 @@ pub fn kv_bytes(m: &ModelConfig, kv_dtype: DType, extra_layers: u64) -> KvBytes 
     let mut per_layer = Vec::with_capacity(layers);
     let mut fixed = 0.0;
     match &m.attention {
-        Attention::Mla {
-            kv_lora_rank,
-            qk_rope_dim,
-            indexer,
-            ..
-        } => {
-            let mla = (kv_lora_rank + qk_rope_dim) as f64 * b;
-            let idx = indexer
-                .as_ref()
-                .map_or(0.0, |ix| index_key_bytes(ix.head_dim));
-            per_layer.resize(layers, mla + idx);
-        }
+        Attention::Mla { .. } => per_layer.resize(layers, layer_bytes_per_token(m, b, 0)),
         Attention::Hybrid {
             head_dim,
             window,
             compress_ratios,
-            indexer,
             ..
         } => {
-            let entry = *head_dim as f64 * b;
-            let csa = m.sparse_ratio();
             // The decoder layers' ratios; MTP layers attend their sliding window only.
             let decoder = compress_ratios[..m.layers as usize].iter().copied();
             let mtp = std::iter::repeat_n(0, layers - m.layers as usize);
             for r in decoder.chain(mtp) {
-                fixed += *window as f64 * entry;
-                let per_tok = if r == 0 {
-                    0.0
-                } else {
-                    let idx = if Some(r) == csa {
-                        index_key_bytes(indexer.head_dim)
-                    } else {
-                        0.0
-                    };
-                    (entry + idx) / r as f64
-                };
-                per_layer.push(per_tok);
+                fixed += *window as f64 * *head_dim as f64 * b;
+                per_layer.push(layer_bytes_per_token(m, b, r));
             }
         }
     }

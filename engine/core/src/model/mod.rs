@@ -13,6 +13,6 @@ pub mod quant;
 pub use config::{
     builtin, Attention, Compressor, ConfigError, Family, Indexer, ModelConfig, BUILTIN_MODELS,
 };
-pub use kv::{kv_bytes, KvBytes};
+pub use kv::{kv_bytes, layer_bytes_per_token, KvBytes};
 pub use params::{active, count, ParamCounts};
 pub use quant::{Quant, QUANTS};
