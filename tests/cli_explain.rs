@@ -371,3 +371,59 @@ fn an_eager_step_takes_at_least_its_kernel_launches() {
     both.extend(["--cudagraph-mode", "FULL_DECODE_ONLY"]);
     assert_eq!(dstwin(&both).status.code(), Some(2));
 }
+
+#[test]
+fn dsa_context_parallelism_splits_a_prompt_step_and_is_refused_where_it_cannot_apply() {
+    let args = [
+        "explain",
+        "--model",
+        "deepseek-v3.2",
+        "--hardware",
+        "atlas-800-a3",
+        "--role",
+        "prefill",
+        "--dies",
+        "16",
+        "--tp",
+        "16",
+        "--redundant-experts",
+        "0",
+        "--shared-expert-dies",
+        "0",
+        "--tokens",
+        "8192",
+        "--prompt",
+        "8192",
+        "--json",
+    ];
+    let tp: serde_json::Value = serde_json::from_str(&stdout(&dstwin(&args))).unwrap();
+    let mut cp_args = args.to_vec();
+    cp_args.push("--enable-dsa-cp");
+    let o = dstwin(&cp_args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cp: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(cp["features"]["dsa_cp"], true);
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v["step"]["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|op| op["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(names(&cp).iter().any(|n| n == "cp_kv_all_gather"));
+    assert!(!names(&cp).iter().any(|n| n == "attn_all_reduce"));
+    assert!(names(&tp).iter().any(|n| n == "attn_all_reduce"));
+    assert!(cp["step_ms"].as_f64().unwrap() < tp["step_ms"].as_f64().unwrap());
+    // Dense attention (DeepSeek-R1) or no TP group: exit 2, naming the flag's field.
+    let mut dense = cp_args.clone();
+    dense[2] = "deepseek-r1";
+    let o = dstwin(&dense);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("enable_dsa_cp"), "{}", stderr(&o));
+    let mut no_group = cp_args.clone();
+    no_group[10] = "1";
+    let o = dstwin(&no_group);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("tp 1"), "{}", stderr(&o));
+}

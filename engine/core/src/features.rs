@@ -270,6 +270,21 @@ pub struct FeatureError {
 }
 
 impl Features {
+    /// Whether the features suit a model with (`sparse`) or without sparse attention: DSA
+    /// context parallelism splits the sparse attention of V3.2 and V4 only.
+    pub fn check_attention(&self, sparse: bool) -> Result<(), FeatureError> {
+        if self.enable_dsa_cp && !sparse {
+            return Err(FeatureError {
+                field: "enable_dsa_cp",
+                value: "true".into(),
+                reason: "DSA context parallelism splits the sparse attention of V3.2 and V4; \
+                         this model has dense attention"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
     /// Resolves the features of an instance whose DP ranks hold `max_num_seqs` sequences with
     /// `mtp_tokens` drafts each, with attention TP `tp`, on a chip named `chip`.
     pub fn resolve(

@@ -299,13 +299,6 @@ pub(super) fn validate(
                 format!("must be at least max_model_len ({max_model_len}) when chunked prefill is off, or no long prompt could ever be scheduled"),
             ));
         }
-        if spec.enable_dsa_cp && model.attn_cap().0.is_none() {
-            return Err(field(
-                f("enable_dsa_cp"),
-                true,
-                format!("DSA context parallelism splits the sparse attention of V3.2 and V4; {} has dense attention", raw.model),
-            ));
-        }
         let features = dstwin_core::features::Features {
             two_microbatch: spec.two_microbatch,
             shared_expert_overlap: spec.shared_expert_overlap,
@@ -317,9 +310,13 @@ pub(super) fn validate(
             attention_per_sequence: spec.attention_per_sequence,
             enforce_eager: spec.enforce_eager,
             enable_dsa_cp: spec.enable_dsa_cp,
-        }
-        .resolve(&system.chip.name, s.max_num_seqs, raw.mtp.tokens, plan.tp)
-        .map_err(|e| field(f(e.field), e.value, e.reason))?;
+        };
+        let features = features
+            .check_attention(model.attn_cap().0.is_some())
+            .and_then(|()| {
+                features.resolve(&system.chip.name, s.max_num_seqs, raw.mtp.tokens, plan.tp)
+            })
+            .map_err(|e| field(f(e.field), e.value, e.reason))?;
         instances.push(InstanceSetup {
             name: spec.name.clone(),
             count: spec.count,

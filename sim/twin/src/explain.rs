@@ -403,12 +403,15 @@ pub fn explain_under(
     let tokens_per_seq = 1 + inp.mtp.tokens as u64;
     let features = inp
         .features
-        .resolve(
-            &system.chip.name,
-            b.decode_seqs.max(1),
-            inp.mtp.tokens,
-            plan.tp,
-        )
+        .check_attention(inp.model.attn_cap().0.is_some())
+        .and_then(|()| {
+            inp.features.resolve(
+                &system.chip.name,
+                b.decode_seqs.max(1),
+                inp.mtp.tokens,
+                plan.tp,
+            )
+        })
         .map_err(|e| ExplainError::Input {
             field: e.field,
             value: e.value,
