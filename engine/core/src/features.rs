@@ -217,6 +217,40 @@ pub fn default_capture_sizes(max: u32) -> Vec<u32> {
     v
 }
 
+/// vLLM's `adjust_cudagraph_sizes_for_spec_decode` (vllm/config/compilation.py), applied when
+/// decode steps run full graphs with MTP drafts: a uniform decode step holds 1 + drafts tokens
+/// per sequence, so every capture size is rounded up to a multiple of that query length, those
+/// past the largest size dropped (the largest becomes the largest rounded size); none left
+/// gives the query length itself if it is within the largest size, else an error.
+fn spec_decode_sizes(sizes: Vec<u32>, query_len: u64) -> Result<Vec<u32>, FeatureError> {
+    let (Some(&max), q) = (sizes.last(), query_len as u32) else {
+        return Ok(sizes);
+    };
+    if q <= 1 {
+        return Ok(sizes);
+    }
+    let mut v: Vec<u32> = sizes
+        .iter()
+        .map(|s| s.div_ceil(q) * q)
+        .filter(|&s| s <= max)
+        .collect();
+    v.dedup();
+    if v.is_empty() && q <= max {
+        v.push(q);
+    }
+    if v.is_empty() {
+        return Err(FeatureError {
+            field: "cudagraph_capture_sizes",
+            value: format!("{sizes:?}"),
+            reason: format!(
+                "no size is left once rounded up to a multiple of {q} tokens (1 + MTP drafts), as \
+                 vLLM rounds them: give at least one size of {q} or more"
+            ),
+        });
+    }
+    Ok(v)
+}
+
 /// Features resolved for one instance: everything a step's pricing needs, decided once.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Resolved {
@@ -343,6 +377,7 @@ impl Features {
                 v
             }
         };
+        let capture_sizes = spec_decode_sizes(capture_sizes, query_len)?;
         // vllm-ascend: max_num_tokens is the largest capture size with graphs, else the decode
         // batch's tokens; capacity = min(ceil(max / tp), 512) x tp.
         let max_tokens = capture_sizes
@@ -500,6 +535,35 @@ mod tests {
         assert_eq!(e.field, "enable_dsa_cp");
         assert!(e.reason.contains("tp 1"), "{}", e.reason);
         assert!(f.resolve("ascend-910c", 1, 0, 16).unwrap().dsa_cp);
+    }
+
+    #[test]
+    fn mtp_rounds_capture_sizes_as_vllm_does() {
+        let f = |sizes: Vec<u32>| Features {
+            cudagraph_mode: CudagraphMode::FullDecodeOnly,
+            cudagraph_capture_sizes: Some(sizes),
+            ..Features::default()
+        };
+        // 3 drafts: 4 tokens per sequence; 1, 2 become 4, 24 stays, 48 is the largest.
+        let r = f(vec![1, 2, 4, 8, 16, 24, 32, 40, 48]).resolve("ascend-910c", 12, 3, 1);
+        assert_eq!(r.unwrap().capture_sizes, vec![4, 8, 16, 24, 32, 40, 48]);
+        // Rounded past the largest size: dropped (9 > 8), the largest is now 6.
+        let r = f(vec![2, 4, 6, 8]).resolve("ascend-910c", 2, 2, 1).unwrap();
+        assert_eq!(r.capture_sizes, vec![3, 6]);
+        assert_eq!(
+            r.padded_tokens(7),
+            None,
+            "7 tokens exceed every graph: eager"
+        );
+        // Every size rounds past the largest, which is still a query length or more: that.
+        let r = f(vec![5]).resolve("ascend-910c", 1, 3, 1).unwrap();
+        assert_eq!(r.capture_sizes, vec![4]);
+        // Nothing left: refused, naming the field.
+        let e = f(vec![1, 2]).resolve("ascend-910c", 1, 3, 1).unwrap_err();
+        assert_eq!(e.field, "cudagraph_capture_sizes");
+        // Without drafts nothing moves.
+        let r = f(vec![1, 2, 5]).resolve("ascend-910c", 5, 0, 1).unwrap();
+        assert_eq!(r.capture_sizes, vec![1, 2, 5]);
     }
 
     #[test]
