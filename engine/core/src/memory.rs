@@ -88,11 +88,12 @@ pub enum MemoryError {
     },
 }
 
-/// The tokens of a step of `tokens` that one die of an attention TP group of `tp` holds: its
-/// slice under context parallelism (`dsa_cp`), all of them otherwise.
-pub fn cp_tokens_per_die(tokens: u64, tp: u32, dsa_cp: bool) -> u64 {
+/// The tokens of a step of `tokens` that one die of an attention TP group of `tp` holds at
+/// most: under context parallelism (`dsa_cp`) its slice, gathered over the dense-TP group of
+/// `dense_tp` for the FFN side; all of them otherwise.
+pub fn cp_tokens_per_die(tokens: u64, tp: u32, dense_tp: u32, dsa_cp: bool) -> u64 {
     if dsa_cp {
-        tokens.div_ceil(tp.max(1) as u64)
+        (tokens.div_ceil(tp.max(1) as u64) * dense_tp as u64).min(tokens)
     } else {
         tokens
     }

@@ -291,21 +291,17 @@ impl Builder<'_> {
         self.collective(name, layer, repeat, CommKind::AllReduce, bytes, group);
     }
 
-    /// The dies a step of `b` splits its tokens over under context parallelism
-    /// (`enable_dsa_cp`: the attention TP group, in steps with prompts); 1 without it.
+    /// [`cp_ranks`] of this step's spec.
     fn cp(&self, b: &BatchShape) -> u32 {
-        if self.s.features.dsa_cp && self.s.plan.tp > 1 && b.prefill_tokens > 0 {
-            self.s.plan.tp
-        } else {
-            1
-        }
+        cp_ranks(&self.s, b)
     }
 
     /// The tokens the dense FFN, the router and a local shared expert of one die compute for
     /// a step of `tokens`, and the tokens it dispatches to the routed experts. Attention TP
     /// leaves every token on every die of the group (each dispatches 1/TP of them); context
-    /// parallelism leaves each die its slice, gathered over the dense-TP group for the dense
-    /// layers.
+    /// parallelism leaves each die its slice, which with dense_tp > 1 is gathered over the
+    /// dense-TP group after every attention (as FLASHCOMM1 gathers), so the dense FFN, router
+    /// and local shared expert compute the group's tokens; each die still dispatches its own.
     fn ffn_tokens(&self, b: &BatchShape, tokens: f64) -> (f64, f64) {
         let p = self.s.plan;
         match self.cp(b) {
@@ -324,6 +320,7 @@ impl Builder<'_> {
             return;
         }
         let cp = self.cp(b);
+        let whole_b = *b;
         let whole = b.tokens() as f64;
         let b = &b.context_split(cp as u64);
         let m = self.s.model;
@@ -335,13 +332,16 @@ impl Builder<'_> {
         let t = b.tokens() as f64;
         let tp_tok = b.prefill_tokens as f64;
         let td = b.decode_tokens as f64;
+        // The new keys every die reads: the whole step's, gathered under context parallelism.
+        let new_keys = whole_b.prefill_tokens as f64;
         // KV reads happen once per sequence per layer, whatever its draft tokens: scale the
-        // per-token pair sums by sequences per token.
+        // per-token pair sums by sequences per token (the whole step's ratio: a die's share of
+        // the pairs under context parallelism reads its share of the contexts).
         let kv_reads = |pairs: u64| {
-            if b.decode_tokens == 0 {
+            if whole_b.decode_tokens == 0 {
                 0.0
             } else {
-                pairs as f64 * b.decode_seqs as f64 / td
+                pairs as f64 * whole_b.decode_seqs as f64 / whole_b.decode_tokens as f64
             }
         };
         let act = DType::Bf16.bytes();
@@ -484,7 +484,7 @@ impl Builder<'_> {
                 }
                 if let Some(ix) = indexer {
                     let pairs = (b.prefill_pairs + b.decode_pairs) as f64;
-                    let reads = kv_reads(b.decode_pairs) + tp_tok;
+                    let reads = kv_reads(b.decode_pairs) + new_keys;
                     self.indexer(layer, repeat, t, ql, ix, pairs, reads, true);
                 }
                 self.gemm("o_proj", layer, repeat, t, hh * v, h, lin, cdt);
@@ -540,7 +540,7 @@ impl Builder<'_> {
                 let read_d = kv_reads(b.decode_pairs_capped.min(b.decode_pairs)) / r.max(1) as f64
                     * f64::from(r > 0)
                     + b.decode_seqs as f64 * w;
-                let bytes = (read_d + tp_tok) * hd * kvb + t * hh * 2.0 * hd * act;
+                let bytes = (read_d + new_keys) * hd * kvb + t * hh * 2.0 * hd * act;
                 let (name, class) = if b.decode_tokens > 0 && b.prefill_tokens == 0 {
                     ("attn_decode", OpClass::Attention)
                 } else {
@@ -556,7 +556,7 @@ impl Builder<'_> {
                 if r > 0 && Some(r) == csa {
                     // Its keys come from its own compressor (`c4li`), not a projection.
                     let pairs = (b.prefill_pairs + b.decode_pairs) as f64 / r as f64;
-                    let reads = kv_reads(b.decode_pairs) / r as f64 + tp_tok;
+                    let reads = kv_reads(b.decode_pairs) / r as f64 + new_keys;
                     self.indexer(layer, repeat, t, ql, indexer, pairs, reads, false);
                 }
                 // Grouped low-rank output: each group maps its heads to o_lora (block-diagonal).
@@ -967,11 +967,23 @@ pub fn step_part_ops_into(
 }
 
 /// What the MoE part of a step of `b` reads of the batch: its tokens, and the sequences a
-/// later MTP draft pass runs (0 without one). Batches that agree on these have the same MoE
-/// ops under the same load.
+/// later MTP draft pass runs (0 without one) shifted left by one bit over whether context
+/// parallelism splits the step (which moves the router's and a local shared expert's rows).
+/// Batches that agree on these have the same MoE ops under the same load.
 pub fn moe_reads(spec: &StepSpec<'_>, b: &BatchShape) -> (u64, u64) {
     let later = spec.mtp_tokens > 1 && spec.model.mtp_layers > 0 && !b.is_empty();
-    (b.tokens(), if later { b.seqs() as u64 } else { 0 })
+    let seqs = if later { b.seqs() as u64 } else { 0 };
+    (b.tokens(), seqs << 1 | u64::from(cp_ranks(spec, b) > 1))
+}
+
+/// The dies a step of `b` splits its tokens over under context parallelism
+/// (`enable_dsa_cp`: the attention TP group, in steps with prompts); 1 without it.
+fn cp_ranks(spec: &StepSpec<'_>, b: &BatchShape) -> u32 {
+    if spec.features.dsa_cp && spec.plan.tp > 1 && b.prefill_tokens > 0 {
+        spec.plan.tp
+    } else {
+        1
+    }
 }
 
 /// What the MoE part's ops on the expert dies (the routed experts, and a shared expert on
@@ -981,8 +993,8 @@ pub fn moe_reads(spec: &StepSpec<'_>, b: &BatchShape) -> (u64, u64) {
 /// same load: a step's ranks share them.
 pub fn expert_reads(spec: &StepSpec<'_>, b: &BatchShape) -> (u64, u64) {
     match moe_reads(spec, b) {
-        (_, 0) => (0, 0),
-        r => r,
+        (_, s) if s >> 1 == 0 => (0, 0),
+        (t, s) => (t, s >> 1),
     }
 }
 
@@ -1024,9 +1036,10 @@ fn build(
     bld.elementwise("embed", LayerKind::Embedding, 1, t * h);
     // mHC ops cover the residual stream a die holds: 1/TP of the tokens under FLASHCOMM1 and
     // context parallelism.
-    let sharded = (spec.features.flashcomm1 && spec.plan.tp > 1) || bld.cp(b) > 1;
-    let stream_tokens = |t: f64| {
-        if sharded {
+    let fc1 = spec.features.flashcomm1 && spec.plan.tp > 1;
+    let stream_tokens = |pass: &BatchShape| {
+        let t = pass.tokens() as f64;
+        if fc1 || cp_ranks(&spec, pass) > 1 {
             t / spec.plan.tp as f64
         } else {
             t
@@ -1036,9 +1049,9 @@ fn build(
         bld.attention(LayerKind::Attention, dense + moe, b, ratio);
         bld.dense_ffn(dense, b);
         bld.moe(LayerKind::Moe, moe, b, load);
-        bld.hc_post(LayerKind::Moe, dense + moe, stream_tokens(t));
+        bld.hc_post(LayerKind::Moe, dense + moe, stream_tokens(b));
     }
-    if let Some(w) = hc_head(m, stream_tokens(t)) {
+    if let Some(w) = hc_head(m, stream_tokens(b)) {
         bld.push_work("hc_head", LayerKind::LmHead, 1, w);
     }
     // Logits for every decode token (drafts are verified) and the last token of each prefill.
@@ -1081,8 +1094,8 @@ fn build(
                 comm: load.comm,
             };
             bld.moe(LayerKind::Mtp, n, &pb, &mtp_load);
-            bld.hc_post(LayerKind::Mtp, n, stream_tokens(pt));
-            if let Some(w) = hc_head(m, stream_tokens(pt)) {
+            bld.hc_post(LayerKind::Mtp, n, stream_tokens(&pb));
+            if let Some(w) = hc_head(m, stream_tokens(&pb)) {
                 bld.push_work("hc_head", LayerKind::Mtp, n, w);
             }
             bld.lm_head(LayerKind::Mtp, n, seqs as f64);

@@ -464,6 +464,47 @@ fn a_steps_parts_are_its_ops_and_read_only_what_they_say() {
     }
 }
 
+/// Under context parallelism a step with prompts routes each die's slice of the tokens, a
+/// decode-only step every token of the rank: with dense TP 1 their MoE parts differ at the
+/// same token count, and `moe_reads` tells them apart (the price cache keys on it).
+#[test]
+fn context_parallelism_is_part_of_what_the_moe_part_reads() {
+    use dstwin_core::opgraph::{moe_reads, step_part_ops_into, Part};
+    let sys = Catalog::builtin().system("cloudmatrix384").unwrap();
+    let m = builtin("deepseek-v3.2").unwrap();
+    let layout = Layout {
+        tp: 4,
+        dp: 8,
+        dense_tp: Some(1),
+        ..Layout::dp_ep(Role::Mixed, 32)
+    };
+    let plan = layout.validate(&m, sys).unwrap();
+    let cap = m.attn_cap();
+    let load = MoeLoad {
+        group_tokens: 8 * 64,
+        imbalance: 1.2,
+        comm: dstwin_core::features::MoeCommUsed::AllToAll,
+    };
+    let prompt = BatchShape::uniform_prefill(1, 64, cap);
+    let decode = BatchShape::uniform_decode(1, 64, 3000, cap);
+    for cp in [false, true] {
+        let mut features = dstwin_core::features::Resolved::plain("ascend-910c");
+        features.dsa_cp = cp;
+        let spec = w8a8_spec(&m, &plan, &features, 0);
+        let part = |b: &BatchShape| {
+            let mut ops = Vec::new();
+            step_part_ops_into(spec, b, &load, Part::Moe, &mut ops);
+            ops
+        };
+        assert_eq!(part(&prompt) == part(&decode), !cp, "cp {cp}");
+        assert_eq!(
+            moe_reads(&spec, &prompt) == moe_reads(&spec, &decode),
+            !cp,
+            "cp {cp}"
+        );
+    }
+}
+
 /// The MoE part's ops split by where they run: those on every die read of the load only
 /// what `every_die_load` keeps (the group's tokens only in all-gather mode), and those on the
 /// expert dies read of the batch only what `expert_reads` says (nothing without a later draft

@@ -261,6 +261,7 @@ pub(super) fn validate(
                 max_tokens_per_step: dstwin_core::memory::cp_tokens_per_die(
                     s.max_num_batched_tokens as u64,
                     plan.tp,
+                    plan.dense_tp,
                     spec.enable_dsa_cp,
                 ),
                 budget,

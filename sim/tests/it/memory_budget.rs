@@ -21,7 +21,7 @@ fn memory_flags_move_the_kv_capacity() {
     assert!((u90 - base).abs() < 1e6, "{u90} vs {base}");
     let u85 = decode_kv(&["decode.gpu_memory_utilization=0.85"]);
     assert!((u90 - u85 - 0.05 * 64e9).abs() < 1e6, "{u85}");
-    // SGLang's fraction holds weights and KV; less KV than vLLM's utilization at the same
+    // SGLang's fraction holds weights and KV only: more KV than vLLM's utilization at the same
     // share, which also holds the workspace.
     let f85 = decode_kv(&["decode.mem_fraction_static=0.85"]);
     assert!(f85 > u85, "{f85} vs {u85}");

@@ -518,6 +518,7 @@ pub fn explain_under(
             max_tokens_per_step: dstwin_core::memory::cp_tokens_per_die(
                 inp.max_tokens_per_step.unwrap_or(full.tokens()),
                 plan.tp,
+                plan.dense_tp,
                 inp.features.enable_dsa_cp,
             ),
             budget: dstwin_core::memory::MemoryBudget::SystemReserve,
