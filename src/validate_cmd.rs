@@ -87,6 +87,32 @@ struct Row {
     interval: Option<dstwin_sim::uncertainty::Interval>,
 }
 
+impl Row {
+    /// A figure of `kind`, published against predicted, with no method, bound, draws or
+    /// interval (callers add those their kind has).
+    fn new(
+        id: String,
+        metric: impl Into<String>,
+        published: f64,
+        predicted: f64,
+        error: f64,
+        kind: &'static str,
+    ) -> Row {
+        Row {
+            id,
+            metric: metric.into(),
+            published,
+            predicted,
+            error,
+            kind,
+            how: None,
+            bound: None,
+            draws: None,
+            interval: None,
+        }
+    }
+}
+
 #[derive(Serialize, Debug, Clone, Copy)]
 struct Draws {
     n: usize,
@@ -294,17 +320,21 @@ fn e2e_rows(quiet: bool, draws: u32) -> Result<(Vec<Row>, usize), Failure> {
     bar.finish_and_clear();
     let rows = results
         .into_iter()
-        .map(|f| Row {
-            id: f.run,
-            metric: f.metric.name().to_string(),
-            published: f.published,
-            predicted: f.predicted,
-            error: f.error,
-            kind: if f.in_sample { "e2e_in_sample" } else { "e2e" },
-            how: Some("simulated"),
-            bound: Some(GOAL),
-            draws: None,
-            interval: f.interval,
+        .map(|f| {
+            let kind = if f.in_sample { "e2e_in_sample" } else { "e2e" };
+            Row {
+                how: Some("simulated"),
+                bound: Some(GOAL),
+                interval: f.interval,
+                ..Row::new(
+                    f.run,
+                    f.metric.name(),
+                    f.published,
+                    f.predicted,
+                    f.error,
+                    kind,
+                )
+            }
         })
         .collect();
     Ok((rows, runs.len()))
@@ -348,32 +378,32 @@ fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
     bar.finish_and_clear();
     let simulated: Vec<&str> = runs.iter().map(|r| r.anchor.as_str()).collect();
     rows.extend(evaluated.iter().flat_map(|r| &r.figures).map(|f| Row {
-        id: f.run.clone(),
-        metric: f.metric.name().to_string(),
-        published: f.published,
-        predicted: f.predicted,
-        error: f.error,
-        kind: "out_of_sample",
         how: Some("simulated"),
         bound: Some(GOAL),
-        draws: None,
-        interval: None,
+        ..Row::new(
+            f.run.clone(),
+            f.metric.name(),
+            f.published,
+            f.predicted,
+            f.error,
+            "out_of_sample",
+        )
     }));
     for h in &held {
         if simulated.contains(&h.anchor.as_str()) {
             continue;
         }
         rows.extend(h.residuals.iter().map(|r| Row {
-            id: r.id.clone(),
-            metric: r.metric.name().to_string(),
-            published: r.published,
-            predicted: r.predicted,
-            error: r.error,
-            kind: "out_of_sample",
             how: Some("steady step"),
             bound: Some(GOAL),
-            draws: None,
-            interval: None,
+            ..Row::new(
+                r.id.clone(),
+                r.metric.name(),
+                r.published,
+                r.predicted,
+                r.error,
+                "out_of_sample",
+            )
         }));
     }
     // Anchors on other cost models (borrowed parameters, never fitted): their steady steps.
@@ -383,17 +413,18 @@ fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
             let predicted = t
                 .predict(t.base_cost().map_err(runtime)?)
                 .map_err(runtime)?;
+            let error = t.metric.error(predicted, t.published);
             rows.push(Row {
-                id: t.id.clone(),
-                metric: t.metric.name().to_string(),
-                published: t.published,
-                predicted,
-                error: t.metric.error(predicted, t.published),
-                kind: "out_of_sample",
                 how: Some("steady step"),
                 bound: Some(GOAL),
-                draws: None,
-                interval: None,
+                ..Row::new(
+                    t.id.clone(),
+                    t.metric.name(),
+                    t.published,
+                    predicted,
+                    error,
+                    "out_of_sample",
+                )
             });
         }
     }
@@ -401,17 +432,15 @@ fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
         globals::residuals(&targets, cost_model, &shipped)
             .map_err(runtime)?
             .into_iter()
-            .map(|r| Row {
-                id: r.id,
-                metric: r.metric.name().to_string(),
-                published: r.published,
-                predicted: r.predicted,
-                error: r.error,
-                kind: "fit",
-                how: None,
-                bound: None,
-                draws: None,
-                interval: None,
+            .map(|r| {
+                Row::new(
+                    r.id,
+                    r.metric.name(),
+                    r.published,
+                    r.predicted,
+                    r.error,
+                    "fit",
+                )
             }),
     );
     let gap = parse_eplb_gap("expert-load.toml", EXPERT_LOAD).map_err(runtime)?;
@@ -429,18 +458,14 @@ fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
     )
     .map_err(runtime)?;
     let published = gap.default_eplb / gap.perfect_eplb;
-    rows.push(Row {
-        id: gap.id,
-        metric: "default/perfect EPLB throughput".into(),
+    rows.push(Row::new(
+        gap.id,
+        "default/perfect EPLB throughput",
         published,
-        predicted: ratio,
-        error: ratio / published - 1.0,
-        kind: "fit",
-        how: None,
-        bound: None,
-        draws: None,
-        interval: None,
-    });
+        ratio,
+        ratio / published - 1.0,
+        "fit",
+    ));
     let bench = micro::builtin().map_err(runtime)?;
     rows.extend(
         micro::residuals(&bench, &[])
@@ -452,16 +477,8 @@ fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
                 dstwin_core::mtp::CALIBRATED_ACCEPTANCE,
             ))
             .map(|r| Row {
-                id: r.id,
-                metric: r.metric,
-                published: r.published,
-                predicted: r.predicted,
-                error: r.error,
-                kind: "micro",
-                how: None,
                 bound: Some(r.bound.min(GOAL)),
-                draws: None,
-                interval: None,
+                ..Row::new(r.id, r.metric, r.published, r.predicted, r.error, "micro")
             }),
     );
     let sensitivity = sensitivity(&targets, cost_model)?;
@@ -520,21 +537,22 @@ fn rows_measured(measured: &Path, scenario: &Path, sets: &[String]) -> Result<Ve
             let mut p: Vec<f64> = compared.iter().map(|d| d[i].predicted).collect();
             p.sort_by(f64::total_cmp);
             let predicted = p[p.len() / 2];
+            let error = predicted / c.measured - 1.0;
             Row {
-                id: s.name.clone(),
-                metric: c.metric.clone(),
-                published: c.measured,
-                predicted,
-                error: predicted / c.measured - 1.0,
-                kind: "measured",
                 how: Some(if spread { "median" } else { "simulated" }),
-                bound: None,
                 draws: spread.then(|| Draws {
                     n: p.len(),
                     min: p[0],
                     max: p[p.len() - 1],
                 }),
-                interval: None,
+                ..Row::new(
+                    s.name.clone(),
+                    c.metric.clone(),
+                    c.measured,
+                    predicted,
+                    error,
+                    "measured",
+                )
             }
         })
         .collect())
