@@ -291,20 +291,16 @@ impl Builder<'_> {
         self.collective(name, layer, repeat, CommKind::AllReduce, bytes, group);
     }
 
-    /// [`cp_ranks`] of this step's spec.
-    fn cp(&self, b: &BatchShape) -> u32 {
-        cp_ranks(&self.s, b)
-    }
-
     /// The tokens the dense FFN, the router and a local shared expert of one die compute for
-    /// a step of `tokens`, and the tokens it dispatches to the routed experts. Attention TP
+    /// a step of `b`, and the tokens it dispatches to the routed experts. Attention TP
     /// leaves every token on every die of the group (each dispatches 1/TP of them); context
     /// parallelism leaves each die its slice, which with dense_tp > 1 is gathered over the
     /// dense-TP group after every attention (as FLASHCOMM1 gathers), so the dense FFN, router
     /// and local shared expert compute the group's tokens; each die still dispatches its own.
-    fn ffn_tokens(&self, b: &BatchShape, tokens: f64) -> (f64, f64) {
+    fn ffn_tokens(&self, b: &BatchShape) -> (f64, f64) {
         let p = self.s.plan;
-        match self.cp(b) {
+        let tokens = b.tokens() as f64;
+        match cp_ranks(&self.s, b) {
             1 => (tokens, tokens / p.tp as f64),
             cp => {
                 let own = tokens / cp as f64;
@@ -319,9 +315,8 @@ impl Builder<'_> {
         if self.skips_batch() {
             return;
         }
-        let cp = self.cp(b);
+        let cp = cp_ranks(&self.s, b);
         let whole_b = *b;
-        let whole = b.tokens() as f64;
         let b = &b.context_split(cp as u64);
         let m = self.s.model;
         let q = self.s.quant;
@@ -575,7 +570,7 @@ impl Builder<'_> {
                 layer,
                 repeat,
                 CommKind::AllGather,
-                whole * per_token,
+                whole_b.tokens() as f64 * per_token,
                 cp,
             );
         } else if self.s.plan.tp > 1 {
@@ -710,7 +705,7 @@ impl Builder<'_> {
         let m = self.s.model;
         let q = self.s.quant;
         let dtp = self.s.plan.dense_tp;
-        let (t, _) = self.ffn_tokens(b, b.tokens() as f64);
+        let (t, _) = self.ffn_tokens(b);
         let h = m.hidden as f64;
         let f = m.dense_ffn as f64 / dtp as f64;
         self.gemm(
@@ -734,7 +729,7 @@ impl Builder<'_> {
             q.linear_weight(),
             q.linear_compute(),
         );
-        if dtp > 1 && self.cp(b) > 1 {
+        if dtp > 1 && cp_ranks(&self.s, b) > 1 {
             // Back to each die's slice of the tokens.
             self.collective(
                 "ffn_reduce_scatter",
@@ -762,7 +757,7 @@ impl Builder<'_> {
             return;
         }
         self.part = Part::Moe;
-        let (t, own) = self.ffn_tokens(b, b.tokens() as f64);
+        let (t, own) = self.ffn_tokens(b);
         self.moe_ops(layer, repeat, t, own, load);
         self.part = Part::Batch;
     }
@@ -1081,7 +1076,7 @@ fn build(
                 "mtp_eh_proj",
                 LayerKind::Mtp,
                 n,
-                pt / bld.cp(&pb) as f64,
+                pt / cp_ranks(&bld.s, &pb) as f64,
                 2.0 * h,
                 h,
                 DType::Bf16,
