@@ -912,10 +912,11 @@ impl CostModel {
             .fabric
             .first()
             .expect("validated: at least one level");
-        // A level as fast as the node's is the same plane (CloudMatrix384's UB): one path.
+        // A level as fast as the node's (the node level itself, or CloudMatrix384's UB) is the
+        // same plane: one path.
         let slower = level.bw_gb_s_per_die < inner.bw_gb_s_per_die;
         let spans_nodes = c.group > per_node && level.scope > Scope::Node;
-        if !spans_nodes || inner.name == level.name || !slower {
+        if !spans_nodes || !slower {
             return remote / (bw * eff);
         }
         let inner_bw = inner.bw_gb_s_per_die * 1e9 * eff;

@@ -231,25 +231,27 @@ pub(super) fn validate(
                 instance: spec.name.clone(),
                 source,
             })?;
-        let budget =
-            match (spec.gpu_memory_utilization, spec.mem_fraction_static) {
-                (Some(_), Some(_)) => return Err(field(
+        let share = |name: &str, v: f64| {
+            if v > 0.0 && v <= 1.0 {
+                Ok(v)
+            } else {
+                Err(field(f(name), v, "a share of HBM: above 0, at most 1"))
+            }
+        };
+        let budget = match (spec.gpu_memory_utilization, spec.mem_fraction_static) {
+            (Some(_), Some(s)) => {
+                return Err(field(
                     f("mem_fraction_static"),
-                    spec.mem_fraction_static.unwrap_or_default(),
+                    s,
                     "give gpu_memory_utilization (vLLM) or mem_fraction_static (SGLang), not both",
-                )),
-                (Some(u), None) | (None, Some(u)) if !(u > 0.0 && u <= 1.0) => {
-                    let name = if spec.gpu_memory_utilization.is_some() {
-                        "gpu_memory_utilization"
-                    } else {
-                        "mem_fraction_static"
-                    };
-                    return Err(field(f(name), u, "a share of HBM: above 0, at most 1"));
-                }
-                (Some(u), None) => MemoryBudget::GpuMemoryUtilization(u),
-                (None, Some(s)) => MemoryBudget::MemFractionStatic(s),
-                (None, None) => MemoryBudget::SystemReserve,
-            };
+                ))
+            }
+            (Some(u), None) => {
+                MemoryBudget::GpuMemoryUtilization(share("gpu_memory_utilization", u)?)
+            }
+            (None, Some(s)) => MemoryBudget::MemFractionStatic(share("mem_fraction_static", s)?),
+            (None, None) => MemoryBudget::SystemReserve,
+        };
         let memory = memory_map(
             &model,
             &plan,
