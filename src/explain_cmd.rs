@@ -335,7 +335,12 @@ pub fn catalog(json: bool) -> Result<(), Failure> {
     )?;
     for name in model::BUILTIN_MODELS {
         let m = model::builtin(name).expect("listed models are built in");
-        let kv = model::kv_bytes(&m, DType::Bf16, 0);
+        let kv = model::kv_bytes(
+            &m,
+            DType::Bf16,
+            model::index_key_dtype(&m, DType::Bf16, false),
+            0,
+        );
         outln!(
             "{:<20} {:>9.2}B {:>9.2}B {:>13.1} KB",
             name,

@@ -93,6 +93,23 @@ pub const PARAMS: &[Param] = &[
         get: |p| eff(p, OpClass::PrefillAttention).compute,
         set: |p, v| eff_mut(p, OpClass::PrefillAttention).compute = v,
     },
+    // The DSA lightning indexer: FP8 scores of every query against every cached key, and the
+    // top-k selection fused in. No kernel timing is published; the long-context decode targets
+    // (their per-sequence slope at 64K and 128K) are what place it.
+    Param {
+        name: "efficiency.indexer.compute",
+        lo: 0.1,
+        hi: 0.87,
+        get: |p| eff(p, OpClass::Indexer).compute,
+        set: |p, v| eff_mut(p, OpClass::Indexer).compute = v,
+    },
+    Param {
+        name: "efficiency.indexer.memory",
+        lo: 0.1,
+        hi: 0.95,
+        get: |p| eff(p, OpClass::Indexer).memory,
+        set: |p, v| eff_mut(p, OpClass::Indexer).memory = v,
+    },
     Param {
         name: "efficiency.elementwise.memory",
         lo: 0.2,

@@ -139,6 +139,11 @@ impl Platform {
             Platform::Other
         }
     }
+
+    /// Whether the engine is vllm-ascend's or SGLang's NPU backend.
+    pub fn is_ascend(self) -> bool {
+        self != Platform::Other
+    }
 }
 
 /// vllm-ascend's cap on MC2 tokens per rank (`_MC2_TOKENS_PER_RANK_LIMIT`).

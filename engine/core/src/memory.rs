@@ -1,8 +1,9 @@
 //! The memory map of one die: weights under the placement, workspace, runtime reserve, and the KV
 //! capacity that remains.
 
+use crate::features::Platform;
 use crate::layout::Plan;
-use crate::model::{self, kv_bytes, Attention, ModelConfig, Quant};
+use crate::model::{self, index_key_dtype, kv_bytes, Attention, ModelConfig, Quant};
 use dstwin_hwmodels::{DType, System};
 use serde::Serialize;
 use thiserror::Error;
@@ -157,7 +158,13 @@ pub fn memory_map(
     let reserved = inp
         .budget
         .reserved(hbm, system.reserved_hbm_gb_per_die * 1e9, workspace);
-    let kv = kv_bytes(m, inp.kv_dtype, mtp);
+    let ascend = Platform::of_chip(&system.chip.name).is_ascend();
+    let kv = kv_bytes(
+        m,
+        inp.kv_dtype,
+        index_key_dtype(m, inp.kv_dtype, ascend),
+        mtp,
+    );
     let kv_cache = hbm - reserved - weights - workspace;
     if kv_cache <= 0.0 {
         return Err(MemoryError::DoesNotFit {

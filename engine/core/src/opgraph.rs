@@ -563,8 +563,12 @@ impl Builder<'_> {
             // Every die attends the whole context: the step's new latent KV (and indexer keys)
             // are gathered from the group; the outputs stay with their tokens.
             // (A sliding-window layer needs only its neighbours' window: taken as nothing.)
-            let per_token =
-                model::layer_bytes_per_token(m, self.s.kv_dtype.bytes(), ratio.unwrap_or(0));
+            let per_token = model::layer_bytes_per_token(
+                m,
+                self.s.kv_dtype.bytes(),
+                self.index_key(),
+                ratio.unwrap_or(0),
+            );
             self.collective(
                 "cp_kv_all_gather",
                 layer,
@@ -647,6 +651,12 @@ impl Builder<'_> {
         );
     }
 
+    /// The format the indexer keys are cached and scored in ([`model::index_key_dtype`]).
+    fn index_key(&self) -> DType {
+        let ascend = self.s.features.platform.is_ascend();
+        model::index_key_dtype(self.s.model, self.s.kv_dtype, ascend)
+    }
+
     /// A sparse-attention indexer: its projections (with a key projection when `key_proj`; V4's
     /// keys come from a compressor instead), FP8 scores over `pairs` query-key pairs that read
     /// `key_reads` cached keys, and the top-k selection.
@@ -664,12 +674,14 @@ impl Builder<'_> {
     ) {
         let (ih, id) = (ix.heads as f64, ix.head_dim as f64);
         self.indexer_proj(layer, repeat, t, q_lora, ih, id, key_proj);
-        let key = id * DType::Fp8.bytes() + SCALE_BYTES;
+        // Scored in the keys' own format.
+        let dtype = self.index_key();
+        let key = model::index_key_bytes(ix.head_dim, dtype);
         let w = work(
             OpClass::Indexer,
             2.0 * pairs * ih * id,
             key_reads * key,
-            DType::Fp8,
+            dtype,
             t * ih,
         );
         self.push("indexer_score", layer, repeat, DieSet::All, w);

@@ -36,7 +36,9 @@ fn size(m: &ModelConfig) {
     let _ = p.total();
     let _ = model::active(m);
     for d in [DType::Bf16, DType::Int8] {
-        let _ = kv_bytes(m, d, m.mtp_layers);
+        for ascend in [false, true] {
+            let _ = kv_bytes(m, d, model::index_key_dtype(m, d, ascend), m.mtp_layers);
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The model catalog: parameter counts and KV sizes match the published figures.
 
-use dstwin_core::model::{self, builtin, kv_bytes, ModelConfig, BUILTIN_MODELS};
+use dstwin_core::model::{self, builtin, index_key_dtype, kv_bytes, ModelConfig, BUILTIN_MODELS};
 use dstwin_hwmodels::DType;
 
 fn within(actual: f64, expected: f64, pct: f64) -> bool {
@@ -42,26 +42,43 @@ fn v32_adds_the_indexer_and_v4_pro_is_about_1_6t() {
 #[test]
 fn mla_kv_is_latent_plus_rope_per_layer() {
     let m = builtin("deepseek-r1").unwrap();
-    let kv = kv_bytes(&m, DType::Bf16, 0);
+    let kv = kv_bytes(&m, DType::Bf16, DType::Fp8, 0);
     assert_eq!(kv.per_token_per_layer.len(), 61);
     assert_eq!(kv.per_token_per_layer[0], (512.0 + 64.0) * 2.0);
     assert_eq!(kv.per_token, 61.0 * 1152.0);
     assert_eq!(kv.per_seq_fixed, 0.0);
-    let with_mtp = kv_bytes(&m, DType::Int8, 1);
+    let with_mtp = kv_bytes(&m, DType::Int8, DType::Int8, 1);
     assert_eq!(with_mtp.per_token, 62.0 * 576.0);
 }
 
 #[test]
-fn v32_kv_adds_fp8_indexer_keys() {
+fn v32_kv_adds_indexer_keys_in_the_engines_format() {
     let m = builtin("deepseek-v3.2").unwrap();
-    let kv = kv_bytes(&m, DType::Bf16, 0);
+    // GPUs: FP8 keys with a scale, whatever the latent's format.
+    let gpu = index_key_dtype(&m, DType::Bf16, false);
+    assert_eq!(gpu, DType::Fp8);
+    let kv = kv_bytes(&m, DType::Bf16, gpu, 0);
     assert_eq!(kv.per_token_per_layer[0], 1152.0 + 128.0 + 4.0);
+    // Ascend: the cache's own format, bf16 keys by default, int8 with a scale in an int8 cache.
+    let npu = index_key_dtype(&m, DType::Bf16, true);
+    assert_eq!(npu, DType::Bf16);
+    let kv = kv_bytes(&m, DType::Bf16, npu, 0);
+    assert_eq!(kv.per_token_per_layer[0], 1152.0 + 256.0);
+    let c8 = index_key_dtype(&m, DType::Int8, true);
+    assert_eq!(c8, DType::Int8);
+    assert_eq!(
+        kv_bytes(&m, DType::Int8, c8, 0).per_token_per_layer[0],
+        576.0 + 132.0
+    );
 }
 
 #[test]
 fn v4_kv_compresses_per_layer_and_keeps_a_window() {
     let m = builtin("deepseek-v4-flash").unwrap();
-    let kv = kv_bytes(&m, DType::Bf16, 0);
+    // V4 keeps 8-bit indexer keys on every platform.
+    assert_eq!(index_key_dtype(&m, DType::Bf16, true), DType::Int8);
+    assert_eq!(index_key_dtype(&m, DType::Bf16, false), DType::Fp8);
+    let kv = kv_bytes(&m, DType::Bf16, DType::Int8, 0);
     // Layers 0 and 1 keep only the sliding window.
     assert_eq!(kv.per_token_per_layer[0], 0.0);
     // Layer 2: compressed sparse (ratio 4) with indexer keys.
@@ -70,7 +87,7 @@ fn v4_kv_compresses_per_layer_and_keeps_a_window() {
     assert_eq!(kv.per_token_per_layer[3], 1024.0 / 128.0);
     assert_eq!(kv.per_seq_fixed, 43.0 * 128.0 * 1024.0);
     // An order of magnitude below V3's MLA cache per token.
-    let v3 = kv_bytes(&builtin("v3").unwrap(), DType::Bf16, 0);
+    let v3 = kv_bytes(&builtin("v3").unwrap(), DType::Bf16, DType::Fp8, 0);
     assert!(kv.per_token * 10.0 < v3.per_token);
 }
 

@@ -572,3 +572,46 @@ fn the_moe_parts_die_sets_read_only_what_they_say() {
         }
     }
 }
+
+/// The indexer scores in its keys' format and reads them at its bytes: bf16 keys on Ascend
+/// (vllm-ascend's and SGLang's NPU default), FP8 keys with a scale on GPUs, int8 keys with a
+/// scale in an Ascend int8 cache (CANN's C8); V4 keeps 8-bit keys everywhere.
+#[test]
+fn the_indexer_reads_its_keys_in_the_engines_format() {
+    let sys = Catalog::builtin().system("cloudmatrix384").unwrap();
+    let score = |name: &str, chip: &str, kv: DType| {
+        let m = builtin(name).unwrap();
+        let plan = Layout::dp_ep(Role::Decode, 32).validate(&m, sys).unwrap();
+        let features = dstwin_core::features::Resolved::plain(chip);
+        let spec = StepSpec {
+            kv_dtype: kv,
+            ..w8a8_spec(&m, &plan, &features, 0)
+        };
+        let shape = BatchShape::uniform_decode(4, 1, 65536, m.attn_cap());
+        let load = MoeLoad {
+            group_tokens: shape.tokens(),
+            imbalance: 1.0,
+            comm: dstwin_core::features::MoeCommUsed::Mc2,
+        };
+        let op = step_ops(spec, &shape, &load)
+            .into_iter()
+            .find(|o| {
+                o.name == "indexer_score" && o.layer == dstwin_core::opgraph::LayerKind::Attention
+            })
+            .unwrap();
+        match op.kind {
+            OpKind::Compute(w) => (w.dtype, w.bytes),
+            OpKind::Comm(_) => unreachable!(),
+        }
+    };
+    // Each sequence's query scores its 65,536 cached keys and its own.
+    let keys = 4.0 * 65537.0;
+    let (dt, bytes) = score("deepseek-v3.2", "ascend-910c", DType::Bf16);
+    assert_eq!((dt, bytes), (DType::Bf16, keys * 256.0));
+    let (dt, bytes) = score("deepseek-v3.2", "h800", DType::Bf16);
+    assert_eq!((dt, bytes), (DType::Fp8, keys * 132.0));
+    let (dt, bytes) = score("deepseek-v3.2", "ascend-910c", DType::Int8);
+    assert_eq!((dt, bytes), (DType::Int8, keys * 132.0));
+    let (dt, _) = score("deepseek-v4-flash", "ascend-910c", DType::Bf16);
+    assert_eq!(dt, DType::Int8);
+}

@@ -8,9 +8,10 @@ use dstwin_core::deploy::{DeploymentConfig, EplbSpec, InstanceSpec};
 use dstwin_core::device::{Capacity, Device};
 use dstwin_core::eplb::cycle::{CycleConfig, Rebalancer};
 use dstwin_core::eplb::{place, EpLayout, Placement};
+use dstwin_core::features::Platform;
 use dstwin_core::instance::InstanceConfig;
 use dstwin_core::layout::Role;
-use dstwin_core::model::kv_bytes;
+use dstwin_core::model::{index_key_dtype, kv_bytes};
 use dstwin_core::mtp::Acceptance;
 use dstwin_hwmodels::{A2aMode, Comm, CommKind};
 use dstwin_twin::device::{Experts, HostOverhead, PricerSpec, SimDevice, StepPricer, StepSpread};
@@ -162,7 +163,9 @@ pub fn kv_bytes_per_token(s: &Scenario) -> f64 {
     } else {
         0
     };
-    kv_bytes(&s.model, s.kv_dtype, mtp_layers).per_token
+    let ascend = Platform::of_chip(&s.system().chip.name).is_ascend();
+    let index = index_key_dtype(&s.model, s.kv_dtype, ascend);
+    kv_bytes(&s.model, s.kv_dtype, index, mtp_layers).per_token
 }
 
 /// Builds every instance of a scenario with its twin device: what the virtual-time driver runs,

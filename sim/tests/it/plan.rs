@@ -73,18 +73,21 @@ fn the_same_layout_twice_and_two_equivalent_ones_are_tied() {
     };
     let best = v[0].result.as_ref().unwrap().goodput_per_card;
     assert!(best.max > best.min, "three seeds give a spread: {best:?}");
-    let twice = standing(&a);
-    assert_eq!(twice.len(), 2);
-    assert!(
-        twice
-            .iter()
-            .all(|s| matches!(s, Standing::Best | Standing::Tied)),
-        "{twice:?}"
+    // The three equivalent layouts share the first rank: whichever has the best mean is
+    // `Best`, the other two are tied with it.
+    let mut first = standing(&a);
+    assert_eq!(first.len(), 2);
+    first.extend(standing(&layout(32, 0, 1)));
+    assert_eq!(first.len(), 3);
+    assert_eq!(
+        first.iter().filter(|s| matches!(s, Standing::Best)).count(),
+        1,
+        "{first:?} {best:?}"
     );
     assert_eq!(
-        standing(&layout(32, 0, 1)),
-        vec![Standing::Tied],
-        "{best:?}"
+        first.iter().filter(|s| matches!(s, Standing::Tied)).count(),
+        2,
+        "{first:?} {best:?}"
     );
     for o in &v[..3] {
         assert_eq!(o.rank, Some(1));

@@ -5,7 +5,7 @@ use super::config::{Attention, ModelConfig};
 use dstwin_hwmodels::DType;
 use serde::Serialize;
 
-/// Bytes of one per-token scale factor stored next to FP8 indexer keys.
+/// Bytes of one per-token scale factor stored next to 8-bit indexer keys.
 const INDEX_KEY_SCALE_BYTES: f64 = 4.0;
 
 /// KV-cache footprint of a model in one format.
@@ -19,16 +19,39 @@ pub struct KvBytes {
     pub per_seq_fixed: f64,
 }
 
-/// Bytes of one indexer key (FP8 values + a scale).
-fn index_key_bytes(head_dim: u64) -> f64 {
-    head_dim as f64 * DType::Fp8.bytes() + INDEX_KEY_SCALE_BYTES
+/// The format a sparse-attention model's indexer keys are cached (and scored) in, on Ascend
+/// (`ascend`) or on GPUs, with the KV cache in `kv`:
+/// - V3.2 on GPUs: FP8 with a scale per key, whatever the latent's format (vLLM's and SGLang's
+///   CUDA indexers score with DeepGEMM's FP8 MQA logits).
+/// - V3.2 on Ascend: the KV cache's own format. vllm-ascend keeps bf16 keys and runs the bf16
+///   lightning indexer unless its `enable_sparse_li_c8` quantizes them to int8
+///   (vllm_ascend/attention/sfa_v1.py); SGLang's NPU pool stores them in the KV dtype; CANN's
+///   C8 recipe (an int8 cache) runs the int8 indexer.
+/// - V4: 8-bit everywhere (vllm-ascend's V4 indexer caches int8 keys before A5, FP8 on GPUs).
+pub fn index_key_dtype(m: &ModelConfig, kv: DType, ascend: bool) -> DType {
+    let eight_bit = if ascend { DType::Int8 } else { DType::Fp8 };
+    match m.attention {
+        Attention::Mla { .. } if ascend && kv.bytes() >= 2.0 => DType::Bf16,
+        _ => eight_bit,
+    }
+}
+
+/// Bytes of one indexer key of `head_dim` values in `dtype`, with its scale when 8-bit.
+pub fn index_key_bytes(head_dim: u64, dtype: DType) -> f64 {
+    let scale = if dtype.bytes() < 2.0 {
+        INDEX_KEY_SCALE_BYTES
+    } else {
+        0.0
+    };
+    head_dim as f64 * dtype.bytes() + scale
 }
 
 /// Bytes one token adds to the cache of one decoder layer of compression `ratio`, its values
 /// `value_bytes` each: MLA's latent, rope key and (V3.2) indexer key in every layer; V4's
 /// compressed entry and (sparse layers) indexer key, one per `ratio` tokens, and nothing in a
-/// sliding-window layer (`ratio` 0), whose entries are per sequence.
-pub fn layer_bytes_per_token(m: &ModelConfig, value_bytes: f64, ratio: u64) -> f64 {
+/// sliding-window layer (`ratio` 0), whose entries are per sequence. Indexer keys are in
+/// `index` ([`index_key_dtype`]).
+pub fn layer_bytes_per_token(m: &ModelConfig, value_bytes: f64, index: DType, ratio: u64) -> f64 {
     match &m.attention {
         Attention::Mla {
             kv_lora_rank,
@@ -39,7 +62,7 @@ pub fn layer_bytes_per_token(m: &ModelConfig, value_bytes: f64, ratio: u64) -> f
             (kv_lora_rank + qk_rope_dim) as f64 * value_bytes
                 + indexer
                     .as_ref()
-                    .map_or(0.0, |ix| index_key_bytes(ix.head_dim))
+                    .map_or(0.0, |ix| index_key_bytes(ix.head_dim, index))
         }
         Attention::Hybrid {
             head_dim, indexer, ..
@@ -48,7 +71,7 @@ pub fn layer_bytes_per_token(m: &ModelConfig, value_bytes: f64, ratio: u64) -> f
                 return 0.0;
             }
             let idx = if Some(ratio) == m.sparse_ratio() {
-                index_key_bytes(indexer.head_dim)
+                index_key_bytes(indexer.head_dim, index)
             } else {
                 0.0
             };
@@ -57,15 +80,15 @@ pub fn layer_bytes_per_token(m: &ModelConfig, value_bytes: f64, ratio: u64) -> f
     }
 }
 
-/// KV bytes of `m` with its cache in `kv_dtype`, counting `extra_layers` MTP layers (which keep
-/// a cache like any decoder layer).
-pub fn kv_bytes(m: &ModelConfig, kv_dtype: DType, extra_layers: u64) -> KvBytes {
+/// KV bytes of `m` with its cache in `kv_dtype` and its indexer keys (if any) in `index`,
+/// counting `extra_layers` MTP layers (which keep a cache like any decoder layer).
+pub fn kv_bytes(m: &ModelConfig, kv_dtype: DType, index: DType, extra_layers: u64) -> KvBytes {
     let b = kv_dtype.bytes();
     let layers = (m.layers + extra_layers) as usize;
     let mut per_layer = Vec::with_capacity(layers);
     let mut fixed = 0.0;
     match &m.attention {
-        Attention::Mla { .. } => per_layer.resize(layers, layer_bytes_per_token(m, b, 0)),
+        Attention::Mla { .. } => per_layer.resize(layers, layer_bytes_per_token(m, b, index, 0)),
         Attention::Hybrid {
             head_dim,
             window,
@@ -77,7 +100,7 @@ pub fn kv_bytes(m: &ModelConfig, kv_dtype: DType, extra_layers: u64) -> KvBytes 
             let mtp = std::iter::repeat_n(0, layers - m.layers as usize);
             for r in decoder.chain(mtp) {
                 fixed += *window as f64 * *head_dim as f64 * b;
-                per_layer.push(layer_bytes_per_token(m, b, r));
+                per_layer.push(layer_bytes_per_token(m, b, index, r));
             }
         }
     }
