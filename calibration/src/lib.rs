@@ -6,6 +6,7 @@
 //! - [`micro`]: the all-to-all parameters of each cost model fitted to the dispatch/combine
 //!   microbenchmarks (`data/microbenchmarks.toml`), the MTP acceptance fitted to the measured
 //!   acceptance figures in the same file, and their residuals.
+//! - [`microbench`]: the error and residual row those fits and [`v4_kernels`]' share.
 //! - [`globals`]: the cost parameters a cost file lists in `fit` (per-class kernel
 //!   efficiencies, fixed kernel cost, overlap) fitted jointly to the steady-step figures of every
 //!   end-to-end anchor, each anchor weighing 1, and its leave-one-anchor-out test.
@@ -37,6 +38,7 @@ pub mod kernels;
 mod lsq;
 pub mod measured;
 pub mod micro;
+pub mod microbench;
 pub mod target;
 pub mod tracefit;
 pub mod v4_kernels;

@@ -15,23 +15,13 @@
 //! `fit = true`; the mean tokens per step with n drafts is 1 + p + ... + p^n.
 
 use crate::lsq::{bounded_lstsq, lstsq};
+pub use crate::microbench::{MicroError, MicroResidual};
 use dstwin_hwmodels::{A2aMode, Catalog, Comm, CommKind, CostModel};
 use dstwin_twin::explain::Mtp;
 use serde::{Deserialize, Serialize};
-use thiserror::Error;
 
 /// The microbenchmarks shipped with the crate.
 pub const MICROBENCHMARKS: &str = include_str!("../data/microbenchmarks.toml");
-
-#[derive(Debug, Error)]
-pub enum MicroError {
-    #[error("{file}: {message}")]
-    Parse { file: String, message: String },
-    #[error("microbenchmark {id}: {message}")]
-    Block { id: String, message: String },
-    #[error("cost model {0}: too few points to fit its all-to-all parameters")]
-    TooFew(String),
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -291,18 +281,6 @@ impl A2aFit {
             self.fitted_on
         )
     }
-}
-
-/// One microbenchmark point against a cost model.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct MicroResidual {
-    pub id: String,
-    /// e.g. "dispatch_us EP8" or "combine_gb_s EP64".
-    pub metric: String,
-    pub published: f64,
-    pub predicted: f64,
-    pub error: f64,
-    pub bound: f64,
 }
 
 fn cost_model_of(cat: &Catalog, system: &str) -> Result<CostModel, MicroError> {

@@ -12,7 +12,7 @@
 //! with every fixed cost >= 0 and every efficiency <= 1.
 
 use crate::lsq::bounded_lstsq;
-use crate::micro::{MicroError, MicroResidual};
+use crate::microbench::{MicroError, MicroResidual};
 use dstwin_core::model::{builtin, ModelConfig};
 use dstwin_core::opgraph::{kernel_compressor, kernel_ops};
 use dstwin_hwmodels::{Catalog, CostModel, KernelParams, Resource, Work};

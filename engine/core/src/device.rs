@@ -19,8 +19,7 @@ use serde::Serialize;
 use std::sync::Arc;
 use thiserror::Error;
 
-/// A request's identity across the whole deployment.
-pub type ReqId = u64;
+pub use crate::req::ReqId;
 
 /// What the scheduler plans against.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]

@@ -6,7 +6,7 @@
 //! those two loads). Any other id still works: one far from the window (more than
 //! [`IdMap::REACH`] slots away) goes to a hash map beside it.
 
-use crate::device::ReqId;
+use crate::req::ReqId;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 

@@ -4,6 +4,7 @@
 //!
 //! Module map:
 //! - [`time`]: `SimTime` / `SimDuration`, integer nanoseconds.
+//! - [`req`]: `ReqId`, the identity every layer keys requests by.
 //! - [`batch`]: `BatchShape`, the aggregate shape of one DP rank's step.
 //! - [`device`]: the `Device` and `Fabric` traits, step plans and outcomes, KV transfers.
 //! - [`deploy`]: the deployment core: instances, PD proxy, KV hand-off and send-back as one
@@ -33,4 +34,5 @@ pub mod mtp;
 pub mod opgraph;
 pub mod pd;
 pub mod prefetch;
+pub mod req;
 pub mod time;

@@ -10,7 +10,7 @@
 //! indexing by step rather than by output position keeps the draws of successive steps
 //! independent of each other's outcome, so that scan pipelines.
 
-use crate::device::ReqId;
+use crate::req::ReqId;
 
 /// Acceptance of each MTP draft given the previous one was accepted, the same at every position:
 /// the default of a scenario's `mtp.acceptance`. Fitted by `dstwin calibrate` (relative least

@@ -17,6 +17,16 @@ pub struct Yarn {
     pub mscale_all_dim: f64,
 }
 
+/// YaRN's attention-magnitude correction `0.1 * mscale * ln(scale) + 1` (1 when not scaling):
+/// the rotary tables and the softmax scale both take it.
+pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
+}
+
 /// Everything the CPU engine needs to build and run a DeepSeek-V3 model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
@@ -329,7 +339,7 @@ impl EngineConfig {
         let base = (self.qk_head_dim() as f64).powf(-0.5);
         match &self.rope_scaling {
             Some(y) if y.mscale_all_dim != 0.0 => {
-                let m = crate::rope::yarn_mscale(y.factor, y.mscale_all_dim);
+                let m = yarn_mscale(y.factor, y.mscale_all_dim);
                 base * m * m
             }
             _ => base,

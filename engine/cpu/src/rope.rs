@@ -6,17 +6,8 @@
 //! all second halves), as HF's `apply_rotary_pos_emb_interleave` does. Queries and cached keys
 //! use the same layout, so their dot products are those of the interleaved rotation.
 
-use crate::config::{EngineConfig, Yarn};
+use crate::config::{yarn_mscale, EngineConfig, Yarn};
 use candle_core::{DType, Device, Result, Tensor, D};
-
-/// YaRN's attention-magnitude correction `0.1 * mscale * ln(scale) + 1` (1 when not scaling).
-pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
-    if scale <= 1.0 {
-        1.0
-    } else {
-        0.1 * mscale * scale.ln() + 1.0
-    }
-}
 
 /// Inverse frequencies and the factor cos/sin are multiplied by.
 #[derive(Clone, Debug)]

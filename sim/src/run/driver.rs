@@ -4,7 +4,7 @@
 //! core's ([`dstwin_core::deploy`]).
 
 use super::build::{build_fabric, build_instances, deployment_config};
-use super::report::{RequestRow, Span};
+use super::report::{report, InstanceStats, RequestRow, RunStats, Span};
 use super::{Progress, RunError, RunOptions, RunResult};
 use crate::metrics::Latencies;
 use crate::scenario::Scenario;
@@ -46,34 +46,34 @@ struct Req {
 }
 
 /// An instance's device and its statistics.
-pub(super) struct InstRun {
-    pub(super) setup: usize,
-    pub(super) name: String,
-    pub(super) role: Role,
-    pub(super) device: SimDevice,
+struct InstRun {
+    setup: usize,
+    name: String,
+    role: Role,
+    device: SimDevice,
     outcome: StepOutcome,
     step_start: SimTime,
     step_tokens: u64,
-    pub(super) steps: u64,
-    pub(super) busy_ns: u64,
-    pub(super) tokens: u64,
-    pub(super) class: ClassTimes,
-    pub(super) kv_weighted: f64,
-    pub(super) kv_max: f64,
+    steps: u64,
+    busy_ns: u64,
+    tokens: u64,
+    class: ClassTimes,
+    kv_weighted: f64,
+    kv_max: f64,
     /// End time of every step, for inter-token gaps.
     step_ends: Vec<SimTime>,
     /// Sum over steps of the MoE imbalance the step ran with.
-    pub(super) imbalance_sum: f64,
+    imbalance_sum: f64,
 }
 
 pub(super) struct Sim<'s, 'o> {
-    pub(super) s: &'s Scenario,
-    pub(super) opts: RunOptions<'o>,
-    pub(super) now: SimTime,
+    s: &'s Scenario,
+    opts: RunOptions<'o>,
+    now: SimTime,
     seq: u64,
     queue: BinaryHeap<Reverse<(SimTime, u64, Ev)>>,
-    pub(super) core: Deployment,
-    pub(super) insts: Vec<InstRun>,
+    core: Deployment,
+    insts: Vec<InstRun>,
     fabric: TwinFabric,
     /// The time of the queued fabric event, if one is queued.
     fabric_armed: Option<SimTime>,
@@ -94,25 +94,25 @@ pub(super) struct Sim<'s, 'o> {
     total: u64,
     /// `total` when known before the end, for progress bars.
     expected: Option<u64>,
-    pub(super) finished: u64,
-    pub(super) rejected: u64,
-    pub(super) lat: Latencies,
-    pub(super) input_tokens: u64,
-    pub(super) output_tokens: u64,
+    finished: u64,
+    rejected: u64,
+    lat: Latencies,
+    input_tokens: u64,
+    output_tokens: u64,
     /// Statistics leave out what happened before this (the scenario's warm-up).
-    pub(super) warmup: SimTime,
+    warmup: SimTime,
     /// Requests that arrived after the warm-up and finished.
-    pub(super) measured_finished: u64,
-    pub(super) good: u64,
-    pub(super) sent_back: u64,
-    pub(super) kv_transfers: u64,
-    pub(super) kv_bytes: f64,
-    pub(super) rows: Vec<RequestRow>,
-    pub(super) spans: Vec<Span>,
-    pub(super) steps: Vec<StepRecord>,
+    measured_finished: u64,
+    good: u64,
+    sent_back: u64,
+    kv_transfers: u64,
+    kv_bytes: f64,
+    rows: Vec<RequestRow>,
+    spans: Vec<Span>,
+    steps: Vec<StepRecord>,
     /// End of the last KV span on each timeline track (transfers overlap; tracks must not).
     kv_tracks: Vec<SimTime>,
-    pub(super) processed: u64,
+    processed: u64,
     effects: Vec<Effect>,
     notes: Vec<Note>,
     /// The previous step's end of the instance whose step is being applied.
@@ -651,6 +651,55 @@ impl<'s, 'o> Sim<'s, 'o> {
                 warmup: self.warmup.as_secs_f64(),
             });
         }
-        Ok(self.finish(arrived))
+        Ok(report(self.s, self.stats(arrived)))
+    }
+
+    /// What the run counted, for the report.
+    fn stats(self, arrived: u64) -> RunStats {
+        let instances = self
+            .insts
+            .iter()
+            .enumerate()
+            .map(|(k, i)| InstanceStats {
+                name: i.name.clone(),
+                role: i.role,
+                dies: self.s.instances[i.setup].plan.dies,
+                redundant_experts: self.s.instances[i.setup].plan.redundant_experts,
+                steps: i.steps,
+                busy_ns: i.busy_ns,
+                tokens: i.tokens,
+                class: i.class,
+                kv_weighted: i.kv_weighted,
+                kv_max: i.kv_max,
+                imbalance_sum: i.imbalance_sum,
+                eplb_layer_moves: i.device.eplb_moves,
+                eplb_move_s: i.device.eplb_move_s,
+                placed_imbalance: i.device.placed_imbalance(),
+                core: self.core.instance(k).stats(),
+                price_hits: i.device.pricer().hits,
+                price_misses: i.device.pricer().misses,
+            })
+            .collect();
+        RunStats {
+            now: self.now,
+            warmup: self.warmup,
+            draw: self.opts.draw,
+            arrived,
+            finished: self.finished,
+            rejected: self.rejected,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            measured_finished: self.measured_finished,
+            good: self.good,
+            sent_back: self.sent_back,
+            kv_transfers: self.kv_transfers,
+            kv_bytes: self.kv_bytes,
+            events: self.processed,
+            latency: self.lat.report(),
+            instances,
+            requests: self.rows,
+            timeline: self.spans,
+            steps: self.steps,
+        }
     }
 }

@@ -1,9 +1,11 @@
-//! What a run reports: the deterministic report (`--json`), per-request rows and timeline spans.
+//! What a run reports: the deterministic report (`--json`), per-request rows and timeline spans,
+//! built from the plain statistics the driver counted ([`RunStats`]).
 
-use super::driver::Sim;
 use crate::metrics::LatencyReport;
-use dstwin_core::device::{ReqId, CLASS_NAMES};
+use crate::scenario::Scenario;
+use dstwin_core::device::{ClassTimes, ReqId, CLASS_NAMES};
 use dstwin_core::eplb::Policy as EplbPolicy;
+use dstwin_core::instance::InstanceStats as CoreStats;
 use dstwin_core::layout::Role;
 use dstwin_core::time::{SimDuration, SimTime};
 use dstwin_twin::expert_load::LoadAssumption;
@@ -146,133 +148,187 @@ pub struct RunResult {
     pub steady_share: f64,
 }
 
-impl Sim<'_, '_> {
-    pub(super) fn finish(self, arrived: u64) -> RunResult {
-        let s = self.s;
-        // Rates are over the measured time, after the warm-up.
-        let secs = (self.now.as_secs_f64() - self.warmup.as_secs_f64()).max(1e-9);
-        let dpp = s.system().dies_per_package() as f64;
-        let cards = s.dies() as f64 / dpp;
-        let mut prefix_q = 0;
-        let mut prefix_h = 0;
-        let mut preempt = 0;
-        let instances = self
-            .insts
-            .iter()
-            .enumerate()
-            .map(|(k, i)| {
-                let st = self.core.instance(k).stats();
-                prefix_q += st.prefix_queries;
-                prefix_h += st.prefix_hits;
-                preempt += st.preemptions;
-                let total: f64 = i.class.iter().sum();
-                let time_share = CLASS_NAMES
-                    .iter()
-                    .zip(i.class.iter())
-                    .filter(|(_, v)| **v > 0.0)
-                    .map(|(n, v)| (*n, v / total.max(f64::MIN_POSITIVE)))
-                    .collect();
-                let busy = i.busy_ns as f64 * 1e-9;
-                InstanceReport {
-                    name: i.name.clone(),
-                    index: k as u32,
-                    role: i.role,
-                    dies: s.instances[i.setup].plan.dies,
-                    steps: i.steps,
-                    utilization: busy / secs,
-                    mean_step_ms: if i.steps > 0 {
-                        busy * 1e3 / i.steps as f64
-                    } else {
-                        0.0
-                    },
-                    mean_tokens_per_step: if i.steps > 0 {
-                        i.tokens as f64 / i.steps as f64
-                    } else {
-                        0.0
-                    },
-                    eplb_layer_moves: i.device.eplb_moves,
-                    eplb_move_ms: i.device.eplb_move_s * 1e3,
-                    redundant_experts: s.instances[i.setup].plan.redundant_experts,
-                    placed_imbalance: i.device.placed_imbalance(),
-                    moe_imbalance: if i.steps > 0 {
-                        i.imbalance_sum / i.steps as f64
-                    } else {
-                        1.0
-                    },
-                    kv_usage_mean: i.kv_weighted / secs,
-                    kv_usage_max: i.kv_max,
-                    prefix_queries: st.prefix_queries,
-                    prefix_hits: st.prefix_hits,
-                    preemptions: st.preemptions,
-                    time_share,
-                }
-            })
-            .collect();
-        let (hits, misses) = self.insts.iter().fold((0, 0), |(h, m), i| {
-            (h + i.device.pricer().hits, m + i.device.pricer().misses)
-        });
-        let report = SimReport {
-            scenario: s.name.clone(),
-            scenario_hash: s.hash.clone(),
-            seed: s.seed,
-            draw: self.opts.draw,
-            model: s.model.name.clone(),
-            quant: s.quant.to_string(),
-            hardware: s.system().name.clone(),
-            dies: s.dies(),
-            cards,
-            simulated_s: self.now.as_secs_f64(),
-            warmup_s: self.warmup.as_secs_f64(),
-            requests_arrived: arrived,
-            requests_finished: self.finished,
-            requests_rejected: self.rejected,
-            requests_unfinished: arrived - self.finished - self.rejected,
-            input_tokens: self.input_tokens,
-            output_tokens: self.output_tokens,
-            request_throughput: self.measured_finished as f64 / secs,
-            input_tok_s: self.input_tokens as f64 / secs,
-            output_tok_s: self.output_tokens as f64 / secs,
-            input_tok_s_per_card: self.input_tokens as f64 / secs / cards,
-            output_tok_s_per_card: self.output_tokens as f64 / secs / cards,
-            goodput: self.good as f64 / secs,
-            slo_attainment: if self.measured_finished > 0 {
-                self.good as f64 / self.measured_finished as f64
-            } else {
-                0.0
-            },
-            latency: self.lat.report(),
-            preemptions: preempt,
-            sent_back: self.sent_back,
-            prefix_hit_rate: if prefix_q > 0 {
-                prefix_h as f64 / prefix_q as f64
-            } else {
-                0.0
-            },
-            kv_transfers: self.kv_transfers,
-            kv_transfer_gb: self.kv_bytes / 1e9,
-            expert_load: ExpertLoadReport {
-                load: s.expert_load.assumption(),
-                eplb_policy: s.eplb.policy,
-                eplb_dynamic: s.eplb.dynamic,
-            },
-            instances,
-            price_cache_hit_rate: if hits + misses > 0 {
-                hits as f64 / (hits + misses) as f64
-            } else {
-                0.0
-            },
-            events: self.processed,
-        };
-        let (steady, exact) = (0..self.insts.len()).fold((0, 0), |(a, b), k| {
-            let st = self.core.instance(k).stats();
-            (a + st.steady_steps, b + st.exact_steps)
-        });
-        RunResult {
-            report,
-            requests: self.rows,
-            timeline: self.spans,
-            steps: self.steps,
-            steady_share: steady as f64 / (steady + exact).max(1) as f64,
-        }
+/// What one instance counted over a run: the plain numbers its report row is built from.
+#[derive(Clone, Debug)]
+pub struct InstanceStats {
+    pub name: String,
+    pub role: Role,
+    pub dies: u32,
+    pub redundant_experts: u32,
+    pub steps: u64,
+    /// Time its device was busy, nanoseconds.
+    pub busy_ns: u64,
+    pub tokens: u64,
+    /// Device time by op class.
+    pub class: ClassTimes,
+    /// KV usage integrated over the measured time (seconds), and its peak.
+    pub kv_weighted: f64,
+    pub kv_max: f64,
+    /// Sum over steps of the MoE imbalance each step ran with.
+    pub imbalance_sum: f64,
+    pub eplb_layer_moves: u64,
+    pub eplb_move_s: f64,
+    pub placed_imbalance: f64,
+    /// The scheduler's counters.
+    pub core: CoreStats,
+    /// The price cache's hits and misses.
+    pub price_hits: u64,
+    pub price_misses: u64,
+}
+
+/// What a whole run counted: everything the report is built from, with the per-request rows,
+/// timeline spans and step records it carries along.
+#[derive(Clone, Debug)]
+pub struct RunStats {
+    /// Where the run ended, and the warm-up its rates leave out.
+    pub now: SimTime,
+    pub warmup: SimTime,
+    pub draw: u64,
+    pub arrived: u64,
+    pub finished: u64,
+    pub rejected: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Requests that arrived after the warm-up and finished, and those of them meeting every
+    /// SLO.
+    pub measured_finished: u64,
+    pub good: u64,
+    pub sent_back: u64,
+    pub kv_transfers: u64,
+    pub kv_bytes: f64,
+    pub events: u64,
+    pub latency: LatencyReport,
+    pub instances: Vec<InstanceStats>,
+    pub requests: Vec<RequestRow>,
+    pub timeline: Vec<Span>,
+    pub steps: Vec<dstwin_core::deploy::StepRecord>,
+}
+
+/// The report of scenario `s` from what its run counted.
+pub fn report(s: &Scenario, stats: RunStats) -> RunResult {
+    // Rates are over the measured time, after the warm-up.
+    let secs = (stats.now.as_secs_f64() - stats.warmup.as_secs_f64()).max(1e-9);
+    let dpp = s.system().dies_per_package() as f64;
+    let cards = s.dies() as f64 / dpp;
+    let mut prefix_q = 0;
+    let mut prefix_h = 0;
+    let mut preempt = 0;
+    let instances = stats
+        .instances
+        .iter()
+        .enumerate()
+        .map(|(k, i)| {
+            let st = i.core;
+            prefix_q += st.prefix_queries;
+            prefix_h += st.prefix_hits;
+            preempt += st.preemptions;
+            let total: f64 = i.class.iter().sum();
+            let time_share = CLASS_NAMES
+                .iter()
+                .zip(i.class.iter())
+                .filter(|(_, v)| **v > 0.0)
+                .map(|(n, v)| (*n, v / total.max(f64::MIN_POSITIVE)))
+                .collect();
+            let busy = i.busy_ns as f64 * 1e-9;
+            InstanceReport {
+                name: i.name.clone(),
+                index: k as u32,
+                role: i.role,
+                dies: i.dies,
+                steps: i.steps,
+                utilization: busy / secs,
+                mean_step_ms: if i.steps > 0 {
+                    busy * 1e3 / i.steps as f64
+                } else {
+                    0.0
+                },
+                mean_tokens_per_step: if i.steps > 0 {
+                    i.tokens as f64 / i.steps as f64
+                } else {
+                    0.0
+                },
+                eplb_layer_moves: i.eplb_layer_moves,
+                eplb_move_ms: i.eplb_move_s * 1e3,
+                redundant_experts: i.redundant_experts,
+                placed_imbalance: i.placed_imbalance,
+                moe_imbalance: if i.steps > 0 {
+                    i.imbalance_sum / i.steps as f64
+                } else {
+                    1.0
+                },
+                kv_usage_mean: i.kv_weighted / secs,
+                kv_usage_max: i.kv_max,
+                prefix_queries: st.prefix_queries,
+                prefix_hits: st.prefix_hits,
+                preemptions: st.preemptions,
+                time_share,
+            }
+        })
+        .collect();
+    let (hits, misses) = stats
+        .instances
+        .iter()
+        .fold((0, 0), |(h, m), i| (h + i.price_hits, m + i.price_misses));
+    let report = SimReport {
+        scenario: s.name.clone(),
+        scenario_hash: s.hash.clone(),
+        seed: s.seed,
+        draw: stats.draw,
+        model: s.model.name.clone(),
+        quant: s.quant.to_string(),
+        hardware: s.system().name.clone(),
+        dies: s.dies(),
+        cards,
+        simulated_s: stats.now.as_secs_f64(),
+        warmup_s: stats.warmup.as_secs_f64(),
+        requests_arrived: stats.arrived,
+        requests_finished: stats.finished,
+        requests_rejected: stats.rejected,
+        requests_unfinished: stats.arrived - stats.finished - stats.rejected,
+        input_tokens: stats.input_tokens,
+        output_tokens: stats.output_tokens,
+        request_throughput: stats.measured_finished as f64 / secs,
+        input_tok_s: stats.input_tokens as f64 / secs,
+        output_tok_s: stats.output_tokens as f64 / secs,
+        input_tok_s_per_card: stats.input_tokens as f64 / secs / cards,
+        output_tok_s_per_card: stats.output_tokens as f64 / secs / cards,
+        goodput: stats.good as f64 / secs,
+        slo_attainment: if stats.measured_finished > 0 {
+            stats.good as f64 / stats.measured_finished as f64
+        } else {
+            0.0
+        },
+        latency: stats.latency,
+        preemptions: preempt,
+        sent_back: stats.sent_back,
+        prefix_hit_rate: if prefix_q > 0 {
+            prefix_h as f64 / prefix_q as f64
+        } else {
+            0.0
+        },
+        kv_transfers: stats.kv_transfers,
+        kv_transfer_gb: stats.kv_bytes / 1e9,
+        expert_load: ExpertLoadReport {
+            load: s.expert_load.assumption(),
+            eplb_policy: s.eplb.policy,
+            eplb_dynamic: s.eplb.dynamic,
+        },
+        instances,
+        price_cache_hit_rate: if hits + misses > 0 {
+            hits as f64 / (hits + misses) as f64
+        } else {
+            0.0
+        },
+        events: stats.events,
+    };
+    let (steady, exact) = stats.instances.iter().fold((0, 0), |(a, b), i| {
+        (a + i.core.steady_steps, b + i.core.exact_steps)
+    });
+    RunResult {
+        report,
+        requests: stats.requests,
+        timeline: stats.timeline,
+        steps: stats.steps,
+        steady_share: steady as f64 / (steady + exact).max(1) as f64,
     }
 }
