@@ -5,6 +5,7 @@
 //! - [`device`]: `SimDevice` (memoized step pricing, lockstep, MTP acceptance draws, host time,
 //!   expert imbalance and the price of moving experts).
 //! - [`fabric`]: `TwinFabric`, KV links shared by concurrent transfers (processor sharing).
+//! - [`pricer`]: the price cache (`StepPricer`): a rank's step price, memoized by its key.
 //! - [`pricekey`]: the price cache's key (quantized shape sums, group tokens, imbalance).
 //! - `keymap`: the price tables' open-addressing map, whose lookups can be prefetched.
 //! - [`pricing`]: prices an op list with the cost model; critical path; two-micro-batch overlap.
@@ -19,5 +20,6 @@ pub mod explain;
 pub mod fabric;
 mod keymap;
 pub mod pricekey;
+pub mod pricer;
 pub mod pricing;
 pub mod spread;
