@@ -345,7 +345,7 @@ fn cpu_engine(
                 dp_ranks: b.config.dp_ranks,
                 kv_blocks_per_rank: a.kv_blocks,
                 block_size: b.config.block_size,
-                spec_tokens: s.mtp.tokens,
+                spec_tokens: b.config.num_spec_tokens,
                 path: AttnPath::Auto,
                 seed: s.seed,
                 placement: b.placement.clone(),

@@ -134,7 +134,7 @@ pub(crate) fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceCo
         enable_prefix_caching: sc.enable_prefix_caching,
         long_prefill_token_threshold: sc.long_prefill_token_threshold,
         max_model_len: setup.max_model_len,
-        num_spec_tokens: s.mtp.tokens,
+        num_spec_tokens: setup.mtp_tokens,
         attn_cap: s.model.attn_cap(),
         send_back: sc.preemption == PreemptionSpec::SendBack,
         async_scheduling: sc.async_scheduling,
@@ -185,7 +185,7 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
             quant: s.quant,
             kv_dtype: s.kv_dtype,
             plan: setup.plan.clone(),
-            mtp_tokens: s.mtp.tokens,
+            mtp_tokens: setup.mtp_tokens,
             features: setup.features.clone(),
             cost: s.cost.clone(),
         });
@@ -231,7 +231,11 @@ pub fn build_instances(s: &Scenario) -> Result<Vec<BuiltInstance>, RunError> {
                     per_seq_s: per_seq_us * 1e-6,
                     per_token_s: per_token_us * 1e-6,
                     overlapped: sc.async_scheduling,
-                    eager_s: dstwin_twin::pricing::eager_launch_s(&s.cost, &s.model, s.mtp.tokens),
+                    eager_s: dstwin_twin::pricing::eager_launch_s(
+                        &s.cost,
+                        &s.model,
+                        setup.mtp_tokens,
+                    ),
                     cold: host
                         .and_then(|h| h.cold_after_us.zip(h.cold_factor))
                         .map(|(after_us, factor)| (after_us * 1e-6, factor)),

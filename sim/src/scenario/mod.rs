@@ -91,6 +91,8 @@ pub struct InstanceSetup {
     pub kv_blocks_per_rank: u64,
     /// Longest prompt + output a request may have here.
     pub max_model_len: u64,
+    /// MTP draft tokens per step here (the instance's `mtp_tokens`, else `[mtp] tokens`).
+    pub mtp_tokens: u32,
 }
 
 /// Service-level objectives in time units.

@@ -1,5 +1,6 @@
 //! `--set PATH=VALUE` overrides, applied to the parsed TOML before it is read.
 
+use super::raw::InstanceSpec;
 use super::{field, ScenarioError};
 
 /// Applies `path=value` overrides to a parsed scenario. The first path segment names a top-level
@@ -54,34 +55,42 @@ pub fn apply_overrides(doc: &mut toml::Table, sets: &[String]) -> Result<(), Sce
     Ok(())
 }
 
+/// Whether `k` is a field of an instance's own table (not of its `scheduler` table): read from
+/// the instance's schema ([`InstanceSpec`]), so that a new field needs no list here.
 fn is_instance_key(k: &str) -> bool {
-    matches!(
-        k,
-        "name"
-            | "role"
-            | "count"
-            | "dies"
-            | "tp"
-            | "dp"
-            | "ep"
-            | "dense_tp"
-            | "redundant_experts"
-            | "shared_expert_dies"
-            | "two_microbatch"
-            | "shared_expert_overlap"
-            | "moe_comm"
-            | "cudagraph_mode"
-            | "cudagraph_capture_sizes"
-            | "flashcomm1"
-            | "mlapo"
-            | "attention_per_sequence"
-            | "enforce_eager"
-            | "enable_dsa_cp"
-            | "gpu_memory_utilization"
-            | "mem_fraction_static"
-            | "placement"
-            | "scheduler"
-    )
+    struct_fields::<InstanceSpec>().contains(&k)
+}
+
+/// The field names serde reads for the struct `T`, asked of its `Deserialize` by a
+/// deserializer that records them and stops.
+fn struct_fields<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Probe<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(
+            self,
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(serde::de::Error::custom("fields read"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
 }
 
 fn set_path(t: &mut toml::Table, parts: &[&str], v: toml::Value) -> Option<()> {
@@ -95,4 +104,26 @@ fn set_path(t: &mut toml::Table, parts: &[&str], v: toml::Value) -> Option<()> {
     }
     cur.insert(last.to_string(), v);
     Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_keys_come_from_the_instance_schema() {
+        for k in [
+            "dies",
+            "tp",
+            "enable_dsa_cp",
+            "mtp_tokens",
+            "scheduler",
+            "placement",
+        ] {
+            assert!(is_instance_key(k), "{k}");
+        }
+        for k in ["max_num_seqs", "block_size", "nonsense"] {
+            assert!(!is_instance_key(k), "{k}");
+        }
+    }
 }

@@ -314,6 +314,12 @@ pub struct InstanceSpec {
     /// models (V3.2, V4) with tp > 1.
     #[serde(default)]
     pub enable_dsa_cp: bool,
+    /// This instance's MTP draft tokens per step where they differ from `[mtp] tokens` (SGLang
+    /// gives each server its own `--speculative-num-steps`: a prefill server drafting 1 beside a
+    /// decode server drafting 3). 1 up to the `[mtp]` ceiling, only with `[mtp] tokens` above 0:
+    /// MTP is on or off for the whole deployment.
+    #[serde(default)]
+    pub mtp_tokens: Option<u32>,
     /// vLLM's `--gpu-memory-utilization`: weights, workspace and KV fill this share of each
     /// die's HBM (default: the system's `reserved_hbm_gb_per_die` kept back, 10% on the shipped
     /// systems = vLLM's 0.9). Not with `mem_fraction_static`.

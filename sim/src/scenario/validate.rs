@@ -145,6 +145,27 @@ pub(super) fn validate(
             ));
         }
         let f = |k: &str| format!("instance.{}.{k}", spec.name);
+        let mtp_tokens =
+            match spec.mtp_tokens {
+                None => raw.mtp.tokens,
+                Some(_) if raw.mtp.tokens == 0 => return Err(field(
+                    f("mtp_tokens"),
+                    spec.mtp_tokens.unwrap_or(0),
+                    "sets this instance's MTP depth, but [mtp] tokens is 0 (MTP off): turn MTP on \
+                     there first",
+                )),
+                Some(n) if n == 0 || n > max_drafts => {
+                    return Err(field(
+                        f("mtp_tokens"),
+                        n,
+                        format!(
+                        "must be 1 to {max_drafts} draft tokens per step (MTP is turned off for \
+                         every instance with [mtp] tokens = 0)"
+                    ),
+                    ))
+                }
+                Some(n) => n,
+            };
         if spec.count == 0 {
             return Err(field(f("count"), 0, "must be at least 1"));
         }
@@ -259,7 +280,7 @@ pub(super) fn validate(
             &MemoryInputs {
                 quant: raw.quant,
                 kv_dtype,
-                mtp_tokens: raw.mtp.tokens,
+                mtp_tokens,
                 max_tokens_per_step: dstwin_core::memory::cp_tokens_per_die(
                     s.max_num_batched_tokens as u64,
                     plan.tp,
@@ -316,9 +337,7 @@ pub(super) fn validate(
         };
         let features = features
             .check_attention(model.attn_cap().0.is_some())
-            .and_then(|()| {
-                features.resolve(&system.chip.name, s.max_num_seqs, raw.mtp.tokens, plan.tp)
-            })
+            .and_then(|()| features.resolve(&system.chip.name, s.max_num_seqs, mtp_tokens, plan.tp))
             .map_err(|e| field(f(e.field), e.value, e.reason))?;
         instances.push(InstanceSetup {
             name: spec.name.clone(),
@@ -331,6 +350,7 @@ pub(super) fn validate(
             memory,
             kv_blocks_per_rank,
             max_model_len,
+            mtp_tokens,
         });
     }
     // In u64: count x dies of absurd values overflows u32 before the comparison says so.

@@ -4,6 +4,7 @@ mod context_parallel;
 mod eager;
 mod fuzz_scenario;
 mod memory_budget;
+mod mtp_depth;
 #[path = "../../../tests/common/mutate.rs"]
 mod mutate;
 mod paced_loop;

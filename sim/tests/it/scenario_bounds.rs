@@ -62,3 +62,29 @@ fn mtp_drafts_are_capped() {
     assert!(e.contains("mtp.tokens") && e.contains("at most 8"), "{e}");
     default_with(&["mtp.tokens=8"]).unwrap();
 }
+
+#[test]
+fn an_instances_own_mtp_depth_needs_mtp_on_and_stays_in_range() {
+    let e = refused(&["mtp.tokens=0", "prefill.mtp_tokens=1"]);
+    assert!(
+        e.contains("instance.prefill.mtp_tokens") && e.contains("[mtp] tokens is 0"),
+        "{e}"
+    );
+    for bad in ["0", "9"] {
+        let e = refused(&[&format!("decode.mtp_tokens={bad}")]);
+        assert!(
+            e.contains("instance.decode.mtp_tokens") && e.contains("1 to 8"),
+            "{e}"
+        );
+    }
+    // Each instance keeps its own depth; the others take [mtp] tokens.
+    let s = default_with(&["prefill.mtp_tokens=1"]).unwrap();
+    let depth = |name: &str| {
+        s.instances
+            .iter()
+            .find(|i| i.name == name)
+            .unwrap()
+            .mtp_tokens
+    };
+    assert_eq!((depth("prefill"), depth("decode")), (1, 3));
+}
