@@ -628,9 +628,7 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     result.burstiness = a.burstiness;
     let json = serde_json::to_string_pretty(&result).map_err(|e| Failure::Runtime(e.into()))?;
     if let Some(p) = &a.save_result {
-        std::fs::write(p, &json)
-            .with_context(|| format!("writing {}", p.display()))
-            .map_err(Failure::Runtime)?;
+        crate::output::write_file(p, json.as_bytes())?;
     }
     if a.json {
         crate::output::outln!("{json}")?;

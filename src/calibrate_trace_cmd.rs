@@ -235,9 +235,7 @@ fn write_files(
         |s| s.to_string_lossy().into_owned(),
     );
     let text = cost_file(&cm.params, &stem, cal).map_err(|e| Failure::Runtime(e.into()))?;
-    std::fs::write(out, text)
-        .with_context(|| format!("writing {}", out.display()))
-        .map_err(Failure::Runtime)?;
+    crate::output::write_file(out, text.as_bytes())?;
     let mut lines = vec![format!("cost file written to {}", out.display())];
     if let Some(sys) = system_out {
         let name = sys.file_stem().map_or_else(
@@ -246,9 +244,7 @@ fn write_files(
         );
         let text = system_file(&cm.system, &name, &relative_to(out, sys))
             .map_err(|e| Failure::Runtime(e.into()))?;
-        std::fs::write(sys, text)
-            .with_context(|| format!("writing {}", sys.display()))
-            .map_err(Failure::Runtime)?;
+        crate::output::write_file(sys, text.as_bytes())?;
         lines.push(format!(
             "system file written to {} (use it: --hardware {} or hardware = {:?} in a scenario)",
             sys.display(),

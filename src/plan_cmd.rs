@@ -277,11 +277,7 @@ fn write_outputs(dir: &std::path::Path, report: &PlanReport) -> Result<(), Failu
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating {}", dir.display()))
         .map_err(Failure::Runtime)?;
-    let w = |name: &str, bytes: &[u8]| {
-        std::fs::write(dir.join(name), bytes)
-            .with_context(|| format!("writing {}", dir.join(name).display()))
-            .map_err(Failure::Runtime)
-    };
+    let w = |name: &str, bytes: &[u8]| crate::output::write_file(&dir.join(name), bytes);
     w(
         "plan.json",
         &serde_json::to_vec_pretty(report).map_err(|e| Failure::Runtime(e.into()))?,

@@ -26,9 +26,7 @@ pub struct ReportArgs {
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
-    std::fs::write(path, bytes)
-        .with_context(|| format!("writing {}", path.display()))
-        .map_err(Failure::Runtime)
+    crate::output::write_file(path, bytes)
 }
 
 /// Reads a sweep CSV (errors name the file and the line).

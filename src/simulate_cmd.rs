@@ -2,7 +2,6 @@
 
 use crate::output::{out, outln};
 use crate::Failure;
-use anyhow::Context;
 use clap::Args;
 use dstwin_calibration::anchors::RunMetric;
 use dstwin_sim::report::{chrome_trace, render_sim, sim_csv, write_requests_csv};
@@ -68,9 +67,7 @@ pub struct SimulateArgs {
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
-    std::fs::write(path, bytes)
-        .with_context(|| format!("writing {}", path.display()))
-        .map_err(Failure::Runtime)
+    crate::output::write_file(path, bytes)
 }
 
 /// A scenario file with overrides, or the built-in default scenario without a file.

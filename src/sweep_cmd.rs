@@ -153,9 +153,7 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
     {
         let mut buf = Vec::new();
         write_csv(&mut buf, &paths, &done).map_err(|e| Failure::Runtime(e.into()))?;
-        std::fs::write(&csv_path, buf)
-            .with_context(|| format!("writing {}", csv_path.display()))
-            .map_err(Failure::Runtime)?;
+        crate::output::write_file(&csv_path, &buf)?;
     }
     let file = std::fs::OpenOptions::new()
         .append(true)
@@ -228,9 +226,7 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
     // The final CSV in grid order, and JSON.
     let mut buf = Vec::new();
     write_csv(&mut buf, &paths, &rows).map_err(|e| Failure::Runtime(e.into()))?;
-    std::fs::write(&csv_path, buf)
-        .with_context(|| format!("writing {}", csv_path.display()))
-        .map_err(Failure::Runtime)?;
+    crate::output::write_file(&csv_path, &buf)?;
     let json = serde_json::json!({
         "scenario": name,
         "axes": axes,
@@ -238,12 +234,10 @@ pub fn run(a: SweepArgs) -> Result<(), Failure> {
         "rows": rows,
     });
     let json_path = a.out.join("sweep.json");
-    std::fs::write(
+    crate::output::write_file(
         &json_path,
-        serde_json::to_vec_pretty(&json).map_err(|e| Failure::Runtime(e.into()))?,
-    )
-    .with_context(|| format!("writing {}", json_path.display()))
-    .map_err(Failure::Runtime)?;
+        &serde_json::to_vec_pretty(&json).map_err(|e| Failure::Runtime(e.into()))?,
+    )?;
     write_report(&a.out, &paths, &rows)?;
     let invalid = rows.iter().filter(|r| !r.ok()).count();
     let ran = rows.len() - resumed;
