@@ -5,7 +5,7 @@ use crate::output::outln;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
-use dstwin_cpu::init::{init_weights, preset_config, PRESETS};
+use dstwin_cpu::init::{checkpoint, preset_config, PRESETS};
 use dstwin_cpu::LoadError;
 use std::path::PathBuf;
 
@@ -47,10 +47,17 @@ pub fn run(a: InitWeightsArgs) -> Result<(), Failure> {
         }
         (None, None) => return Err(Failure::Input(anyhow!("give --preset or --config"))),
     };
-    let cfg = init_weights(&config, a.seed, &a.out).map_err(|e| match e {
+    let (cfg, files) = checkpoint(&config, a.seed).map_err(|e| match e {
         LoadError::Io { .. } => Failure::Runtime(anyhow!(e)),
         e => Failure::Input(anyhow!(e)),
     })?;
+    std::fs::create_dir_all(&a.out)
+        .with_context(|| format!("creating {}", a.out.display()))
+        .map_err(Failure::Runtime)?;
+    // Each file whole or not at all: a full disk leaves no truncated checkpoint file.
+    for (name, bytes) in files {
+        crate::output::write_file(&a.out.join(name), &bytes)?;
+    }
     outln!(
         "wrote {}: {} layers + {} MTP, hidden {}, {} routed experts, vocab {}, seed {}",
         a.out.display(),

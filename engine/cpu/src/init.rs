@@ -182,10 +182,31 @@ fn tensor_specs(c: &EngineConfig) -> Vec<(String, Vec<usize>, Init)> {
 /// The largest checkpoint `init-weights` writes (it holds every tensor in memory).
 pub const MAX_PARAMS: usize = 1 << 30;
 
-/// Writes config.json, model.safetensors (bf16, as DeepSeek ships its weights) and tokenizer.json for `config` into `out`.
-/// Tensor `i` is drawn from ChaCha8 seeded with `seed` on stream `i`, so a tensor's values do
-/// not depend on the ones before it.
+/// Writes the [`checkpoint`] of `config` and `seed` into the directory `out` (created if
+/// missing), one file after another.
 pub fn init_weights(config: &Value, seed: u64, out: &Path) -> Result<EngineConfig, LoadError> {
+    let (cfg, files) = checkpoint(config, seed)?;
+    let io = |p: &Path, e: &dyn std::fmt::Display| LoadError::Io {
+        path: p.display().to_string(),
+        message: e.to_string(),
+    };
+    std::fs::create_dir_all(out).map_err(|e| io(out, &e))?;
+    for (name, bytes) in files {
+        let path = out.join(name);
+        std::fs::write(&path, bytes).map_err(|e| io(&path, &e))?;
+    }
+    Ok(cfg)
+}
+
+/// The files of a checkpoint for `config` with random weights, by name: model.safetensors
+/// (bf16, as DeepSeek ships its weights), config.json and tokenizer.json, with the config they
+/// load as. Tensor `i` is drawn from ChaCha8 seeded with `seed` on stream `i`, so a tensor's
+/// values do not depend on the ones before it.
+#[allow(clippy::type_complexity)]
+pub fn checkpoint(
+    config: &Value,
+    seed: u64,
+) -> Result<(EngineConfig, Vec<(&'static str, Vec<u8>)>), LoadError> {
     let text = serde_json::to_string_pretty(config).expect("a JSON value");
     let cfg = EngineConfig::from_hf_json("init-weights", &text)?;
     let specs = tensor_specs(&cfg);
@@ -224,17 +245,6 @@ pub fn init_weights(config: &Value, seed: u64, out: &Path) -> Result<EngineConfi
             (k.clone(), v)
         })
         .collect();
-    let io = |p: &Path, e: &dyn std::fmt::Display| LoadError::Io {
-        path: p.display().to_string(),
-        message: e.to_string(),
-    };
-    std::fs::create_dir_all(out).map_err(|e| io(out, &e))?;
-    let st = out.join("model.safetensors");
-    let bytes = safetensors::serialize(views, None).map_err(|e| io(&st, &e))?;
-    std::fs::write(&st, bytes).map_err(|e| io(&st, &e))?;
-    let cj = out.join("config.json");
-    std::fs::write(&cj, text + "\n").map_err(|e| io(&cj, &e))?;
-    let tj = out.join("tokenizer.json");
     let (tok, vocab) = tokenizer::tokenizer_json(TOKENIZER_MERGES);
     if vocab > cfg.vocab {
         return Err(LoadError::Unsupported {
@@ -243,6 +253,14 @@ pub fn init_weights(config: &Value, seed: u64, out: &Path) -> Result<EngineConfi
             reason: "smaller than the generated tokenizer's vocabulary",
         });
     }
-    std::fs::write(&tj, tok).map_err(|e| io(&tj, &e))?;
-    Ok(cfg)
+    let weights = safetensors::serialize(views, None).map_err(|e| LoadError::Io {
+        path: "model.safetensors".into(),
+        message: e.to_string(),
+    })?;
+    let files = vec![
+        ("model.safetensors", weights),
+        ("config.json", (text + "\n").into_bytes()),
+        ("tokenizer.json", tok.into_bytes()),
+    ];
+    Ok((cfg, files))
 }
