@@ -61,31 +61,34 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
         .map_err(Failure::Runtime)
 }
 
-/// Writes the file `path` with `fill`, whole or not at all: into a temporary file beside it,
-/// flushed to disk, then renamed over it. A full disk or a failed `fill` leaves `path` as it
-/// was and no temporary file behind. A `path` that exists and is not a regular file (a pipe,
-/// `/dev/stdout`) is written directly: there is nothing to rename over it.
+/// Writes the file `path` with `fill`, whole or not at all: into a temporary file beside it
+/// (created anew, with the permissions of the file it replaces), flushed to disk, then renamed
+/// over it. A full disk or a failed `fill` leaves `path` as it was and no temporary file
+/// behind. A `path` that is a symbolic link or exists as something other than a regular file
+/// (a pipe, `/dev/stdout`) is written through directly, as before: renaming over it would
+/// replace the link, not what it points to.
 pub fn write_atomic(
     path: &Path,
     fill: impl FnOnce(&mut std::fs::File) -> io::Result<()>,
 ) -> io::Result<()> {
-    if path.metadata().is_ok_and(|m| !m.is_file()) {
-        let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+    let old = std::fs::symlink_metadata(path).ok();
+    if old.as_ref().is_some_and(|m| !m.is_file()) {
+        let mut f = std::fs::File::create(path)?;
         return fill(&mut f).and_then(|()| f.flush());
     }
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path names no file"))?;
-    let tmp = path.with_file_name(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        fill(&mut f)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    });
+    let tmp = temp_beside(path, "tmp")?;
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| {
+            if let Some(m) = &old {
+                f.set_permissions(m.permissions())?;
+            }
+            fill(&mut f)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        });
     if written.is_err() {
         // Best effort: the temporary file is all a failure leaves.
         let _ = std::fs::remove_file(&tmp);
@@ -93,20 +96,50 @@ pub fn write_atomic(
     written
 }
 
+/// A hidden file beside `path` for this process: `.NAME.PID.SUFFIX`.
+fn temp_beside(path: &Path, suffix: &str) -> io::Result<std::path::PathBuf> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path names no file"))?;
+    Ok(path.with_file_name(format!(
+        ".{}.{}.{suffix}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
+}
+
 /// Fails now, before a long run, when the output file `path` cannot be written: opens it for
-/// writing (without truncating it) and removes it again if it did not exist.
+/// writing (without truncating it) and removes it again if it did not exist, and creates and
+/// removes a file beside it (the directory must take the temporary file [`write_atomic`]
+/// renames over it).
 pub fn check_file(path: &Path, what: &str) -> Result<(), Failure> {
+    let cannot = || format!("{what} {}: cannot write there", path.display());
     let existed = path.exists();
     std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .open(path)
-        .with_context(|| format!("{what} {}: cannot write there", path.display()))
+        .with_context(cannot)
         .map_err(Failure::Runtime)?;
     if !existed {
         // Best effort: an empty file left behind would be the only trace of the check.
         let _ = std::fs::remove_file(path);
+    }
+    let is_regular = std::fs::symlink_metadata(path).map_or(true, |m| m.is_file());
+    if is_regular {
+        let probe = temp_beside(path, "check")
+            .with_context(cannot)
+            .map_err(Failure::Runtime)?;
+        std::fs::File::create(&probe)
+            .with_context(|| {
+                format!(
+                    "{what} {}: its directory does not take new files",
+                    path.display()
+                )
+            })
+            .map_err(Failure::Runtime)?;
+        let _ = std::fs::remove_file(&probe);
     }
     Ok(())
 }
@@ -156,6 +189,21 @@ mod tests {
         assert_eq!(entries(&dir), vec!["plan.json".to_string()]);
         assert!(write_file(&path, b"second").is_ok());
         assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            // The replaced file's permissions are kept.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            assert!(write_file(&path, b"third").is_ok());
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+            // A link is written through: what it points to changes, the link stays.
+            let link = dir.join("link.json");
+            std::os::unix::fs::symlink(&path, &link).unwrap();
+            assert!(write_file(&link, b"through").is_ok());
+            assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+            assert_eq!(std::fs::read(&path).unwrap(), b"through");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

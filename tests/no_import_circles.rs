@@ -53,23 +53,48 @@ fn modules(dir: &Path) -> BTreeMap<Vec<String>, PathBuf> {
     out
 }
 
-/// The source without comments (line comments, doc comments, block comments) and string
-/// literals, so that paths quoted in prose do not count.
+/// The source without comments (line, doc and nested block comments), string literals (raw
+/// ones included) and character literals, so that paths quoted in prose do not count.
 fn code(text: &str) -> String {
     let b = text.as_bytes();
     let mut out = String::with_capacity(text.len());
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
     let mut i = 0;
     while i < b.len() {
+        // The hashes of a raw string starting here (r"..", r#".."#, br".."), if one does.
+        let raw = (b[i] == b'r'
+            && (i == 0 || !ident(b[i - 1]) || (b[i - 1] == b'b' && (i < 2 || !ident(b[i - 2])))))
+        .then(|| b[i + 1..].iter().take_while(|&&c| c == b'#').count())
+        .filter(|&h| b.get(i + 1 + h) == Some(&b'"'));
         if b[i..].starts_with(b"//") {
             while i < b.len() && b[i] != b'\n' {
                 i += 1;
             }
         } else if b[i..].starts_with(b"/*") {
-            i += 2;
-            while i + 1 < b.len() && !b[i..].starts_with(b"*/") {
+            let mut depth = 0;
+            while i < b.len() {
+                if b[i..].starts_with(b"/*") {
+                    depth += 1;
+                    i += 2;
+                } else if b[i..].starts_with(b"*/") {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+        } else if let Some(hashes) = raw {
+            let mut close = vec![b'"'];
+            close.extend(std::iter::repeat_n(b'#', hashes));
+            i += 2 + hashes;
+            while i < b.len() && !b[i..].starts_with(&close) {
                 i += 1;
             }
-            i += 2;
+            i += close.len();
+            out.push_str("\"\"");
         } else if b[i] == b'"' {
             i += 1;
             while i < b.len() && b[i] != b'"' {
@@ -77,6 +102,18 @@ fn code(text: &str) -> String {
             }
             i += 1;
             out.push_str("\"\"");
+        } else if b[i] == b'\'' && b.get(i + 1) == Some(&b'\\') {
+            // An escaped character literal: '\n', '\'', '\u{..}'.
+            i += 2;
+            while i < b.len() && b[i] != b'\'' {
+                i += 1;
+            }
+            i += 1;
+            out.push_str("' '");
+        } else if b[i] == b'\'' && b.get(i + 2) == Some(&b'\'') {
+            // A one-character literal ('"', 'a'); a lifetime ('a) has no closing quote.
+            i += 3;
+            out.push_str("' '");
         } else {
             out.push(b[i] as char);
             i += 1;
@@ -234,4 +271,21 @@ fn the_scanner_reads_use_trees_and_inline_paths() {
         got,
         [vec!["x".to_string(), "z".into()]].into_iter().collect()
     );
+}
+
+/// Character literals, raw strings and nested comments hide nothing and add nothing.
+#[test]
+fn the_scanner_skips_literals_and_nested_comments() {
+    let mods: BTreeMap<Vec<String>, PathBuf> = [vec![], vec!["a".into()], vec!["d".into()]]
+        .into_iter()
+        .map(|m| (m, PathBuf::new()))
+        .collect();
+    let text = r####"
+        let q = '"'; let e = '\''; let raw = r#"crate::d::X "quoted""#;
+        /* outer /* inner */ crate::d::Y */
+        fn f<'s>(x: &'s str) -> &'s str { x }
+        use crate::a::Z;
+    "####;
+    let got = deps(&["e".into()], text, &mods);
+    assert_eq!(got, [vec!["a".to_string()]].into_iter().collect());
 }

@@ -93,7 +93,7 @@ pub const PARAMS: &[Param] = &[
         get: |p| eff(p, OpClass::PrefillAttention).compute,
         set: |p, v| eff_mut(p, OpClass::PrefillAttention).compute = v,
     },
-    // The DSA lightning indexer: FP8 scores of every query against every cached key, and the
+    // The DSA lightning indexer: scores of every query against every cached key, and the
     // top-k selection fused in. No kernel timing is published; the long-context decode targets
     // (their per-sequence slope at 64K and 128K) are what place it.
     Param {

@@ -658,8 +658,9 @@ impl Builder<'_> {
     }
 
     /// A sparse-attention indexer: its projections (with a key projection when `key_proj`; V4's
-    /// keys come from a compressor instead), FP8 scores over `pairs` query-key pairs that read
-    /// `key_reads` cached keys, and the top-k selection.
+    /// keys come from a compressor instead), scores in the keys' format
+    /// ([`model::index_key_dtype`]) over `pairs` query-key pairs that read `key_reads` cached
+    /// keys, and the top-k selection.
     #[allow(clippy::too_many_arguments)]
     fn indexer(
         &mut self,

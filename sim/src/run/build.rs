@@ -156,7 +156,8 @@ pub struct BuiltInstance {
 }
 
 /// KV bytes one context token takes across the model's layers (with MTP layers when MTP is on):
-/// what a PD hand-off moves per prompt token.
+/// what a PD hand-off moves per prompt token. MTP is on or off for the whole deployment (an
+/// instance's `mtp_tokens` sets only its depth), so the scenario's `[mtp]` decides.
 pub fn kv_bytes_per_token(s: &Scenario) -> f64 {
     let mtp_layers = if s.mtp.tokens > 0 {
         s.model.mtp_layers

@@ -148,9 +148,9 @@ pub(super) fn validate(
         let mtp_tokens =
             match spec.mtp_tokens {
                 None => raw.mtp.tokens,
-                Some(_) if raw.mtp.tokens == 0 => return Err(field(
+                Some(n) if raw.mtp.tokens == 0 => return Err(field(
                     f("mtp_tokens"),
-                    spec.mtp_tokens.unwrap_or(0),
+                    n,
                     "sets this instance's MTP depth, but [mtp] tokens is 0 (MTP off): turn MTP on \
                      there first",
                 )),
