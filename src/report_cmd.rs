@@ -1,7 +1,7 @@
 //! `dstwin report`: Pareto fronts (CSV, SVG, PNG) and a markdown summary from sweep CSVs,
 //! optionally merging the shards of a study.
 
-use crate::output::outln;
+use crate::output::{outln, write_file};
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
@@ -23,10 +23,6 @@ pub struct ReportArgs {
     /// Directory for the outputs (default: the CSV's directory).
     #[arg(long)]
     out: Option<PathBuf>,
-}
-
-fn write(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
-    crate::output::write_file(path, bytes)
 }
 
 /// Reads a sweep CSV (errors name the file and the line).
@@ -54,12 +50,12 @@ pub fn write_report(dir: &Path, axes: &[String], rows: &[Row]) -> Result<Vec<Pat
             ("png", plot::png(&p)),
         ] {
             let path = dir.join(format!("pareto_{}.{ext}", f.name));
-            write(&path, &bytes)?;
+            write_file(&path, &bytes)?;
             written.push(path);
         }
     }
     let md = dir.join("summary.md");
-    write(&md, summary_markdown(axes, rows).as_bytes())?;
+    write_file(&md, summary_markdown(axes, rows).as_bytes())?;
     written.push(md);
     Ok(written)
 }
@@ -109,7 +105,7 @@ pub fn run(a: ReportArgs) -> Result<(), Failure> {
             .map_err(Failure::Runtime)?;
         let mut buf = Vec::new();
         write_csv(&mut buf, &axes, &rows).map_err(|e| Failure::Runtime(e.into()))?;
-        write(&dir.join("sweep.csv"), &buf)?;
+        write_file(&dir.join("sweep.csv"), &buf)?;
         crate::output::errln!(
             "merged {} points into {}",
             rows.len(),

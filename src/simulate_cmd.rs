@@ -1,6 +1,6 @@
 //! `dstwin simulate`: runs a scenario and writes its reports.
 
-use crate::output::{out, outln};
+use crate::output::{out, outln, write_file};
 use crate::Failure;
 use clap::Args;
 use dstwin_calibration::anchors::RunMetric;
@@ -64,10 +64,6 @@ pub struct SimulateArgs {
     /// No progress bar and no footer on stderr.
     #[arg(long, short)]
     quiet: bool,
-}
-
-fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
-    crate::output::write_file(path, bytes)
 }
 
 /// A scenario file with overrides, or the built-in default scenario without a file.

@@ -111,6 +111,15 @@ impl Row {
             interval: None,
         }
     }
+
+    /// This figure, obtained `how`, held to the end-to-end goal.
+    fn against_goal(self, how: &'static str) -> Row {
+        Row {
+            how: Some(how),
+            bound: Some(GOAL),
+            ..self
+        }
+    }
 }
 
 #[derive(Serialize, Debug, Clone, Copy)]
@@ -323,8 +332,6 @@ fn e2e_rows(quiet: bool, draws: u32) -> Result<(Vec<Row>, usize), Failure> {
         .map(|f| {
             let kind = if f.in_sample { "e2e_in_sample" } else { "e2e" };
             Row {
-                how: Some("simulated"),
-                bound: Some(GOAL),
                 interval: f.interval,
                 ..Row::new(
                     f.run,
@@ -334,6 +341,7 @@ fn e2e_rows(quiet: bool, draws: u32) -> Result<(Vec<Row>, usize), Failure> {
                     f.error,
                     kind,
                 )
+                .against_goal("simulated")
             }
         })
         .collect();
@@ -377,10 +385,8 @@ fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
         .map_err(runtime)?;
     bar.finish_and_clear();
     let simulated: Vec<&str> = runs.iter().map(|r| r.anchor.as_str()).collect();
-    rows.extend(evaluated.iter().flat_map(|r| &r.figures).map(|f| Row {
-        how: Some("simulated"),
-        bound: Some(GOAL),
-        ..Row::new(
+    rows.extend(evaluated.iter().flat_map(|r| &r.figures).map(|f| {
+        Row::new(
             f.run.clone(),
             f.metric.name(),
             f.published,
@@ -388,15 +394,14 @@ fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
             f.error,
             "out_of_sample",
         )
+        .against_goal("simulated")
     }));
     for h in &held {
         if simulated.contains(&h.anchor.as_str()) {
             continue;
         }
-        rows.extend(h.residuals.iter().map(|r| Row {
-            how: Some("steady step"),
-            bound: Some(GOAL),
-            ..Row::new(
+        rows.extend(h.residuals.iter().map(|r| {
+            Row::new(
                 r.id.clone(),
                 r.metric.name(),
                 r.published,
@@ -404,6 +409,7 @@ fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
                 r.error,
                 "out_of_sample",
             )
+            .against_goal("steady step")
         }));
     }
     // Anchors on other cost models (borrowed parameters, never fitted): their steady steps.
@@ -414,10 +420,8 @@ fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
                 .predict(t.base_cost().map_err(runtime)?)
                 .map_err(runtime)?;
             let error = t.metric.error(predicted, t.published);
-            rows.push(Row {
-                how: Some("steady step"),
-                bound: Some(GOAL),
-                ..Row::new(
+            rows.push(
+                Row::new(
                     t.id.clone(),
                     t.metric.name(),
                     t.published,
@@ -425,7 +429,8 @@ fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
                     error,
                     "out_of_sample",
                 )
-            });
+                .against_goal("steady step"),
+            );
         }
     }
     rows.extend(

@@ -145,27 +145,29 @@ pub(super) fn validate(
             ));
         }
         let f = |k: &str| format!("instance.{}.{k}", spec.name);
-        let mtp_tokens =
-            match spec.mtp_tokens {
-                None => raw.mtp.tokens,
-                Some(n) if raw.mtp.tokens == 0 => return Err(field(
-                    f("mtp_tokens"),
-                    n,
-                    "sets this instance's MTP depth, but [mtp] tokens is 0 (MTP off): turn MTP on \
-                     there first",
-                )),
-                Some(n) if n == 0 || n > max_drafts => {
-                    return Err(field(
-                        f("mtp_tokens"),
-                        n,
-                        format!(
+        let mtp_tokens = match spec.mtp_tokens {
+            None => raw.mtp.tokens,
+            Some(n) => {
+                let refused = if raw.mtp.tokens == 0 {
+                    Some(
+                        "sets this instance's MTP depth, but [mtp] tokens is 0 (MTP off): turn \
+                         MTP on there first"
+                            .to_string(),
+                    )
+                } else if n == 0 || n > max_drafts {
+                    Some(format!(
                         "must be 1 to {max_drafts} draft tokens per step (MTP is turned off for \
                          every instance with [mtp] tokens = 0)"
-                    ),
                     ))
+                } else {
+                    None
+                };
+                if let Some(reason) = refused {
+                    return Err(field(f("mtp_tokens"), n, reason));
                 }
-                Some(n) => n,
-            };
+                n
+            }
+        };
         if spec.count == 0 {
             return Err(field(f("count"), 0, "must be at least 1"));
         }
