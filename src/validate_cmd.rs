@@ -166,26 +166,23 @@ struct Builtin {
 /// An unfitted number of a cost file: name, value, source and how to set it.
 type Assumption = (String, f64, String, fn(&mut CostParams, f64));
 
-/// The assumption-marked numbers of a cost file whose effect is reported: every class
-/// efficiency, fixed cost and padding not in the fit, the collective parameters and the eager
+/// The assumption-marked numbers of a cost file whose effect is reported: every efficiency of
+/// a class it gives, fixed cost and padding not in the fit, the collective parameters and the eager
 /// launch time.
 fn assumptions(p: &CostParams) -> Vec<Assumption> {
     let mut out: Vec<Assumption> = Vec::new();
-    let classes = [
-        OpClass::Gemm,
-        OpClass::GroupedGemm,
-        OpClass::Attention,
-        OpClass::PrefillAttention,
-        OpClass::Indexer,
-        OpClass::Elementwise,
-    ];
-    for c in classes {
+    // The classes the file gives (one priced by another's entry moves with that entry).
+    for c in OpClass::ALL
+        .into_iter()
+        .filter(|c| p.efficiency.contains_key(c))
+    {
         let e = p.efficiency(c);
         let src = e.source.clone();
         let name = c.name();
         let set_c: fn(&mut CostParams, f64) = match c {
             OpClass::Gemm => |p, v| eff_mut(p, OpClass::Gemm).compute = v,
             OpClass::GroupedGemm => |p, v| eff_mut(p, OpClass::GroupedGemm).compute = v,
+            OpClass::TpGroupedGemm => |p, v| eff_mut(p, OpClass::TpGroupedGemm).compute = v,
             OpClass::Attention => |p, v| eff_mut(p, OpClass::Attention).compute = v,
             OpClass::PrefillAttention => |p, v| eff_mut(p, OpClass::PrefillAttention).compute = v,
             OpClass::Indexer => |p, v| eff_mut(p, OpClass::Indexer).compute = v,
@@ -194,6 +191,7 @@ fn assumptions(p: &CostParams) -> Vec<Assumption> {
         let set_m: fn(&mut CostParams, f64) = match c {
             OpClass::Gemm => |p, v| eff_mut(p, OpClass::Gemm).memory = v,
             OpClass::GroupedGemm => |p, v| eff_mut(p, OpClass::GroupedGemm).memory = v,
+            OpClass::TpGroupedGemm => |p, v| eff_mut(p, OpClass::TpGroupedGemm).memory = v,
             OpClass::Attention => |p, v| eff_mut(p, OpClass::Attention).memory = v,
             OpClass::PrefillAttention => |p, v| eff_mut(p, OpClass::PrefillAttention).memory = v,
             OpClass::Indexer => |p, v| eff_mut(p, OpClass::Indexer).memory = v,

@@ -890,6 +890,7 @@ fn check_prices_each_kernel_with_the_cost_model_as_it_is() {
                 bytes: w.bytes,
                 dtype: DType::Fp32,
                 rows: w.rows.unwrap_or(0.0),
+                slice: 0.0,
             };
             measured += k.dur_ns as f64 / 1e6;
             priced += cm.compute_op(&r.op, &work).time_s * 1e3;

@@ -18,6 +18,10 @@ pub enum OpClass {
     Gemm,
     /// Grouped expert GEMMs of the MoE layers.
     GroupedGemm,
+    /// Grouped expert GEMMs of a tensor-parallel MoE: every die computes every expert over a
+    /// slice of its intermediate (on GPUs the fused Triton MoE kernel, not DeepGEMM's); a cost
+    /// file without its own entry uses `grouped_gemm`'s.
+    TpGroupedGemm,
     /// Attention core (QK, softmax, AV) of decode steps: MLA over the latent cache.
     Attention,
     /// Attention core of prompt tokens (flash attention over up-projected K and V): a
@@ -30,14 +34,25 @@ pub enum OpClass {
 }
 
 impl OpClass {
-    pub const ALL: [OpClass; 6] = [
+    pub const ALL: [OpClass; 7] = [
         OpClass::Gemm,
         OpClass::GroupedGemm,
+        OpClass::TpGroupedGemm,
         OpClass::Attention,
         OpClass::PrefillAttention,
         OpClass::Indexer,
         OpClass::Elementwise,
     ];
+    /// The class whose efficiency a cost file without an entry of this class's own prices it
+    /// with; `None` for classes every cost file must give.
+    pub fn fallback(self) -> Option<OpClass> {
+        match self {
+            OpClass::PrefillAttention => Some(OpClass::Attention),
+            OpClass::TpGroupedGemm => Some(OpClass::GroupedGemm),
+            _ => None,
+        }
+    }
+
     /// Position in [`OpClass::ALL`].
     pub fn index(self) -> usize {
         self as usize
@@ -47,6 +62,7 @@ impl OpClass {
         match self {
             OpClass::Gemm => "gemm",
             OpClass::GroupedGemm => "grouped_gemm",
+            OpClass::TpGroupedGemm => "tp_grouped_gemm",
             OpClass::Attention => "attention",
             OpClass::PrefillAttention => "prefill_attention",
             OpClass::Indexer => "indexer",
@@ -110,6 +126,8 @@ pub enum A2aMode {
 /// GEMMs, tokens per expert for grouped GEMMs, query rows for attention) takes
 /// `fixed_us + max(F / (peak x compute) x (R + rows_pad) / R, B / (HBM x memory))`; an op of at
 /// most one row with [`Efficiency::one_row`] given takes that entry's form instead (no padding).
+/// An op split `S` wide by tensor parallelism ([`Work::slice`]) computes `(S + slice_pad) / S`
+/// times longer again.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Efficiency {
@@ -119,6 +137,12 @@ pub struct Efficiency {
     /// computes as if it had 16 rows, which `rows_pad` = 12 averages. 0: no such effect.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rows_pad: f64,
+    /// Width added to a tensor-parallel op's slice ([`Work::slice`]) by the work its kernel
+    /// does whatever the slice (tile prologue and epilogue, the output written per tile): a
+    /// MoE expert split 8 ways computes its 256-wide slice as if it were `256 + slice_pad`
+    /// wide. 0: no such effect.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub slice_pad: f64,
     /// Fixed cost of one kernel of this class, µs: launch, pipeline fill and drain, the
     /// synchronization ending it. Absent: the file's `op_overhead_us`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -378,11 +402,12 @@ fn check_positive(file: &str, field: &str, v: f64, meaning: &str) -> Result<(), 
 }
 
 impl CostParams {
-    /// The efficiency of an op class (prefill attention falls back to attention's).
+    /// The efficiency of an op class (prefill attention falls back to attention's, the
+    /// tensor-parallel grouped GEMM to the grouped GEMM's).
     pub fn efficiency(&self, class: OpClass) -> &Efficiency {
         match self.efficiency.get(&class) {
             Some(e) => e,
-            None => &self.efficiency[&OpClass::Attention],
+            None => &self.efficiency[&class.fallback().unwrap_or(class)],
         }
     }
 
@@ -414,7 +439,7 @@ impl CostParams {
             }
         }
         for c in OpClass::ALL {
-            if c == OpClass::PrefillAttention && !self.efficiency.contains_key(&c) {
+            if c.fallback().is_some() && !self.efficiency.contains_key(&c) {
                 continue;
             }
             let e = self.efficiency.get(&c).ok_or_else(|| {
@@ -431,6 +456,11 @@ impl CostParams {
                 file,
                 &format!("efficiency.{}.rows_pad", c.name()),
                 e.rows_pad,
+            )?;
+            check_nonneg(
+                file,
+                &format!("efficiency.{}.slice_pad", c.name()),
+                e.slice_pad,
             )?;
             if let Some(f) = e.fixed_us {
                 check_nonneg(file, &format!("efficiency.{}.fixed_us", c.name()), f)?;
@@ -608,6 +638,11 @@ pub struct Work {
     /// Rows of the op's varying matrix side (tokens of a GEMM, tokens per expert of a grouped
     /// GEMM, query rows of attention); 0 when the op has none (tile padding then does not apply).
     pub rows: f64,
+    /// Width of the slice tensor parallelism leaves each die of the op's split dimension (the
+    /// expert intermediate per die of a tensor-parallel MoE); 0 when the op is not split that
+    /// way ([`Efficiency::slice_pad`] then does not apply).
+    #[serde(default)]
+    pub slice: f64,
 }
 
 /// A collective as one die sees it.
@@ -645,6 +680,7 @@ struct ClassCost {
     compute: f64,
     memory: f64,
     rows_pad: f64,
+    slice_pad: f64,
     fixed_s: f64,
     /// One-row kernels: compute, memory, fixed seconds.
     one_row: Option<(f64, f64, f64)>,
@@ -657,6 +693,7 @@ impl ClassCost {
             compute: e.compute,
             memory: e.memory,
             rows_pad: e.rows_pad,
+            slice_pad: e.slice_pad,
             fixed_s: e.fixed_us.unwrap_or(params.op_overhead_us) * 1e-6,
             one_row: e.one_row.map(|o| (o.compute, o.memory, o.fixed_us * 1e-6)),
         }
@@ -751,9 +788,9 @@ impl CostModel {
         let e = self.class(w.class);
         match e.one_row {
             Some((compute, memory, fixed_s)) if OneRow::covers(w.rows) => {
-                self.roofline(w, compute, memory, 0.0, fixed_s)
+                self.roofline(w, compute, memory, (0.0, e.slice_pad), fixed_s)
             }
-            _ => self.roofline(w, e.compute, e.memory, e.rows_pad, e.fixed_s),
+            _ => self.roofline(w, e.compute, e.memory, (e.rows_pad, e.slice_pad), e.fixed_s),
         }
     }
 
@@ -770,19 +807,23 @@ impl CostModel {
             Resource::Compute => (k.efficiency, e.memory),
             Resource::Memory => (e.compute, k.efficiency),
         };
-        self.roofline(w, compute, memory, 0.0, k.fixed_us * 1e-6)
+        self.roofline(w, compute, memory, (0.0, 0.0), k.fixed_us * 1e-6)
     }
 
-    /// `fixed_s` plus the slower of compute (with `rows_pad` rows of padding) and memory time at
-    /// the given efficiencies; nothing for an op with no work.
-    fn roofline(&self, w: &Work, compute: f64, memory: f64, rows_pad: f64, fixed_s: f64) -> Cost {
+    /// `fixed_s` plus the slower of compute (with `pad`: rows of padding, width added to the
+    /// slice) and memory time at the given efficiencies; nothing for an op with no work.
+    fn roofline(
+        &self,
+        w: &Work,
+        compute: f64,
+        memory: f64,
+        (rows_pad, slice_pad): (f64, f64),
+        fixed_s: f64,
+    ) -> Cost {
         let chip = &self.system.chip;
         let k = self.params.in_situ_efficiency;
-        let padding = if w.rows > 0.0 {
-            (w.rows + rows_pad) / w.rows
-        } else {
-            1.0
-        };
+        let grow = |n: f64, pad: f64| if n > 0.0 { (n + pad) / n } else { 1.0 };
+        let padding = grow(w.rows, rows_pad) * grow(w.slice, slice_pad);
         let compute_s = w.flops * padding / (self.peaks[w.dtype.index()] * compute * k);
         let memory_s = w.bytes / (chip.hbm_bytes_per_s() * memory * k);
         let overhead_s = if w.flops > 0.0 || w.bytes > 0.0 {

@@ -274,6 +274,7 @@ fn one_row_kernels_take_their_own_form_when_the_file_gives_one() {
         bytes: 2.0 * (rows * 7168.0 + 7168.0 * 1536.0 + rows * 1536.0),
         dtype: DType::Bf16,
         rows,
+        slice: 0.0,
     };
     // One row: the entry's fixed cost and memory efficiency (the in-situ factor still applies).
     let one = cm.compute(&gemm(1.0));
@@ -358,6 +359,7 @@ fn a_kernel_entry_prices_its_ops_and_leaves_the_class_to_the_others() {
         bytes: 64e6,
         dtype: DType::Bf16,
         rows: 0.0,
+        slice: 0.0,
     };
     // Another op of the same class: the class's efficiency and the file's per-kernel cost.
     let class = cm.compute_op("ffn_norm", &w);
@@ -417,9 +419,9 @@ proptest! {
     fn more_work_is_never_cheaper(flops in 0.0f64..1e15, bytes in 0.0f64..1e11, extra in 0.0f64..1e13, class in 0usize..5) {
         let cm = cost_model();
         let class = OpClass::ALL[class];
-        let a = cm.compute(&Work { class, flops, bytes, dtype: DType::Int8, rows: 0.0 }).time_s;
-        let b = cm.compute(&Work { class, flops: flops + extra, bytes, dtype: DType::Int8, rows: 0.0 }).time_s;
-        let c = cm.compute(&Work { class, flops, bytes: bytes + extra, dtype: DType::Int8, rows: 0.0 }).time_s;
+        let a = cm.compute(&Work { class, flops, bytes, dtype: DType::Int8, rows: 0.0, slice: 0.0 }).time_s;
+        let b = cm.compute(&Work { class, flops: flops + extra, bytes, dtype: DType::Int8, rows: 0.0, slice: 0.0 }).time_s;
+        let c = cm.compute(&Work { class, flops, bytes: bytes + extra, dtype: DType::Int8, rows: 0.0, slice: 0.0 }).time_s;
         prop_assert!(b >= a && c >= a);
     }
 
@@ -433,4 +435,57 @@ proptest! {
             prop_assert!(t(bytes, group * 2) >= t(bytes, group) * 0.999);
         }
     }
+}
+
+#[test]
+fn a_tensor_parallel_grouped_gemm_slows_as_its_slice_narrows_and_falls_back_to_grouped_gemm() {
+    let file = |body: &str| {
+        format!("name = \"mine\"\nsource = \"test\"\ninherits = \"ascend-910c\"\n{body}")
+    };
+    // The shipped Ascend file has no entry of its own: the grouped GEMM's prices it.
+    let base = user_cost_model("tp-base", &file("")).unwrap();
+    let experts = |class, slice| Work {
+        class,
+        flops: 2.0 * 4096.0 * 8.0 * 3.0 * 7168.0 * slice,
+        bytes: 1e6,
+        dtype: DType::Int8,
+        rows: 128.0,
+        slice,
+    };
+    assert_eq!(
+        base.compute(&experts(OpClass::TpGroupedGemm, 256.0)),
+        base.compute(&experts(OpClass::GroupedGemm, 256.0))
+    );
+    let entry = |pad: f64| {
+        file(&format!(
+            "[efficiency.tp_grouped_gemm]\ncompute = 0.3\nmemory = 0.7\nfixed_us = 0.0\n\
+             slice_pad = {pad:?}\nsource = \"test\"\n"
+        ))
+    };
+    let cm = user_cost_model("tp-pad", &entry(256.0)).unwrap();
+    let unpadded = user_cost_model("tp-nopad", &entry(0.0)).unwrap();
+    // A slice of 256 with 256 of padding computes twice as long as its FLOPs say; one of
+    // 2048 an eighth longer. The grouped GEMM (no slice_pad) is untouched.
+    for (slice, factor) in [(256.0, 2.0), (2048.0, 1.125)] {
+        let w = experts(OpClass::TpGroupedGemm, slice);
+        let r = cm.compute(&w).compute_s / unpadded.compute(&w).compute_s;
+        assert!((r / factor - 1.0).abs() < 1e-12, "{slice}: {r}");
+    }
+    assert_eq!(
+        cm.compute(&experts(OpClass::GroupedGemm, 256.0)),
+        base.compute(&experts(OpClass::GroupedGemm, 256.0))
+    );
+    let err = user_cost_model(
+        "tp-bad",
+        &file(
+            "[efficiency.tp_grouped_gemm]\ncompute = 0.3\nmemory = 0.7\nslice_pad = -1.0\n\
+             source = \"test\"\n",
+        ),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("efficiency.tp_grouped_gemm.slice_pad"),
+        "{err}"
+    );
 }

@@ -56,6 +56,7 @@ fn price(cm: &CostModel) {
             bytes: 1e9,
             dtype: DType::Int8,
             rows: 64.0,
+            slice: 0.0,
         });
     }
     let mut group = 2u32;

@@ -414,6 +414,7 @@ fn collect(profiles: &[Profile], opts: &TraceOptions, cold_after_us: &[Option<f6
                             bytes: w.bytes,
                             dtype,
                             rows: w.rows.unwrap_or(0.0),
+                            slice: 0.0,
                         },
                         step: located.map(|(i, _)| i),
                         cold: located.is_some_and(|(_, cold)| cold),

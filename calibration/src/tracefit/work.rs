@@ -92,7 +92,8 @@ pub fn engine_op_work(k: &KernelRecord, class: OpClass, m: &EngineModel) -> Opti
         OpClass::PrefillAttention => {
             b.add_prefill(tokens, dim("context")?.checked_sub(tokens)?, cap)
         }
-        OpClass::Gemm | OpClass::Indexer => return None,
+        // The CPU engine runs no tensor-parallel MoE.
+        OpClass::Gemm | OpClass::Indexer | OpClass::TpGroupedGemm => return None,
         OpClass::GroupedGemm | OpClass::Elementwise => {
             if &*k.name == "experts" {
                 group_tokens = tokens.div_ceil(m.config.top_k.max(1));

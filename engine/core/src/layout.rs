@@ -48,8 +48,10 @@ pub struct Layout {
     pub dp: u32,
     /// Attention tensor-parallel size per DP rank. `dp * tp` must equal `dies`.
     pub tp: u32,
-    /// Dies the routed experts are spread over (one EP group spanning the instance: equal to
-    /// `dies`).
+    /// Dies the routed experts are spread over: `dies` (one EP group spanning the instance), or
+    /// 1 for MoE tensor parallelism (every die holds every expert, each expert's intermediate
+    /// split over the dies, an all-reduce after the MoE: vLLM without
+    /// `--enable-expert-parallel`, SGLang's `--ep-size 1`).
     pub ep: u32,
     /// Tensor-parallel size of dense FFN layers, embeddings and LM head (default: `tp`).
     #[serde(default)]
@@ -108,6 +110,9 @@ pub struct Plan {
     pub dp: u32,
     pub tp: u32,
     pub ep: u32,
+    /// Dies each routed expert's intermediate is split over: `dies` under MoE tensor
+    /// parallelism (`ep` 1 on more than one die), else 1.
+    pub moe_tp: u32,
     pub dense_tp: u32,
     pub redundant_experts: u32,
     pub shared_expert_dies: u32,
@@ -167,15 +172,54 @@ impl Layout {
                 per_node: system.dies_per_node(),
             });
         }
-        if self.ep != self.dies {
+        if self.ep != self.dies && self.ep != 1 {
             return Err(field(
                 "ep",
                 self.ep,
                 format!(
-                    "must equal dies ({}): one EP group spans the instance",
+                    "must equal dies ({}: one EP group spans the instance) or be 1 (MoE tensor \
+                     parallelism over the instance)",
                     self.dies
                 ),
             ));
+        }
+        let moe_tp = if self.ep == 1 { self.dies } else { 1 };
+        if moe_tp > 1 {
+            if self.dp > 1 {
+                return Err(field(
+                    "ep",
+                    1,
+                    format!(
+                        "MoE tensor parallelism across {} attention DP ranks is not modelled; \
+                         set ep = dies ({}) or dp = 1",
+                        self.dp, self.dies
+                    ),
+                ));
+            }
+            if !model.expert_ffn.is_multiple_of(u64::from(moe_tp)) {
+                return Err(field(
+                    "ep",
+                    1,
+                    format!(
+                        "MoE tensor parallelism over {moe_tp} dies must divide the expert \
+                         intermediate size {}",
+                        model.expert_ffn
+                    ),
+                ));
+            }
+            for (name, v) in [
+                ("redundant_experts", self.redundant_experts),
+                ("shared_expert_dies", self.shared_expert_dies),
+            ] {
+                if v > 0 {
+                    return Err(field(
+                        name,
+                        v,
+                        "needs expert parallelism (ep = dies); under MoE tensor parallelism \
+                         (ep = 1) every die holds every expert",
+                    ));
+                }
+            }
         }
         let heads = match &model.attention {
             crate::model::Attention::Mla { heads, .. }
@@ -247,6 +291,7 @@ impl Layout {
             dp: self.dp,
             tp: self.tp,
             ep: self.ep,
+            moe_tp,
             dense_tp,
             redundant_experts: self.redundant_experts,
             shared_expert_dies: self.shared_expert_dies,

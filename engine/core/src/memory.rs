@@ -123,7 +123,8 @@ pub fn memory_map(
     let embedding_weights = (c.embedding + c.lm_head) as f64 / dtp * emb;
     let moe_layers = (m.moe_layers() + mtp) as f64;
     let expert = m.expert_params() as f64 * exp;
-    let routed = plan.slots_per_die as f64 * expert * moe_layers;
+    // Under MoE tensor parallelism every die holds a 1/moe_tp slice of every expert.
+    let routed = plan.slots_per_die as f64 * expert * moe_layers / plan.moe_tp as f64;
     let shared_per_die = if plan.shared_expert_dies > 0 {
         0.0
     } else {

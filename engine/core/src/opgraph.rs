@@ -148,6 +148,7 @@ fn compute(class: OpClass, flops: f64, bytes: f64, dtype: DType, rows: f64) -> W
         bytes,
         dtype,
         rows,
+        slice: 0.0,
     }
 }
 
@@ -796,6 +797,10 @@ impl Builder<'_> {
             DType::Bf16,
         );
         self.elementwise("router_topk", layer, repeat, t * m.routed_experts as f64);
+        if p.moe_tp > 1 {
+            self.tp_moe_ops(layer, repeat, t);
+            return;
+        }
         let shared_dies = p.shared_expert_dies > 0;
         let fanout = (m.top_k + u64::from(shared_dies)) as f64;
         let dq = q.dispatch();
@@ -868,17 +873,8 @@ impl Builder<'_> {
         } else {
             (t, DieSet::All)
         };
-        let sh = m.shared_experts as f64;
-        let split = if shared_dies { 1.0 } else { p.dense_tp as f64 };
-        let flops = 2.0 * stok * 3.0 * h * ffn * sh / split;
-        let bytes = sh * expert_bytes / split + stok * (2.0 * h + 3.0 * ffn / split) * act;
-        self.push(
-            "shared_expert",
-            layer,
-            repeat,
-            sdies,
-            work(OpClass::GroupedGemm, flops, bytes, ec, stok),
-        );
+        let split = if shared_dies { 1 } else { p.dense_tp };
+        self.shared_expert(layer, repeat, stok, sdies, split);
         let (name, out_of_experts) = if allgather {
             (
                 "moe_reduce_scatter",
@@ -891,6 +887,64 @@ impl Builder<'_> {
             )
         };
         self.push(name, layer, repeat, DieSet::All, out_of_experts);
+    }
+
+    /// The shared experts of `tokens` tokens on `dies`, each split `split` ways.
+    fn shared_expert(
+        &mut self,
+        layer: LayerKind,
+        repeat: u64,
+        tokens: f64,
+        dies: DieSet,
+        split: u32,
+    ) {
+        let m = self.s.model;
+        let q = self.s.quant;
+        let (h, ffn) = (m.hidden as f64, m.expert_ffn as f64);
+        let act = DType::Bf16.bytes();
+        let expert_bytes = m.expert_params() as f64 * q.expert_weight().bytes();
+        let (sh, split) = (m.shared_experts as f64, split as f64);
+        let flops = 2.0 * tokens * 3.0 * h * ffn * sh / split;
+        let bytes = sh * expert_bytes / split + tokens * (2.0 * h + 3.0 * ffn / split) * act;
+        let w = work(
+            OpClass::GroupedGemm,
+            flops,
+            bytes,
+            q.linear_compute(),
+            tokens,
+        );
+        self.push("shared_expert", layer, repeat, dies, w);
+    }
+
+    /// The MoE ops after the router of one die of a tensor-parallel MoE (`moe_tp` dies, one
+    /// attention DP rank: every die holds the rank's `t` tokens): every expert over its slice
+    /// of the intermediate, the shared expert over the dense-TP split, and one all-reduce of
+    /// the summed outputs, as vLLM's `FusedMoE` reduces them. No tokens move before the
+    /// experts and no die is hotter than another.
+    fn tp_moe_ops(&mut self, layer: LayerKind, repeat: u64, t: f64) {
+        let m = self.s.model;
+        let q = self.s.quant;
+        let p = self.s.plan;
+        let (h, ffn) = (m.hidden as f64, m.expert_ffn as f64);
+        let slice = ffn / p.moe_tp as f64;
+        let act = DType::Bf16.bytes();
+        let expert_bytes = m.expert_params() as f64 * q.expert_weight().bytes();
+        let experts = m.routed_experts as f64;
+        let tok = t * m.top_k as f64;
+        let hit = experts * (1.0 - (1.0 - 1.0 / experts).powf(tok));
+        let flops = 2.0 * tok * 3.0 * h * slice;
+        let bytes = hit * expert_bytes / p.moe_tp as f64 + tok * (2.0 * h + 3.0 * slice) * act;
+        let mut w = compute(
+            OpClass::TpGroupedGemm,
+            flops,
+            bytes,
+            q.linear_compute(),
+            tok / hit.max(1.0),
+        );
+        w.slice = slice;
+        self.push("experts", layer, repeat, DieSet::All, OpKind::Compute(w));
+        self.shared_expert(layer, repeat, t, DieSet::All, p.dense_tp);
+        self.all_reduce("moe_all_reduce", layer, repeat, t * h * act, p.moe_tp);
     }
 
     fn lm_head(&mut self, layer: LayerKind, repeat: u64, logit_tokens: f64) {
@@ -1120,6 +1174,7 @@ fn bare_plan(model: &ModelConfig, ep: u32) -> Plan {
         dp: ep,
         tp: 1,
         ep,
+        moe_tp: 1,
         dense_tp: 1,
         redundant_experts: 0,
         shared_expert_dies: 0,

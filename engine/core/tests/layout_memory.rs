@@ -177,3 +177,79 @@ fn redundant_experts_cost_memory() {
     assert!(b.routed_expert_weights > a.routed_expert_weights);
     assert!(b.kv_capacity_tokens < a.kv_capacity_tokens);
 }
+
+fn moe_tp(dies: u32) -> Layout {
+    Layout {
+        role: Role::Mixed,
+        dies,
+        dp: 1,
+        tp: dies,
+        ep: 1,
+        dense_tp: None,
+        redundant_experts: 0,
+        shared_expert_dies: 0,
+    }
+}
+
+#[test]
+fn ep_1_is_moe_tensor_parallelism_over_the_instance() {
+    let m = builtin("r1").unwrap();
+    let h200 = Catalog::builtin().system("nvidia-h200-8").unwrap();
+    let plan = moe_tp(8).validate(&m, h200).unwrap();
+    assert_eq!((plan.ep, plan.moe_tp, plan.routed_dies), (1, 8, 1));
+    assert_eq!(plan.slots_per_die, 256, "every die holds every expert");
+    // A single die is plain EP 1: nothing to split.
+    assert_eq!(moe_tp(1).validate(&m, h200).unwrap().moe_tp, 1);
+    // Expert parallelism keeps moe_tp 1.
+    let ep = Layout::dp_ep(Role::Mixed, 8).validate(&m, h200).unwrap();
+    assert_eq!((ep.ep, ep.moe_tp), (8, 1));
+}
+
+#[test]
+fn moe_tensor_parallelism_refuses_what_needs_expert_parallelism() {
+    let m = builtin("r1").unwrap();
+    let h200 = Catalog::builtin().system("nvidia-h200-8").unwrap();
+    let err = |l: Layout| l.validate(&m, h200).unwrap_err().to_string();
+    let e = err(Layout { ep: 4, ..moe_tp(8) });
+    assert!(e.contains("layout.ep = 4") && e.contains("or be 1"), "{e}");
+    let e = err(Layout {
+        dp: 2,
+        tp: 4,
+        ..moe_tp(8)
+    });
+    assert!(
+        e.contains("layout.ep = 1") && e.contains("2 attention DP ranks"),
+        "{e}"
+    );
+    let e = err(Layout {
+        redundant_experts: 8,
+        ..moe_tp(8)
+    });
+    assert!(
+        e.contains("layout.redundant_experts = 8") && e.contains("ep = dies"),
+        "{e}"
+    );
+    let e = err(Layout {
+        shared_expert_dies: 1,
+        ..moe_tp(8)
+    });
+    assert!(e.contains("layout.shared_expert_dies = 1"), "{e}");
+}
+
+#[test]
+fn moe_tensor_parallelism_holds_a_slice_of_every_expert() {
+    let m = builtin("r1").unwrap();
+    let h200 = Catalog::builtin().system("nvidia-h200-8").unwrap();
+    let inp = inputs(Quant::Fp8);
+    let tp = memory_map(&m, &moe_tp(8).validate(&m, h200).unwrap(), h200, &inp).unwrap();
+    let ep = memory_map(
+        &m,
+        &Layout::dp_ep(Role::Mixed, 8).validate(&m, h200).unwrap(),
+        h200,
+        &inp,
+    )
+    .unwrap();
+    // 256 experts split 8 ways weigh what 32 whole experts per die weigh.
+    let rel = (tp.routed_expert_weights / ep.routed_expert_weights - 1.0).abs();
+    assert!(rel < 1e-12, "{rel}");
+}

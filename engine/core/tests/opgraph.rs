@@ -615,3 +615,85 @@ fn the_indexer_reads_its_keys_in_the_engines_format() {
     let (dt, _) = score("deepseek-v4-flash", "ascend-910c", DType::Bf16);
     assert_eq!(dt, DType::Int8);
 }
+
+#[test]
+fn moe_tensor_parallelism_splits_every_expert_and_all_reduces_once() {
+    use dstwin_core::features::MoeCommUsed;
+    use dstwin_hwmodels::{CommKind, OpClass};
+    let m = builtin("r1").unwrap();
+    let sys = Catalog::builtin().system("nvidia-h200-8").unwrap();
+    let features = dstwin_core::features::Resolved::plain("nvidia-h200");
+    let layout = |ep| Layout {
+        role: Role::Mixed,
+        dies: 8,
+        dp: 1,
+        tp: 8,
+        ep,
+        dense_tp: None,
+        redundant_experts: 0,
+        shared_expert_dies: 0,
+    };
+    let shape = BatchShape::uniform_decode(512, 1, 1024, m.attn_cap());
+    let ops = |plan: &dstwin_core::layout::Plan, imbalance| {
+        let spec = StepSpec {
+            model: &m,
+            quant: Quant::Fp8,
+            kv_dtype: DType::Bf16,
+            plan,
+            mtp_tokens: 0,
+            features: &features,
+        };
+        let load = MoeLoad {
+            group_tokens: shape.tokens(),
+            imbalance,
+            comm: MoeCommUsed::AllToAll,
+        };
+        step_ops(spec, &shape, &load)
+    };
+    let tp_plan = layout(1).validate(&m, sys).unwrap();
+    let tp = ops(&tp_plan, 3.0);
+    let moe_layers = m.moe_layers();
+    let experts: Vec<_> = tp
+        .iter()
+        .filter(|o| o.name == "experts" && o.layer == dstwin_core::opgraph::LayerKind::Moe)
+        .collect();
+    assert_eq!(experts.len(), 1);
+    let OpKind::Compute(w) = experts[0].kind else {
+        panic!("experts is compute")
+    };
+    assert_eq!(w.class, OpClass::TpGroupedGemm);
+    assert_eq!(w.slice, m.expert_ffn as f64 / 8.0);
+    // Every token's top-k experts, each an eighth wide; the imbalance plays no part.
+    let want = 2.0 * 512.0 * m.top_k as f64 * 3.0 * m.hidden as f64 * m.expert_ffn as f64 / 8.0;
+    assert!(
+        (w.flops / want - 1.0).abs() < 1e-12,
+        "{} vs {want}",
+        w.flops
+    );
+    assert!(tp.iter().all(|o| !matches!(o.name, "dispatch" | "combine")));
+    let reduce: Vec<_> = tp.iter().filter(|o| o.name == "moe_all_reduce").collect();
+    assert_eq!(reduce.len(), 1);
+    assert_eq!(reduce[0].repeat, moe_layers);
+    match reduce[0].kind {
+        OpKind::Comm(c) => {
+            assert_eq!((c.kind, c.group), (CommKind::AllReduce, 8));
+            assert_eq!(c.bytes, 512.0 * m.hidden as f64 * 2.0);
+        }
+        OpKind::Compute(_) => panic!("the all-reduce is a collective"),
+    }
+    // Expert parallelism over the same dies at balance computes the same expert FLOPs per
+    // die (32 whole experts against 256 eighths), dispatching instead of reducing.
+    let ep_plan = layout(8).validate(&m, sys).unwrap();
+    let ep = ops(&ep_plan, 1.0);
+    let flops = |ops: &[dstwin_core::opgraph::Op]| -> f64 {
+        ops.iter()
+            .filter(|o| o.name == "experts")
+            .map(|o| match o.kind {
+                OpKind::Compute(w) => w.flops * o.repeat as f64,
+                OpKind::Comm(_) => 0.0,
+            })
+            .sum()
+    };
+    assert!((flops(&tp) / flops(&ep) - 1.0).abs() < 1e-12);
+    assert!(ep.iter().any(|o| o.name == "dispatch"));
+}

@@ -156,15 +156,15 @@ impl OpPrice for PathOp {
 }
 
 /// The slot of an op's class in [`dstwin_core::device::ClassTimes`]: reports show prefill and
-/// decode attention as one share, and collectives without a slot of their own together (a
-/// test checks this against the slots' names).
+/// decode attention as one share, both grouped GEMMs as one, and collectives without a slot
+/// of their own together (a test checks this against the slots' names).
 pub fn class_slot(kind: &OpKind) -> usize {
     use dstwin_core::device::OTHER_COMM;
     use dstwin_hwmodels::{CommKind, OpClass};
     match kind {
         OpKind::Compute(w) => match w.class {
             OpClass::Gemm => 0,
-            OpClass::GroupedGemm => 1,
+            OpClass::GroupedGemm | OpClass::TpGroupedGemm => 1,
             OpClass::Attention | OpClass::PrefillAttention => 2,
             OpClass::Indexer => 3,
             OpClass::Elementwise => 4,
@@ -677,11 +677,12 @@ mod tests {
     #[test]
     fn each_class_has_the_slot_of_its_name() {
         let by_name = |name: &str| {
-            // Prefill attention reports as attention.
-            let name = if name == "prefill_attention" {
-                "attention"
-            } else {
-                name
+            // Prefill attention reports as attention, the tensor-parallel grouped GEMM as the
+            // grouped GEMM.
+            let name = match name {
+                "prefill_attention" => "attention",
+                "tp_grouped_gemm" => "grouped_gemm",
+                n => n,
             };
             CLASS_NAMES
                 .iter()
@@ -695,6 +696,7 @@ mod tests {
                 bytes: 1.0,
                 dtype: DType::Bf16,
                 rows: 1.0,
+                slice: 0.0,
             };
             assert_eq!(
                 class_slot(&OpKind::Compute(w)),
