@@ -115,6 +115,52 @@ fn impossible_layouts_exit_2_naming_the_numbers() {
 }
 
 #[test]
+fn moe_tensor_parallelism_is_explained_as_such_and_refuses_flashcomm1() {
+    let args = [
+        "explain",
+        "--hardware",
+        "nvidia-h200-8",
+        "--quant",
+        "fp8",
+        "--role",
+        "mixed",
+        "--dies",
+        "8",
+        "--tp",
+        "8",
+        "--ep",
+        "1",
+        "--redundant-experts",
+        "0",
+        "--shared-expert-dies",
+        "0",
+        "--skew",
+        "--eplb",
+        "hierarchical",
+    ];
+    let o = dstwin(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("MoE TP8 (every die holds a 1/8 slice of all 256 experts)")
+            && out.contains("MoE comm all-reduce (tensor parallel)")
+            && out.contains("tp_grouped_gemm")
+            && out.contains("moe_all_reduce"),
+        "{out}"
+    );
+    assert!(!out.contains("dispatch "), "{out}");
+    let mut bad = args.to_vec();
+    bad.push("--flashcomm1");
+    let o = dstwin(&bad);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("flashcomm1") && stderr(&o).contains("ep = 1"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn bad_names_and_values_exit_2() {
     for (args, needle) in [
         (vec!["explain", "--model", "deepseek-v9"], "deepseek-v9"),

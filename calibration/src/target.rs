@@ -196,6 +196,14 @@ pub fn parse_targets(file: &str, text: &str) -> Result<Vec<Target>, CalibrationE
                 t.metric.name()
             )));
         }
+        // As a scenario caps its drafts: the step prices every draft position.
+        let max_drafts = dstwin_core::mtp::MAX_POSITIONS as u32;
+        if t.mtp > max_drafts {
+            return Err(t.err(format!(
+                "mtp {}: at most {max_drafts} draft tokens per step",
+                t.mtp
+            )));
+        }
         match (t.mtp_accept, t.mtp_accepted) {
             (Some(_), Some(_)) => {
                 return Err(t.err("give mtp_accept or mtp_accepted, not both"));

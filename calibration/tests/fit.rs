@@ -85,6 +85,14 @@ fn accepted_drafts_give_the_per_draft_acceptance() {
     let bad = TARGETS.replacen("mtp_accepted = 1.44", "mtp_accepted = 4.0", 1);
     let err = parse_targets("x.toml", &bad).unwrap_err().to_string();
     assert!(err.contains("mtp_accepted 4"), "{err}");
+    // Drafts are capped as a scenario caps them (a fuzzed 4294967295 priced for minutes).
+    let bad = TARGETS.replacen("mtp = 3\nmtp_accepted", "mtp = 4294967295\nmtp_accepted", 1);
+    assert_ne!(bad, TARGETS);
+    let err = parse_targets("x.toml", &bad).unwrap_err().to_string();
+    assert!(
+        err.contains("mtp 4294967295") && err.contains("at most"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -16,18 +16,24 @@ pub fn render_explain(e: &Explain) -> String {
         "{} {} (KV {}) on {} ({})",
         e.model, e.quant, e.kv_dtype, e.system, e.chip
     );
+    let experts = if p.moe_tp > 1 {
+        format!(
+            "MoE TP{} (every die holds a 1/{} slice of all {} experts)",
+            p.moe_tp, p.moe_tp, p.slots_per_die
+        )
+    } else {
+        format!(
+            "EP{} ({} routed-expert dies x {} slots, {} redundant, {} shared-expert dies)",
+            p.ep, p.routed_dies, p.slots_per_die, p.redundant_experts, p.shared_expert_dies
+        )
+    };
     let _ = writeln!(
         s,
-        "{} instance: {} dies, DP{} x TP{}, EP{} ({} routed-expert dies x {} slots, {} redundant, {} shared-expert dies), dense TP{}",
+        "{} instance: {} dies, DP{} x TP{}, {experts}, dense TP{}",
         p.role.name(),
         p.dies,
         p.dp,
         p.tp,
-        p.ep,
-        p.routed_dies,
-        p.slots_per_die,
-        p.redundant_experts,
-        p.shared_expert_dies,
         p.dense_tp
     );
     let b = &e.batch;
@@ -82,7 +88,11 @@ pub fn render_explain(e: &Explain) -> String {
     let _ = writeln!(
         s,
         "  engine           MoE comm {}, {}{}{}",
-        e.moe_comm.name(),
+        if p.moe_tp > 1 {
+            "all-reduce (tensor parallel)"
+        } else {
+            e.moe_comm.name()
+        },
         padding,
         if e.features.mlapo { ", MLAPO" } else { "" },
         if e.features.flashcomm1 {

@@ -309,9 +309,11 @@ pub struct FeatureError {
 }
 
 impl Features {
-    /// Whether the features suit a model with (`sparse`) or without sparse attention: DSA
-    /// context parallelism splits the sparse attention of V3.2 and V4 only.
-    pub fn check_attention(&self, sparse: bool) -> Result<(), FeatureError> {
+    /// Whether the features suit a model with (`sparse`) or without sparse attention and a
+    /// MoE split `moe_tp` ways: DSA context parallelism splits the sparse attention of V3.2 and
+    /// V4 only, and neither it nor FLASHCOMM1 is modelled beside MoE tensor parallelism (both
+    /// leave each die a slice of the tokens, which a tensor-parallel MoE would first gather).
+    pub fn check_instance(&self, sparse: bool, moe_tp: u32) -> Result<(), FeatureError> {
         if self.enable_dsa_cp && !sparse {
             return Err(FeatureError {
                 field: "enable_dsa_cp",
@@ -320,6 +322,21 @@ impl Features {
                          this model has dense attention"
                     .into(),
             });
+        }
+        for (field, on) in [
+            ("enable_dsa_cp", self.enable_dsa_cp),
+            ("flashcomm1", self.flashcomm1),
+        ] {
+            if on && moe_tp > 1 {
+                return Err(FeatureError {
+                    field,
+                    value: "true".into(),
+                    reason: format!(
+                        "not modelled beside MoE tensor parallelism (ep = 1, each expert split \
+                         {moe_tp} ways): it leaves each die a slice of the tokens; use ep = dies"
+                    ),
+                });
+            }
         }
         Ok(())
     }

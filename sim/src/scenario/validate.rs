@@ -337,8 +337,19 @@ pub(super) fn validate(
             enforce_eager: spec.enforce_eager,
             enable_dsa_cp: spec.enable_dsa_cp,
         };
+        // Under MoE tensor parallelism every die holds every expert: nothing to place or move.
+        if plan.moe_tp > 1 {
+            let reason = "needs expert parallelism (ep = dies); under MoE tensor parallelism \
+                          (ep = 1) every die holds every expert";
+            if let Some(file) = &spec.placement {
+                return Err(field(f("placement"), file, reason));
+            }
+            if raw.eplb.dynamic {
+                return Err(field("eplb.dynamic", true, reason));
+            }
+        }
         let features = features
-            .check_attention(model.attn_cap().0.is_some())
+            .check_instance(model.attn_cap().0.is_some(), plan.moe_tp)
             .and_then(|()| features.resolve(&system.chip.name, s.max_num_seqs, mtp_tokens, plan.tp))
             .map_err(|e| field(f(e.field), e.value, e.reason))?;
         instances.push(InstanceSetup {

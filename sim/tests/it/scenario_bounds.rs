@@ -88,3 +88,23 @@ fn an_instances_own_mtp_depth_needs_mtp_on_and_stays_in_range() {
     };
     assert_eq!((depth("prefill"), depth("decode")), (1, 3));
 }
+
+#[test]
+fn moe_tensor_parallelism_loads_and_refuses_what_it_cannot_run() {
+    let s = default_with(&["prefill.tp=16", "prefill.ep=1"]).unwrap();
+    let prefill = &s.instances[0];
+    assert_eq!((prefill.plan.ep, prefill.plan.moe_tp), (1, 16));
+    let e = refused(&["prefill.ep=1"]);
+    assert!(
+        e.contains("layout.ep = 1") && e.contains("2 attention DP ranks"),
+        "{e}"
+    );
+    for (set, name) in [
+        ("eplb.dynamic=true", "eplb.dynamic"),
+        ("prefill.flashcomm1=true", "instance.prefill.flashcomm1"),
+        ("prefill.placement=\"p.json\"", "instance.prefill.placement"),
+    ] {
+        let e = refused(&["prefill.tp=16", "prefill.ep=1", set]);
+        assert!(e.contains(name) && e.contains("ep = "), "{set}: {e}");
+    }
+}

@@ -245,7 +245,11 @@ fn layer_imbalance(
     plan: &Plan,
     load: &SkewedLoad,
 ) -> Result<Vec<f64>, ExplainError> {
-    let (spec, policy) = (&load.spec, load.policy);
+    let (spec, mut policy) = (&load.spec, load.policy);
+    // Under MoE tensor parallelism the one expert "die" holds every expert: nothing to place.
+    if plan.moe_tp > 1 {
+        policy = EplbPolicy::Identity;
+    }
     spec.validate()
         .map_err(|(field, value, reason)| input("skew", value, format!("{field} {reason}")))?;
     let m = &inp.model;
@@ -403,7 +407,7 @@ pub fn explain_under(
     let tokens_per_seq = 1 + inp.mtp.tokens as u64;
     let features = inp
         .features
-        .check_attention(inp.model.attn_cap().0.is_some())
+        .check_instance(inp.model.attn_cap().0.is_some(), plan.moe_tp)
         .and_then(|()| {
             inp.features.resolve(
                 &system.chip.name,

@@ -449,6 +449,7 @@ fn same_kind(a: &OpKind, b: &OpKind) -> bool {
             eq(x.flops, y.flops)
                 && eq(x.bytes, y.bytes)
                 && eq(x.rows, y.rows)
+                && eq(x.slice, y.slice)
                 && x.class == y.class
                 && x.dtype == y.dtype
         }
