@@ -147,6 +147,18 @@ pub const PARAMS: &[Param] = &[
         get: |p| eff(p, OpClass::GroupedGemm).memory,
         set: |p, v| eff_mut(p, OpClass::GroupedGemm).memory = v,
     },
+    // W4A8's grouped matmul streams int4 expert weights, unpacking them to int8 on the way:
+    // half the bytes, but not at int8's pace. The CANN V3.2 W4A8-against-W8A8 table pins it.
+    Param {
+        name: "efficiency.grouped_gemm.int4_memory",
+        lo: 0.1,
+        hi: 0.95,
+        get: |p| {
+            let e = eff(p, OpClass::GroupedGemm);
+            e.int4_memory.unwrap_or(e.memory)
+        },
+        set: |p, v| eff_mut(p, OpClass::GroupedGemm).int4_memory = Some(v),
+    },
     Param {
         name: "efficiency.grouped_gemm.compute",
         lo: 0.3,

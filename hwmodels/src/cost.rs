@@ -143,6 +143,11 @@ pub struct Efficiency {
     /// wide. 0: no such effect.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub slice_pad: f64,
+    /// Memory efficiency of this class's kernels that compute from int4 weights
+    /// ([`Work::dtype`] int4: W4A8's grouped matmul, which unpacks them to int8 on the way).
+    /// Absent: `memory`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub int4_memory: Option<f64>,
     /// Fixed cost of one kernel of this class, µs: launch, pipeline fill and drain, the
     /// synchronization ending it. Absent: the file's `op_overhead_us`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -462,6 +467,9 @@ impl CostParams {
                 &format!("efficiency.{}.slice_pad", c.name()),
                 e.slice_pad,
             )?;
+            if let Some(m) = e.int4_memory {
+                check_frac(file, format!("efficiency.{}.int4_memory", c.name()), m)?;
+            }
             if let Some(f) = e.fixed_us {
                 check_nonneg(file, &format!("efficiency.{}.fixed_us", c.name()), f)?;
             }
@@ -633,7 +641,8 @@ pub struct Work {
     pub flops: f64,
     /// HBM bytes read and written.
     pub bytes: f64,
-    /// The format the math runs in (sets the peak).
+    /// The format the kernel computes from (sets the peak; int4 weights, which chips without
+    /// an int4 path unpack to int8, also select the class's `int4_memory`).
     pub dtype: DType,
     /// Rows of the op's varying matrix side (tokens of a GEMM, tokens per expert of a grouped
     /// GEMM, query rows of attention); 0 when the op has none (tile padding then does not apply).
@@ -681,6 +690,8 @@ struct ClassCost {
     memory: f64,
     rows_pad: f64,
     slice_pad: f64,
+    /// Memory efficiency of ops computing from int4 weights.
+    int4_memory: f64,
     fixed_s: f64,
     /// One-row kernels: compute, memory, fixed seconds.
     one_row: Option<(f64, f64, f64)>,
@@ -694,6 +705,7 @@ impl ClassCost {
             memory: e.memory,
             rows_pad: e.rows_pad,
             slice_pad: e.slice_pad,
+            int4_memory: e.int4_memory.unwrap_or(e.memory),
             fixed_s: e.fixed_us.unwrap_or(params.op_overhead_us) * 1e-6,
             one_row: e.one_row.map(|o| (o.compute, o.memory, o.fixed_us * 1e-6)),
         }
@@ -790,7 +802,14 @@ impl CostModel {
             Some((compute, memory, fixed_s)) if OneRow::covers(w.rows) => {
                 self.roofline(w, compute, memory, (0.0, e.slice_pad), fixed_s)
             }
-            _ => self.roofline(w, e.compute, e.memory, (e.rows_pad, e.slice_pad), e.fixed_s),
+            _ => {
+                let memory = if w.dtype == DType::Int4 {
+                    e.int4_memory
+                } else {
+                    e.memory
+                };
+                self.roofline(w, e.compute, memory, (e.rows_pad, e.slice_pad), e.fixed_s)
+            }
         }
     }
 

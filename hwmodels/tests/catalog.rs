@@ -489,3 +489,52 @@ fn a_tensor_parallel_grouped_gemm_slows_as_its_slice_narrows_and_falls_back_to_g
         "{err}"
     );
 }
+
+#[test]
+fn int4_weights_stream_at_their_own_memory_efficiency() {
+    let file = |body: &str| {
+        format!("name = \"mine\"\nsource = \"test\"\ninherits = \"ascend-910c\"\n{body}")
+    };
+    let cm = user_cost_model(
+        "int4",
+        &file(
+            "[efficiency.grouped_gemm]\ncompute = 0.6\nmemory = 0.8\nint4_memory = 0.4\n\
+             source = \"test\"\n",
+        ),
+    )
+    .unwrap();
+    let experts = |dtype| Work {
+        class: OpClass::GroupedGemm,
+        flops: 1e6,
+        bytes: 1e9,
+        dtype,
+        rows: 16.0,
+        slice: 0.0,
+    };
+    let int8 = cm.compute(&experts(DType::Int8));
+    let int4 = cm.compute(&experts(DType::Int4));
+    // Memory-bound: the same bytes at half the efficiency take twice as long; the compute
+    // side (int4 unpacks to int8: the same peak) is unchanged.
+    assert!((int4.memory_s / int8.memory_s - 2.0).abs() < 1e-12);
+    assert_eq!(int4.compute_s, int8.compute_s);
+    // Without the entry (the Hopper file has none) int4 weights stream at `memory`.
+    let plain = user_cost_model(
+        "int4-none",
+        "name = \"mine\"\nsource = \"test\"\ninherits = \"nvidia-hopper\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        plain.compute(&experts(DType::Int4)).memory_s,
+        plain.compute(&experts(DType::Int8)).memory_s
+    );
+    let err = user_cost_model(
+        "int4-bad",
+        &file(
+            "[efficiency.grouped_gemm]\ncompute = 0.6\nmemory = 0.8\nint4_memory = 1.5\n\
+             source = \"test\"\n",
+        ),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("efficiency.grouped_gemm.int4_memory"), "{err}");
+}

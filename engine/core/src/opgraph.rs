@@ -848,7 +848,7 @@ impl Builder<'_> {
         let tok = mean * load.imbalance;
         let ffn = m.expert_ffn as f64;
         let ew = q.expert_weight();
-        let ec = q.linear_compute();
+        let ec = q.expert_compute();
         let expert_bytes = m.expert_params() as f64 * ew.bytes();
         let flops = 2.0 * tok * 3.0 * h * ffn;
         // Weights of each resident expert that received a token are read once: with `tok` tokens
@@ -910,7 +910,7 @@ impl Builder<'_> {
             OpClass::GroupedGemm,
             flops,
             bytes,
-            q.linear_compute(),
+            q.expert_compute(),
             tokens,
         );
         self.push("shared_expert", layer, repeat, dies, w);
@@ -938,7 +938,7 @@ impl Builder<'_> {
             OpClass::TpGroupedGemm,
             flops,
             bytes,
-            q.linear_compute(),
+            q.expert_compute(),
             tok / hit.max(1.0),
         );
         w.slice = slice;

@@ -697,3 +697,37 @@ fn moe_tensor_parallelism_splits_every_expert_and_all_reduces_once() {
     assert!((flops(&tp) / flops(&ep) - 1.0).abs() < 1e-12);
     assert!(ep.iter().any(|o| o.name == "dispatch"));
 }
+
+#[test]
+fn w4a8_experts_compute_from_int4_weights_and_the_rest_from_int8() {
+    let m = builtin("r1").unwrap();
+    let sys = Catalog::builtin().system("cloudmatrix384").unwrap();
+    let plan = Layout::dp_ep(Role::Decode, 16).validate(&m, sys).unwrap();
+    let features = dstwin_core::features::Resolved::plain("ascend-910c");
+    let spec = StepSpec {
+        model: &m,
+        quant: Quant::W4a8,
+        kv_dtype: DType::Bf16,
+        plan: &plan,
+        mtp_tokens: 0,
+        features: &features,
+    };
+    let shape = BatchShape::uniform_decode(16, 1, 1024, m.attn_cap());
+    let load = MoeLoad {
+        group_tokens: 256,
+        imbalance: 1.0,
+        comm: dstwin_core::features::MoeCommUsed::Mc2,
+    };
+    let dtype = |name: &str| {
+        step_ops(spec, &shape, &load)
+            .into_iter()
+            .find_map(|o| match o.kind {
+                OpKind::Compute(w) if o.name == name => Some(w.dtype),
+                _ => None,
+            })
+            .unwrap()
+    };
+    assert_eq!(dtype("experts"), DType::Int4);
+    assert_eq!(dtype("shared_expert"), DType::Int4);
+    assert_eq!(dtype("q_b_proj"), DType::Int8);
+}

@@ -73,6 +73,15 @@ impl Quant {
             Quant::Fp8 => DType::Fp8,
         }
     }
+    /// The format expert math is priced in: that of the other linear layers, except int4
+    /// weights, whose grouped matmul is a kernel of its own (unpacking them to int8 where the
+    /// chip has no int4 path).
+    pub fn expert_compute(self) -> DType {
+        match self {
+            Quant::W4a8 => DType::Int4,
+            q => q.linear_compute(),
+        }
+    }
     /// Embeddings and LM head stay in bf16 in every shipped checkpoint.
     pub fn embedding(self) -> DType {
         DType::Bf16

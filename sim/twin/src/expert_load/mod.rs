@@ -41,7 +41,7 @@ const DEFAULT_EPOCH_STEPS: u64 = 1000;
 /// tokens/s per NPU) under Zipf(0.5), the one figure that isolates it (the `fitted` default has
 /// its own, fitted jointly with its skew); `calibration/tests/fit.rs` checks this value against
 /// that fit.
-pub const DEFAULT_CONCENTRATION: f64 = 8.05;
+pub const DEFAULT_CONCENTRATION: f64 = 8.43;
 
 /// The `[expert_load]` table of a scenario.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
