@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
     after_help = "Examples:\n  dstwin bench-serve --url http://127.0.0.1:8000 --num-prompts 200 --input-len 1024 --output-len 128 --request-rate 8\n  dstwin bench-serve --url http://127.0.0.1:8000 --max-concurrency 32 --num-prompts 500 --json\n  dstwin bench-serve --url http://127.0.0.1:8000 --scenario sim/scenarios/a3-2p1d.toml --save-result run.json\n      (the scenario's [workload]: the same requests `dstwin simulate` predicts for)\n\nEach request is a streamed /v1/completions call with the prompt as token ids (exact input\nlength; no two prompts share a token block unless the scenario's trace gives them the same\nprefix ids), max_tokens = the output length and ignore_eos. The report has the fields of\n`vllm bench serve --save-result` (request/output/total-token throughput, mean/median/p90/p99\nTTFT, TPOT, ITL, E2E in ms)."
 )]
 pub struct BenchArgs {
-    /// Server base URL (http only).
+    /// Server base URL (http only). Every request carries OPENAI_API_KEY, when set, as
+    /// `Authorization: Bearer KEY` (as `vllm bench serve` does; for a server run with
+    /// --api-key).
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     url: String,
     /// Model name to request (default: the first model `GET /v1/models` lists).
@@ -424,6 +426,28 @@ fn jobs(a: &BenchArgs) -> Result<(Vec<Job>, Option<usize>), Failure> {
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
+/// The client, and the API key every request carries as `Authorization: Bearer KEY` (as
+/// `vllm bench serve` sends `OPENAI_API_KEY`; none when it is unset or empty).
+#[derive(Clone)]
+struct Http {
+    client: HttpClient,
+    key: Option<Arc<str>>,
+}
+
+impl Http {
+    fn send(
+        &self,
+        req: hyper::http::request::Builder,
+        body: Bytes,
+    ) -> anyhow::Result<hyper_util::client::legacy::ResponseFuture> {
+        let req = match &self.key {
+            Some(k) => req.header("authorization", format!("Bearer {k}")),
+            None => req,
+        };
+        Ok(self.client.request(req.body(Full::new(body))?))
+    }
+}
+
 /// The server's TTFT histogram in Prometheus text (`/metrics`): (sum in seconds, count) over
 /// every label set; `None` without one.
 fn ttft_histogram(text: &str) -> Option<(f64, f64)> {
@@ -447,15 +471,16 @@ fn ttft_histogram(text: &str) -> Option<(f64, f64)> {
 }
 
 /// The server's TTFT histogram now, when it has `/metrics` with one.
-async fn server_ttft(client: &HttpClient, base: &str) -> Option<(f64, f64)> {
-    let body = get_body(client, &format!("{base}/metrics")).await.ok()?;
+async fn server_ttft(http: &Http, base: &str) -> Option<(f64, f64)> {
+    let body = get_body(http, &format!("{base}/metrics")).await.ok()?;
     ttft_histogram(&String::from_utf8_lossy(&body))
 }
 
 /// The body of a successful GET of `url`.
-async fn get_body(client: &HttpClient, url: &str) -> anyhow::Result<Bytes> {
-    let resp = client
-        .get(url.parse().with_context(|| format!("bad URL {url}"))?)
+async fn get_body(http: &Http, url: &str) -> anyhow::Result<Bytes> {
+    let uri: hyper::Uri = url.parse().with_context(|| format!("bad URL {url}"))?;
+    let resp = http
+        .send(hyper::Request::get(uri), Bytes::new())?
         .await
         .with_context(|| format!("GET {url}"))?;
     let status = resp.status();
@@ -466,8 +491,8 @@ async fn get_body(client: &HttpClient, url: &str) -> anyhow::Result<Bytes> {
     Ok(body)
 }
 
-async fn get_json(client: &HttpClient, url: &str) -> anyhow::Result<serde_json::Value> {
-    Ok(serde_json::from_slice(&get_body(client, url).await?)?)
+async fn get_json(http: &Http, url: &str) -> anyhow::Result<serde_json::Value> {
+    Ok(serde_json::from_slice(&get_body(http, url).await?)?)
 }
 
 /// Whether a streamed chunk's JSON `payload` is a token chunk, and whether it has text. A token
@@ -487,7 +512,7 @@ fn token_chunk(payload: &str) -> (bool, bool) {
 }
 
 async fn one(
-    client: HttpClient,
+    http: Http,
     url: String,
     model: String,
     prompt: Vec<u32>,
@@ -507,10 +532,8 @@ async fn one(
         "stream_options": {"include_usage": true},
         "ignore_eos": true,
     });
-    let req = match hyper::Request::post(&url)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-    {
+    let req = hyper::Request::post(&url).header("content-type", "application/json");
+    let pending = match http.send(req, Bytes::from(body.to_string())) {
         Ok(r) => r,
         Err(e) => {
             s.error = Some(e.to_string());
@@ -518,7 +541,7 @@ async fn one(
         }
     };
     let start = Instant::now();
-    let resp = match client.request(req).await {
+    let resp = match pending.await {
         Ok(r) => r,
         Err(e) => {
             s.error = Some(format!("{e:#}"));
@@ -661,11 +684,18 @@ async fn bench(
     let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(1024)
         .build(connector);
+    let key = std::env::var("OPENAI_API_KEY")
+        .ok()
+        .filter(|k| !k.is_empty());
+    let http = Http {
+        client,
+        key: key.map(Arc::from),
+    };
     let base = a.url.trim_end_matches('/').to_string();
     let model = match &a.model {
         Some(m) => m.clone(),
         None => {
-            let v = get_json(&client, &format!("{base}/v1/models"))
+            let v = get_json(&http, &format!("{base}/v1/models"))
                 .await
                 .map_err(Failure::Runtime)?;
             v["data"][0]["id"]
@@ -675,7 +705,7 @@ async fn bench(
         }
     };
     let url = format!("{base}/v1/completions");
-    let before = server_ttft(&client, &base).await;
+    let before = server_ttft(&http, &base).await;
     let bar = crate::progress::bar(
         Some(jobs.len() as u64),
         a.quiet,
@@ -696,10 +726,10 @@ async fn bench(
             .acquire_owned()
             .await
             .map_err(|e| Failure::Runtime(e.into()))?;
-        let (client, url, model, bar) = (client.clone(), url.clone(), model.clone(), bar.clone());
+        let (http, url, model, bar) = (http.clone(), url.clone(), model.clone(), bar.clone());
         let prompt = prompt_ids(a.seed, &job);
         tasks.push(tokio::spawn(async move {
-            let s = one(client, url, model, prompt, job, start).await;
+            let s = one(http, url, model, prompt, job, start).await;
             drop(permit);
             bar.inc(1);
             s
@@ -712,7 +742,7 @@ async fn bench(
     let duration = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
     // The server's mean TTFT over this run's requests (its histogram's growth).
-    let server = match (before, server_ttft(&client, &base).await) {
+    let server = match (before, server_ttft(&http, &base).await) {
         (Some((s0, c0)), Some((s1, c1))) if c1 > c0 => Some((s1 - s0) / (c1 - c0) * 1e3),
         _ => None,
     };

@@ -6,6 +6,7 @@ use crate::Failure;
 use anyhow::{anyhow, Context};
 use axum::serve::ListenerExt;
 use clap::{Args, ValueEnum};
+use dstwin_runtime::access::{Access, AllowedHosts};
 use dstwin_runtime::api::{self, ApiConfig};
 use dstwin_runtime::parsers::{ReasoningKind, ToolKind};
 use dstwin_runtime::prompt::Counter;
@@ -66,8 +67,19 @@ pub struct ServeArgs {
     /// wait at all (the twin; the CPU engine takes the time it takes).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// Address to listen on (0.0.0.0: every interface). A loopback address answers only
+    /// requests naming a loopback host unless --allowed-hosts says otherwise.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// Key every /v1 request must carry as `Authorization: Bearer KEY` (vLLM's --api-key; also
+    /// read from VLLM_API_KEY). /health and /metrics stay open.
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Host names or addresses requests may name in their Host header, comma-separated, or *
+    /// for any (against DNS rebinding). Default: localhost, 127.0.0.1 and ::1 when --host is a
+    /// loopback address, else any.
+    #[arg(long, value_name = "HOSTS")]
+    allowed_hosts: Option<String>,
     /// Port to listen on (0: any free port; the address is printed on stdout).
     #[arg(long, default_value_t = 8000)]
     port: u16,
@@ -118,6 +130,28 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if a.max_pending == 0 {
         return Err(Failure::Input(anyhow!("--max-pending must be at least 1")));
     }
+    let hosts = match &a.allowed_hosts {
+        Some(list) => AllowedHosts::parse(list).map_err(|e| Failure::Input(anyhow!(e)))?,
+        None => AllowedHosts::for_bind(&a.host),
+    };
+    let api_key = a
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("VLLM_API_KEY").ok())
+        .filter(|k| !k.is_empty());
+    let access_note = format!(
+        "answers Host {}; {}",
+        match &hosts {
+            AllowedHosts::Any => "any".to_string(),
+            AllowedHosts::Only(names) => names.join(", "),
+        },
+        if api_key.is_some() {
+            "an API key is required on /v1"
+        } else {
+            "no API key (--api-key)"
+        }
+    );
+    let access = Access { hosts, api_key };
     if a.enable_auto_tool_choice && a.tool_call_parser.is_none() {
         return Err(Failure::Input(anyhow!(
             "--enable-auto-tool-choice needs --tool-call-parser"
@@ -199,6 +233,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         auto_tool_choice: a.enable_auto_tool_choice,
         reasoning_parser,
         max_body_bytes: a.max_body_bytes,
+        access,
     };
     let model = a
         .served_model_name
@@ -248,6 +283,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             rt.instance_names().len(),
             a.time_scale
         );
+        crate::output::errln!("access: {access_note}");
         let closing = rt.clone();
         // Streams write small frames: without TCP_NODELAY each waits for the peer's delayed ACK.
         let listener = listener.tap_io(|tcp| {

@@ -52,6 +52,7 @@ fn harness() -> &'static Harness {
                     auto_tool_choice: true,
                     reasoning_parser: Some(ReasoningKind::DeepseekR1),
                     max_body_bytes: 64 << 10,
+                    ..ApiConfig::default()
                 },
             )
         });

@@ -23,11 +23,21 @@ impl Resp {
 }
 
 fn request(addr: &str, method: &str, path: &str, body: &str) -> Resp {
+    raw(
+        addr,
+        &format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json"),
+        body,
+    )
+}
+
+/// A raw request with exactly these header lines (plus Content-Length and Connection: close):
+/// status and body (chunked bodies decoded).
+fn raw(addr: &str, head: &str, body: &str) -> Resp {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -1371,4 +1381,112 @@ fn the_cpu_engine_refuses_what_it_cannot_run() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn access_control_checks_the_host_the_key_and_the_content_type() {
+    let body = r#"{"model": "deepseek-r1", "prompt": "hi", "max_tokens": 2}"#;
+    for srv in [
+        Server::start(&[
+            &data("tiny-pd.toml"),
+            "--time-scale",
+            "0",
+            "--api-key",
+            "k1",
+        ]),
+        Server::start_env(
+            &[&data("tiny-pd.toml"), "--time-scale", "0"],
+            &[("VLLM_API_KEY", "k1")],
+        ),
+    ] {
+        let a = &srv.addr;
+        let post = |extra: &str| {
+            raw(
+                a,
+                &format!("POST /v1/completions HTTP/1.1\r\nHost: {a}\r\n{extra}"),
+                body,
+            )
+        };
+        let json = "Content-Type: application/json";
+        let r = post(json);
+        assert_eq!(r.status, 401, "{}", r.body);
+        assert!(r.body.contains("AuthenticationError"), "{}", r.body);
+        assert_eq!(
+            post(&format!("{json}\r\nAuthorization: Bearer k2")).status,
+            401
+        );
+        let ok = post(&format!("{json}\r\nAuthorization: Bearer k1"));
+        assert_eq!(ok.status, 200, "{}", ok.body);
+        // Without the key: /v1/models refused; /health and /metrics open, as in vLLM.
+        let get = |path: &str| raw(a, &format!("GET {path} HTTP/1.1\r\nHost: {a}"), "").status;
+        assert_eq!(get("/v1/models"), 401);
+        assert_eq!(get("/health"), 200);
+        assert_eq!(get("/metrics"), 200);
+        // A page may POST text/plain without a CORS preflight: refused (after the key).
+        let r = post("Content-Type: text/plain\r\nAuthorization: Bearer k1");
+        assert_eq!(r.status, 415, "{}", r.body);
+        assert!(r.body.contains("application/json"), "{}", r.body);
+        // DNS rebinding: a loopback server answers loopback names only.
+        let port = &a[a.rfind(':').unwrap() + 1..];
+        let health = |host: &str| raw(a, &format!("GET /health HTTP/1.1\r\nHost: {host}"), "");
+        let r = health(&format!("rebind.example:{port}"));
+        assert_eq!(r.status, 403, "{}", r.body);
+        assert!(r.body.contains("rebind.example"), "{}", r.body);
+        assert_eq!(health(&format!("localhost:{port}")).status, 200);
+    }
+    // --allowed-hosts widens it; `*` allows any.
+    let srv = Server::start(&[
+        &data("tiny-pd.toml"),
+        "--time-scale",
+        "0",
+        "--allowed-hosts",
+        "gw.example",
+    ]);
+    let a = &srv.addr;
+    let health = |host: &str| raw(a, &format!("GET /health HTTP/1.1\r\nHost: {host}"), "").status;
+    assert_eq!(health("gw.example:80"), 200);
+    assert_eq!(health("localhost"), 403);
+    let any = Server::start(&[&data("tiny-pd.toml"), "--allowed-hosts", "*"]);
+    let a = &any.addr;
+    let r = raw(a, "GET /health HTTP/1.1\r\nHost: anything.example", "");
+    assert_eq!(r.status, 200);
+    let o = common::dstwin(&["serve", &data("tiny-pd.toml"), "--allowed-hosts", " , "]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--allowed-hosts"));
+}
+
+#[test]
+fn bench_serve_sends_openai_api_key_to_a_keyed_server() {
+    let srv = Server::start(&[
+        &data("tiny-pd.toml"),
+        "--time-scale",
+        "0",
+        "--api-key",
+        "k1",
+    ]);
+    let bench = |key: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_dstwin"));
+        c.args(["bench-serve", "--url", &srv.url(), "--num-prompts", "4"])
+            .args(["--input-len", "8", "--output-len", "2", "--json", "--quiet"])
+            .env_remove("OPENAI_API_KEY");
+        if let Some(k) = key {
+            c.env("OPENAI_API_KEY", k);
+        }
+        c.output().unwrap()
+    };
+    let o = bench(Some("k1"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (v["completed"].as_u64(), v["failed"].as_u64()),
+        (Some(4), Some(0))
+    );
+    // Without the key the model list is refused, and bench-serve says so.
+    let o = bench(None);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

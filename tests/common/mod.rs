@@ -77,10 +77,18 @@ pub struct Server {
 
 impl Server {
     pub fn start(args: &[&str]) -> Server {
+        Server::start_env(args, &[])
+    }
+
+    /// [`Server::start`] with these environment variables set (and no `VLLM_API_KEY` from the
+    /// test's own environment unless given).
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dstwin"))
             .arg("serve")
             .args(args)
             .args(["--port", "0"])
+            .env_remove("VLLM_API_KEY")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -8,9 +8,11 @@
 //! deterministic placeholder text ([`crate::text`]); `seed` picks it. `stop` strings end a
 //! choice early (its KV is freed; it counts as `finished_reason="stop"`), `n` runs independent
 //! choices. Chat output goes through the configured reasoning and tool-call parsers
-//! ([`crate::parsers`]). Every error, including an unknown path, a wrong method and a body over
-//! the size limit (413), is OpenAI-style JSON.
+//! ([`crate::parsers`]). Every request first passes the access checks ([`crate::access`]: its
+//! `Host`, the API key on `/v1`, a JSON content type; 403, 401, 415). Every error, including an
+//! unknown path, a wrong method and a body over the size limit (413), is OpenAI-style JSON.
 
+use crate::access::Access;
 use crate::output::{Choice, Detok, OutputParser, Piece};
 use crate::parsers::{ReasoningKind, ReasoningParser, ToolCallDelta, ToolKind, ToolParser};
 use crate::prompt::Counter;
@@ -18,8 +20,9 @@ use crate::request::{self, ApiError, Job, Limits};
 use crate::{AdmitError, Out, Runtime, Stream, Submit};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -48,10 +51,13 @@ pub struct ApiConfig {
     pub reasoning_parser: Option<ReasoningKind>,
     /// Larger request bodies get 413.
     pub max_body_bytes: usize,
+    /// Hosts, API key and content types let through.
+    pub access: Access,
 }
 
 impl Default for ApiConfig {
-    /// No tokenizer (estimates), DeepSeek's vocabulary, no parsers, 32 MiB bodies.
+    /// No tokenizer (estimates), DeepSeek's vocabulary, no parsers, 32 MiB bodies, any host
+    /// and no key.
     fn default() -> Self {
         ApiConfig {
             counter: Counter::Estimate,
@@ -60,6 +66,7 @@ impl Default for ApiConfig {
             auto_tool_choice: false,
             reasoning_parser: None,
             max_body_bytes: 32 << 20,
+            access: Access::default(),
         }
     }
 }
@@ -74,6 +81,7 @@ type AppState = Arc<App>;
 /// The router.
 pub fn router(rt: Runtime, cfg: ApiConfig) -> Router {
     let limit = cfg.max_body_bytes;
+    let state = Arc::new(App { rt, cfg });
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
@@ -89,7 +97,20 @@ pub fn router(rt: Runtime, cfg: ApiConfig) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(Arc::new(App { rt, cfg }))
+        .layer(from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+/// The access checks, before any route (the unknown-path answer included).
+async fn guard(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    match app
+        .cfg
+        .access
+        .check(req.method(), req.uri().path(), req.headers())
+    {
+        Ok(()) => next.run(req).await,
+        Err((status, message)) => error(status, message, None),
+    }
 }
 
 /// An OpenAI-style error response.
@@ -100,6 +121,9 @@ pub fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>
         StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
         StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
         StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
+        StatusCode::UNAUTHORIZED => "AuthenticationError",
+        StatusCode::FORBIDDEN => "PermissionDeniedError",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "UnsupportedMediaTypeError",
         s if s.is_server_error() => "InternalServerError",
         _ => "BadRequestError",
     };

@@ -20,6 +20,7 @@
 //! through a [`Fabric`](dstwin_core::device::Fabric): the twin's shares links between concurrent
 //! transfers exactly as in the simulator.
 
+pub mod access;
 pub mod api;
 mod driver;
 pub mod metrics;
