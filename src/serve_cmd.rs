@@ -134,11 +134,21 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         Some(list) => AllowedHosts::parse(list).map_err(|e| Failure::Input(anyhow!(e)))?,
         None => AllowedHosts::for_bind(&a.host),
     };
-    let api_key = a
-        .api_key
-        .clone()
-        .or_else(|| std::env::var("VLLM_API_KEY").ok())
-        .filter(|k| !k.is_empty());
+    let api_key = match (&a.api_key, std::env::var("VLLM_API_KEY")) {
+        (Some(k), _) => Some(k.clone()),
+        (None, Ok(k)) if !k.is_empty() => Some(k),
+        _ => None,
+    };
+    // A key a header can carry: visible ASCII, no spaces (an empty flag would turn the key
+    // off silently).
+    if let Some(k) = &api_key {
+        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(Failure::Input(anyhow!(
+                "--api-key (or VLLM_API_KEY): give a non-empty key of visible ASCII characters \
+                 without spaces"
+            )));
+        }
+    }
     let access_note = format!(
         "answers Host {}; {}",
         match &hosts {

@@ -1453,6 +1453,11 @@ fn access_control_checks_the_host_the_key_and_the_content_type() {
     let o = common::dstwin(&["serve", &data("tiny-pd.toml"), "--allowed-hosts", " , "]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--allowed-hosts"));
+    for key in ["", "two words"] {
+        let o = common::dstwin(&["serve", &data("tiny-pd.toml"), "--api-key", key]);
+        assert_eq!(o.status.code(), Some(2), "{key:?}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--api-key"));
+    }
 }
 
 #[test]

@@ -641,8 +641,8 @@ pub struct Work {
     pub flops: f64,
     /// HBM bytes read and written.
     pub bytes: f64,
-    /// The format the kernel computes from (sets the peak; int4 weights, which chips without
-    /// an int4 path unpack to int8, also select the class's `int4_memory`).
+    /// The format the kernel computes from, which sets the peak; int4 (weights unpacked to
+    /// int8, priced at the int8 peak) selects the class's `int4_memory`.
     pub dtype: DType,
     /// Rows of the op's varying matrix side (tokens of a GEMM, tokens per expert of a grouped
     /// GEMM, query rows of attention); 0 when the op has none (tile padding then does not apply).
@@ -743,7 +743,12 @@ fn name_word(name: &str) -> u64 {
 
 impl CostModel {
     pub fn new(system: System, params: CostParams) -> Self {
-        let peaks = DType::ALL.map(|d| system.chip.peak_flops(d));
+        // Int4 work is int4 weights computed in int8 (W4A8's activations are int8): the int8
+        // peak, whatever int4 rate a chip lists; the weights' format selects `int4_memory`.
+        let peaks = DType::ALL.map(|d| {
+            let math = if d == DType::Int4 { DType::Int8 } else { d };
+            system.chip.peak_flops(math)
+        });
         let classes = OpClass::ALL.map(|c| ClassCost::of(&params, c));
         let kernel_ops = params
             .kernel

@@ -106,7 +106,7 @@ pub fn cost_file(
         for (_, e) in eff.iter_mut() {
             let Value::Table(e) = e else { continue };
             if let Some(k) = in_situ.filter(|k| *k != 1.0) {
-                for field in ["compute", "memory"] {
+                for field in ["compute", "memory", "int4_memory"] {
                     if let Some(v) = e.get(field).and_then(Value::as_float) {
                         e.insert(field.into(), Value::Float(sig(v * k)));
                     }
@@ -162,6 +162,14 @@ pub fn cost_file(
                 t.insert("memory".into(), Value::Float(sig(o.params.memory)));
                 t.insert("fixed_us".into(), Value::Float(sig(o.params.fixed_us)));
                 e.insert("one_row".into(), Value::Table(t));
+            }
+            // What a trace does not fit stays as the file had it.
+            if let Some(Value::Table(old)) = eff.get(r.class.name()) {
+                for field in ["slice_pad", "int4_memory"] {
+                    if let Some(v) = old.get(field) {
+                        e.insert(field.into(), v.clone());
+                    }
+                }
             }
             eff.insert(r.class.name().into(), Value::Table(e));
         }

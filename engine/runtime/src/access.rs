@@ -22,17 +22,22 @@ impl AllowedHosts {
         AllowedHosts::Only(vec!["localhost".into(), "127.0.0.1".into(), "::1".into()])
     }
 
-    /// The default for a server bound to `bind` (the `--host` value): the loopback names
-    /// when it is a loopback address or name, else any.
+    /// The default for a server bound to `bind` (the `--host` value): the loopback names and
+    /// the bound address itself when it is a loopback address or name, else any.
     pub fn for_bind(bind: &str) -> AllowedHosts {
         let b = bind.trim_start_matches('[').trim_end_matches(']');
         let loopback = b.eq_ignore_ascii_case("localhost")
             || b.parse::<std::net::IpAddr>()
                 .is_ok_and(|ip| ip.is_loopback());
-        if loopback {
-            AllowedHosts::loopback()
-        } else {
-            AllowedHosts::Any
+        match AllowedHosts::loopback() {
+            AllowedHosts::Only(mut names) if loopback => {
+                let b = b.to_ascii_lowercase();
+                if !names.contains(&b) {
+                    names.push(b);
+                }
+                AllowedHosts::Only(names)
+            }
+            _ => AllowedHosts::Any,
         }
     }
 
@@ -67,19 +72,25 @@ impl AllowedHosts {
     }
 }
 
-/// The name of a `Host` value without its port: `a:80` -> `a`, `[::1]:80` -> `::1`.
+/// The name of a `Host` value without its port and a final dot: `a.:80` -> `a`, `[::1]:80` ->
+/// `::1`. A bracketed address followed by anything but a port is returned whole (and matches
+/// no name).
 fn host_name(host: &str) -> &str {
     let host = host.trim();
+    let is_port = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
     if let Some(rest) = host.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
+        return match rest.split_once(']') {
+            Some((addr, "")) => addr,
+            Some((addr, tail)) if tail.strip_prefix(':').is_some_and(is_port) => addr,
+            _ => host,
+        };
     }
-    match host.rsplit_once(':') {
+    let name = match host.rsplit_once(':') {
         // A bare IPv6 address has more than one colon and no port.
-        Some((name, port)) if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
-            name
-        }
+        Some((name, port)) if !name.contains(':') && is_port(port) => name,
         _ => host,
-    }
+    };
+    name.strip_suffix('.').unwrap_or(name)
 }
 
 /// What the checks let through.
@@ -191,6 +202,11 @@ mod tests {
         assert_eq!(host_name("::1"), "::1");
         assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
         assert_eq!(host_name("evil.example:80"), "evil.example");
+        assert_eq!(host_name("localhost.:80"), "localhost");
+        assert_eq!(host_name("[::1]evil"), "[::1]evil");
+        assert_eq!(host_name("[::1]:8x"), "[::1]:8x");
+        // Another loopback address answers to itself too.
+        assert!(AllowedHosts::for_bind("127.0.0.2").allows("127.0.0.2:8000"));
     }
 
     #[test]
@@ -209,7 +225,7 @@ mod tests {
         assert_eq!(AllowedHosts::for_bind("10.1.2.3"), AllowedHosts::Any);
         let l = AllowedHosts::loopback();
         assert!(l.allows("127.0.0.1:8000") && l.allows("LocalHost:1") && l.allows("[::1]:9"));
-        assert!(!l.allows("rebind.example:8000") && !l.allows(""));
+        assert!(!l.allows("rebind.example:8000") && !l.allows("") && !l.allows("[::1]@x"));
         assert_eq!(
             AllowedHosts::parse(" a.example, * ").unwrap(),
             AllowedHosts::Any
