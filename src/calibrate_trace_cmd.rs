@@ -100,6 +100,7 @@ pub fn run(a: TraceArgs) -> Result<(), Failure> {
         check_file(p, "output")?;
     }
     let profiles = dstwin_traces::profile::read_paths(&a.traces).map_err(|e| input(e.into()))?;
+    check_step_counts(&profiles)?;
     let first = profiles
         .first()
         .ok_or_else(|| input(anyhow!("--trace: give at least one trace")))?;
@@ -223,6 +224,32 @@ fn engine_model(p: &Path) -> anyhow::Result<EngineModel> {
     })
 }
 
+/// Refuses a step marker claiming more sequences or tokens than one rank's step can hold (the
+/// limits scenarios have): fitted per sequence, such a step makes the host fit absurd (a
+/// claimed 2^63 sequences fitted `per_seq_us = -3.6e-18`, which the cost file then refused).
+fn check_step_counts(profiles: &[dstwin_traces::profile::Profile]) -> Result<(), Failure> {
+    use dstwin_core::batch::{MAX_SEQS_PER_STEP, MAX_TOKENS_PER_STEP};
+    for p in profiles {
+        for s in &p.steps {
+            for (field, n, max) in [
+                ("seqs", s.seqs, MAX_SEQS_PER_STEP),
+                ("tokens", s.tokens, MAX_TOKENS_PER_STEP),
+            ] {
+                if let Some(n) = n.filter(|n| *n > max) {
+                    return Err(Failure::Input(anyhow!(
+                        "{} line {}: step {} claims {field} = {n}; one rank's step holds at most \
+                         {max}",
+                        p.origin,
+                        s.line,
+                        s.step
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Writes the cost file (and the system file using it); the lines saying what was written.
 fn write_files(
     out: &Path,
@@ -235,6 +262,14 @@ fn write_files(
         |s| s.to_string_lossy().into_owned(),
     );
     let text = cost_file(&cm.params, &stem, cal).map_err(|e| Failure::Runtime(e.into()))?;
+    // Checked as --hardware will read it: a file the project would refuse is not written.
+    Catalog::builtin()
+        .cost_params_from_str(&out.display().to_string(), &text)
+        .map_err(|e| {
+            Failure::Runtime(anyhow!(
+                "the fitted cost file would not load, so it was not written: {e}"
+            ))
+        })?;
     crate::output::write_file(out, text.as_bytes())?;
     let mut lines = vec![format!("cost file written to {}", out.display())];
     if let Some(sys) = system_out {

@@ -329,3 +329,29 @@ fn check_prices_a_trace_with_a_fitted_cost_file_as_it_is() {
         assert!(e.contains(flag), "{e}");
     }
 }
+
+#[test]
+fn a_step_claiming_more_sequences_than_a_step_holds_is_refused_naming_its_line() {
+    let dir = tmp("absurd-step");
+    let text = std::fs::read_to_string(fixture("cpu_engine_profile.json")).unwrap();
+    let marker = r#"{"args":{"dp_ranks":4,"ranks":4,"seqs":4,"step":1,"tokens":145},"cat":"step""#;
+    assert!(text.contains(marker));
+    let bad = text.replacen(
+        marker,
+        r#"{"args":{"dp_ranks":4,"ranks":4,"seqs":9223372036854775807,"step":1,"tokens":145},"cat":"step""#,
+        1,
+    );
+    let trace = dir.join("absurd.json");
+    std::fs::write(&trace, bad).unwrap();
+    let cost = dir.join("absurd.toml");
+    let o = fit_cpu_fixture(trace.to_str().unwrap(), &cost, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("line 75")
+            && e.contains("step 1 claims seqs = 9223372036854775807")
+            && e.contains("at most 65536"),
+        "{e}"
+    );
+    assert!(!cost.exists(), "nothing is written");
+}
