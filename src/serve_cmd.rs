@@ -236,6 +236,17 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         }
         None => crate::simulate_cmd::load_scenario(a.scenario.as_deref(), &a.sets)?,
     };
+    // The CPU engine's text is its token ids decoded: without a tokenizer a text prompt would
+    // reach it as estimated ids and its answer could not be read back. Id-only serving (vLLM's
+    // --skip-tokenizer-init) needs responses that carry token ids, which they do not yet.
+    // (Checked once the checkpoint's config.json has loaded: a wrong directory says so first.)
+    if let (Some(dir), None) = (&a.model, &tokenizer) {
+        return Err(Failure::Input(anyhow!(
+            "--model {}: no tokenizer.json in it and no --tokenizer FILE: the CPU engine decodes \
+             its token ids to text with it",
+            dir.display()
+        )));
+    }
     let api_cfg = ApiConfig {
         vocab_size: counter.vocab_size().unwrap_or(s.model.vocab),
         counter,

@@ -1495,3 +1495,35 @@ fn bench_serve_sends_openai_api_key_to_a_keyed_server() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn a_cpu_checkpoint_without_a_tokenizer_is_refused_at_start() {
+    let dir = tiny_model("no-tokenizer");
+    let tok = dir.join("tokenizer.json");
+    let moved = dir.join("elsewhere.json");
+    std::fs::rename(&tok, &moved).unwrap();
+    let model = dir.to_str().unwrap();
+    let o = common::dstwin(&["serve", "--device", "cpu", "--model", model, "--port", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("no tokenizer.json") && e.contains("--tokenizer"),
+        "{e}"
+    );
+    // Named with --tokenizer it serves.
+    let srv = Server::start(&[
+        "--device",
+        "cpu",
+        "--model",
+        model,
+        "--tokenizer",
+        moved.to_str().unwrap(),
+    ]);
+    let r = post(
+        &srv.addr,
+        "/v1/completions",
+        serde_json::json!({"model": model, "prompt": "hello", "max_tokens": 3}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 3);
+}
