@@ -306,13 +306,22 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         );
         crate::output::errln!("access: {access_note}");
         let closing = rt.clone();
+        let watch = rt.clone();
         // Streams write small frames: without TCP_NODELAY each waits for the peer's delayed ACK.
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
         axum::serve(listener, api::router(rt, api_cfg))
             .with_graceful_shutdown(async move {
-                shutdown_signal().await;
+                tokio::select! {
+                    _ = shutdown_signal() => {}
+                    why = closing.failed() => {
+                        // Requests in flight have ended with it (500); nothing more is served.
+                        crate::output::errln!("a device failed, shutting down: {why}");
+                        closing.close();
+                        return;
+                    }
+                }
                 crate::output::errln!(
                     "shutting down: new requests get 503, finishing the ones in flight"
                 );
@@ -325,12 +334,17 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             })
             .await
             .context("serving")
-            .map_err(Failure::Runtime)
+            .map_err(Failure::Runtime)?;
+        match watch.failure() {
+            Some(why) => Err(Failure::Runtime(anyhow!("the deployment failed: {why}"))),
+            None => Ok(()),
+        }
     });
     // The engine writes its trace when idle; what is still waiting is written now.
     if let Some(t) = &trace {
         t.flush();
     }
+
     if let Some(e) = trace.and_then(|t| t.error()) {
         return Err(Failure::Runtime(anyhow!(
             "--profile: the trace stopped at a write error: {e}"

@@ -140,6 +140,14 @@ impl Device for Echo {
 }
 
 fn start(spec_tokens: u32, prefix_caching: bool) -> Runtime {
+    start_on(Echo::default(), spec_tokens, prefix_caching)
+}
+
+fn start_on<D: Device + Send + 'static>(
+    device: D,
+    spec_tokens: u32,
+    prefix_caching: bool,
+) -> Runtime {
     let config = InstanceConfig {
         role: Role::Mixed,
         dp_ranks: 1,
@@ -156,7 +164,6 @@ fn start(spec_tokens: u32, prefix_caching: bool) -> Runtime {
         send_back: false,
         async_scheduling: false,
     };
-    let device = Echo::default();
     Runtime::start(
         RuntimeConfig {
             model: "echo".into(),
@@ -278,4 +285,117 @@ async fn the_http_api_serves_the_echo_engine() {
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 6, "{v}");
     assert_eq!(v["usage"]["prompt_tokens"], 5, "{v}");
+}
+
+/// The echo engine until its `after`-th step, which fails: by an error, or by a panic.
+struct Broken {
+    echo: Echo,
+    after: u32,
+    panic: bool,
+}
+
+impl Device for Broken {
+    fn capacity(&self) -> Capacity {
+        self.echo.capacity()
+    }
+
+    fn wants_requests(&self) -> bool {
+        true
+    }
+
+    fn execute(&mut self, plan: &StepPlan, out: &mut StepOutcome) -> Result<(), DeviceError> {
+        if self.after == 0 {
+            if self.panic {
+                panic!("the accelerator fell off the bus");
+            }
+            return Err(DeviceError::Failed(
+                "the accelerator fell off the bus".into(),
+            ));
+        }
+        self.after -= 1;
+        self.echo.execute(plan, out)
+    }
+}
+
+async fn send(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, String) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        req = req.header("content-type", "application/json");
+    }
+    let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+    let resp = app
+        .clone()
+        .oneshot(req.body(body).expect("a request"))
+        .await
+        .expect("infallible");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_fails_fails_its_requests_and_the_health_check() {
+    for panic in [false, true] {
+        let device = Broken {
+            echo: Echo::default(),
+            after: 2,
+            panic,
+        };
+        let rt = start_on(device, 0, false);
+        let app = router(rt.clone(), ApiConfig::default());
+        let req = |stream: bool| {
+            serde_json::json!({"model": "echo", "prompt": [11, 12, 13, 14, 15, 16, 17],
+                               "max_tokens": 50, "stream": stream})
+        };
+        // In flight when the device fails: 500 naming why, whole or streamed.
+        let (status, body) = send(&app, "POST", "/v1/completions", Some(req(false))).await;
+        assert_eq!(status, 500, "panic {panic}: {body}");
+        assert!(body.contains("fell off the bus"), "{body}");
+        let why = tokio::time::timeout(std::time::Duration::from_secs(10), rt.failed())
+            .await
+            .expect("the failure is announced");
+        assert!(
+            why.contains("instance echo") && why.contains("fell off the bus"),
+            "{why}"
+        );
+        if panic {
+            assert!(why.contains("panicked"), "{why}");
+        }
+        // Afterwards: /health 503 with why, new requests 503, streamed or not.
+        let (status, body) = send(&app, "GET", "/health", None).await;
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("fell off the bus"), "{body}");
+        for stream in [false, true] {
+            let (status, body) = send(&app, "POST", "/v1/completions", Some(req(stream))).await;
+            assert_eq!(status, 503, "{body}");
+            assert!(body.contains("cannot serve"), "{body}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_in_flight_when_the_device_fails_ends_with_an_error_event() {
+    let device = Broken {
+        echo: Echo::default(),
+        after: 3,
+        panic: false,
+    };
+    let rt = start_on(device, 0, false);
+    let app = router(rt, ApiConfig::default());
+    let req = serde_json::json!({"model": "echo", "prompt": [11, 12, 13, 14, 15, 16, 17],
+                                 "max_tokens": 50, "stream": true});
+    let (status, body) = send(&app, "POST", "/v1/completions", Some(req)).await;
+    assert_eq!(status, 200, "the stream had started: {body}");
+    let last = body.trim_end().rsplit("\n\n").nth(1).unwrap_or("");
+    assert!(
+        last.contains("\"error\"")
+            && last.contains("fell off the bus")
+            && body.ends_with("data: [DONE]\n\n"),
+        "{body}"
+    );
 }

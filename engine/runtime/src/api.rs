@@ -86,7 +86,7 @@ pub fn router(rt: Runtime, cfg: ApiConfig) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint", None) })
         .method_not_allowed_fallback(|| async {
@@ -168,6 +168,14 @@ async fn metrics(State(app): State<AppState>) -> Response {
         app.rt.metrics().render(),
     )
         .into_response()
+}
+
+/// 200 while the deployment serves; 503 with why once a device failed.
+async fn health(State(app): State<AppState>) -> Response {
+    match app.rt.failure() {
+        None => StatusCode::OK.into_response(),
+        Some(why) => error(StatusCode::SERVICE_UNAVAILABLE, why, None),
+    }
 }
 
 async fn models(State(app): State<AppState>) -> Response {
@@ -265,7 +273,9 @@ async fn run(app: AppState, job: Job) -> Response {
                 let status = match e {
                     AdmitError::TooLong { .. } => StatusCode::BAD_REQUEST,
                     AdmitError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
-                    AdmitError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+                    AdmitError::ShuttingDown | AdmitError::Failed(_) => {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    }
                 };
                 // Streams admitted so far are dropped here, which aborts them.
                 return error(status, e.to_string(), None);
@@ -461,6 +471,12 @@ async fn whole_response(meta: Meta, mut choices: Vec<Choice>, mut rx: Outputs) -
     }
     // Choices that stopped early are over in the runtime; dropping the receiver ends the rest.
     drop(rx);
+    // Outputs that ended without finishing: the deployment failed under the request.
+    if choices.iter().any(|c| c.finish.is_none()) {
+        if let Some(why) = meta.rt.failure() {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, why, None);
+        }
+    }
     let completion: u32 = choices.iter().map(|c| c.tokens).sum();
     let out: Vec<Value> = choices
         .iter_mut()
@@ -703,9 +719,18 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
                 return Some((Ok(frame), st));
             }
         }
-        // Every choice is over: free what stopped early, then usage and [DONE].
+        // Every choice is over: free what stopped early, then usage and [DONE]. Choices that
+        // ended without finishing: the deployment failed under the stream, which says so in an
+        // error event, as vLLM's streams do.
         st.rx = None;
         st.done = true;
+        if st.choices.iter().any(|c| c.finish.is_none()) {
+            if let Some(why) = st.meta.rt.failure() {
+                let v = json!({"error": {"message": why, "type": "InternalServerError",
+                                         "param": null, "code": 500}});
+                buf.extend_from_slice(format!("data: {v}\n\n").as_bytes());
+            }
+        }
         if st.meta.include_usage {
             let completion: u32 = st.choices.iter().map(|c| c.tokens).sum();
             let v = json!({

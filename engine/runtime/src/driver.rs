@@ -160,8 +160,23 @@ pub(crate) fn spawn(
                     quiet = false;
                     device.starts_at(at);
                     let mut out = StepOutcome::default();
-                    let result = device.execute(&plan, &mut out).map(|_| out);
-                    if done.send(Done { inst: i, result }).is_err() {
+                    // A device that panics fails the step: the control task reports it and
+                    // ends instead of waiting for a step that never comes.
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        device.execute(&plan, &mut out)
+                    }));
+                    let result = match run {
+                        Ok(r) => r.map(|_| out),
+                        Err(p) => Err(DeviceError::Failed(format!(
+                            "the device thread panicked: {}",
+                            p.downcast_ref::<String>()
+                                .map(String::as_str)
+                                .or_else(|| p.downcast_ref::<&str>().copied())
+                                .unwrap_or("(no message)")
+                        ))),
+                    };
+                    let failed = result.is_err();
+                    if done.send(Done { inst: i, result }).is_err() || failed {
                         return;
                     }
                 }
@@ -420,14 +435,24 @@ impl Control {
         }
     }
 
+    /// Stops serving: logs and records why (new requests are refused with it, requests in
+    /// flight end with it, `/health` reports it) and ends the control task.
+    fn fail(&mut self, why: String) {
+        tracing::error!("{why}");
+        if let Some(s) = self.shared.upgrade() {
+            s.failure.lock().expect("failure").get_or_insert(why);
+            s.failed.notify_waiters();
+        }
+        self.failed = true;
+    }
+
     fn apply_done(&mut self, d: Done) {
         let i = d.inst;
         let outcome = match d.result {
             Ok(o) => o,
             Err(e) => {
                 let name = self.core.name(i).to_string();
-                tracing::error!(instance = %name, "device failed: {e}");
-                self.failed = true;
+                self.fail(format!("instance {name}: {e}"));
                 return;
             }
         };
@@ -478,14 +503,13 @@ impl Control {
                     // What the step runs shows while it runs (a prefill instance's prompts too).
                     self.publish(i);
                     if self.workers[i].send((plan, self.now)).is_err() {
-                        tracing::error!("device thread of instance {i} is gone");
-                        self.failed = true;
+                        let name = self.core.name(i).to_string();
+                        self.fail(format!("instance {name}: its device thread is gone"));
                     }
                 }
                 Effect::Transfer(x) => {
                     if let Err(e) = self.fabric.start(self.now, &x) {
-                        tracing::error!("KV transfer of request {} failed: {e}", x.req);
-                        self.failed = true;
+                        self.fail(format!("KV transfer of request {} failed: {e}", x.req));
                     }
                 }
             }

@@ -89,6 +89,9 @@ pub enum AdmitError {
     Busy { pending: usize, limit: usize },
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// A device failed: nothing is served any more.
+    #[error("the server cannot serve: {0}")]
+    Failed(String),
 }
 
 /// What reaches the control task from clients.
@@ -112,6 +115,10 @@ struct Shared {
     closing: AtomicBool,
     metrics: Metrics,
     steps: Mutex<Vec<StepRecord>>,
+    /// Why the deployment stopped working (a device failed or panicked): set once by the
+    /// control task, which then ends; [`Runtime::failed`] wakes on it.
+    failure: Mutex<Option<String>>,
+    failed: tokio::sync::Notify,
 }
 
 /// A running deployment. Cheap to clone; the control task stops when every clone is dropped
@@ -196,6 +203,8 @@ impl Runtime {
             pending: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             steps: Mutex::new(Vec::new()),
+            failure: Mutex::new(None),
+            failed: tokio::sync::Notify::new(),
         });
         driver::spawn(Arc::downgrade(&shared), instances, fabric, rx);
         Runtime { shared }
@@ -219,6 +228,24 @@ impl Runtime {
         self.shared.pending.load(Ordering::Relaxed)
     }
 
+    /// Why the deployment stopped working, once a device failed.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failure.lock().expect("failure").clone()
+    }
+
+    /// Waits until a device fails; its message.
+    pub async fn failed(&self) -> String {
+        loop {
+            // Registered before the check: a failure set after it still wakes this waiter.
+            let mut woken = std::pin::pin!(self.shared.failed.notified());
+            woken.as_mut().enable();
+            if let Some(m) = self.failure() {
+                return m;
+            }
+            woken.await;
+        }
+    }
+
     /// Refuses new requests from now on (graceful shutdown: in-flight ones finish).
     pub fn close(&self) {
         self.shared.closing.store(true, Ordering::Relaxed);
@@ -232,6 +259,9 @@ impl Runtime {
     /// Admits a request and returns its token stream.
     pub fn submit(&self, r: Submit) -> Result<Stream, AdmitError> {
         let s = &self.shared;
+        if let Some(m) = self.failure() {
+            return Err(AdmitError::Failed(m));
+        }
         if s.closing.load(Ordering::Relaxed) {
             return Err(AdmitError::ShuttingDown);
         }
