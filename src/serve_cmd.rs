@@ -150,11 +150,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         }
     }
     let access_note = format!(
-        "answers Host {}; {}",
-        match &hosts {
-            AllowedHosts::Any => "any".to_string(),
-            AllowedHosts::Only(names) => names.join(", "),
-        },
+        "answers to {hosts}; {}",
         if api_key.is_some() {
             "an API key is required on /v1"
         } else {
@@ -344,7 +340,6 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if let Some(t) = &trace {
         t.flush();
     }
-
     if let Some(e) = trace.and_then(|t| t.error()) {
         return Err(Failure::Runtime(anyhow!(
             "--profile: the trace stopped at a write error: {e}"

@@ -130,6 +130,19 @@ fn field(field: &'static str, value: impl ToString, reason: impl Into<String>) -
     }
 }
 
+impl Plan {
+    /// The EPLB policy that places this plan's experts: `asked`, except under MoE tensor
+    /// parallelism, where the one expert "die" holds every expert and there is nothing to
+    /// place (a policy that needs nodes of dies would refuse it).
+    pub fn placement_policy(&self, asked: crate::eplb::Policy) -> crate::eplb::Policy {
+        if self.moe_tp > 1 {
+            crate::eplb::Policy::Identity
+        } else {
+            asked
+        }
+    }
+}
+
 impl Layout {
     /// A DP-attention, full-EP layout over `dies` dies: dp = dies, tp = 1, ep = dies.
     pub fn dp_ep(role: Role, dies: u32) -> Layout {

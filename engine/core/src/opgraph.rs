@@ -846,24 +846,9 @@ impl Builder<'_> {
         let slots = (m.routed_experts + p.redundant_experts as u64) as f64;
         let mean = load.group_tokens as f64 * m.top_k as f64 / slots * p.slots_per_die as f64;
         let tok = mean * load.imbalance;
-        let ffn = m.expert_ffn as f64;
-        let ew = q.expert_weight();
-        let ec = q.expert_compute();
-        let expert_bytes = m.expert_params() as f64 * ew.bytes();
-        let flops = 2.0 * tok * 3.0 * h * ffn;
-        // Weights of each resident expert that received a token are read once: with `tok` tokens
-        // spread over S experts, S * (1 - (1 - 1/S)^tok) of them are hit on average.
-        let sp = p.slots_per_die as f64;
-        let hit = sp * (1.0 - (1.0 - 1.0 / sp).powf(tok));
-        let resident = hit * expert_bytes;
-        let bytes = resident + tok * (2.0 * h + 3.0 * ffn) * act;
-        self.push(
-            "experts",
-            layer,
-            repeat,
-            DieSet::RoutedExperts,
-            work(OpClass::GroupedGemm, flops, bytes, ec, tok / hit.max(1.0)),
-        );
+        let w = self.expert_work(OpClass::GroupedGemm, tok, p.slots_per_die as f64, 1);
+        let experts = OpKind::Compute(w);
+        self.push("experts", layer, repeat, DieSet::RoutedExperts, experts);
         // Shared expert: on its own dies, or locally for the die's tokens.
         let (stok, sdies) = if shared_dies {
             (
@@ -923,28 +908,39 @@ impl Builder<'_> {
     /// experts and no die is hotter than another.
     fn tp_moe_ops(&mut self, layer: LayerKind, repeat: u64, t: f64) {
         let m = self.s.model;
-        let q = self.s.quant;
         let p = self.s.plan;
-        let (h, ffn) = (m.hidden as f64, m.expert_ffn as f64);
-        let slice = ffn / p.moe_tp as f64;
-        let act = DType::Bf16.bytes();
-        let expert_bytes = m.expert_params() as f64 * q.expert_weight().bytes();
-        let experts = m.routed_experts as f64;
         let tok = t * m.top_k as f64;
-        let hit = experts * (1.0 - (1.0 - 1.0 / experts).powf(tok));
-        let flops = 2.0 * tok * 3.0 * h * slice;
-        let bytes = hit * expert_bytes / p.moe_tp as f64 + tok * (2.0 * h + 3.0 * slice) * act;
-        let mut w = compute(
+        let w = self.expert_work(
             OpClass::TpGroupedGemm,
-            flops,
-            bytes,
-            q.expert_compute(),
-            tok / hit.max(1.0),
+            tok,
+            m.routed_experts as f64,
+            p.moe_tp,
         );
-        w.slice = slice;
         self.push("experts", layer, repeat, DieSet::All, OpKind::Compute(w));
         self.shared_expert(layer, repeat, t, DieSet::All, p.dense_tp);
-        self.all_reduce("moe_all_reduce", layer, repeat, t * h * act, p.moe_tp);
+        let hidden = t * m.hidden as f64 * DType::Bf16.bytes();
+        self.all_reduce("moe_all_reduce", layer, repeat, hidden, p.moe_tp);
+    }
+
+    /// The routed-expert work of one die: `tok` token-expert pairs over `resident` experts,
+    /// each split `split` ways by tensor parallelism (1: whole experts). The weights of each
+    /// resident expert that received a token are read once: with `tok` tokens spread over S
+    /// experts, S * (1 - (1 - 1/S)^tok) of them are hit on average.
+    fn expert_work(&self, class: OpClass, tok: f64, resident: f64, split: u32) -> Work {
+        let m = self.s.model;
+        let q = self.s.quant;
+        let h = m.hidden as f64;
+        let slice = m.expert_ffn as f64 / split as f64;
+        let expert_bytes = m.expert_params() as f64 * q.expert_weight().bytes();
+        let hit = resident * (1.0 - (1.0 - 1.0 / resident).powf(tok));
+        let flops = 2.0 * tok * 3.0 * h * slice;
+        let weights = hit * expert_bytes / split as f64;
+        let bytes = weights + tok * (2.0 * h + 3.0 * slice) * DType::Bf16.bytes();
+        let mut w = compute(class, flops, bytes, q.expert_compute(), tok / hit.max(1.0));
+        if split > 1 {
+            w.slice = slice;
+        }
+        w
     }
 
     fn lm_head(&mut self, layer: LayerKind, repeat: u64, logit_tokens: f64) {

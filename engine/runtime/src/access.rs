@@ -8,9 +8,10 @@
 use axum::http::{header, HeaderMap, Method, StatusCode};
 
 /// Hosts a request may name.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum AllowedHosts {
     /// Any `Host` (a server bound to a public address).
+    #[default]
     Any,
     /// These names or addresses, without port, lowercase (IPv6 without brackets).
     Only(Vec<String>),
@@ -72,6 +73,16 @@ impl AllowedHosts {
     }
 }
 
+impl std::fmt::Display for AllowedHosts {
+    /// `any host`, or the names, comma-separated.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AllowedHosts::Any => f.write_str("any host"),
+            AllowedHosts::Only(names) => f.write_str(&names.join(", ")),
+        }
+    }
+}
+
 /// The name of a `Host` value without its port and a final dot: `a.:80` -> `a`, `[::1]:80` ->
 /// `::1`. A bracketed address followed by anything but a port is returned whole (and matches
 /// no name).
@@ -93,22 +104,13 @@ fn host_name(host: &str) -> &str {
     name.strip_suffix('.').unwrap_or(name)
 }
 
-/// What the checks let through.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What the checks let through. The default is open: any host, no key (the content type is
+/// checked whatever the access).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Access {
     pub hosts: AllowedHosts,
     /// The key `/v1` requests must carry as `Authorization: Bearer KEY`; `None`: no key.
     pub api_key: Option<String>,
-}
-
-impl Default for Access {
-    /// Open: any host, no key (the content type is checked whatever the access).
-    fn default() -> Self {
-        Access {
-            hosts: AllowedHosts::Any,
-            api_key: None,
-        }
-    }
 }
 
 /// Why a request is refused: status and message.
@@ -120,28 +122,27 @@ const JSON_PATHS: [&str; 2] = ["/v1/completions", "/v1/chat/completions"];
 impl Access {
     /// Checks one request; `Err` is the answer to give instead of running it.
     pub fn check(&self, method: &Method, path: &str, headers: &HeaderMap) -> Result<(), Refusal> {
-        let host = headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("");
+        // A header's text; "" when absent or not visible ASCII.
+        let text = |name| {
+            headers
+                .get(name)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("")
+        };
+        let host = text(header::HOST);
         if !self.hosts.allows(host) {
             return Err((
                 StatusCode::FORBIDDEN,
                 format!(
                     "Host '{host}' is not allowed: this server answers to {} (--allowed-hosts)",
-                    match &self.hosts {
-                        AllowedHosts::Only(n) => n.join(", "),
-                        AllowedHosts::Any => "any host".into(),
-                    }
+                    self.hosts
                 ),
             ));
         }
         if let Some(key) = &self.api_key {
             if path == "/v1" || path.starts_with("/v1/") {
-                let given = headers
-                    .get(header::AUTHORIZATION)
-                    .and_then(|h| h.to_str().ok())
-                    .and_then(|h| h.strip_prefix("Bearer "))
+                let given = text(header::AUTHORIZATION)
+                    .strip_prefix("Bearer ")
                     .unwrap_or("");
                 if !same_bytes(given.as_bytes(), key.as_bytes()) {
                     return Err((
@@ -153,10 +154,7 @@ impl Access {
             }
         }
         if method == Method::POST && JSON_PATHS.contains(&path) {
-            let ctype = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|h| h.to_str().ok())
-                .unwrap_or("");
+            let ctype = text(header::CONTENT_TYPE);
             let essence = ctype.split(';').next().unwrap_or("").trim();
             if !essence.eq_ignore_ascii_case("application/json") {
                 return Err((

@@ -115,6 +115,11 @@ async fn guard(State(app): State<AppState>, req: Request, next: Next) -> Respons
 
 /// An OpenAI-style error response.
 pub fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>) -> Response {
+    (status, axum::Json(error_body(status, message, param))).into_response()
+}
+
+/// `{"error": {"message", "type", "param", "code"}}`, as a response or a stream event carries it.
+fn error_body(status: StatusCode, message: impl Into<String>, param: Option<&str>) -> Value {
     let kind = match status {
         StatusCode::NOT_FOUND => "NotFoundError",
         StatusCode::TOO_MANY_REQUESTS => "RateLimitError",
@@ -127,13 +132,21 @@ pub fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>
         s if s.is_server_error() => "InternalServerError",
         _ => "BadRequestError",
     };
-    let body = json!({"error": {
+    json!({"error": {
         "message": message.into(),
         "type": kind,
         "param": param,
         "code": status.as_u16(),
-    }});
-    (status, axum::Json(body)).into_response()
+    }})
+}
+
+/// Why a request's outputs ended before every choice finished: the deployment failed under
+/// it (`None` while it serves).
+fn failed_under(choices: &[Choice], rt: &Runtime) -> Option<String> {
+    if choices.iter().all(|c| c.finish.is_some()) {
+        return None;
+    }
+    rt.failure()
 }
 
 impl IntoResponse for ApiError {
@@ -471,11 +484,8 @@ async fn whole_response(meta: Meta, mut choices: Vec<Choice>, mut rx: Outputs) -
     }
     // Choices that stopped early are over in the runtime; dropping the receiver ends the rest.
     drop(rx);
-    // Outputs that ended without finishing: the deployment failed under the request.
-    if choices.iter().any(|c| c.finish.is_none()) {
-        if let Some(why) = meta.rt.failure() {
-            return error(StatusCode::INTERNAL_SERVER_ERROR, why, None);
-        }
+    if let Some(why) = failed_under(&choices, &meta.rt) {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, why, None);
     }
     let completion: u32 = choices.iter().map(|c| c.tokens).sum();
     let out: Vec<Value> = choices
@@ -724,12 +734,9 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
         // error event, as vLLM's streams do.
         st.rx = None;
         st.done = true;
-        if st.choices.iter().any(|c| c.finish.is_none()) {
-            if let Some(why) = st.meta.rt.failure() {
-                let v = json!({"error": {"message": why, "type": "InternalServerError",
-                                         "param": null, "code": 500}});
-                buf.extend_from_slice(format!("data: {v}\n\n").as_bytes());
-            }
+        if let Some(why) = failed_under(&st.choices, &st.meta.rt) {
+            let v = error_body(StatusCode::INTERNAL_SERVER_ERROR, why, None);
+            buf.extend_from_slice(format!("data: {v}\n\n").as_bytes());
         }
         if st.meta.include_usage {
             let completion: u32 = st.choices.iter().map(|c| c.tokens).sum();

@@ -7,7 +7,7 @@ use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
 use dstwin_core::deploy::{DeploymentConfig, EplbSpec, InstanceSpec};
 use dstwin_core::device::{Capacity, Device};
 use dstwin_core::eplb::cycle::{CycleConfig, Rebalancer};
-use dstwin_core::eplb::{place, EpLayout, Placement, Policy};
+use dstwin_core::eplb::{place, EpLayout, Placement};
 use dstwin_core::features::Platform;
 use dstwin_core::instance::InstanceConfig;
 use dstwin_core::layout::Role;
@@ -60,12 +60,8 @@ fn experts_for(
                     file: file.clone(),
                     message,
                 })?,
-            // Under MoE tensor parallelism the one expert "die" holds every expert, whatever
-            // the policy says.
-            None if plan.moe_tp > 1 => {
-                place(Policy::Identity, load.shares(), &layout).map_err(eplb_err)?
-            }
-            None => place(s.eplb.policy, load.shares(), &layout).map_err(eplb_err)?,
+            None => place(plan.placement_policy(s.eplb.policy), load.shares(), &layout)
+                .map_err(eplb_err)?,
         };
     let eplb = s.eplb.dynamic.then(|| EplbSpec {
         rebalancer: Rebalancer::new(

@@ -245,11 +245,7 @@ fn layer_imbalance(
     plan: &Plan,
     load: &SkewedLoad,
 ) -> Result<Vec<f64>, ExplainError> {
-    let (spec, mut policy) = (&load.spec, load.policy);
-    // Under MoE tensor parallelism the one expert "die" holds every expert: nothing to place.
-    if plan.moe_tp > 1 {
-        policy = EplbPolicy::Identity;
-    }
+    let (spec, policy) = (&load.spec, plan.placement_policy(load.policy));
     spec.validate()
         .map_err(|(field, value, reason)| input("skew", value, format!("{field} {reason}")))?;
     let m = &inp.model;
