@@ -11,7 +11,10 @@
 //!   ([`ACCEPTANCE_SD`]: the spread of the points it was fitted to);
 //! - the fitted expert load's skew and per-request concentration ([`LOAD_SIGMA_SIGMA`],
 //!   [`CONCENTRATION_SIGMA`]), fitted to one measurement;
-//! - the host time of eager kernel launches ([`EAGER_SIGMA`]).
+//! - the host time of eager kernel launches ([`EAGER_SIGMA`]);
+//! - the communication: the fitted all-to-all ([`ALLTOALL_SIGMA`]), every fabric level the
+//!   all-to-all was not fitted on ([`UNFITTED_LEVEL_SIGMA`]) and the ring collectives
+//!   ([`COLLECTIVE_SIGMA`]), each by a factor of its own.
 //!
 //! Everything else (the layout, the scheduler limits, the workload's shape) is what the
 //! scenario says and is not drawn. Draw 0 is the scenario itself.
@@ -54,6 +57,27 @@ pub const CONCENTRATION_SIGMA: f64 = 0.7;
 /// give 2.7 and 4.2 ms per layer on A3 (hwmodels/data/costs/ascend-910c.toml `[host]`).
 pub const EAGER_SIGMA: f64 = 0.25;
 
+/// Log-normal sigma of the factor on the fitted all-to-all's time (its fixed costs over the
+/// factor, its bandwidth efficiencies under it): the root mean square of the fit's relative
+/// residuals over its 44 fitted points (`dstwin calibrate`, 0.1%..14%; ~6%), rounded up to 8%
+/// for leaving points out.
+pub const ALLTOALL_SIGMA: f64 = 0.08;
+
+/// Log-normal sigma of the factor on every fabric level the all-to-all parameters were not
+/// fitted on (its bandwidth under the factor, its latency over it): the all-to-all priced on
+/// such a level is an extrapolation, and the six Atlas 800I A2 points the 910C's parameters
+/// price off their fabrics (calibration/data/microbenchmarks.toml, "not fitted": -48%..+98%)
+/// give a root mean square of 0.48 in log.
+pub const UNFITTED_LEVEL_SIGMA: f64 = 0.48;
+
+/// Log-normal sigma of the factor on the ring collectives' time (all-reduce, all-gather,
+/// reduce-scatter, point-to-point), whose cost-file parameters are assumptions: the Hopper ring
+/// formula against NVIDIA's measured H200 tables (aiconfigurator 0.12 `nccl_perf` 2.26 and
+/// vLLM 0.19 custom all-reduce, 2 to 8 GPUs, DeepSeek's 7,168 to 117M-element messages) is off
+/// by 0.47x..2.1x, 0.20..0.48 in log root mean square per collective and group; 0.35 is their
+/// middle. No Ascend collective is measured in the anchors.
+pub const COLLECTIVE_SIGMA: f64 = 0.35;
+
 /// Salt of the draws' generator, so that draw k's factors do not follow the scenario's seed.
 const SALT: u64 = 0x756e_6365_7274_6169;
 
@@ -72,6 +96,9 @@ pub fn perturbed(s: &Scenario, k: u64) -> Scenario {
     let skew = lognormal(LOAD_SIGMA_SIGMA);
     let conc = lognormal(CONCENTRATION_SIGMA);
     let eager = lognormal(EAGER_SIGMA);
+    let a2a = lognormal(ALLTOALL_SIGMA);
+    let unfitted = lognormal(UNFITTED_LEVEL_SIGMA);
+    let collective = lognormal(COLLECTIVE_SIGMA);
     // The kernels: every class's efficiencies over the factor (at most 1), its fixed cost times it.
     let mut p = s.cost.params.clone();
     p.op_overhead_us *= kernel;
@@ -94,7 +121,26 @@ pub fn perturbed(s: &Scenario, k: u64) -> Scenario {
     if let Some(h) = p.host.as_mut() {
         h.eager_layer_us *= eager;
     }
-    out.cost = CostModel::new(s.cost.system.clone(), p);
+    let a = &mut p.alltoall;
+    a.dispatch_base_us *= a2a;
+    a.combine_base_us *= a2a;
+    a.per_doubling_us *= a2a;
+    a.low_latency_bw_eff = (a.low_latency_bw_eff / a2a).min(1.0);
+    a.normal_bw_eff_at_ep8 /= a2a;
+    a.normal_bw_eff_per_doubling /= a2a;
+    a.normal_bw_eff_min = (a.normal_bw_eff_min / a2a).min(1.0);
+    a.normal_combine_bw_eff_at_ep8 = a.normal_combine_bw_eff_at_ep8.map(|e| e / a2a);
+    a.normal_combine_bw_eff_per_doubling = a.normal_combine_bw_eff_per_doubling.map(|e| e / a2a);
+    p.collective.base_us *= collective;
+    p.collective.bw_eff = (p.collective.bw_eff / collective).min(1.0);
+    let mut system = s.cost.system.clone();
+    for level in &mut system.fabric {
+        if !p.alltoall.fitted_on.contains(&level.name) {
+            level.bw_gb_s_per_die /= unfitted;
+            level.latency_us *= unfitted;
+        }
+    }
+    out.cost = CostModel::new(system, p);
     // The acceptance, where the scenario leaves it calibrated: the log-normal draw above read
     // as a normal deviate (ln of a unit log-normal is N(0, 1)).
     if out.mtp.acceptance == [CALIBRATED_ACCEPTANCE] {
@@ -211,8 +257,27 @@ mod tests {
             ratios.windows(2).all(|w| (w[0] - w[1]).abs() < 1e-9),
             "{ratios:?}"
         );
-        // The layout and the workload are the scenario's.
+        // Communication: the fitted all-to-all and the collectives move; of the fabric, only
+        // the levels the all-to-all was not fitted on.
         let d = perturbed(&s, 2);
+        let (a, b) = (&s.cost.params, &d.cost.params);
+        assert_ne!(a.alltoall.dispatch_base_us, b.alltoall.dispatch_base_us);
+        assert_ne!(a.collective.base_us, b.collective.base_us);
+        let levels = s.cost.system.fabric.iter().zip(&d.cost.system.fabric);
+        let mut moved = 0;
+        for (x, y) in levels {
+            if a.alltoall.fitted_on.contains(&x.name) {
+                assert_eq!(x, y);
+            } else {
+                assert_ne!(x.bw_gb_s_per_die, y.bw_gb_s_per_die, "{}", x.name);
+                moved += 1;
+            }
+        }
+        assert!(
+            moved > 0,
+            "the A3 servers' RoCE is not among the fitted levels"
+        );
+        // The layout and the workload are the scenario's.
         assert_eq!(d.instances.len(), s.instances.len());
         assert_eq!(d.workload, s.workload);
     }
