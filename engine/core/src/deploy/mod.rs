@@ -27,18 +27,18 @@
 //!   effects, notes, refusals).
 //! - `eplb`: an instance's rebalance cycle as the core runs it (heat in, layer moves out).
 //! - `hashes`: content hashes of requests' tokens (prompt, routing, produced tokens).
+//! - `transfer`: the prefill-to-decode KV hand-off (transfer started, moved, landed).
 
 mod eplb;
 mod hashes;
 mod interface;
+mod transfer;
 
 pub use eplb::EplbSpec;
 pub use hashes::token_hashes;
 pub use interface::{Arrival, DeploymentConfig, Effect, InstanceSpec, Note, Refusal, StepRecord};
 
-use crate::device::{
-    FinishReason, KvEnd, KvTransfer, ReqId, SamplingParams, StepOutcome, StepPlan,
-};
+use crate::device::{FinishReason, ReqId, SamplingParams, StepOutcome, StepPlan};
 use crate::idmap::IdMap;
 use crate::instance::{InstEvent, Instance, NewRequest};
 use crate::layout::Role;
@@ -426,89 +426,6 @@ impl Deployment {
                 self.try_start(i, now);
             }
         }
-    }
-
-    /// A decode instance allocated blocks for a request whose KV is on a prefill instance.
-    fn start_transfer(&mut self, d: u32, id: ReqId) {
-        let Some(r) = self.reqs.get(id) else {
-            return;
-        };
-        let tokens = r.prompt + r.emitted;
-        let bytes = tokens as f64 * self.cfg.kv_bytes_per_token;
-        let to = self.slots[d as usize]
-            .inst
-            .blocks_of(id)
-            .map(|(rank, blocks)| KvEnd {
-                instance: d,
-                rank,
-                blocks: blocks.to_vec(),
-            })
-            .unwrap_or(KvEnd {
-                instance: d,
-                rank: r.rank,
-                blocks: Vec::new(),
-            });
-        let from = r
-            .prefill
-            .and_then(|p| {
-                self.slots[p as usize]
-                    .inst
-                    .blocks_of(id)
-                    .map(|(rank, blocks)| KvEnd {
-                        instance: p,
-                        rank,
-                        blocks: blocks.to_vec(),
-                    })
-            })
-            .unwrap_or_default();
-        self.notes.push(Note::KvSent {
-            req: id,
-            inst: d,
-            tokens,
-            bytes,
-        });
-        self.effects.push(Effect::Transfer(KvTransfer {
-            req: id,
-            tokens,
-            bytes,
-            from,
-            to,
-        }));
-    }
-
-    /// A KV transfer finished: the decode side may compute, the prefill side frees its copy.
-    pub fn transfer_done(&mut self, now: SimTime, id: ReqId) {
-        let Some(r) = self.reqs.get(id) else {
-            // Aborted while its KV moved; both sides already freed it.
-            return;
-        };
-        let (d, p) = (r.decode, r.prefill);
-        self.notes.push(Note::KvArrived { req: id, inst: d });
-        let slot = &mut self.slots[d as usize];
-        if slot.inst.config().async_scheduling && slot.busy {
-            slot.deferred.push(Deferred::KvArrived(id));
-        } else {
-            slot.inst.kv_arrived(id, now);
-        }
-        if let Some(p) = p {
-            if self.slots[p as usize].role == Role::Prefill {
-                self.slots[p as usize].inst.release_kv(id);
-                self.want_start(p);
-            }
-        }
-        self.want_start(d);
-    }
-
-    /// Applies every KV transfer `fabric` has completed by `now` ([`Deployment::transfer_done`]
-    /// for each, in completion order).
-    pub fn poll_transfers(&mut self, now: SimTime, fabric: &mut dyn crate::device::Fabric) {
-        let mut done = std::mem::take(&mut self.buf);
-        done.clear();
-        fabric.poll(now, &mut done);
-        for &id in &done {
-            self.transfer_done(now, id);
-        }
-        self.buf = done;
     }
 
     /// Instance `i`'s step finished with `outcome`.
