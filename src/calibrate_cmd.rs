@@ -229,7 +229,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     let a2a = micro::fit(&bench).map_err(|e| Failure::Runtime(e.into()))?;
     let a2a_fit = micro::residuals(&bench, &a2a).map_err(|e| Failure::Runtime(e.into()))?;
     let a2a_shipped = micro::residuals(&bench, &[]).map_err(|e| Failure::Runtime(e.into()))?;
-    let shipped_acceptance = dstwin_core::mtp::CALIBRATED_ACCEPTANCE;
+    let shipped_acceptance = dstwin_twin::mtp::CALIBRATED_ACCEPTANCE;
     let acceptance = micro::fit_mtp(&bench);
     let mtp_fit = micro::mtp_residuals(&bench, acceptance.unwrap_or(shipped_acceptance));
     let mtp_shipped = micro::mtp_residuals(&bench, shipped_acceptance);

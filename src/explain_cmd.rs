@@ -276,7 +276,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
         },
         mtp: Mtp {
             tokens: a.mtp,
-            acceptance: dstwin_core::mtp::or_calibrated(a.mtp_accept.clone()),
+            acceptance: dstwin_twin::mtp::or_calibrated(a.mtp_accept.clone()),
         },
         moe_imbalance: a.imbalance,
         expert_skew: None,

@@ -477,7 +477,7 @@ fn builtin(quiet: bool, draws: u32) -> Result<Builtin, Failure> {
             .chain(v4_kernels::residuals(&bench.kernel, &[]).map_err(runtime)?)
             .chain(micro::mtp_residuals(
                 &bench,
-                dstwin_core::mtp::CALIBRATED_ACCEPTANCE,
+                dstwin_twin::mtp::CALIBRATED_ACCEPTANCE,
             ))
             .map(|r| Row {
                 bound: Some(r.bound.min(GOAL)),

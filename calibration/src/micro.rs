@@ -553,7 +553,7 @@ pub fn fit_mtp(m: &Microbenchmarks) -> Option<f64> {
 }
 
 /// Every MTP point against acceptance `acceptance` (the shipped
-/// [`dstwin_core::mtp::CALIBRATED_ACCEPTANCE`] or a fit).
+/// [`dstwin_twin::mtp::CALIBRATED_ACCEPTANCE`] or a fit).
 pub fn mtp_residuals(m: &Microbenchmarks, acceptance: f64) -> Vec<MicroResidual> {
     m.mtp
         .iter()

@@ -197,7 +197,7 @@ pub fn parse_targets(file: &str, text: &str) -> Result<Vec<Target>, CalibrationE
             )));
         }
         // As a scenario caps its drafts: the step prices every draft position.
-        let max_drafts = dstwin_core::mtp::MAX_POSITIONS as u32;
+        let max_drafts = dstwin_twin::mtp::MAX_POSITIONS as u32;
         if t.mtp > max_drafts {
             return Err(t.err(format!(
                 "mtp {}: at most {max_drafts} draft tokens per step",

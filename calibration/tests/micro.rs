@@ -123,7 +123,7 @@ fn assert_within_bounds(r: &[MicroResidual]) {
 fn shipped_mtp_acceptance_is_the_fit_and_every_point_stays_within_its_bound() {
     let m = builtin().unwrap();
     let fitted = fit_mtp(&m).expect("the shipped file has fitted MTP blocks");
-    let shipped = dstwin_core::mtp::CALIBRATED_ACCEPTANCE;
+    let shipped = dstwin_twin::mtp::CALIBRATED_ACCEPTANCE;
     assert!(
         (fitted - shipped).abs() <= 0.0005,
         "fitted {fitted} vs shipped {shipped}"

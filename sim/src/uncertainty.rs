@@ -20,9 +20,9 @@
 //! scenario says and is not drawn. Draw 0 is the scenario itself.
 
 use crate::scenario::Scenario;
-use dstwin_core::mtp::CALIBRATED_ACCEPTANCE;
 use dstwin_hwmodels::CostModel;
 use dstwin_twin::expert_load::{fitted, ExpertLoadSpec};
+use dstwin_twin::mtp::CALIBRATED_ACCEPTANCE;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};

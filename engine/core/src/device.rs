@@ -13,7 +13,7 @@
 //! twin-only is asked of a real device: acceptance models and op-class times are optional.
 
 use crate::batch::BatchShape;
-use crate::mtp::Acceptance;
+use crate::mtp::KnownAcceptance;
 use crate::time::{SimDuration, SimTime};
 use serde::Serialize;
 use std::sync::Arc;
@@ -415,7 +415,7 @@ pub trait Device {
     /// The device's MTP acceptance when it is known ahead as a function of (request, sampling
     /// step), as in the twin. A scheduler given it advances steadily decoding requests in
     /// aggregate instead of touching each every step. Real devices return `None` (default).
-    fn acceptance(&self) -> Option<Acceptance> {
+    fn acceptance(&self) -> Option<Arc<dyn KnownAcceptance>> {
         None
     }
     /// The driver has had no step for the device for a while (the wall-clock driver: 1 ms): a

@@ -6,6 +6,7 @@ use dstwin_core::batch::AttnCap;
 use dstwin_core::device::{FinishReason, StepOutcome, StepPlan};
 use dstwin_core::instance::{InstEvent, Instance, InstanceConfig, NewRequest, StepSummary};
 use dstwin_core::layout::Role;
+use dstwin_core::mtp::KnownAcceptance;
 use dstwin_core::time::SimTime;
 use proptest::prelude::*;
 
@@ -409,6 +410,26 @@ type Trace = Vec<(
     f64,
 )>;
 
+/// A known acceptance for these tests: draft i accepted with probability `p[i]` (the last
+/// repeating) given draft i - 1 was, each draw a hash of (request, step, draft).
+#[derive(Debug)]
+struct Chained([f64; 2]);
+
+impl KnownAcceptance for Chained {
+    fn accepted(&self, req: u64, step: u32, drafts: u32) -> u32 {
+        let uniform = |i: u32| {
+            // splitmix64's finalizer over the three counters.
+            let mut z = req ^ (step as u64) << 24 ^ (i as u64) << 56;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) as f64 / u64::MAX as f64
+        };
+        (0..drafts)
+            .take_while(|&i| uniform(i) < self.0[(i as usize).min(1)])
+            .count() as u32
+    }
+}
+
 /// Drives an instance whose device draws MTP acceptance from `acc`; with `aggregate` the
 /// scheduler is given the same acceptance and advances steady requests in aggregate. A plan
 /// without tokens is not run, as a deployment does not run it. With
@@ -428,7 +449,7 @@ fn drive_with_acceptance(
     prefixes: bool,
     aggregate: bool,
 ) -> (Trace, dstwin_core::instance::InstanceStats) {
-    let acc = dstwin_core::mtp::Acceptance::new(&[0.7, 0.4], 11);
+    let acc = std::sync::Arc::new(Chained([0.7, 0.4]));
     let mut c = cfg(if send_back { Role::Decode } else { Role::Mixed }, blocks);
     c.block_size = block_size;
     c.num_spec_tokens = spec;
@@ -441,7 +462,7 @@ fn drive_with_acceptance(
     c.dp_ranks = 2;
     let mut inst = Instance::new(c);
     if aggregate {
-        inst.set_acceptance(Some(acc));
+        inst.set_acceptance(Some(acc.clone()));
     }
     let mut trace = Vec::new();
     let mut next = 0;

@@ -12,11 +12,11 @@ use dstwin_core::features::Platform;
 use dstwin_core::instance::InstanceConfig;
 use dstwin_core::layout::Role;
 use dstwin_core::model::{index_key_dtype, kv_bytes};
-use dstwin_core::mtp::Acceptance;
 use dstwin_hwmodels::{A2aMode, Comm, CommKind};
 use dstwin_twin::device::{Experts, HostOverhead, PricerSpec, SimDevice, StepPricer, StepSpread};
 use dstwin_twin::expert_load::{ExpertLoad, ExpertLoadSpec};
 use dstwin_twin::fabric::TwinFabric;
+use dstwin_twin::mtp::Acceptance;
 
 /// Mixed into the scenario's seed for each instance's step-time draws (`[host] step_sigma`), so
 /// that they are not the expert load's.

@@ -240,7 +240,7 @@ mod tests {
         assert_eq!(s.mtp.tokens, 3);
         assert_eq!(
             s.mtp.acceptance,
-            vec![dstwin_core::mtp::CALIBRATED_ACCEPTANCE]
+            vec![dstwin_twin::mtp::CALIBRATED_ACCEPTANCE]
         );
         // MTP off: no acceptance is made up.
         let off = load_str("a3-2p1d.toml", &omitted, &dir, &["mtp.tokens=0".into()]).unwrap();

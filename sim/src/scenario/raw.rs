@@ -80,7 +80,7 @@ pub struct MtpSpec {
     #[serde(default)]
     pub tokens: u32,
     /// Acceptance probability of draft i given draft i-1 was accepted; the last value repeats.
-    /// Empty: the calibrated acceptance ([`dstwin_core::mtp::CALIBRATED_ACCEPTANCE`]).
+    /// Empty: the calibrated acceptance ([`dstwin_twin::mtp::CALIBRATED_ACCEPTANCE`]).
     #[serde(default)]
     pub acceptance: Vec<f64>,
 }

@@ -66,7 +66,7 @@ pub(super) fn validate(
     // vLLM runs DeepSeek's one MTP layer again for every further draft, and each draft is
     // accepted only if all before it were, so acceptance falls geometrically: published
     // deployments use 1 to 3 drafts. Past MAX_POSITIONS the acceptance model has no positions.
-    let max_drafts = dstwin_core::mtp::MAX_POSITIONS as u32;
+    let max_drafts = dstwin_twin::mtp::MAX_POSITIONS as u32;
     if raw.mtp.tokens > max_drafts {
         return Err(field(
             "mtp.tokens",
@@ -398,7 +398,7 @@ pub(super) fn validate(
             tokens: raw.mtp.tokens,
             // No acceptance given: the calibrated one (the same at every draft position).
             acceptance: if raw.mtp.tokens > 0 {
-                dstwin_core::mtp::or_calibrated(raw.mtp.acceptance)
+                dstwin_twin::mtp::or_calibrated(raw.mtp.acceptance)
             } else {
                 raw.mtp.acceptance
             },

@@ -3,6 +3,7 @@
 //! and draws MTP acceptance per sequence.
 
 use crate::expert_load::{fluctuation, imbalance, ExpertLoad, RoutingSums};
+use crate::mtp::Acceptance;
 pub use crate::pricer::{PricerSpec, PricerStep, RankCost, StepLoad, StepPricer};
 pub use crate::spread::StepSpread;
 use dstwin_core::batch::BatchShape;
@@ -11,8 +12,9 @@ use dstwin_core::device::{
     TransferOutcome, CLASS_SLOTS, DUMMY_TOKENS, HOST,
 };
 use dstwin_core::eplb::Placement;
-use dstwin_core::mtp::Acceptance;
+use dstwin_core::mtp::KnownAcceptance;
 use dstwin_core::time::{SimDuration, SimTime};
+use std::sync::Arc;
 
 /// The twin's device for one instance.
 #[derive(Clone, Debug)]
@@ -401,8 +403,8 @@ impl Device for SimDevice {
         self.next_start = now;
     }
 
-    fn acceptance(&self) -> Option<Acceptance> {
-        Some(self.mtp)
+    fn acceptance(&self) -> Option<Arc<dyn KnownAcceptance>> {
+        Some(Arc::new(self.mtp))
     }
 
     fn predicts_time(&self) -> bool {

@@ -317,13 +317,13 @@ pub fn explain_under(
             format!("at most {MAX_TOKENS_PER_STEP} tokens per DP rank and step"),
         ));
     }
-    if inp.mtp.tokens as usize > dstwin_core::mtp::MAX_POSITIONS {
+    if inp.mtp.tokens as usize > crate::mtp::MAX_POSITIONS {
         return Err(input(
             "mtp.tokens",
             inp.mtp.tokens,
             format!(
                 "at most {} draft tokens per step",
-                dstwin_core::mtp::MAX_POSITIONS
+                crate::mtp::MAX_POSITIONS
             ),
         ));
     }

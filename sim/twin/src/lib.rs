@@ -19,6 +19,7 @@ pub mod expert_load;
 pub mod explain;
 pub mod fabric;
 mod keymap;
+pub mod mtp;
 pub mod pricekey;
 pub mod pricer;
 pub mod pricing;

@@ -394,8 +394,8 @@ fn a_steps_ranks_priced_together_give_the_slowest_first_rank() {
 #[test]
 fn the_device_prices_a_plan_as_its_ranks() {
     use dstwin_core::device::{Capacity, Device, DeviceError, RankPlan, StepOutcome, StepPlan};
-    use dstwin_core::mtp::Acceptance;
     use dstwin_twin::device::{SimDevice, StepPricer};
+    use dstwin_twin::mtp::Acceptance;
     let st = Setup::new(Layout::dp_ep(Role::Decode, 32));
     let cap = st.m.attn_cap();
     let capacity = Capacity {

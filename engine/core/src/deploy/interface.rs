@@ -3,8 +3,9 @@
 
 use crate::device::{FinishReason, KvTransfer, ReqId, SamplingParams, StepPlan};
 use crate::instance::{InstanceConfig, StepSummary};
-use crate::mtp::Acceptance;
+use crate::mtp::KnownAcceptance;
 use crate::pd::Policy;
+use std::sync::Arc;
 
 /// Deployment-wide settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -22,7 +23,7 @@ pub struct InstanceSpec {
     pub config: InstanceConfig,
     /// The device's MTP acceptance when known ahead (the twin): steady decoders are then
     /// advanced in aggregate. `None` steps every request every step.
-    pub acceptance: Option<Acceptance>,
+    pub acceptance: Option<Arc<dyn KnownAcceptance>>,
     /// The device executes requests: plans carry every scheduled request, and every request's
     /// tokens are reported ([`Note::Tokens`]).
     pub detail: bool,

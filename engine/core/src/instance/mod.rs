@@ -16,10 +16,11 @@ pub mod rank;
 use crate::batch::AttnCap;
 use crate::device::{FinishReason, PlanTotals, ReqId, StepOutcome, StepPlan};
 use crate::layout::Role;
-use crate::mtp::Acceptance;
+use crate::mtp::KnownAcceptance;
 use crate::time::SimTime;
 use rank::RankScheduler;
 use serde::Serialize;
+use std::sync::Arc;
 
 /// Everything an instance's schedulers need, validated by the caller (scenario or CLI).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -239,9 +240,9 @@ impl Instance {
 
     /// Lets the ranks advance steadily decoding requests in aggregate with the device's MTP
     /// acceptance ([`crate::device::Device::acceptance`]); call before adding requests.
-    pub fn set_acceptance(&mut self, a: Option<Acceptance>) {
+    pub fn set_acceptance(&mut self, a: Option<Arc<dyn KnownAcceptance>>) {
         for r in &mut self.ranks {
-            r.set_acceptance(a);
+            r.set_acceptance(a.clone());
         }
     }
 

@@ -22,8 +22,9 @@ pub use steady::COOLDOWN;
 use super::kv::{chain, BlockPool};
 use super::{InstanceConfig, NewRequest};
 use crate::device::ReqId;
-use crate::mtp::Acceptance;
+use crate::mtp::KnownAcceptance;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use steady::{SteadySums, CELLS, NIL, RING};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,7 +118,7 @@ pub struct RankScheduler {
     step: u64,
     pub stats: RankStats,
     /// Known MTP acceptance: enables steady decoding in aggregate.
-    acceptance: Option<Acceptance>,
+    acceptance: Option<Arc<dyn KnownAcceptance>>,
     steady: Vec<u32>,
     sums: SteadySums,
     /// Per step (ring cell) and regime: tokens the steady requests compute and keep. The only
@@ -202,16 +203,16 @@ impl RankScheduler {
 
     /// Lets the rank advance steadily decoding requests in aggregate, drawing their MTP acceptance
     /// from `a` (which must be what the device draws). `None` steps every request.
-    pub fn set_acceptance(&mut self, a: Option<Acceptance>) {
+    pub fn set_acceptance(&mut self, a: Option<Arc<dyn KnownAcceptance>>) {
         assert!(
             self.steady.is_empty(),
             "acceptance changes only between requests"
         );
-        self.acceptance = a;
         if a.is_some() && self.tokens.is_empty() {
             self.tokens = vec![0; CELLS * self.regimes];
             self.due = vec![NIL; RING];
         }
+        self.acceptance = a;
     }
 
     fn seq(&self, slot: u32) -> &Seq {

@@ -1,5 +1,5 @@
 //! Steady decoding in aggregate. When the device's MTP acceptance is a known function of
-//! (request, output position) ([`Acceptance`](crate::mtp::Acceptance), the twin's model), a
+//! (request, sampling step) ([`KnownAcceptance`], the twin's model), a
 //! request that is simply decoding is not touched every step. After a step, such a request is
 //! scanned ahead to its next event: the step that needs a new KV block, the step it finishes in,
 //! the step `max_model_len` would clip it, or the end of the lookahead window. Until then it is
@@ -24,12 +24,13 @@
 
 use super::{RankScheduler, State};
 use crate::instance::InstanceConfig;
-use crate::mtp::{wide_runs, RunLimits, StepDraws};
+use crate::mtp::{KnownAcceptance, RunLimits};
+use crate::req::ReqId;
 
 /// Ring cells: steps a steady window can span (at most `RING - 2`).
 pub(super) const RING: usize = 128;
-/// Cells per regime: the ring, then as many that a single-draft scan runs on into past the
-/// ring's end (in one run, not two), added back to the ring's start once the scan is done.
+/// Cells per regime: the ring, then as many that a window's scan runs on into past the ring's
+/// end (in one run, not two), added back to the ring's start once the scan is done.
 /// They are zero between scans.
 pub(super) const CELLS: usize = 2 * RING;
 const _: () = assert!(
@@ -63,76 +64,30 @@ pub(super) const NIL: u32 = u32::MAX;
 
 /// A steady window's scan: from plan step `q0` with `o0` tokens out, the window ends before the
 /// step that would start past `o_limit` tokens out, finish the request (reach `max_o`) or reach
-/// step `end`. A step emits 1 to `most` tokens.
+/// step `end`.
 struct Window {
     q0: u64,
     end: u64,
     o0: u32,
     o_limit: u32,
     max_o: u32,
-    most: u32,
 }
 
 impl Window {
-    /// Draws each step's tokens (1 + the drafts accepted out of `k`) and adds them to the ring
-    /// until the window ends; returns the step it ends at and the tokens out then. With one
-    /// draft, eight steps at a time where the processor can ([`wide_runs`]).
+    /// Draws each step's tokens (1 + the drafts accepted out of `k`, from sampling step `step`
+    /// of `req` on) and adds them to the ring until the window ends; returns the step it ends at
+    /// and the tokens out then. One run of consecutive cells from the window's first step's
+    /// ([`KnownAcceptance::scan`]); the cells past the ring's end are then added back to its
+    /// start (most windows cross it, and two runs cost a call more).
     #[inline(always)]
-    fn scan(&self, ring: &mut [u32; CELLS], draws: &mut StepDraws<'_>, k: u32) -> (u64, u32) {
-        if k == 1 && wide_runs() {
-            return self.scan_one_draft(ring, draws);
-        }
-        let ring = (&mut ring[..RING]).try_into().expect("the ring's cells");
-        match k {
-            // A single draft (the common MTP setting) without the loop.
-            1 => self.scan_steps(ring, || 1 + draws.next_one()),
-            _ => self.scan_steps(ring, || 1 + draws.next(k)),
-        }
-    }
-
-    /// [`Window::scan`] a step at a time, each step's tokens from `emit`. Steps that cannot
-    /// reach a limit even emitting `most` each run without checks, in runs.
-    #[inline]
-    fn scan_steps(&self, ring: &mut [u32; RING], mut emit: impl FnMut() -> u32) -> (u64, u32) {
-        let (mut q, mut o) = (self.q0, self.o0);
-        let most = self.most as u64;
-        loop {
-            let o64 = o as u64;
-            // Steps i = 0..n all start within o_limit and end below max_o.
-            let by_limit = (self.o_limit as u64 + 1).saturating_sub(o64).div_ceil(most);
-            let by_finish = (self.max_o as u64).saturating_sub(o64 + 1) / most;
-            let n = (self.end - q).min(by_limit).min(by_finish);
-            if n == 0 {
-                if q >= self.end || o > self.o_limit {
-                    return (q, o);
-                }
-                let e = emit();
-                if o + e >= self.max_o {
-                    return (q, o);
-                }
-                ring[q as usize & (RING - 1)] += e;
-                o += e;
-                q += 1;
-                continue;
-            }
-            for _ in 0..n {
-                let e = emit();
-                ring[q as usize & (RING - 1)] += e;
-                o += e;
-                q += 1;
-            }
-        }
-    }
-
-    /// [`Window::scan`] with one draft per step (the common MTP setting), in one run of
-    /// consecutive cells from the window's first step's (the cells past the ring's end then
-    /// added back to its start: most windows cross the ring's end, and a second run cost a
-    /// call and two part chunks stepped one by one), each step checked against the limits by
-    /// the draws' run ([`StepDraws::add_one_draft_until`]). Inlined into the window's scan:
-    /// called with a window just stored field by field, its loads of two fields as one word
-    /// waited for the stores to retire (store forwarding fails), a tenth of the run's time.
-    #[inline(always)]
-    fn scan_one_draft(&self, ring: &mut [u32; CELLS], draws: &mut StepDraws<'_>) -> (u64, u32) {
+    fn scan(
+        &self,
+        ring: &mut [u32; CELLS],
+        acc: &dyn KnownAcceptance,
+        req: ReqId,
+        step: u32,
+        k: u32,
+    ) -> (u64, u32) {
         let at = self.q0 as usize & (RING - 1);
         let len = (self.end - self.q0) as usize;
         debug_assert!(len <= RING - 2, "a window spans at most RING - 2 steps");
@@ -141,8 +96,7 @@ impl Window {
             o_limit: self.o_limit,
             max_o: self.max_o,
         };
-        let (steps, o) = draws.add_one_draft_until(&mut ring[at..at + len], limits);
-        // The steps past the ring's end go back to its start.
+        let (steps, o) = acc.scan(req, step, k, &mut ring[at..at + len], limits);
         let over = (at + steps).saturating_sub(RING);
         let (head, tail) = ring.split_at_mut(RING);
         for (cell, past) in head.iter_mut().zip(&mut tail[..over]) {
@@ -373,7 +327,6 @@ impl RankScheduler {
         if (s.computed as u64) > c_limit {
             return None;
         }
-        let mut draws = acc.request(s.id).from_step(s.samples);
         let ring: &mut [u32; CELLS] = (&mut self.tokens[regime * CELLS..][..CELLS])
             .try_into()
             .expect("a ring per regime");
@@ -383,9 +336,8 @@ impl RankScheduler {
             o0: s.output,
             o_limit,
             max_o: s.max_output,
-            most: t as u32,
         };
-        let (q, o) = w.scan(ring, &mut draws, k);
+        let (q, o) = w.scan(ring, &**acc, s.id, s.samples, k);
         if q == q0 {
             return None;
         }
@@ -408,7 +360,10 @@ impl RankScheduler {
     /// before step `p` runs): its state becomes its state at `p`, and the rest of its window
     /// leaves the sums and the ring.
     pub(super) fn unsteady(&mut self, slot: u32, p: u64) {
-        let acc = self.acceptance.expect("steady requests need acceptance");
+        let acc = self
+            .acceptance
+            .as_deref()
+            .expect("steady requests need acceptance");
         let k = self.cfg.num_spec_tokens;
         let s = self.slab[slot as usize].as_mut().expect("live slot");
         debug_assert!(
@@ -417,12 +372,11 @@ impl RankScheduler {
         );
         let r = s.regime as usize;
         let j0 = s.samples - (s.until - s.from) as u32;
-        let mut draws = acc.request(s.id).from_step(j0);
         let (mut c, mut o) = (s.base_computed, s.base_output);
         let mut at_p = (c, o);
-        for q in s.from..s.until {
+        for (j, q) in (j0..).zip(s.from..s.until) {
             // Inside a window every step emits 1 + accepted.
-            let emitted = 1 + draws.next(k);
+            let emitted = 1 + acc.accepted(s.id, j, k);
             if q == p {
                 at_p = (c, o);
             }
@@ -474,22 +428,31 @@ impl RankScheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mtp::Acceptance;
     use proptest::prelude::*;
+
+    /// A known acceptance for the tests: one draft in three accepted at a hashed position.
+    #[derive(Debug)]
+    struct Hashed;
+
+    impl KnownAcceptance for Hashed {
+        fn accepted(&self, req: ReqId, step: u32, drafts: u32) -> u32 {
+            let h = (req ^ (step as u64) << 20).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60;
+            (h as u32 % 3).min(drafts)
+        }
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
-        /// With one draft, the eight-at-a-time run (where the processor has it) and the scan in
-        /// runs of unchecked steps end a window at the same step, with the same tokens out and
-        /// the same ring.
+        /// A window's one run, its cells past the ring's end added back, fills the ring as
+        /// stepping through the window a step at a time, each step's cell by its plan step.
         #[test]
-        fn both_single_draft_scans_end_a_window_alike(
+        fn a_window_fills_the_ring_as_its_steps_do(
             q0 in 0u64..1000,
             len in 1u64..(RING as u64 - 1),
             o0 in 1u32..500,
             room in 0u32..300,
             finish in 1u32..300,
-            p in 0.0f64..1.0,
+            k in 1u32..4,
             req in 0u64..1000,
             step in 0u32..5000,
         ) {
@@ -499,20 +462,24 @@ mod tests {
                 o0,
                 o_limit: o0 + room,
                 max_o: o0 + finish,
-                most: 2,
             };
-            let a = Acceptance::new(&[p], 3);
-            let d = a.request(req);
             let start: [u32; RING] = std::array::from_fn(|i| (i % 5) as u32);
-            let mut runs = [0; CELLS];
-            runs[..RING].copy_from_slice(&start);
-            let by_runs = w.scan_one_draft(&mut runs, &mut d.from_step(step));
-            let mut steps = start;
-            let mut one = d.from_step(step);
-            let by_steps = w.scan_steps(&mut steps, || 1 + one.next_one());
-            prop_assert_eq!(by_runs, by_steps);
-            prop_assert_eq!(&runs[..RING], &steps[..]);
-            prop_assert!(runs[RING..].iter().all(|&c| c == 0), "cells past the ring emptied");
+            let mut ring = [0; CELLS];
+            ring[..RING].copy_from_slice(&start);
+            let got = w.scan(&mut ring, &Hashed, req, step, k);
+            let (mut q, mut o, mut want) = (q0, o0, start);
+            while q < w.end && o <= w.o_limit {
+                let e = 1 + Hashed.accepted(req, step + (q - q0) as u32, k);
+                if o + e >= w.max_o {
+                    break;
+                }
+                want[q as usize & (RING - 1)] += e;
+                o += e;
+                q += 1;
+            }
+            prop_assert_eq!(got, (q, o));
+            prop_assert_eq!(&ring[..RING], &want[..]);
+            prop_assert!(ring[RING..].iter().all(|&c| c == 0), "cells past the ring emptied");
         }
     }
 }
