@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The simulator's speed targets, measured and printed against their targets
-# (docs/performance.md, "Issue 16's speed targets"):
+# (docs/performance.md, "The speed targets"):
 #
 #   1. one simulated hour of the CloudMatrix384 deployment (sim/scenarios/cm384-pd.toml) on one
 #      core: under 3 s;

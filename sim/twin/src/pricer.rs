@@ -10,7 +10,7 @@
 //! two parts (the batch part under the rank's shape, the MoE part under the load and the rank's
 //! tokens), priced apart and combined by the step's rules ([`on_path`]). Only a new part prices an
 //! op list. The misses of one step's ranks are looked up together, their slots prefetched
-//! (docs/performance.md measures what that saves).
+//! (docs/performance.md, "Design notes").
 
 use crate::keymap::KeyMap;
 pub use crate::pricekey::StepLoad;
