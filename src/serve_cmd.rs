@@ -4,10 +4,10 @@
 
 use crate::Failure;
 use anyhow::{anyhow, Context};
-use axum::serve::ListenerExt;
 use clap::{Args, ValueEnum};
 use dstwin_runtime::access::{Access, AllowedHosts};
 use dstwin_runtime::api::{self, ApiConfig};
+use dstwin_runtime::listen::{self, ConnLimits};
 use dstwin_runtime::parsers::{ReasoningKind, ToolKind};
 use dstwin_runtime::prompt::Counter;
 use dstwin_sim::serve::TwinServe;
@@ -107,6 +107,18 @@ pub struct ServeArgs {
     /// Request bodies larger than this get 413.
     #[arg(long, default_value_t = 32 << 20, value_name = "BYTES")]
     max_body_bytes: usize,
+    /// Seconds a connection may take to send a request's headers, the wait for them included:
+    /// a new connection's first request and an idle keep-alive connection's next (vLLM closes
+    /// idle keep-alive connections after 5 s). The connection is closed after.
+    #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+    header_timeout: f64,
+    /// Seconds a request body may take to arrive whole after its headers; slower ones get 408.
+    #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+    body_timeout: f64,
+    /// Connections open at once; more wait to be accepted until one closes. Keep it below the
+    /// process's file-descriptor limit (`ulimit -n`).
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    max_connections: usize,
     /// Write a Chrome / Perfetto trace of every op the CPU engine runs to FILE (JSON; one
     /// process per instance, one thread per DP rank, a track of whole steps; ops named as
     /// `dstwin explain` names them). The file is complete after every step.
@@ -120,6 +132,19 @@ pub struct ServeArgs {
     engine_threads: Option<usize>,
 }
 
+/// Most connections `--max-connections` takes.
+const MAX_CONNECTIONS: usize = 1_000_000;
+
+/// A timeout flag in seconds: finite, above 0 and at most a day.
+fn timeout_arg(flag: &str, secs: f64) -> Result<std::time::Duration, Failure> {
+    if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
+        return Err(Failure::Input(anyhow!(
+            "{flag} must be a number of seconds above 0 and at most 86400, got {secs}"
+        )));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
 pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if !(a.time_scale.is_finite() && a.time_scale >= 0.0) {
         return Err(Failure::Input(anyhow!(
@@ -130,6 +155,18 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if a.max_pending == 0 {
         return Err(Failure::Input(anyhow!("--max-pending must be at least 1")));
     }
+    let header_timeout = timeout_arg("--header-timeout", a.header_timeout)?;
+    let body_timeout = timeout_arg("--body-timeout", a.body_timeout)?;
+    if !(1..=MAX_CONNECTIONS).contains(&a.max_connections) {
+        return Err(Failure::Input(anyhow!(
+            "--max-connections must be 1 to {MAX_CONNECTIONS}, got {}",
+            a.max_connections
+        )));
+    }
+    let limits = ConnLimits {
+        header_timeout,
+        max_connections: a.max_connections,
+    };
     let hosts = match &a.allowed_hosts {
         Some(list) => AllowedHosts::parse(list).map_err(|e| Failure::Input(anyhow!(e)))?,
         None => AllowedHosts::for_bind(&a.host),
@@ -250,6 +287,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         auto_tool_choice: a.enable_auto_tool_choice,
         reasoning_parser,
         max_body_bytes: a.max_body_bytes,
+        body_timeout,
         access,
     };
     let model = a
@@ -303,34 +341,27 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         crate::output::errln!("access: {access_note}");
         let closing = rt.clone();
         let watch = rt.clone();
-        // Streams write small frames: without TCP_NODELAY each waits for the peer's delayed ACK.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, api::router(rt, api_cfg))
-            .with_graceful_shutdown(async move {
-                tokio::select! {
-                    _ = shutdown_signal() => {}
-                    why = closing.failed() => {
-                        // Requests in flight have ended with it (500); nothing more is served.
-                        crate::output::errln!("a device failed, shutting down: {why}");
-                        closing.close();
-                        return;
-                    }
+        listen::serve(listener, api::router(rt, api_cfg), limits, async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                why = closing.failed() => {
+                    // Requests in flight have ended with it (500); nothing more is served.
+                    crate::output::errln!("a device failed, shutting down: {why}");
+                    closing.close();
+                    return;
                 }
-                crate::output::errln!(
-                    "shutting down: new requests get 503, finishing the ones in flight"
-                );
-                // Keep accepting connections (to answer 503) until the last request is over;
-                // then stop listening and let the open connections finish.
-                closing.close();
-                while closing.pending() > 0 {
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-            })
-            .await
-            .context("serving")
-            .map_err(Failure::Runtime)?;
+            }
+            crate::output::errln!(
+                "shutting down: new requests get 503, finishing the ones in flight"
+            );
+            // Keep accepting connections (to answer 503) until the last request is over;
+            // then stop listening and let the open connections finish.
+            closing.close();
+            while closing.pending() > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
         match watch.failure() {
             Some(why) => Err(Failure::Runtime(anyhow!("the deployment failed: {why}"))),
             None => Ok(()),

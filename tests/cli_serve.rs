@@ -1527,3 +1527,115 @@ fn a_cpu_checkpoint_without_a_tokenizer_is_refused_at_start() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["usage"]["completion_tokens"], 3);
 }
+
+/// Reads from `s` until the server closes it: the bytes it sent first. Panics if the server
+/// keeps it open for a minute.
+fn until_closed(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut got = Vec::new();
+    match s.read_to_end(&mut got) {
+        Ok(_) => got,
+        // A reset is a close too.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => got,
+        Err(e) => panic!("the server kept the connection open: {e}"),
+    }
+}
+
+/// Idle, half-sent and slow-body connections are closed or answered 408 by their deadlines,
+/// and a connection that waited on a request after a response is closed when idle.
+#[test]
+fn connections_that_send_nothing_or_too_slowly_are_closed() {
+    let srv = Server::start(&[
+        &data("tiny-mixed.toml"),
+        "--time-scale",
+        "0",
+        "--header-timeout",
+        "0.3",
+        "--body-timeout",
+        "0.3",
+    ]);
+    // Connected and silent.
+    let mut idle = TcpStream::connect(&srv.addr).unwrap();
+    assert!(until_closed(&mut idle).is_empty());
+    // Headers begun, never finished.
+    let mut half = TcpStream::connect(&srv.addr).unwrap();
+    write!(half, "GET /health HTTP/1.1\r\nHost: {}\r\n", srv.addr).unwrap();
+    assert!(until_closed(&mut half).is_empty());
+    // A large Content-Length and no body: 408, as JSON.
+    let mut slow = TcpStream::connect(&srv.addr).unwrap();
+    write!(
+        slow,
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: 100000\r\n\r\n{{\"model\":",
+        srv.addr
+    )
+    .unwrap();
+    let answer = String::from_utf8(until_closed(&mut slow)).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("--body-timeout"), "{answer}");
+    // A keep-alive connection: served, then closed once idle.
+    let mut kept = TcpStream::connect(&srv.addr).unwrap();
+    write!(kept, "GET /health HTTP/1.1\r\nHost: {}\r\n\r\n", srv.addr).unwrap();
+    let answer = String::from_utf8(until_closed(&mut kept)).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The server still serves.
+    assert_eq!(request(&srv.addr, "GET", "/health", "").status, 200);
+}
+
+/// At `--max-connections` a new connection is not served until an open one closes.
+#[test]
+fn the_connection_cap_holds_new_connections_until_one_closes() {
+    let srv = Server::start(&[
+        &data("tiny-mixed.toml"),
+        "--time-scale",
+        "0",
+        "--max-connections",
+        "2",
+        "--header-timeout",
+        "600",
+    ]);
+    let first = TcpStream::connect(&srv.addr).unwrap();
+    let _second = TcpStream::connect(&srv.addr).unwrap();
+    // The third is accepted by the kernel and waits there.
+    let mut third = TcpStream::connect(&srv.addr).unwrap();
+    write!(third, "GET /health HTTP/1.1\r\nHost: {}\r\n\r\n", srv.addr).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let held = third.read(&mut buf);
+    assert!(
+        matches!(&held, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "served above the cap: {held:?}"
+    );
+    drop(first);
+    third
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let n = third
+        .read(&mut buf)
+        .expect("served once a connection closed");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+}
+
+/// The connection flags are checked, each error naming its flag.
+#[test]
+fn connection_limits_out_of_range_are_refused() {
+    for (flag, value) in [
+        ("--header-timeout", "0"),
+        ("--header-timeout", "nan"),
+        ("--body-timeout", "-1"),
+        ("--body-timeout", "1e9"),
+        ("--max-connections", "0"),
+        ("--max-connections", "2000000"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+            .args(["serve", &data("tiny-mixed.toml"), "--port", "0"])
+            .arg(format!("{flag}={value}"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(flag), "{flag} {value}: {err}");
+    }
+}

@@ -20,7 +20,7 @@ use crate::request::{self, ApiError, Job, Limits};
 use crate::{AdmitError, Out, Runtime, Stream, Submit};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
@@ -30,7 +30,7 @@ use dstwin_core::device::FinishReason;
 use dstwin_core::device::SamplingParams;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use crate::request::MAX_N;
 
@@ -51,13 +51,15 @@ pub struct ApiConfig {
     pub reasoning_parser: Option<ReasoningKind>,
     /// Larger request bodies get 413.
     pub max_body_bytes: usize,
+    /// A request body not received whole within this, from the end of its headers, gets 408.
+    pub body_timeout: Duration,
     /// Hosts, API key and content types let through.
     pub access: Access,
 }
 
 impl Default for ApiConfig {
-    /// No tokenizer (estimates), DeepSeek's vocabulary, no parsers, 32 MiB bodies, any host
-    /// and no key.
+    /// No tokenizer (estimates), DeepSeek's vocabulary, no parsers, 32 MiB bodies read within
+    /// 30 s, any host and no key.
     fn default() -> Self {
         ApiConfig {
             counter: Counter::Estimate,
@@ -66,6 +68,7 @@ impl Default for ApiConfig {
             auto_tool_choice: false,
             reasoning_parser: None,
             max_body_bytes: 32 << 20,
+            body_timeout: Duration::from_secs(30),
             access: Access::default(),
         }
     }
@@ -224,10 +227,28 @@ impl App {
     }
 }
 
-async fn completions(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
-    let body = match body {
+/// The request's body, read whole within the body timeout: a body too large, cut off or too
+/// slow as the error response.
+async fn read_body(app: &App, req: Request) -> Result<Bytes, Response> {
+    let timeout = app.cfg.body_timeout;
+    match tokio::time::timeout(timeout, Bytes::from_request(req, &())).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(e)) => Err(rejection(e, app.cfg.max_body_bytes)),
+        Err(_) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s (--body-timeout)",
+                timeout.as_secs_f64()
+            ),
+            None,
+        )),
+    }
+}
+
+async fn completions(State(app): State<AppState>, req: Request) -> Response {
+    let body = match read_body(&app, req).await {
         Ok(b) => b,
-        Err(e) => return rejection(e, app.cfg.max_body_bytes),
+        Err(e) => return e,
     };
     let job = request::body_object(&body).and_then(|o| request::completion(&o, &app.limits()));
     match job {
@@ -236,10 +257,10 @@ async fn completions(State(app): State<AppState>, body: Result<Bytes, BytesRejec
     }
 }
 
-async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
-    let body = match body {
+async fn chat(State(app): State<AppState>, req: Request) -> Response {
+    let body = match read_body(&app, req).await {
         Ok(b) => b,
-        Err(e) => return rejection(e, app.cfg.max_body_bytes),
+        Err(e) => return e,
     };
     let job = request::body_object(&body).and_then(|o| request::chat(&o, &app.limits()));
     match job {

@@ -23,6 +23,7 @@
 pub mod access;
 pub mod api;
 mod driver;
+pub mod listen;
 pub mod metrics;
 mod output;
 pub mod parsers;
