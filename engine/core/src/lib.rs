@@ -36,3 +36,4 @@ pub mod pd;
 pub mod prefetch;
 pub mod req;
 pub mod time;
+pub mod timeline;

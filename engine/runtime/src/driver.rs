@@ -3,19 +3,21 @@
 //! metrics, the devices' threads — and no PD logic.
 //!
 //! Device time: `now` given to the core is elapsed wall time divided by the time scale. Step
-//! ends and fabric deliveries wait in a timer queue keyed by (device time, sequence number), as
-//! in the simulator's event queue; the control task processes a timer when the wall clock
-//! reaches it (at once with scale 0), and only once every step handed to a predicting device
-//! has come back, so completions are applied in device-time order. Client inputs (submissions,
-//! aborts) are applied as they come, all that are waiting before the next planning.
+//! ends and fabric deliveries wait on the simulator's timeline ([`dstwin_core::timeline`]: the
+//! same event order, effect pump and same-instant rule); the control task applies an instant's
+//! events when the wall clock reaches it (at once with scale 0), and only once every step handed
+//! to a predicting device has come back, so completions are applied in device-time order.
+//! Client inputs (submissions, aborts) are applied as they come, all that are waiting before
+//! the next planning.
 
 use crate::metrics::{FinishReason as Ended, RequestTimes};
 use crate::{Cmd, Out, Shared};
-use dstwin_core::deploy::{Arrival, Deployment, Effect, Note, StepRecord};
+use dstwin_core::deploy::{Arrival, Deployment, Note, StepRecord};
 use dstwin_core::device::{DeviceError, Fabric, FinishReason, ReqId, StepOutcome, StepPlan};
 use dstwin_core::time::SimTime;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use dstwin_core::timeline::{self, Driver, Event, Timeline};
+use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -25,12 +27,6 @@ use tokio::sync::mpsc;
 struct Done {
     inst: usize,
     result: Result<StepOutcome, DeviceError>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Timer {
-    StepDone(usize),
-    Fabric,
 }
 
 /// A client's request in flight.
@@ -74,23 +70,19 @@ struct Control {
     /// Requests that recently finished by length, with their engine: a stop string the client
     /// found after the engine had already finished the request still counts as `stop`.
     recent_length: std::collections::VecDeque<(ReqId, usize)>,
-    timers: BinaryHeap<Reverse<(SimTime, u64, Timer)>>,
-    seq: u64,
+    /// Step ends and fabric deliveries in device time; no events of its own.
+    tl: Timeline<Infallible>,
     outcomes: Vec<Option<StepOutcome>>,
     step_start: Vec<SimTime>,
-    /// The queue sequence number each running step took when it was dispatched, so that steps
+    /// The place each running step took on the timeline when it was dispatched, so that steps
     /// ending at the same instant complete in dispatch order, as in the simulator.
     step_seq: Vec<u64>,
     /// The step log index of each instance's running step (when recording).
     step_log: Vec<usize>,
     /// Steps handed to predicting devices and not back yet.
     outstanding: usize,
-    fabric_armed: Option<SimTime>,
-    now: SimTime,
     t0: Instant,
     scale: f64,
-    effects: Vec<Effect>,
-    notes: Vec<Note>,
     failed: bool,
 }
 
@@ -200,19 +192,14 @@ pub(crate) fn spawn(
         cmd_rx,
         streams: HashMap::new(),
         recent_length: std::collections::VecDeque::new(),
-        timers: BinaryHeap::new(),
-        seq: 0,
+        tl: Timeline::default(),
         outcomes: vec![None; n],
         step_start: vec![SimTime::ZERO; n],
         step_seq: vec![0; n],
         step_log: vec![0; n],
         outstanding: 0,
-        fabric_armed: None,
-        now: SimTime::ZERO,
         t0: Instant::now(),
         scale,
-        effects: Vec::new(),
-        notes: Vec::new(),
         failed: false,
     };
     tokio::spawn(control.run());
@@ -223,19 +210,20 @@ impl Control {
     fn wall_now(&self) -> SimTime {
         if self.scale > 0.0 {
             let t = SimTime((self.t0.elapsed().as_nanos() as f64 / self.scale) as u64);
-            t.max(self.now)
+            t.max(self.tl.now())
         } else {
-            self.now
+            self.tl.now()
         }
+    }
+
+    /// Moves the timeline's instant to the wall clock's.
+    fn catch_up(&mut self) {
+        let t = self.wall_now();
+        self.tl.advance_to(t);
     }
 
     fn wall_at(&self, t: SimTime) -> Instant {
         self.t0 + Duration::from_nanos((t.0 as f64 * self.scale) as u64)
-    }
-
-    fn push(&mut self, t: SimTime, timer: Timer) {
-        self.seq += 1;
-        self.timers.push(Reverse((t, self.seq, timer)));
     }
 
     async fn run(mut self) {
@@ -244,7 +232,7 @@ impl Control {
             let mut inputs = false;
             while let Ok(cmd) = self.cmd_rx.try_recv() {
                 if !inputs {
-                    self.now = self.wall_now();
+                    self.catch_up();
                     inputs = true;
                 }
                 self.apply_cmd(cmd);
@@ -267,16 +255,15 @@ impl Control {
                 }
                 continue;
             }
-            let next = self.timers.peek().map(|Reverse((t, _, _))| *t);
-            match next {
-                Some(t) if self.scale <= 0.0 || self.wall_now() >= t => self.fire(t),
+            match self.tl.next_time() {
+                Some(t) if self.scale <= 0.0 || self.wall_now() >= t => self.fire(),
                 Some(t) => {
                     let at = tokio::time::Instant::from_std(self.wall_at(t));
                     tokio::select! {
                         _ = tokio::time::sleep_until(at) => {}
                         cmd = self.cmd_rx.recv() => match cmd {
                             Some(cmd) => {
-                                self.now = self.wall_now();
+                                self.catch_up();
                                 self.apply_cmd(cmd);
                                 self.plan();
                             }
@@ -296,7 +283,7 @@ impl Control {
                     tokio::select! {
                         cmd = self.cmd_rx.recv() => match cmd {
                             Some(cmd) => {
-                                self.now = self.wall_now();
+                                self.catch_up();
                                 self.apply_cmd(cmd);
                                 self.plan();
                             }
@@ -313,40 +300,40 @@ impl Control {
         }
     }
 
-    /// Applies every timer due at `t`, then plans.
-    fn fire(&mut self, t: SimTime) {
-        self.now = self.now.max(t);
-        while let Some(&Reverse((tt, _, timer))) = self.timers.peek() {
-            if tt != t {
-                break;
-            }
-            self.timers.pop();
-            match timer {
-                Timer::StepDone(i) => {
+    /// Applies the next event and every other of its instant (or already past), each followed
+    /// by the pump; then plans the instant ([`timeline::settle`]'s rule).
+    fn fire(&mut self) {
+        while let Some(ev) = self.tl.pop() {
+            match ev {
+                Event::StepDone(i) => {
+                    let i = i as usize;
                     let outcome = self.outcomes[i].take().expect("a finished step's outcome");
                     if let Some(s) = self.shared.upgrade() {
                         s.metrics.step(i, self.core.plan(i), &outcome);
                     }
-                    self.core.step_done(self.now, i as u32, &outcome);
+                    self.core.step_done(self.tl.now(), i as u32, &outcome);
                     self.publish(i);
                 }
-                Timer::Fabric => {
-                    self.fabric_armed = None;
-                    self.core.poll_transfers(self.now, self.fabric.as_mut());
+                Event::Fabric => {
+                    self.core
+                        .poll_transfers(self.tl.now(), self.fabric.as_mut());
                     // A delivered transfer frees the prefill side's KV and lets decode run.
                     for i in 0..self.core.num_instances() {
                         self.publish(i);
                     }
                 }
+                Event::Own(never) => match never {},
+            }
+            self.pump();
+            if self.tl.instant_over() {
+                break;
             }
         }
-        self.pump();
         self.plan();
     }
 
     fn plan(&mut self) {
-        self.core.plan_steps(self.now);
-        self.pump();
+        let Ok(()) = timeline::plan(self);
     }
 
     fn apply_cmd(&mut self, cmd: Cmd) {
@@ -354,7 +341,7 @@ impl Control {
             Cmd::Submit { id, req, tx } => {
                 let now = Instant::now();
                 let res = self.core.arrive(
-                    self.now,
+                    self.tl.now(),
                     Arrival {
                         id,
                         prompt_tokens: req.prompt_tokens,
@@ -416,7 +403,7 @@ impl Control {
                 }
                 if let Some(r) = self.streams.remove(&id) {
                     let route = self.core.route_of(id);
-                    self.core.abort(self.now, id);
+                    self.core.abort(self.tl.now(), id);
                     // Its KV is free now: the gauges say so without waiting for a step.
                     if let Some((p, d)) = route {
                         for i in p.into_iter().chain([d]) {
@@ -469,67 +456,14 @@ impl Control {
             }
         }
         self.outcomes[i] = Some(outcome);
-        self.timers
-            .push(Reverse((end, self.step_seq[i], Timer::StepDone(i))));
+        self.tl
+            .push_reserved(end, self.step_seq[i], Event::StepDone(i as u32));
     }
 
-    /// Carries out the core's effects and turns its notes into client output and metrics.
+    /// Carries out the core's effects and turns its notes into client output and metrics
+    /// ([`timeline::pump`]).
     fn pump(&mut self) {
-        self.core.take_effects(&mut self.effects);
-        let mut effects = std::mem::take(&mut self.effects);
-        let shared = self.shared.upgrade();
-        for e in effects.drain(..) {
-            match e {
-                Effect::Execute { inst } => {
-                    let i = inst as usize;
-                    let plan = self.core.plan(i).clone();
-                    if let Some(s) = &shared {
-                        if s.cfg.record_steps {
-                            let mut log = s.steps.lock().expect("step log");
-                            self.step_log[i] = log.len();
-                            log.push(StepRecord {
-                                instance: i,
-                                plan: plan.clone(),
-                                duration: Default::default(),
-                            });
-                        }
-                    }
-                    self.step_start[i] = self.now;
-                    self.seq += 1;
-                    self.step_seq[i] = self.seq;
-                    if self.predicts[i] {
-                        self.outstanding += 1;
-                    }
-                    // What the step runs shows while it runs (a prefill instance's prompts too).
-                    self.publish(i);
-                    if self.workers[i].send((plan, self.now)).is_err() {
-                        let name = self.core.name(i).to_string();
-                        self.fail(format!("instance {name}: its device thread is gone"));
-                    }
-                }
-                Effect::Transfer(x) => {
-                    if let Err(e) = self.fabric.start(self.now, &x) {
-                        self.fail(format!("KV transfer of request {} failed: {e}", x.req));
-                    }
-                }
-            }
-        }
-        self.effects = effects;
-        if let Some(t) = self.fabric.next_event() {
-            if self.fabric_armed.is_none_or(|a| t < a) {
-                self.fabric_armed = Some(t);
-                self.push(t, Timer::Fabric);
-            }
-        }
-        self.core.take_notes(&mut self.notes);
-        let mut notes = std::mem::take(&mut self.notes);
-        if let Some(s) = &shared {
-            for n in notes.drain(..) {
-                self.note(s, n);
-            }
-        }
-        notes.clear();
-        self.notes = notes;
+        let Ok(()) = timeline::pump(self);
     }
 
     fn note(&mut self, s: &Arc<Shared>, n: Note) {
@@ -612,5 +546,55 @@ impl Control {
             st.prefix_queries,
             st.prefix_hits,
         );
+    }
+}
+
+impl Driver<Infallible> for Control {
+    /// A failure stops the control task ([`Control::fail`]) instead of ending the pump.
+    type Error = Infallible;
+
+    fn parts(&mut self) -> (&mut Timeline<Infallible>, &mut Deployment, &mut dyn Fabric) {
+        (&mut self.tl, &mut self.core, self.fabric.as_mut())
+    }
+
+    fn execute(&mut self, i: usize) -> Result<(), Infallible> {
+        let plan = self.core.plan(i).clone();
+        if let Some(s) = self.shared.upgrade() {
+            if s.cfg.record_steps {
+                let mut log = s.steps.lock().expect("step log");
+                self.step_log[i] = log.len();
+                log.push(StepRecord {
+                    instance: i,
+                    plan: plan.clone(),
+                    duration: Default::default(),
+                });
+            }
+        }
+        self.step_start[i] = self.tl.now();
+        self.step_seq[i] = self.tl.reserve();
+        if self.predicts[i] {
+            self.outstanding += 1;
+        }
+        // What the step runs shows while it runs (a prefill instance's prompts too).
+        self.publish(i);
+        if self.workers[i].send((plan, self.tl.now())).is_err() {
+            let name = self.core.name(i).to_string();
+            self.fail(format!("instance {name}: its device thread is gone"));
+        }
+        Ok(())
+    }
+
+    fn transfer_failed(&mut self, req: ReqId, e: DeviceError) -> Result<(), Infallible> {
+        self.fail(format!("KV transfer of request {req} failed: {e}"));
+        Ok(())
+    }
+
+    fn notes(&mut self, notes: &mut Vec<Note>) -> Result<bool, Infallible> {
+        if let Some(s) = self.shared.upgrade() {
+            for n in notes.drain(..) {
+                self.note(&s, n);
+            }
+        }
+        Ok(false)
     }
 }

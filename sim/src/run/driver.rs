@@ -1,32 +1,33 @@
-//! The virtual-time driver: a discrete-event loop around the deployment core. It owns what is
-//! the simulator's alone — the clock, the event queue, the workload, the twin devices and
-//! fabric, and the statistics — and nothing else: routing, the PD hand-off and send-back are the
-//! core's ([`dstwin_core::deploy`]).
+//! The virtual-time driver: a discrete-event loop around the deployment core, on the timeline
+//! the wall-clock runtime shares ([`dstwin_core::timeline`]: event order, effect pump,
+//! same-instant rule). It owns what is the simulator's alone — its own events (arrivals, paced
+//! issues, the end), the workload, the twin devices and fabric, and the statistics — and nothing
+//! else: routing, the PD hand-off and send-back are the core's ([`dstwin_core::deploy`]).
 
 use super::build::{build_fabric, build_instances, deployment_config};
 use super::report::{report, InstanceStats, RequestRow, RunStats, Span};
 use super::{Progress, RunError, RunOptions, RunResult};
 use crate::metrics::Latencies;
 use crate::scenario::Scenario;
-use dstwin_core::deploy::{Arrival, Deployment, Effect, Note, StepRecord};
-use dstwin_core::device::{ClassTimes, Device, Fabric, ReqId, StepOutcome, CLASS_SLOTS};
+use dstwin_core::deploy::{Arrival, Deployment, Note, StepRecord};
+use dstwin_core::device::{
+    ClassTimes, Device, DeviceError, Fabric, ReqId, StepOutcome, CLASS_SLOTS,
+};
 use dstwin_core::idmap::IdMap;
 use dstwin_core::layout::Role;
 use dstwin_core::time::{SimDuration, SimTime};
+use dstwin_core::timeline::{self, Driver, Event, Timeline};
 use dstwin_traces::synthetic::Arrivals;
 use dstwin_traces::{LengthSampler, RequestStream, StreamRequest, WorkloadSource};
 use dstwin_twin::device::SimDevice;
 use dstwin_twin::fabric::TwinFabric;
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 
+/// The simulator's own events on the timeline (step ends and the fabric's are the timeline's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
     Arrival(u64),
     /// A paced closed loop's next request reaches its issue time (a slot is waiting for it).
     Paced,
-    StepDone(u32),
-    Fabric,
     Stop,
 }
 
@@ -69,14 +70,10 @@ struct InstRun {
 pub(super) struct Sim<'s, 'o> {
     s: &'s Scenario,
     opts: RunOptions<'o>,
-    now: SimTime,
-    seq: u64,
-    queue: BinaryHeap<Reverse<(SimTime, u64, Ev)>>,
+    tl: Timeline<Ev>,
     core: Deployment,
     insts: Vec<InstRun>,
     fabric: TwinFabric,
-    /// The time of the queued fabric event, if one is queued.
-    fabric_armed: Option<SimTime>,
     /// The requests in flight by id (numbered in admission order: a window of ids).
     reqs: IdMap<Req>,
     hash_block_tokens: u32,
@@ -113,8 +110,6 @@ pub(super) struct Sim<'s, 'o> {
     /// End of the last KV span on each timeline track (transfers overlap; tracks must not).
     kv_tracks: Vec<SimTime>,
     processed: u64,
-    effects: Vec<Effect>,
-    notes: Vec<Note>,
     /// The previous step's end of the instance whose step is being applied.
     prev_end: SimTime,
 }
@@ -178,13 +173,10 @@ impl<'s, 'o> Sim<'s, 'o> {
         Ok(Sim {
             s,
             opts,
-            now: SimTime::ZERO,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            tl: Timeline::default(),
             core,
             insts,
             fabric,
-            fabric_armed: None,
             reqs: IdMap::default(),
             hash_block_tokens,
             open,
@@ -210,15 +202,12 @@ impl<'s, 'o> Sim<'s, 'o> {
             steps: Vec::new(),
             kv_tracks: Vec::new(),
             processed: 0,
-            effects: Vec::new(),
-            notes: Vec::new(),
             prev_end: SimTime::ZERO,
         })
     }
 
     fn push(&mut self, t: SimTime, ev: Ev) {
-        self.seq += 1;
-        self.queue.push(Reverse((t, self.seq, ev)));
+        self.tl.push(t, Event::Own(ev));
     }
 
     /// Admits request `id` into the deployment.
@@ -227,7 +216,7 @@ impl<'s, 'o> Sim<'s, 'o> {
         let old = self.reqs.insert(
             id,
             Req {
-                arrival: self.now,
+                arrival: self.tl.now(),
                 prompt,
                 output,
                 ..Req::default()
@@ -236,7 +225,7 @@ impl<'s, 'o> Sim<'s, 'o> {
         debug_assert!(old.is_none(), "request {id} admitted once");
         // A refusal comes back as a note.
         let _ = self.core.arrive(
-            self.now,
+            self.tl.now(),
             Arrival {
                 id,
                 prompt_tokens: prompt,
@@ -249,68 +238,14 @@ impl<'s, 'o> Sim<'s, 'o> {
         );
     }
 
-    /// Carries out the core's effects and records its notes; a closed loop refills what left.
+    /// Carries out the core's effects and records its notes ([`timeline::pump`]).
     fn pump(&mut self) -> Result<(), RunError> {
-        loop {
-            self.core.take_effects(&mut self.effects);
-            let mut effects = std::mem::take(&mut self.effects);
-            for e in effects.drain(..) {
-                match e {
-                    Effect::Execute { inst } => self.execute(inst as usize)?,
-                    Effect::Transfer(x) => self.fabric.start(self.now, &x)?,
-                }
-            }
-            self.effects = effects;
-            self.core.take_notes(&mut self.notes);
-            let mut notes = std::mem::take(&mut self.notes);
-            // The requests the notes are about, loaded together before they are handled.
-            for id in notes.iter().filter_map(Note::req) {
-                self.reqs.prefetch(id);
-            }
-            let mut refill = 0;
-            for n in notes.drain(..) {
-                refill += self.note(n);
-            }
-            self.notes = notes;
-            if refill == 0 {
-                break;
-            }
-            for _ in 0..refill {
-                self.next_closed_loop();
-            }
-        }
-        if let Some(t) = self.fabric.next_event() {
-            if self.fabric_armed.is_none_or(|a| t < a) {
-                self.fabric_armed = Some(t);
-                self.push(t, Ev::Fabric);
-            }
-        }
-        Ok(())
-    }
-
-    fn execute(&mut self, i: usize) -> Result<(), RunError> {
-        let now = self.now;
-        let inst = &mut self.insts[i];
-        let plan = self.core.plan(i);
-        inst.device.starts_at(now);
-        inst.device.execute(plan, &mut inst.outcome)?;
-        if self.opts.record_steps {
-            self.steps.push(StepRecord {
-                instance: i,
-                plan: plan.clone(),
-                duration: inst.outcome.duration,
-            });
-        }
-        inst.step_start = now;
-        inst.step_tokens = self.core.instance(i).plan_totals().tokens;
-        let end = now + inst.outcome.duration;
-        self.push(end, Ev::StepDone(i as u32));
-        Ok(())
+        timeline::pump(self)
     }
 
     /// Records a note; returns how many closed-loop requests left the deployment.
     fn note(&mut self, n: Note) -> u64 {
-        let now = self.now;
+        let now = self.tl.now();
         let measured = now >= self.warmup;
         match n {
             Note::Rejected { req, .. } => {
@@ -424,19 +359,19 @@ impl<'s, 'o> Sim<'s, 'o> {
                 self.kv_tracks.len() - 1
             }
         };
-        self.kv_tracks[track] = self.now;
+        self.kv_tracks[track] = self.tl.now();
         self.spans.push(Span {
             name: format!("kv req {req}"),
             lane: (self.insts.len() + track) as u32,
             lane_name: format!("kv transfers {track}"),
             start: r.xfer_start,
-            dur: self.now - r.xfer_start,
+            dur: self.tl.now() - r.xfer_start,
             tokens: r.prompt as u64,
         });
     }
 
     fn on_step_done(&mut self, i: usize) {
-        let now = self.now;
+        let now = self.tl.now();
         let inst = &mut self.insts[i];
         let dur = now - inst.step_start;
         if inst.step_start >= self.warmup {
@@ -467,7 +402,7 @@ impl<'s, 'o> Sim<'s, 'o> {
     }
 
     fn finished_request(&mut self, id: ReqId, inst: u32) {
-        let now = self.now;
+        let now = self.tl.now();
         let slo = self.s.slo;
         let Some(r) = self.reqs.remove(id) else {
             return;
@@ -525,7 +460,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             }
             *queued += 1;
             let at = SimTime(times.next().expect("arrival times never end"));
-            if at > self.now {
+            if at > self.tl.now() {
                 self.push(at, Ev::Paced);
                 return;
             }
@@ -578,8 +513,7 @@ impl<'s, 'o> Sim<'s, 'o> {
     }
 
     fn on_fabric(&mut self) {
-        self.fabric_armed = None;
-        self.core.poll_transfers(self.now, &mut self.fabric);
+        self.core.poll_transfers(self.tl.now(), &mut self.fabric);
     }
 
     pub(super) fn run(mut self) -> Result<RunResult, RunError> {
@@ -596,38 +530,22 @@ impl<'s, 'o> Sim<'s, 'o> {
         }
         self.pump()?;
         // A closed loop admits its first requests before any event.
-        if self
-            .queue
-            .peek()
-            .is_none_or(|Reverse((t, _, _))| *t > self.now)
-        {
-            self.core.plan_steps(self.now);
-            self.pump()?;
-        }
-        while let Some(Reverse((t, _, ev))) = self.queue.pop() {
-            debug_assert!(t >= self.now, "time never runs backwards");
-            self.now = t;
+        timeline::settle(&mut self)?;
+        while let Some(ev) = self.tl.pop() {
             self.processed += 1;
             match ev {
-                Ev::Arrival(k) => self.on_arrival(k)?,
-                Ev::Paced => self.issue_closed_loop(),
-                Ev::StepDone(i) => self.on_step_done(i as usize),
-                Ev::Fabric => self.on_fabric(),
-                Ev::Stop => break,
+                Event::Own(Ev::Arrival(k)) => self.on_arrival(k)?,
+                Event::Own(Ev::Paced) => self.issue_closed_loop(),
+                Event::StepDone(i) => self.on_step_done(i as usize),
+                Event::Fabric => self.on_fabric(),
+                Event::Own(Ev::Stop) => break,
             }
             self.pump()?;
-            if self
-                .queue
-                .peek()
-                .is_none_or(|Reverse((next, _, _))| *next > self.now)
-            {
-                self.core.plan_steps(self.now);
-                self.pump()?;
-            }
+            timeline::settle(&mut self)?;
             if self.processed.is_multiple_of(4096) {
                 if let Some(p) = self.opts.progress.as_mut() {
                     p(&Progress {
-                        now: self.now,
+                        now: self.tl.now(),
                         finished: self.finished,
                         total: self.expected,
                     });
@@ -640,14 +558,14 @@ impl<'s, 'o> Sim<'s, 'o> {
         let arrived = self.admitted;
         if self.finished + self.rejected < arrived && self.s.duration.is_none() {
             return Err(RunError::Deadlock {
-                time: self.now,
+                time: self.tl.now(),
                 unfinished: arrived - self.finished - self.rejected,
                 hint: self.core.describe(),
             });
         }
-        if self.warmup > SimTime::ZERO && self.now <= self.warmup {
+        if self.warmup > SimTime::ZERO && self.tl.now() <= self.warmup {
             return Err(RunError::NothingMeasured {
-                end: self.now.as_secs_f64(),
+                end: self.tl.now().as_secs_f64(),
                 warmup: self.warmup.as_secs_f64(),
             });
         }
@@ -681,7 +599,7 @@ impl<'s, 'o> Sim<'s, 'o> {
             })
             .collect();
         RunStats {
-            now: self.now,
+            now: self.tl.now(),
             warmup: self.warmup,
             draw: self.opts.draw,
             arrived,
@@ -701,5 +619,53 @@ impl<'s, 'o> Sim<'s, 'o> {
             timeline: self.spans,
             steps: self.steps,
         }
+    }
+}
+
+impl Driver<Ev> for Sim<'_, '_> {
+    type Error = RunError;
+
+    fn parts(&mut self) -> (&mut Timeline<Ev>, &mut Deployment, &mut dyn Fabric) {
+        (&mut self.tl, &mut self.core, &mut self.fabric)
+    }
+
+    fn execute(&mut self, i: usize) -> Result<(), RunError> {
+        let now = self.tl.now();
+        let inst = &mut self.insts[i];
+        let plan = self.core.plan(i);
+        inst.device.starts_at(now);
+        inst.device.execute(plan, &mut inst.outcome)?;
+        if self.opts.record_steps {
+            self.steps.push(StepRecord {
+                instance: i,
+                plan: plan.clone(),
+                duration: inst.outcome.duration,
+            });
+        }
+        inst.step_start = now;
+        inst.step_tokens = self.core.instance(i).plan_totals().tokens;
+        let end = now + inst.outcome.duration;
+        self.tl.push(end, Event::StepDone(i as u32));
+        Ok(())
+    }
+
+    fn transfer_failed(&mut self, _req: ReqId, e: DeviceError) -> Result<(), RunError> {
+        Err(e.into())
+    }
+
+    /// Records the notes; a closed loop then refills what left.
+    fn notes(&mut self, notes: &mut Vec<Note>) -> Result<bool, RunError> {
+        // The requests the notes are about, loaded together before they are handled.
+        for id in notes.iter().filter_map(Note::req) {
+            self.reqs.prefetch(id);
+        }
+        let mut refill = 0;
+        for n in notes.drain(..) {
+            refill += self.note(n);
+        }
+        for _ in 0..refill {
+            self.next_closed_loop();
+        }
+        Ok(refill > 0)
     }
 }
