@@ -102,42 +102,8 @@ pub struct ExplainArgs {
     /// Per-rank token budget the workspace is sized for (default: the batch's tokens).
     #[arg(long)]
     max_tokens: Option<u64>,
-    /// Two-micro-batch overlap: off, auto (split a step of at least 32 decode / 512 prompt
-    /// tokens per rank when the split is faster) or force (split whatever it costs).
-    #[arg(long, default_value = "auto")]
-    two_microbatch: dstwin_core::features::TwoMicrobatch,
-    /// Run the shared expert on a second stream under the dispatch and combine (vllm-ascend
-    /// multistream_overlap_shared_expert).
-    #[arg(long)]
-    shared_expert_overlap: bool,
-    /// MoE communication: auto (vllm-ascend's rule on Ascend, DeepEP's elsewhere), mc2,
-    /// alltoall, allgather.
-    #[arg(long, default_value = "auto", value_parser = parse_moe_comm)]
-    moe_comm: dstwin_core::features::MoeComm,
-    /// Graph capture of decode steps: NONE, FULL_DECODE_ONLY or FULL_AND_PIECEWISE (pads each decode step to the next
-    /// capture size).
-    #[arg(long, default_value = "NONE", value_parser = parse_graph_mode)]
-    cudagraph_mode: dstwin_core::features::CudagraphMode,
-    /// Capture sizes in tokens per DP rank, comma-separated (default: vLLM's list up to
-    /// min(seqs x (1 + MTP), 512)); needs --cudagraph-mode FULL_DECODE_ONLY or FULL_AND_PIECEWISE.
-    #[arg(long, value_delimiter = ',')]
-    cudagraph_capture_sizes: Vec<u32>,
-    /// FLASHCOMM1: attention TP's all-reduce as reduce-scatter + all-gather.
-    #[arg(long)]
-    flashcomm1: bool,
-    /// MLAPO: the MLA pre-processing of decode steps as one fused kernel.
-    #[arg(long)]
-    mlapo: bool,
-    /// vLLM's --enforce-eager: the step launches its kernels one by one and takes at least the
-    /// cost file's [host] eager_layer_us per layer (as do steps no graph was captured for under
-    /// --cudagraph-mode FULL_DECODE_ONLY).
-    #[arg(long, conflicts_with = "cudagraph_mode")]
-    enforce_eager: bool,
-    /// vllm-ascend's enable_dsa_cp (SGLang's --enable-nsa-prefill-context-parallel): a step
-    /// with prompts splits its tokens over the --tp dies instead of the attention heads, the
-    /// whole context's latent KV and indexer keys all-gathered every layer (V3.2, V4; --tp > 1).
-    #[arg(long)]
-    enable_dsa_cp: bool,
+    #[command(flatten)]
+    features: FeatureFlags,
     /// Print the full report as JSON.
     #[arg(long)]
     json: bool,
@@ -188,30 +154,23 @@ fn skew_spec(load: &str, concentration: Option<f64>) -> anyhow::Result<ExpertLoa
     Ok(spec)
 }
 
-fn parse_moe_comm(s: &str) -> Result<dstwin_core::features::MoeComm, String> {
-    use dstwin_core::features::MoeComm;
-    [
-        MoeComm::Auto,
-        MoeComm::Mc2,
-        MoeComm::AllToAll,
-        MoeComm::AllGather,
-    ]
-    .into_iter()
-    .find(|m| m.name() == s)
-    .ok_or_else(|| format!("{s:?}: expected auto, mc2, alltoall or allgather"))
-}
+/// explain's flags from the engine-mechanism list ([`dstwin_core::feature_fields`]).
+macro_rules! feature_flags {
+    ($( $(#[doc = $d:literal])* $f:ident: $t:ty [$($flag:tt)*], )*) => {
+        /// The engine mechanisms, one flag each.
+        #[derive(Args, Clone, Debug)]
+        struct FeatureFlags {
+            $( $(#[doc = $d])* #[arg($($flag)*)] $f: $t, )*
+        }
 
-fn parse_graph_mode(s: &str) -> Result<dstwin_core::features::CudagraphMode, String> {
-    use dstwin_core::features::CudagraphMode;
-    match s {
-        "NONE" | "none" => Ok(CudagraphMode::None),
-        "FULL_DECODE_ONLY" | "full_decode_only" => Ok(CudagraphMode::FullDecodeOnly),
-        "FULL_AND_PIECEWISE" | "full_and_piecewise" => Ok(CudagraphMode::FullAndPiecewise),
-        _ => Err(format!(
-            "{s:?}: expected NONE, FULL_DECODE_ONLY or FULL_AND_PIECEWISE"
-        )),
-    }
+        impl FeatureFlags {
+            fn features(&self) -> dstwin_core::features::Features {
+                dstwin_core::features::Features { $( $f: self.$f.clone(), )* }
+            }
+        }
+    };
 }
+dstwin_core::feature_fields!(feature_flags! {});
 
 fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLoad>)> {
     let model = dstwin_sim::scenario::load_model(&a.model, Path::new("."))?;
@@ -282,19 +241,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
         expert_skew: None,
         expert_concentration: 0.0,
         max_tokens_per_step: a.max_tokens,
-        features: dstwin_core::features::Features {
-            two_microbatch: a.two_microbatch,
-            shared_expert_overlap: a.shared_expert_overlap,
-            moe_comm: a.moe_comm,
-            cudagraph_mode: a.cudagraph_mode,
-            cudagraph_capture_sizes: (!a.cudagraph_capture_sizes.is_empty())
-                .then(|| a.cudagraph_capture_sizes.clone()),
-            flashcomm1: a.flashcomm1,
-            mlapo: a.mlapo,
-            attention_per_sequence: false,
-            enforce_eager: a.enforce_eager,
-            enable_dsa_cp: a.enable_dsa_cp,
-        },
+        features: a.features.features(),
     };
     Ok((input, load))
 }

@@ -116,6 +116,21 @@ impl MoeComm {
     }
 }
 
+impl std::str::FromStr for MoeComm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [
+            MoeComm::Auto,
+            MoeComm::Mc2,
+            MoeComm::AllToAll,
+            MoeComm::AllGather,
+        ]
+        .into_iter()
+        .find(|m| m.name() == s)
+        .ok_or_else(|| format!("{s:?}: expected auto, mc2, alltoall or allgather"))
+    }
+}
+
 /// The software platform whose rule `MoeComm::Auto` follows, from the chip.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -175,39 +190,85 @@ pub enum CudagraphMode {
     FullAndPiecewise,
 }
 
-/// The mechanisms of one instance, as a scenario gives them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Features {
-    #[serde(default)]
-    pub two_microbatch: TwoMicrobatch,
-    #[serde(default)]
-    pub shared_expert_overlap: bool,
-    #[serde(default)]
-    pub moe_comm: MoeComm,
-    #[serde(default)]
-    pub cudagraph_mode: CudagraphMode,
-    /// Capture sizes in tokens per DP rank (default: vLLM's list up to
-    /// min(max_num_seqs x (1 + MTP tokens), 512)).
-    #[serde(default)]
-    pub cudagraph_capture_sizes: Option<Vec<u32>>,
-    #[serde(default)]
-    pub flashcomm1: bool,
-    #[serde(default)]
-    pub mlapo: bool,
-    /// Attention kernels run one sequence at a time (the CPU engine's MLA: `engine/cpu/src/
-    /// attention.rs`), each paying its own fixed cost, instead of one batched kernel per layer.
-    #[serde(default)]
-    pub attention_per_sequence: bool,
-    /// vLLM's `--enforce-eager`: no graph at all, every step's kernels launched one by one (the
-    /// cost file's `[host] eager_layer_us` per layer).
-    #[serde(default)]
-    pub enforce_eager: bool,
-    /// DSA context parallelism in steps with prompts (module docs); sparse-attention models
-    /// with attention TP > 1 only.
-    #[serde(default)]
-    pub enable_dsa_cp: bool,
+impl std::str::FromStr for CudagraphMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "NONE" | "none" => Ok(CudagraphMode::None),
+            "FULL_DECODE_ONLY" | "full_decode_only" => Ok(CudagraphMode::FullDecodeOnly),
+            "FULL_AND_PIECEWISE" | "full_and_piecewise" => Ok(CudagraphMode::FullAndPiecewise),
+            _ => Err(format!(
+                "{s:?}: expected NONE, FULL_DECODE_ONLY or FULL_AND_PIECEWISE"
+            )),
+        }
+    }
 }
+
+/// Every engine mechanism, once: its field, its type, what it does and, in brackets, its
+/// `dstwin explain` flag (clap's settings; `skip` for none). [`Features`], a scenario
+/// instance's fields (`sim/src/scenario/raw.rs`) and `explain`'s flags (`src/explain_cmd.rs`)
+/// are expanded from this list, so a new mechanism is written here and in the rules below.
+///
+/// `feature_fields!(m! { tokens })` expands to `m! { tokens fields }`, each field as
+/// `$(#[doc = ...])* name: Type [flag settings],`.
+#[macro_export]
+macro_rules! feature_fields {
+    ($m:ident! { $($pre:tt)* }) => {
+        $m! {
+            $($pre)*
+            /// Two-micro-batch overlap: off, auto (split a step of at least 32 decode / 512
+            /// prompt tokens per rank when the split is faster) or force (split whatever it
+            /// costs). Scenario files may also say true (auto) or false (off); a scenario's
+            /// default is off, explain's auto.
+            two_microbatch: $crate::features::TwoMicrobatch [long, default_value = "auto"],
+            /// Run the shared expert on a second stream under the routed experts' dispatch and
+            /// combine (vllm-ascend multistream_overlap_shared_expert).
+            shared_expert_overlap: bool [long],
+            /// MoE communication: auto (vllm-ascend's rule on Ascend, DeepEP's elsewhere), mc2,
+            /// alltoall or allgather.
+            moe_comm: $crate::features::MoeComm [long, default_value = "auto"],
+            /// Graph capture of decode steps: NONE (eager), FULL_DECODE_ONLY or
+            /// FULL_AND_PIECEWISE (vLLM's default): decode-only steps run captured graphs, every
+            /// DP rank padded to the largest rank's tokens and then to the next capture size.
+            cudagraph_mode: $crate::features::CudagraphMode [long, default_value = "NONE"],
+            /// Capture sizes in tokens per DP rank, comma-separated (default: vLLM's list up to
+            /// min(max_num_seqs x (1 + MTP tokens), 512)); with a graph mode only.
+            cudagraph_capture_sizes: Option<Vec<u32>> [long, value_delimiter = ','],
+            /// FLASHCOMM1: attention TP's all-reduce as reduce-scatter + all-gather, norms on
+            /// 1/TP of the tokens.
+            flashcomm1: bool [long],
+            /// MLAPO: the MLA pre-processing of decode steps (up to 1024 tokens) as one fused
+            /// kernel.
+            mlapo: bool [long],
+            /// Attention kernels one sequence at a time, each paying its own fixed cost (the CPU
+            /// engine's MLA: engine/cpu/src/attention.rs), instead of one batched kernel per
+            /// layer.
+            attention_per_sequence: bool [skip],
+            /// vLLM's --enforce-eager: every step launches its kernels one by one and takes at
+            /// least the cost file's [host] eager_layer_us per layer (as do steps no graph was
+            /// captured for); not with a graph mode.
+            enforce_eager: bool [long, conflicts_with = "cudagraph_mode"],
+            /// vllm-ascend's enable_dsa_cp (SGLang's --enable-nsa-prefill-context-parallel):
+            /// steps with prompts split their tokens over the attention TP group's dies instead
+            /// of the heads, the whole context's latent KV and indexer keys gathered every layer
+            /// (sparse-attention models, V3.2 and V4, with attention TP > 1).
+            enable_dsa_cp: bool [long],
+        }
+    };
+}
+
+/// [`Features`] from the list.
+macro_rules! features_struct {
+    ($( $(#[doc = $d:literal])* $f:ident: $t:ty [$($flag:tt)*], )*) => {
+        /// The mechanisms of one instance, as a scenario gives them ([`feature_fields`]).
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct Features {
+            $( $(#[doc = $d])* #[serde(default)] pub $f: $t, )*
+        }
+    };
+}
+feature_fields!(features_struct! {});
 
 /// vLLM's default capture sizes up to `max`: 1, 2, 4, then every 8 to 256, then every 16.
 pub fn default_capture_sizes(max: u32) -> Vec<u32> {

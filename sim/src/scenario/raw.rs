@@ -1,7 +1,6 @@
 //! The scenario file as written: strict serde structs and their documented defaults.
 
 use dstwin_core::eplb::Policy as EplbPolicy;
-use dstwin_core::features::{CudagraphMode, MoeComm, TwoMicrobatch};
 use dstwin_core::layout::Role;
 use dstwin_core::model::Quant;
 use dstwin_core::pd::Policy;
@@ -243,10 +242,27 @@ fn yes() -> bool {
     true
 }
 
-/// One kind of instance.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InstanceSpec {
+/// A scenario instance's fields from the engine-mechanism list ([`dstwin_core::feature_fields`]),
+/// after its own: the struct, and the mechanisms as the core takes them.
+macro_rules! instance_spec {
+    ({ $($own:tt)* } $( $(#[doc = $d:literal])* $f:ident: $t:ty [$($flag:tt)*], )*) => {
+        /// One kind of instance.
+        #[derive(Clone, Debug, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct InstanceSpec {
+            $($own)*
+            $( $(#[doc = $d])* #[serde(default)] pub $f: $t, )*
+        }
+
+        impl InstanceSpec {
+            /// The engine mechanisms this instance runs with.
+            pub fn features(&self) -> dstwin_core::features::Features {
+                dstwin_core::features::Features { $( $f: self.$f.clone(), )* }
+            }
+        }
+    };
+}
+dstwin_core::feature_fields!(instance_spec! {{
     /// Name used by `--set NAME.field=value` and in reports.
     pub name: String,
     /// prefill, decode or mixed.
@@ -272,48 +288,6 @@ pub struct InstanceSpec {
     pub redundant_experts: u32,
     #[serde(default)]
     pub shared_expert_dies: u32,
-    /// Two-micro-batch overlap: "off", "auto" (or true: split steps of at least vLLM's
-    /// thresholds, 32 decode / 512 prompt tokens per rank, where the split is faster) or
-    /// "force" (split every step).
-    #[serde(default)]
-    pub two_microbatch: TwoMicrobatch,
-    /// vllm-ascend `multistream_overlap_shared_expert`: the shared expert on a second stream,
-    /// under the routed experts' dispatch and combine.
-    #[serde(default)]
-    pub shared_expert_overlap: bool,
-    /// MoE communication: "auto" (vllm-ascend's rule on Ascend, DeepEP's elsewhere), "mc2",
-    /// "alltoall" or "allgather".
-    #[serde(default)]
-    pub moe_comm: MoeComm,
-    /// "NONE" (eager) or "FULL_DECODE_ONLY": decode-only steps run captured graphs, every DP rank
-    /// padded to the largest rank's tokens and then to the next capture size.
-    #[serde(default)]
-    pub cudagraph_mode: CudagraphMode,
-    /// Capture sizes in tokens per DP rank (default: vLLM's list up to
-    /// min(max_num_seqs x (1 + MTP tokens), 512)).
-    #[serde(default)]
-    pub cudagraph_capture_sizes: Option<Vec<u32>>,
-    /// FLASHCOMM1: attention TP's all-reduce as reduce-scatter + all-gather, norms on 1/TP of
-    /// the tokens.
-    #[serde(default)]
-    pub flashcomm1: bool,
-    /// MLAPO: the MLA pre-processing of decode steps (up to 1024 tokens) as one fused kernel.
-    #[serde(default)]
-    pub mlapo: bool,
-    /// Attention kernels one sequence at a time, each with its fixed cost (the CPU engine's
-    /// MLA), instead of one batched kernel per layer.
-    #[serde(default)]
-    pub attention_per_sequence: bool,
-    /// vLLM's `--enforce-eager`: every step launches its kernels one by one (the cost file's
-    /// `[host] eager_layer_us` per layer); not with `cudagraph_mode`.
-    #[serde(default)]
-    pub enforce_eager: bool,
-    /// vllm-ascend's `enable_dsa_cp` (SGLang's `--enable-nsa-prefill-context-parallel`): steps
-    /// with prompts split their tokens over the attention TP group's dies instead of the heads,
-    /// the whole context's latent KV and indexer keys gathered every layer; sparse-attention
-    /// models (V3.2, V4) with tp > 1.
-    #[serde(default)]
-    pub enable_dsa_cp: bool,
     /// This instance's MTP draft tokens per step where they differ from `[mtp] tokens` (SGLang
     /// gives each server its own `--speculative-num-steps`: a prefill server drafting 1 beside a
     /// decode server drafting 3). 1 up to the `[mtp]` ceiling, only with `[mtp] tokens` above 0:
@@ -336,7 +310,7 @@ pub struct InstanceSpec {
     pub placement: Option<String>,
     #[serde(default)]
     pub scheduler: SchedulerSpec,
-}
+}});
 
 fn one_u32() -> u32 {
     1

@@ -325,18 +325,7 @@ pub(super) fn validate(
                 format!("must be at least max_model_len ({max_model_len}) when chunked prefill is off, or no long prompt could ever be scheduled"),
             ));
         }
-        let features = dstwin_core::features::Features {
-            two_microbatch: spec.two_microbatch,
-            shared_expert_overlap: spec.shared_expert_overlap,
-            moe_comm: spec.moe_comm,
-            cudagraph_mode: spec.cudagraph_mode,
-            cudagraph_capture_sizes: spec.cudagraph_capture_sizes.clone(),
-            flashcomm1: spec.flashcomm1,
-            mlapo: spec.mlapo,
-            attention_per_sequence: spec.attention_per_sequence,
-            enforce_eager: spec.enforce_eager,
-            enable_dsa_cp: spec.enable_dsa_cp,
-        };
+        let features = spec.features();
         // Under MoE tensor parallelism every die holds every expert: nothing to place or move.
         if plan.moe_tp > 1 {
             let reason = "needs expert parallelism (ep = dies); under MoE tensor parallelism \
