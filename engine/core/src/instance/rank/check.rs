@@ -35,7 +35,7 @@ impl RankScheduler {
                 "running list in running order"
             );
         }
-        for (i, &slot) in self.steady.iter().enumerate() {
+        for (i, &slot) in self.steady.slots.iter().enumerate() {
             let s = self.seq(slot);
             assert_eq!(s.state, State::Running, "steady slot {slot}");
             assert_eq!(s.steady_idx as usize, i, "steady index of slot {slot}");
@@ -49,7 +49,7 @@ impl RankScheduler {
         }
         // The lists of window ends hold every steady request once, under its window's end.
         let mut listed = 0;
-        for (cell, &head) in self.due.iter().enumerate() {
+        for (cell, &head) in self.steady.due.iter().enumerate() {
             let mut slot = head;
             while slot != NIL {
                 let s = self.seq(slot);
@@ -63,7 +63,7 @@ impl RankScheduler {
                 slot = s.due_next;
             }
         }
-        assert_eq!(listed, self.steady.len(), "window ends listed");
+        assert_eq!(listed, self.steady.slots.len(), "window ends listed");
         let live: Vec<&Seq> = self.slab.iter().flatten().collect();
         assert_eq!(
             live.len() + self.free_slots.len(),

@@ -25,7 +25,7 @@ use crate::device::ReqId;
 use crate::mtp::KnownAcceptance;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use steady::{SteadySums, CELLS, NIL, RING};
+use steady::{SteadyTracker, CELLS, NIL, RING};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -117,25 +117,9 @@ pub struct RankScheduler {
     /// Steps applied so far.
     step: u64,
     pub stats: RankStats,
-    /// Known MTP acceptance: enables steady decoding in aggregate.
-    acceptance: Option<Arc<dyn KnownAcceptance>>,
-    steady: Vec<u32>,
-    sums: SteadySums,
-    /// Per step (ring cell) and regime: tokens the steady requests compute and keep. The only
-    /// per-request-step write; cells of 4 bytes per regime keep a rank's ring in cache.
-    tokens: Vec<u32>,
-    /// Regimes in use: 1 (dense attention) or 2 (capped).
-    regimes: usize,
-    /// Per ring cell, the first of the steady requests whose windows end at that cell's step
-    /// (`NIL`: none), the others linked through `Seq::due_next`.
-    due: Vec<u32>,
-    /// The last plan step whose ring cell was applied (+1; 0: none).
-    advanced: u64,
-    /// No request turns steady before this plan step.
-    exact_until: u64,
+    /// The steady machinery: requests advanced in aggregate between their events.
+    steady: SteadyTracker,
     next_order: u64,
-    /// Steady requests in the last plan.
-    planned_steady: u64,
     /// The last plan scheduled no request one by one and its outcome is not applied yet:
     /// applying it only moves the steady ring a cell and the step counter on, which the rank
     /// does itself when next called ([`RankScheduler::trivial_step`]).
@@ -181,16 +165,8 @@ impl RankScheduler {
             finished: Vec::new(),
             step: 0,
             stats: RankStats::default(),
-            acceptance: None,
-            steady: Vec::new(),
-            sums: SteadySums::default(),
-            tokens: Vec::new(),
-            regimes: if cfg.attn_cap.0.is_some() { 2 } else { 1 },
-            due: Vec::new(),
-            advanced: 0,
-            exact_until: 0,
+            steady: SteadyTracker::new(if cfg.attn_cap.0.is_some() { 2 } else { 1 }),
             next_order: 0,
-            planned_steady: 0,
             unapplied: false,
             phantoms: Vec::new(),
             report_emissions: false,
@@ -205,14 +181,14 @@ impl RankScheduler {
     /// from `a` (which must be what the device draws). `None` steps every request.
     pub fn set_acceptance(&mut self, a: Option<Arc<dyn KnownAcceptance>>) {
         assert!(
-            self.steady.is_empty(),
+            self.steady.slots.is_empty(),
             "acceptance changes only between requests"
         );
-        if a.is_some() && self.tokens.is_empty() {
-            self.tokens = vec![0; CELLS * self.regimes];
-            self.due = vec![NIL; RING];
+        if a.is_some() && self.steady.ring.is_empty() {
+            self.steady.ring = vec![0; CELLS * self.steady.regimes];
+            self.steady.due = vec![NIL; RING];
         }
-        self.acceptance = a;
+        self.steady.acceptance = a;
     }
 
     fn seq(&self, slot: u32) -> &Seq {
@@ -225,7 +201,7 @@ impl RankScheduler {
 
     /// Requests this rank holds that are not finished (for DP load balancing).
     pub fn load(&self) -> usize {
-        self.waiting.len() + self.running.len() + self.steady.len() + self.pulling
+        self.waiting.len() + self.running.len() + self.steady.slots.len() + self.pulling
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -233,7 +209,7 @@ impl RankScheduler {
     }
 
     pub fn num_running(&self) -> usize {
-        self.running.len() + self.steady.len()
+        self.running.len() + self.steady.slots.len()
     }
 
     pub fn kv_usage(&self) -> f64 {
@@ -242,7 +218,7 @@ impl RankScheduler {
 
     pub fn has_work(&self) -> bool {
         !self.running.is_empty()
-            || !self.steady.is_empty()
+            || !self.steady.slots.is_empty()
             || !self.waiting.is_empty()
             || !self.phantoms.is_empty()
     }
@@ -391,7 +367,7 @@ impl RankScheduler {
     /// (what the prefetches read ahead; no window list yet, or an empty one, gives none).
     #[inline]
     fn first_ending(&self, p: u64) -> Option<&Option<Seq>> {
-        let &head = self.due.get(p as usize & (RING - 1))?;
+        let &head = self.steady.due.get(p as usize & (RING - 1))?;
         self.slab.get(head as usize)
     }
 

@@ -112,6 +112,7 @@ impl RankScheduler {
         let last = self.running.last().map(|&x| self.seq(x).order);
         let newest_steady = self
             .steady
+            .slots
             .iter()
             .copied()
             .max_by_key(|&x| self.seq(x).order);
@@ -169,7 +170,7 @@ impl RankScheduler {
         let quiet = self.unapplied
             && steps == p
             && self.freed.is_empty()
-            && self.due.get(p as usize & (RING - 1)) == Some(&NIL)
+            && self.steady.due.get(p as usize & (RING - 1)) == Some(&NIL)
             && self.only_steady();
         if !quiet {
             return None;
@@ -190,7 +191,7 @@ impl RankScheduler {
         self.running.is_empty()
             && self.waiting.is_empty()
             && self.phantoms.is_empty()
-            && self.steady.len() as u64 * (1 + self.cfg.num_spec_tokens as u64)
+            && self.steady.slots.len() as u64 * (1 + self.cfg.num_spec_tokens as u64)
                 <= self.cfg.max_num_batched_tokens as u64
     }
 
@@ -220,7 +221,7 @@ impl RankScheduler {
         // Steady requests take 1 + k tokens each. If the budget could bind, the running order
         // decides who gets it: schedule request by request. Async scheduling's phantoms (last
         // step's finished requests) take their tokens before any running request.
-        let steady_demand = self.steady.len() as u64 * (1 + k as u64);
+        let steady_demand = self.steady.slots.len() as u64 * (1 + k as u64);
         if steady_demand > 0 {
             let phantom_demand = self.phantoms.len() as u64 * (1 + k as u64);
             let others: u64 = self
@@ -230,14 +231,14 @@ impl RankScheduler {
                 .sum();
             if steady_demand + phantom_demand + others > budget {
                 self.stats.budget_fallbacks += 1;
-                self.exact_until = p + COOLDOWN;
-                while let Some(&slot) = self.steady.last() {
+                self.steady.exact_until = p + COOLDOWN;
+                while let Some(&slot) = self.steady.slots.last() {
                     self.unsteady(slot, p);
                     self.insert_running(slot);
                 }
             }
         }
-        budget -= self.steady.len() as u64 * (1 + k as u64);
+        budget -= self.steady.slots.len() as u64 * (1 + k as u64);
         // Async scheduling: last step's finished requests, not yet known to be finished when
         // this step was scheduled, take their slot once more.
         let phantoms = self.phantoms.len();
@@ -310,7 +311,7 @@ impl RankScheduler {
         // Waiting requests: only if nothing was preempted, within budget and max_num_seqs.
         while !preempted
             && budget > 0
-            && self.running.len() + self.steady.len() + self.pulling + phantoms
+            && self.running.len() + self.steady.slots.len() + self.pulling + phantoms
                 < cfg.max_num_seqs as usize
         {
             let Some(&slot) = self.waiting.front() else {
@@ -411,8 +412,8 @@ impl RankScheduler {
     /// Adds the steady requests' share to the plan, from their sums: each computes t = 1 + k
     /// query tokens after its context c, t*c + t(t+1)/2 pairs (capped: t*cap once c >= cap).
     fn add_steady(&mut self, plan: &mut RankPlan) {
-        let n = self.steady.len() as u64;
-        let sm = self.sums;
+        let n = self.steady.slots.len() as u64;
+        let sm = self.steady.sums;
         debug_assert_eq!(sm.seqs[LIN] + sm.seqs[SAT], n as i64, "steady count");
         if n > 0 {
             let t = 1 + self.cfg.num_spec_tokens as u64;
@@ -427,7 +428,7 @@ impl RankScheduler {
                 t * clin + lin * tri + capped_sat,
             );
         }
-        self.planned_steady = n;
+        self.steady.planned = n;
         self.stats.steady_steps += n;
         self.stats.exact_steps += self.entries.len() as u64;
         self.unapplied = self.entries.is_empty();
@@ -440,14 +441,14 @@ impl RankScheduler {
     /// (or [`RankScheduler::catch_up`]) once the step has run.
     pub fn trivial_step(&self) -> Option<(u64, u64)> {
         self.unapplied.then(|| {
-            let tokens = if self.tokens.is_empty() {
+            let tokens = if self.steady.ring.is_empty() {
                 0
             } else {
-                (0..self.regimes)
-                    .map(|r| self.tokens[Self::at(self.step, r)] as u64)
+                (0..self.steady.regimes)
+                    .map(|r| self.steady.ring[Self::at(self.step, r)] as u64)
                     .sum()
             };
-            (tokens, self.planned_steady)
+            (tokens, self.steady.planned)
         })
     }
 
@@ -458,11 +459,11 @@ impl RankScheduler {
         let p = self.step;
         self.step += 1;
         let mut tokens = 0;
-        if !self.tokens.is_empty() {
-            for r in 0..self.regimes {
-                let tk = std::mem::take(&mut self.tokens[Self::at(p, r)]) as u64;
+        if !self.steady.ring.is_empty() {
+            for r in 0..self.steady.regimes {
+                let tk = std::mem::take(&mut self.steady.ring[Self::at(p, r)]) as u64;
                 tokens += tk;
-                self.sums.pending[r] += tk;
+                self.steady.sums.pending[r] += tk;
             }
         }
         tokens
@@ -493,7 +494,7 @@ impl RankScheduler {
     ) {
         // Steady requests sampled in this step and in the one before.
         sum.tokens += self.close_step();
-        sum.continuing += self.planned_steady;
+        sum.continuing += self.steady.planned;
         let step = self.step;
         let bs = self.cfg.block_size;
         if self.entries.is_empty() {
@@ -590,7 +591,7 @@ impl RankScheduler {
         self.finished = finished;
         self.stopped.clear();
         // Requests that are now simply decoding go steady until their next event.
-        if self.acceptance.is_some() && step >= self.exact_until {
+        if self.steady.acceptance.is_some() && step >= self.steady.exact_until {
             let mut any = false;
             for i in 0..self.entries.len() {
                 let e = self.entries[i];

@@ -26,6 +26,7 @@ use super::{RankScheduler, State};
 use crate::instance::InstanceConfig;
 use crate::mtp::{KnownAcceptance, RunLimits};
 use crate::req::ReqId;
+use std::sync::Arc;
 
 /// Ring cells: steps a steady window can span (at most `RING - 2`).
 pub(super) const RING: usize = 128;
@@ -59,8 +60,50 @@ pub(super) struct SteadySums {
     entering_context: [i64; 2],
 }
 
-/// The end of the lists of window ends ([`RankScheduler::due`]).
+/// The end of the lists of window ends ([`SteadyTracker::due`]).
 pub(super) const NIL: u32 = u32::MAX;
+
+/// The steady machinery of one rank: the known acceptance, the steady requests, their sums,
+/// the ring of the tokens they keep per step and the lists of their window ends.
+#[derive(Clone, Debug)]
+pub(super) struct SteadyTracker {
+    /// Known MTP acceptance: enables steady decoding in aggregate.
+    pub(super) acceptance: Option<Arc<dyn KnownAcceptance>>,
+    /// The steady requests' slots.
+    pub(super) slots: Vec<u32>,
+    pub(super) sums: SteadySums,
+    /// Per step (ring cell) and regime: tokens the steady requests compute and keep. The only
+    /// per-request-step write; cells of 4 bytes per regime keep a rank's ring in cache.
+    pub(super) ring: Vec<u32>,
+    /// Regimes in use: 1 (dense attention) or 2 (capped).
+    pub(super) regimes: usize,
+    /// Per ring cell, the first of the steady requests whose windows end at that cell's step
+    /// (`NIL`: none), the others linked through `Seq::due_next`.
+    pub(super) due: Vec<u32>,
+    /// The last plan step whose ring cell was applied (+1; 0: none).
+    pub(super) advanced: u64,
+    /// No request turns steady before this plan step.
+    pub(super) exact_until: u64,
+    /// Steady requests in the last plan.
+    pub(super) planned: u64,
+}
+
+impl SteadyTracker {
+    /// No acceptance known yet (every request stepped), `regimes` attention regimes.
+    pub(super) fn new(regimes: usize) -> Self {
+        SteadyTracker {
+            acceptance: None,
+            slots: Vec::new(),
+            sums: SteadySums::default(),
+            ring: Vec::new(),
+            regimes,
+            due: Vec::new(),
+            advanced: 0,
+            exact_until: 0,
+            planned: 0,
+        }
+    }
+}
 
 /// A steady window's scan: from plan step `q0` with `o0` tokens out, the window ends before the
 /// step that would start past `o_limit` tokens out, finish the request (reach `max_o`) or reach
@@ -126,8 +169,8 @@ impl RankScheduler {
         let s = Self::seq_mut(&mut self.slab, slot);
         let idx = s.steady_idx as usize;
         s.until = 0;
-        self.steady.swap_remove(idx);
-        if let Some(&moved) = self.steady.get(idx) {
+        self.steady.slots.swap_remove(idx);
+        if let Some(&moved) = self.steady.slots.get(idx) {
             Self::seq_mut(&mut self.slab, moved).steady_idx = idx as u32;
         }
     }
@@ -135,11 +178,11 @@ impl RankScheduler {
     /// Advances the steady sums to plan step `p` (once per step). The windows ending at `p`
     /// are still in them: [`RankScheduler::end_windows`] settles those when `p` is scheduled.
     pub(super) fn advance(&mut self, p: u64) {
-        if self.tokens.is_empty() || self.advanced > p {
+        if self.steady.ring.is_empty() || self.steady.advanced > p {
             return;
         }
-        self.advanced = p + 1;
-        let sm = &mut self.sums;
+        self.steady.advanced = p + 1;
+        let sm = &mut self.steady.sums;
         for r in [LIN, SAT] {
             sm.context[r] += std::mem::take(&mut sm.pending[r]) as i64
                 + std::mem::take(&mut sm.entering_context[r]);
@@ -158,7 +201,7 @@ impl RankScheduler {
     /// reach `max_model_len` or the attention cap), the request returns to the running list
     /// and the step schedules it exactly.
     pub(super) fn end_windows(&mut self, p: u64) {
-        let Some(head) = self.due.get_mut(p as usize & (RING - 1)) else {
+        let Some(head) = self.steady.due.get_mut(p as usize & (RING - 1)) else {
             return;
         };
         let head = std::mem::replace(head, NIL);
@@ -188,7 +231,7 @@ impl RankScheduler {
         let (bs, k) = (cfg.block_size, cfg.num_spec_tokens as u64);
         let need =
             |s: &super::Seq, new: u64| Self::blocks_short(s, s.computed as u64 + new + k, bs);
-        let mut tokens = (self.steady.len() + self.phantoms.len()) as u64 * (1 + k);
+        let mut tokens = (self.steady.slots.len() + self.phantoms.len()) as u64 * (1 + k);
         let mut blocks = 0;
         let mut slot = head;
         while slot != NIL {
@@ -209,7 +252,7 @@ impl RankScheduler {
     /// (its state is its state at `p`; it stays in the sums and the steady list), allocating
     /// the block step `p` needs. False if it cannot go on steadily from `p`.
     fn go_on(&mut self, slot: u32, p: u64) -> bool {
-        if p < self.exact_until {
+        if p < self.steady.exact_until {
             return false;
         }
         let (bs, k) = (self.cfg.block_size, self.cfg.num_spec_tokens as u64);
@@ -236,8 +279,8 @@ impl RankScheduler {
     fn leave_window(&mut self, slot: u32) {
         let s = self.seq(slot);
         let (r, context) = (s.regime as usize, s.computed);
-        self.sums.seqs[r] -= 1;
-        self.sums.context[r] -= context as i64;
+        self.steady.sums.seqs[r] -= 1;
+        self.steady.sums.context[r] -= context as i64;
         self.leave_steady(slot);
     }
 
@@ -245,11 +288,11 @@ impl RankScheduler {
     fn unlist(&mut self, slot: u32, until: u64) {
         let cell = until as usize & (RING - 1);
         let next = self.seq(slot).due_next;
-        if self.due[cell] == slot {
-            self.due[cell] = next;
+        if self.steady.due[cell] == slot {
+            self.steady.due[cell] = next;
             return;
         }
-        let mut at = self.due[cell];
+        let mut at = self.steady.due[cell];
         loop {
             let s = Self::seq_mut(&mut self.slab, at);
             if s.due_next == slot {
@@ -267,7 +310,8 @@ impl RankScheduler {
     /// Scans a request that has just sampled in plan step `q0 - 1` ahead to its next event and,
     /// if it stays simply decoding for at least one step, makes it steady until then.
     pub(super) fn try_steady(&mut self, slot: u32, q0: u64) -> bool {
-        if self.acceptance.is_none() || q0 < self.exact_until || self.report_emissions {
+        if self.steady.acceptance.is_none() || q0 < self.steady.exact_until || self.report_emissions
+        {
             return false;
         }
         let bs = self.cfg.block_size;
@@ -288,10 +332,10 @@ impl RankScheduler {
             return false;
         };
         // It joins the sums when step q0 is planned.
-        self.sums.entering[regime] += 1;
-        self.sums.entering_context[regime] += base as i64;
-        Self::seq_mut(&mut self.slab, slot).steady_idx = self.steady.len() as u32;
-        self.steady.push(slot);
+        self.steady.sums.entering[regime] += 1;
+        self.steady.sums.entering_context[regime] += base as i64;
+        Self::seq_mut(&mut self.slab, slot).steady_idx = self.steady.slots.len() as u32;
+        self.steady.slots.push(slot);
         true
     }
 
@@ -309,7 +353,7 @@ impl RankScheduler {
     /// event and sets its window `q0..q`, listed under `q`; returns its regime. `None`, with
     /// nothing changed, if not even step `q0` is simply decoding.
     fn window_from(&mut self, slot: u32, q0: u64) -> Option<usize> {
-        let acc = self.acceptance.as_ref()?;
+        let acc = self.steady.acceptance.as_ref()?;
         let cfg = self.cfg;
         let bs = cfg.block_size;
         let k = cfg.num_spec_tokens;
@@ -327,7 +371,7 @@ impl RankScheduler {
         if (s.computed as u64) > c_limit {
             return None;
         }
-        let ring: &mut [u32; CELLS] = (&mut self.tokens[regime * CELLS..][..CELLS])
+        let ring: &mut [u32; CELLS] = (&mut self.steady.ring[regime * CELLS..][..CELLS])
             .try_into()
             .expect("a ring per regime");
         let w = Window {
@@ -342,7 +386,7 @@ impl RankScheduler {
             return None;
         }
         let cell = q as usize & (RING - 1);
-        s.due_next = std::mem::replace(&mut self.due[cell], slot);
+        s.due_next = std::mem::replace(&mut self.steady.due[cell], slot);
         s.base_computed = s.computed;
         s.base_output = s.output;
         s.from = q0;
@@ -361,6 +405,7 @@ impl RankScheduler {
     /// leaves the sums and the ring.
     pub(super) fn unsteady(&mut self, slot: u32, p: u64) {
         let acc = self
+            .steady
             .acceptance
             .as_deref()
             .expect("steady requests need acceptance");
@@ -381,13 +426,13 @@ impl RankScheduler {
                 at_p = (c, o);
             }
             if q >= p {
-                self.tokens[Self::at(q, r)] -= emitted;
+                self.steady.ring[Self::at(q, r)] -= emitted;
             }
             c += emitted;
             o += emitted;
         }
-        self.sums.seqs[r] -= 1;
-        self.sums.context[r] -= at_p.0 as i64;
+        self.steady.sums.seqs[r] -= 1;
+        self.steady.sums.context[r] -= at_p.0 as i64;
         debug_assert_eq!(c, s.computed, "the rescan lands where the window ends");
         (s.computed, s.output) = at_p;
         s.samples = j0 + (p - s.from) as u32;
@@ -408,19 +453,19 @@ impl RankScheduler {
         // A rank that was idle when the last step was planned may have been handed requests
         // since (arrivals, pulled KV); they sat that step out, as they would have in it.
         debug_assert!(
-            self.steady.is_empty() && self.phantoms.is_empty(),
+            self.steady.slots.is_empty() && self.phantoms.is_empty(),
             "only a rank without steady or finishing requests sits steps out"
         );
         // Fold what the last step left in the sums, then move the ring: with no steady request
         // every cell is empty.
         self.advance(self.step);
         debug_assert!(
-            self.tokens.iter().all(|&c| c == 0),
+            self.steady.ring.iter().all(|&c| c == 0),
             "an idle rank's ring is empty"
         );
         self.step = steps;
-        if !self.tokens.is_empty() {
-            self.advanced = steps;
+        if !self.steady.ring.is_empty() {
+            self.steady.advanced = steps;
         }
     }
 }
