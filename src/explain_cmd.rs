@@ -157,7 +157,8 @@ fn skew_spec(load: &str, concentration: Option<f64>) -> anyhow::Result<ExpertLoa
 /// explain's flags from the engine-mechanism list ([`dstwin_core::feature_fields`]).
 macro_rules! feature_flags {
     ($( $(#[doc = $d:literal])* $f:ident: $t:ty [$($flag:tt)*], )*) => {
-        /// The engine mechanisms, one flag each.
+        // The engine mechanisms, one flag each (no doc comment: clap would take it as the
+        // command's about).
         #[derive(Args, Clone, Debug)]
         struct FeatureFlags {
             $( $(#[doc = $d])* #[arg($($flag)*)] $f: $t, )*

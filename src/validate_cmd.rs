@@ -39,9 +39,9 @@ pub struct ValidateArgs {
     /// as a whole run and compared figure by figure (plain `validate` shows it first too).
     #[arg(long, conflicts_with = "measured")]
     e2e: bool,
-    /// Draws of what each end-to-end run leaves unknown (expert load, acceptance, kernel and
-    /// host time: docs/validation.md), for each figure's 80% interval and the suite's coverage;
-    /// 0: no intervals.
+    /// Draws of what each end-to-end run leaves unknown (expert load, acceptance, kernel, host
+    /// and communication time: docs/validation.md), for each figure's 80% interval and the
+    /// suite's coverage; 0: no intervals.
     #[arg(long, value_name = "N", default_value_t = dstwin_sim::uncertainty::DEFAULT_DRAWS)]
     draws: u32,
     /// Exit 1 when any |error| of a prediction (end-to-end runs, out-of-sample anchors, your

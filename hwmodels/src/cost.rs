@@ -300,7 +300,15 @@ pub struct AllToAllParams {
     /// extrapolation, and reports say so.
     #[serde(default)]
     pub fitted_on: Vec<String>,
+    /// Time factor on a dispatch or combine priced on a level not in `fitted_on` (an
+    /// extrapolation): 1 prices the fitted form as it is; the uncertainty draws move it.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub unfitted_factor: f64,
     pub source: String,
+}
+
+fn is_one(v: &f64) -> bool {
+    *v == 1.0
 }
 
 impl AllToAllParams {
@@ -529,6 +537,14 @@ impl CostParams {
         check_nonneg(file, "alltoall.dispatch_base_us", a.dispatch_base_us)?;
         check_nonneg(file, "alltoall.combine_base_us", a.combine_base_us)?;
         check_nonneg(file, "alltoall.per_doubling_us", a.per_doubling_us)?;
+        if !(a.unfitted_factor.is_finite() && a.unfitted_factor > 0.0) {
+            return Err(invalid(
+                file,
+                "alltoall.unfitted_factor",
+                a.unfitted_factor,
+                "must be a number above 0",
+            ));
+        }
         check_frac(
             file,
             "alltoall.low_latency_bw_eff".into(),
@@ -935,7 +951,12 @@ impl CostModel {
                 };
                 let fixed = lat + (base + a.per_doubling_us * gf.log2()) * 1e-6;
                 let remote = c.bytes * (gf - 1.0) / gf;
-                fixed + self.a2a_transfer_s(c, level, remote, eff)
+                let t = fixed + self.a2a_transfer_s(c, level, remote, eff);
+                if a.fitted_on.contains(&level.name) {
+                    t
+                } else {
+                    t * a.unfitted_factor
+                }
             }
             CommKind::AllReduce | CommKind::AllGather | CommKind::ReduceScatter | CommKind::P2p => {
                 let p = &self.params.collective;

@@ -7,6 +7,8 @@
 //! same event order, effect pump and same-instant rule); the control task applies an instant's
 //! events when the wall clock reaches it (at once with scale 0), and only once every step handed
 //! to a predicting device has come back, so completions are applied in device-time order.
+//! Where the wall clock has run ahead, every event already past is applied before the one
+//! planning (they all happened by now).
 //! Client inputs (submissions, aborts) are applied as they come, all that are waiting before
 //! the next planning.
 

@@ -6,7 +6,8 @@
 //! uvicorn closes idle keep-alive connections after 5 s), so idle or half-sent sockets cannot
 //! pile up. At the connection cap the listener stops accepting until a connection closes: new
 //! ones wait in the kernel's backlog instead of taking the process's file descriptors. The
-//! request body's deadline is the router's (`ApiConfig::body_timeout`).
+//! request body's deadline is the router's (`ApiConfig::body_timeout`). HTTP/1.1 only, as
+//! vLLM's uvicorn serves.
 
 use axum::Router;
 use hyper::server::conn::http1;
@@ -14,6 +15,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
+use std::io::ErrorKind;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -60,11 +62,17 @@ pub async fn serve(
         let tcp = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _)) => tcp,
+                // A connection that went away before it was accepted: the next one.
+                Err(e) if matches!(
+                    e.kind(),
+                    ErrorKind::ConnectionRefused
+                        | ErrorKind::ConnectionAborted
+                        | ErrorKind::ConnectionReset
+                ) => continue,
                 Err(e) => {
-                    // Out of descriptors or a connection reset before it was accepted: wait
-                    // a moment rather than spin, and go on.
+                    // Out of descriptors, say: wait rather than spin (as axum::serve does).
                     tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
                     continue;
                 }
             },

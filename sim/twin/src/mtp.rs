@@ -557,9 +557,6 @@ mod tests {
         }
     }
 
-    /// A run of single-draft steps adds, cell by cell, what `next_one` draws step by step, and
-    /// stops where the rule says (a step that would start past `o_limit` or reach `max_o`):
-    /// as dispatched here, the AVX2 kernel where the processor has it, and the scalar loop.
     /// The model's window scan, whichever path it takes (eight steps at a time, runs of
     /// unchecked steps, one to three drafts), equals stepping through [`Acceptance::accepted`]
     /// as the contract's default scan does.
@@ -602,6 +599,9 @@ mod tests {
         assert_eq!(cases, 5 * 4 * 7 * 3);
     }
 
+    /// A run of single-draft steps adds, cell by cell, what `next_one` draws step by step, and
+    /// stops where the rule says (a step that would start past `o_limit` or reach `max_o`):
+    /// as dispatched here, the AVX2 kernel where the processor has it, and the scalar loop.
     #[test]
     fn a_run_of_one_draft_steps_adds_the_single_steps() {
         let reference = |d: &RequestDraws<'_>, step: u32, cells: &mut [u32], run: RunLimits| {
