@@ -208,3 +208,37 @@ fn sweep_grids_and_ranges_are_bounded_before_they_are_built() {
     ]);
     assert!(e.contains("--jobs") && e.contains("1..=1024"), "{e}");
 }
+
+/// A hardware file at the slowest figures it may give still prices steps, but a step over a
+/// day is refused by the twin with a message, never run to a saturated clock with exit 0; and
+/// a peak below the range is refused where the file is read.
+#[test]
+fn steps_no_deployment_takes_are_refused_not_printed_as_infinite() {
+    let dir = tmp("slow-chip");
+    let system = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/hwmodels/data/systems/atlas-800-a3.toml"
+    ))
+    .unwrap();
+    let chip = |peak: &str| {
+        format!(
+            "chip = {{ name = \"slow\", vendor = \"v\", dies_per_package = 2, peak_tflops = {{ bf16 = {peak}, int8 = {peak} }}, hbm_gb = 64, hbm_tb_s = 1.6, source = \"s\" }}"
+        )
+    };
+    let write = |name: &str, peak: &str| {
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            system.replacen("chip = \"ascend-910c\"", &chip(peak), 1),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let slow = write("slow.toml", "0.001");
+    let scenario = common::data("tiny-pd.toml");
+    let err = refused(&["simulate", &scenario, "--set", &format!("hardware={slow}")]);
+    assert!(err.contains("over a day"), "{err}");
+    let tiny = write("tiny.toml", "1e-308");
+    let err = refused(&["explain", "--hardware", &tiny]);
+    assert!(err.contains("chip.peak_tflops.bf16 = 1e-308"), "{err}");
+}

@@ -255,6 +255,15 @@ fn own_measurement_format() {
             r#"{"format": "dstwin-measured/1", "metrics": {"output_tok_s": -1}}"#,
             "metrics.output_tok_s = -1",
         ),
+        // So small a figure that the error would be infinite: refused, not printed as inf.
+        (
+            r#"{"format": "dstwin-measured/1", "metrics": {"output_tok_s": 1e-308}}"#,
+            "metrics.output_tok_s = 1e-308: cannot be compared",
+        ),
+        (
+            r#"{"output_throughput": 1e-308}"#,
+            "output_throughput = 1e-308",
+        ),
         (
             r#"{"format": "other/2", "metrics": {}}"#,
             "format = \"other/2\"",

@@ -20,6 +20,27 @@ pub struct Comparison {
     pub error: f64,
 }
 
+impl Comparison {
+    /// `predicted` against `measured` (`field` as the file names it); an error that is not a
+    /// number (a measured figure so small that the ratio overflows, a prediction that is not
+    /// finite) is refused rather than printed as inf or NaN.
+    fn of(field: &str, metric: &str, measured: f64, predicted: f64) -> Result<Self, String> {
+        let error = predicted / measured - 1.0;
+        if !error.is_finite() {
+            return Err(format!(
+                "{field} = {measured:e}: cannot be compared with the prediction {predicted} \
+                 (the error is {error}); is the figure in the unit the metric's name says?"
+            ));
+        }
+        Ok(Comparison {
+            metric: metric.to_string(),
+            measured,
+            predicted,
+            error,
+        })
+    }
+}
+
 /// The fields compared, as (measurement field, prediction). Fields the measurement lacks are
 /// skipped; a measurement with none of them is an error.
 fn predictions(r: &SimReport) -> Vec<(&'static str, f64)> {
@@ -108,12 +129,7 @@ fn compare_own(
             .as_f64()
             .filter(|m| m.is_finite() && *m > 0.0)
             .ok_or_else(|| format!("metrics.{k} = {v}: must be a positive number"))?;
-        out.push(Comparison {
-            metric: k.clone(),
-            measured: m,
-            predicted: p,
-            error: p / m - 1.0,
-        });
+        out.push(Comparison::of(&format!("metrics.{k}"), k, m, p)?);
     }
     if out.is_empty() {
         return Err(format!("metrics is empty (known: {})", names()));
@@ -136,18 +152,13 @@ pub fn compare(measured: &serde_json::Value, r: &SimReport) -> Result<Vec<Compar
         }
         None => {}
     }
-    let out: Vec<Comparison> = predictions(r)
-        .into_iter()
-        .filter_map(|(k, p)| {
-            let m = obj.get(k)?.as_f64()?;
-            (m > 0.0 && m.is_finite()).then(|| Comparison {
-                metric: k.to_string(),
-                measured: m,
-                predicted: p,
-                error: p / m - 1.0,
-            })
-        })
-        .collect();
+    let mut out = Vec::new();
+    for (k, p) in predictions(r) {
+        match obj.get(k).and_then(|v| v.as_f64()) {
+            Some(m) if m > 0.0 && m.is_finite() => out.push(Comparison::of(k, k, m, p)?),
+            _ => {}
+        }
+    }
     if out.is_empty() {
         return Err(format!(
             "no known metric in the measurement (expected some of: {})",

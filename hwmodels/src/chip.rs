@@ -1,7 +1,7 @@
 //! Accelerator chips: peak throughput per format, HBM size and bandwidth, per die.
 
 use crate::dtype::DType;
-use crate::error::{invalid, HwError};
+use crate::error::{check_range, invalid, HwError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -68,20 +68,28 @@ impl Chip {
             return Err(invalid(file, f("peak_tflops"), "{..}", "must list bf16"));
         }
         for (d, t) in &self.peak_tflops {
-            if !(t.is_finite() && *t > 0.0) {
-                return Err(invalid(
-                    file,
-                    f(&format!("peak_tflops.{d}")),
-                    t,
-                    "must be a positive number",
-                ));
-            }
+            check_range(
+                file,
+                f(&format!("peak_tflops.{d}")),
+                *t,
+                (1e-3, 1e6),
+                "0.001 to 1,000,000 TFLOPS per die",
+            )?;
         }
-        for (name, v) in [("hbm_gb", self.hbm_gb), ("hbm_tb_s", self.hbm_tb_s)] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(invalid(file, f(name), v, "must be a positive number"));
-            }
-        }
+        check_range(
+            file,
+            f("hbm_gb"),
+            self.hbm_gb,
+            (1e-3, 1e6),
+            "0.001 to 1,000,000 GB per die",
+        )?;
+        check_range(
+            file,
+            f("hbm_tb_s"),
+            self.hbm_tb_s,
+            (1e-3, 1e3),
+            "0.001 to 1,000 TB/s per die",
+        )?;
         Ok(())
     }
 }

@@ -5,7 +5,7 @@
 //! nothing here hides a constant.
 
 use crate::dtype::DType;
-use crate::error::{invalid, HwError};
+use crate::error::{check_range, invalid, HwError};
 use crate::system::{FabricLevel, Scope, System};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -384,20 +384,15 @@ fn one() -> f64 {
     1.0
 }
 
+/// An efficiency: a share of a peak, at least 0.0001 (a kernel at a ten-thousandth of its
+/// peak is no kernel a deployment runs, and smaller shares overflow prices).
 fn check_frac(file: &str, field: String, v: f64) -> Result<(), HwError> {
-    if v.is_finite() && v > 0.0 && v <= 1.0 {
-        Ok(())
-    } else {
-        Err(invalid(file, field, v, "must be in (0, 1]"))
-    }
+    check_range(file, field, v, (1e-4, 1.0), "in [0.0001, 1]")
 }
 
+/// A fixed cost or count: 0 up to a billion (µs: about 17 minutes).
 fn check_nonneg(file: &str, field: &str, v: f64) -> Result<(), HwError> {
-    if v.is_finite() && v >= 0.0 {
-        Ok(())
-    } else {
-        Err(invalid(file, field, v, "must be a number >= 0"))
-    }
+    check_range(file, field, v, (0.0, 1e9), "a number from 0 to 1e9")
 }
 
 /// `v` must be a finite number above 0; `meaning` says what it is in the error.

@@ -43,3 +43,25 @@ pub(crate) fn invalid(
         reason: reason.to_string(),
     }
 }
+
+/// `v` must lie in `lo..=hi` (`what`: the range as the error says it). Hardware and cost
+/// figures are bounded to what hardware can be, so that no price they give overflows: a peak
+/// of 1e-308 passed "positive" and priced every step at infinity.
+pub(crate) fn check_range(
+    file: &str,
+    field: impl Into<String>,
+    v: f64,
+    (lo, hi): (f64, f64),
+    what: &str,
+) -> Result<(), HwError> {
+    if v >= lo && v <= hi {
+        return Ok(());
+    }
+    // A value far from the range in scientific notation (1e-308, not 308 digits).
+    let shown = if v.is_finite() && v != 0.0 && !(1e-3..1e7).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        v.to_string()
+    };
+    Err(invalid(file, field, shown, &format!("must be {what}")))
+}

@@ -2,7 +2,7 @@
 //! join them.
 
 use crate::chip::Chip;
-use crate::error::{invalid, HwError};
+use crate::error::{check_range, invalid, HwError};
 use serde::{Deserialize, Serialize};
 
 /// How far a group of dies reaches, innermost first.
@@ -164,22 +164,20 @@ impl System {
             return Err(invalid(file, "fabric", "[]", "needs at least one level"));
         }
         for (i, l) in raw.fabric.iter().enumerate() {
-            if !(l.bw_gb_s_per_die.is_finite() && l.bw_gb_s_per_die > 0.0) {
-                return Err(invalid(
-                    file,
-                    format!("fabric[{i}].bw_gb_s_per_die"),
-                    l.bw_gb_s_per_die,
-                    "must be positive",
-                ));
-            }
-            if !(l.latency_us.is_finite() && l.latency_us >= 0.0) {
-                return Err(invalid(
-                    file,
-                    format!("fabric[{i}].latency_us"),
-                    l.latency_us,
-                    "must be at least 0",
-                ));
-            }
+            check_range(
+                file,
+                format!("fabric[{i}].bw_gb_s_per_die"),
+                l.bw_gb_s_per_die,
+                (1e-3, 1e6),
+                "0.001 to 1,000,000 GB/s",
+            )?;
+            check_range(
+                file,
+                format!("fabric[{i}].latency_us"),
+                l.latency_us,
+                (0.0, 1e6),
+                "0 to 1,000,000 us",
+            )?;
             if i > 0 && l.scope <= raw.fabric[i - 1].scope {
                 return Err(invalid(
                     file,

@@ -146,6 +146,46 @@ fn bad_user_files_name_the_field_and_value() {
     assert!(err.contains("ascend-999"), "{err}");
 }
 
+/// Figures no hardware has, though positive and finite, are refused naming their field: a peak
+/// of 1e-308 TFLOPS priced every step at infinity and printed inf with exit 0.
+#[test]
+fn figures_outside_what_hardware_can_be_are_refused() {
+    let cat = Catalog::builtin();
+    let inline = |peak: &str, bw: &str| {
+        USER_FILE
+            .replace(
+                "chip = \"ascend-910c\"",
+                &format!("chip = {{ name = \"x\", vendor = \"v\", dies_per_package = 2, peak_tflops = {{ bf16 = {peak} }}, hbm_gb = 64, hbm_tb_s = 1.6, source = \"s\" }}"),
+            )
+            .replace("bw_gb_s_per_die = 25", &format!("bw_gb_s_per_die = {bw}"))
+    };
+    for (peak, bw, says) in [
+        (
+            "1e-308",
+            "25",
+            "chip.peak_tflops.bf16 = 1e-308: must be 0.001 to 1,000,000 TFLOPS",
+        ),
+        ("1e300", "25", "chip.peak_tflops.bf16 = 1e300"),
+        ("376", "1e-300", "fabric[1].bw_gb_s_per_die = 1e-300"),
+    ] {
+        let err = cat
+            .system_from_str("f.toml", &inline(peak, bw), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(says), "{peak} {bw}: {err}");
+    }
+    assert!(cat
+        .system_from_str("f.toml", &inline("0.001", "0.001"), None)
+        .is_ok());
+    // An efficiency of a ten-thousandth of a peak is the least a cost file may give.
+    let tiny = "name = \"mine\"\nsource = \"t\"\ninherits = \"ascend-910c\"\n[efficiency.gemm]\nmemory = 1e-300\n";
+    let err = user_cost_model("tiny-eff", tiny).unwrap_err();
+    assert!(
+        err.contains("efficiency.gemm.memory = 1e-300: must be in [0.0001, 1]"),
+        "{err}"
+    );
+}
+
 #[test]
 fn an_inline_chip_error_names_its_field_not_serde_internals() {
     let inline = "chip = { name = \"x\", vendor = \"v\", dies_per_package = 1, \

@@ -16,6 +16,10 @@ use dstwin_core::mtp::KnownAcceptance;
 use dstwin_core::time::{SimDuration, SimTime};
 use std::sync::Arc;
 
+/// The longest step the twin prices: a step over a day is no serving deployment's, and only
+/// figures far outside the hardware's (a peak or efficiency near 0) lead there.
+pub const MAX_STEP_S: f64 = 86_400.0;
+
 /// The twin's device for one instance.
 #[derive(Clone, Debug)]
 pub struct SimDevice {
@@ -387,7 +391,14 @@ impl Device for SimDevice {
         } else {
             host_s
         };
-        out.duration = SimDuration::from_secs_f64(device_s + visible_host_s);
+        let step_s = device_s + visible_host_s;
+        if !(step_s.is_finite() && step_s <= MAX_STEP_S) {
+            return Err(DeviceError::Failed(format!(
+                "a step priced at {step_s} s, over a day: the hardware or cost figures are far \
+                 outside any serving deployment (peaks, bandwidths or efficiencies near 0?)"
+            )));
+        }
+        out.duration = SimDuration::from_secs_f64(step_s);
         self.last_end = Some(self.next_start + out.duration);
         out.class_times = slowest_classes.unwrap_or([0.0; CLASS_SLOTS]);
         if kernels != 1.0 {
