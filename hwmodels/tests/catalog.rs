@@ -177,11 +177,11 @@ fn figures_outside_what_hardware_can_be_are_refused() {
     assert!(cat
         .system_from_str("f.toml", &inline("0.001", "0.001"), None)
         .is_ok());
-    // An efficiency of a ten-thousandth of a peak is the least a cost file may give.
+    // An efficiency of a billionth of a peak is the least a cost file may give.
     let tiny = "name = \"mine\"\nsource = \"t\"\ninherits = \"ascend-910c\"\n[efficiency.gemm]\nmemory = 1e-300\n";
     let err = user_cost_model("tiny-eff", tiny).unwrap_err();
     assert!(
-        err.contains("efficiency.gemm.memory = 1e-300: must be in [0.0001, 1]"),
+        err.contains("efficiency.gemm.memory = 1e-300: must be in [1e-9, 1]"),
         "{err}"
     );
 }
