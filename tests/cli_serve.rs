@@ -1381,6 +1381,13 @@ fn the_cpu_engine_refuses_what_it_cannot_run() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+    // A checkpoint without its weights file is the user's input: exit 2, naming the file.
+    let bare = tiny_model("no-weights");
+    std::fs::remove_file(bare.join("model.safetensors")).unwrap();
+    let o = run(&["--device", "cpu", "--model", bare.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("model.safetensors: no such file"), "{err}");
 }
 
 #[test]
@@ -1638,4 +1645,57 @@ fn connection_limits_out_of_range_are_refused() {
         assert_eq!(o.status.code(), Some(2), "{flag} {value}: {err}");
         assert!(err.contains(flag), "{flag} {value}: {err}");
     }
+}
+
+/// A client that goes away while its prompt is on the prefill engine is counted as an abort of
+/// that engine, not of the decode engine it had not reached.
+#[test]
+fn an_abort_during_prefill_counts_on_the_prefill_engine() {
+    let srv = Server::start(&[&data("tiny-pd.toml"), "--time-scale", "50"]);
+    let a = srv.addr.clone();
+    let ids: Vec<u32> = (0..6000).map(|i| 1000 + i % 5000).collect();
+    let body =
+        serde_json::json!({"model": "deepseek-r1", "prompt": ids, "max_tokens": 4, "stream": true})
+            .to_string();
+    let mut s = TcpStream::connect(&a).unwrap();
+    s.write_all(
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: {a}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let running = |engine: u32| {
+        metric(
+            &a,
+            &format!("vllm:num_requests_running{{model_name=\"deepseek-r1\",engine=\"{engine}\"}}"),
+        )
+    };
+    let t = Instant::now();
+    while running(0) < 1.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the prefill never ran"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(s);
+    let aborts = |engine: u32| {
+        metric(
+            &a,
+            &format!(
+                "vllm:request_success_total{{model_name=\"deepseek-r1\",engine=\"{engine}\",finished_reason=\"abort\"}}"
+            ),
+        )
+    };
+    while aborts(0) + aborts(1) < 1.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the abort was never counted"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!((aborts(0), aborts(1)), (1.0, 0.0));
 }

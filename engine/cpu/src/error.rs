@@ -8,6 +8,9 @@ use thiserror::Error;
 pub enum LoadError {
     #[error("{path}: {message}")]
     Io { path: String, message: String },
+    /// A file the checkpoint needs is not there: the user's input, not the machine's fault.
+    #[error("{path}: no such file (a checkpoint directory holds config.json and model.safetensors, or an index and its shards)")]
+    Missing { path: String },
     /// The shared parser's message already names config.json and the field.
     #[error(transparent)]
     Config(#[from] dstwin_core::model::config::ConfigError),

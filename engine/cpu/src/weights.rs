@@ -31,8 +31,12 @@ pub struct Checkpoint {
 }
 
 fn io(path: &Path, e: std::io::Error) -> LoadError {
+    let path = path.display().to_string();
+    if e.kind() == std::io::ErrorKind::NotFound {
+        return LoadError::Missing { path };
+    }
     LoadError::Io {
-        path: path.display().to_string(),
+        path,
         message: e.to_string(),
     }
 }

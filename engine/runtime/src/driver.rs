@@ -414,7 +414,13 @@ impl Control {
                     }
                     if let Some(s) = self.shared.upgrade() {
                         s.pending.fetch_sub(1, Ordering::Relaxed);
-                        let engine = route.map_or(r.engine, |(_, d)| d as usize);
+                        // Where it was when it went: the prefill engine until its first
+                        // token, the decode engine after.
+                        let engine = match route {
+                            Some((Some(p), _)) if r.first.is_none() => p as usize,
+                            Some((_, d)) => d as usize,
+                            None => r.engine,
+                        };
                         s.metrics
                             .request_finished(engine, &r.times(Instant::now()), reason);
                     }

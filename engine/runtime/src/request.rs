@@ -21,6 +21,10 @@ use serde_json::{Map, Value};
 
 /// Most choices one request may ask for.
 pub const MAX_N: i64 = 16;
+/// Most stop strings a request may give, and the longest (each is searched for in the text of
+/// every token the request produces: 100,000 of them cost 190 times a request's CPU).
+pub const MAX_STOPS: usize = 64;
+pub const MAX_STOP_BYTES: usize = 4096;
 
 /// A refused request: status, message and the offending parameter.
 #[derive(Clone, Debug, PartialEq)]
@@ -265,9 +269,45 @@ fn common(f: &Fields, lim: &Limits, chat: bool) -> Result<Job, ApiError> {
         Some(_) => return Err(type_error("stop", "a string or a list of strings")),
     }
     .into_iter()
-    .filter(|s| !s.is_empty())
-    .collect();
-    // What the twin cannot do is refused, never ignored.
+    .filter(|s: &String| !s.is_empty())
+    .collect::<Vec<String>>();
+    if stop.len() > MAX_STOPS {
+        return Err(ApiError::bad(
+            "stop",
+            format!(
+                "at most {MAX_STOPS} stop strings, got {}: each is searched for in every token's text",
+                stop.len()
+            ),
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::bad(
+            "stop",
+            format!(
+                "a stop string of {} bytes; at most {MAX_STOP_BYTES}",
+                long.len()
+            ),
+        ));
+    }
+    // What the twin cannot do is refused, never ignored, on both endpoints.
+    if f.bool("echo")? == Some(true) {
+        return Err(ApiError::bad(
+            "echo",
+            "`echo` is not supported: the twin device returns placeholder text, not the prompt",
+        ));
+    }
+    if f.str("suffix")?.is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::bad(
+            "suffix",
+            "`suffix` is not supported (as in vLLM)",
+        ));
+    }
+    if f.int("top_logprobs")?.is_some_and(|k| k != 0) {
+        return Err(ApiError::bad(
+            "top_logprobs",
+            format!("`top_logprobs` is not supported: {NO_PROBS}"),
+        ));
+    }
     if f.get("prompt_logprobs").is_some() {
         return Err(ApiError::bad(
             "prompt_logprobs",
@@ -333,6 +373,15 @@ fn common(f: &Fields, lim: &Limits, chat: bool) -> Result<Job, ApiError> {
         Some(m) => Some(m.min(u32::MAX as i64) as u32),
         None => None,
     };
+    if let Some(m) = max_tokens.filter(|&m| sampling.min_tokens > m) {
+        return Err(ApiError::bad(
+            "min_tokens",
+            format!(
+                "`min_tokens` ({}) must be at most {param} ({m}), as vLLM requires",
+                sampling.min_tokens
+            ),
+        ));
+    }
     Ok(Job {
         chat,
         prompt_tokens: 0,
@@ -362,18 +411,6 @@ pub fn completion(body: &Map<String, Value>, lim: &Limits) -> Result<Job, ApiErr
                 format!("`logprobs` is not supported: {NO_PROBS}"),
             ))
         }
-    }
-    if f.bool("echo")? == Some(true) {
-        return Err(ApiError::bad(
-            "echo",
-            "`echo` is not supported: the twin device returns placeholder text, not the prompt",
-        ));
-    }
-    if f.str("suffix")?.is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::bad(
-            "suffix",
-            "`suffix` is not supported (as in vLLM)",
-        ));
     }
     if let Some(b) = f.int("best_of")? {
         if b != job.n as i64 {
@@ -495,12 +532,6 @@ pub fn chat(body: &Map<String, Value>, lim: &Limits) -> Result<Job, ApiError> {
             ))
         }
         Some(_) => return Err(type_error("logprobs", "a boolean")),
-    }
-    if f.int("top_logprobs")?.is_some_and(|k| k != 0) {
-        return Err(ApiError::bad(
-            "top_logprobs",
-            format!("`top_logprobs` is not supported: {NO_PROBS}"),
-        ));
     }
     if let Some(k) = f.obj("chat_template_kwargs")? {
         let k = Fields(k);
@@ -700,11 +731,48 @@ mod tests {
             "temperature": 0, "top_p": 1}),
         );
         assert!(ok.is_ok(), "{ok:?}");
-        for (k, v) in [("logprobs", json!(true)), ("top_logprobs", json!(2))] {
+        for (k, v) in [
+            ("logprobs", json!(true)),
+            ("top_logprobs", json!(2)),
+            ("echo", json!(true)),
+            ("suffix", json!("end")),
+        ] {
             let mut b = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
             b[k] = v;
             assert_eq!(param(chat_with(b, false)), k);
         }
+        // Completions check `top_logprobs` too, by type and by value.
+        for v in [json!(2), json!("two")] {
+            let b = json!({"model": "m", "prompt": "hi", "top_logprobs": v});
+            assert_eq!(param(comp(b)), "top_logprobs");
+        }
+    }
+
+    #[test]
+    fn min_tokens_and_stop_lists_are_bounded() {
+        let b = json!({"model": "m", "prompt": "hi", "max_tokens": 4, "min_tokens": 5});
+        let e = comp(b).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("min_tokens"));
+        assert!(
+            e.message.contains("at most max_tokens (4)"),
+            "{}",
+            e.message
+        );
+        assert!(
+            comp(json!({"model": "m", "prompt": "hi", "max_tokens": 5, "min_tokens": 5})).is_ok()
+        );
+        let many: Vec<String> = (0..=MAX_STOPS).map(|i| format!("s{i}")).collect();
+        assert_eq!(
+            param(comp(json!({"model": "m", "prompt": "hi", "stop": many}))),
+            "stop"
+        );
+        let long = "x".repeat(MAX_STOP_BYTES + 1);
+        assert_eq!(
+            param(comp(json!({"model": "m", "prompt": "hi", "stop": long}))),
+            "stop"
+        );
+        let most: Vec<String> = (0..MAX_STOPS).map(|i| format!("s{i}")).collect();
+        assert!(comp(json!({"model": "m", "prompt": "hi", "stop": most})).is_ok());
     }
 
     #[test]
