@@ -947,10 +947,9 @@ impl CostModel {
                 let fixed = lat + (base + a.per_doubling_us * gf.log2()) * 1e-6;
                 let remote = c.bytes * (gf - 1.0) / gf;
                 let t = fixed + self.a2a_transfer_s(c, level, remote, eff);
-                if a.fitted_on.contains(&level.name) {
-                    t
-                } else {
-                    t * a.unfitted_factor
+                match self.unfitted_level(c) {
+                    None => t,
+                    Some(_) => t * a.unfitted_factor,
                 }
             }
             CommKind::AllReduce | CommKind::AllGather | CommKind::ReduceScatter | CommKind::P2p => {

@@ -53,12 +53,8 @@ impl<'de> Deserialize<'de> for TwoMicrobatch {
                 })
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TwoMicrobatch, E> {
-                match v {
-                    "off" | "false" => Ok(TwoMicrobatch::Off),
-                    "auto" | "true" => Ok(TwoMicrobatch::Auto),
-                    "force" => Ok(TwoMicrobatch::Force),
-                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
-                }
+                v.parse()
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Str(v), &self))
             }
         }
         d.deserialize_any(Visitor)

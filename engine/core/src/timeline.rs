@@ -169,12 +169,14 @@ pub fn plan<E: Ord + Copy, D: Driver<E>>(d: &mut D) -> Result<(), D::Error> {
     pump(d)
 }
 
-/// The same-instant rule: [`plan`] once no event is left at the current instant.
-pub fn settle<E: Ord + Copy, D: Driver<E>>(d: &mut D) -> Result<(), D::Error> {
-    if d.parts().0.instant_over() {
+/// The same-instant rule: [`plan`] once no event is left at the current instant; whether it
+/// planned (the instant is over).
+pub fn settle<E: Ord + Copy, D: Driver<E>>(d: &mut D) -> Result<bool, D::Error> {
+    let over = d.parts().0.instant_over();
+    if over {
         plan(d)?;
     }
-    Ok(())
+    Ok(over)
 }
 
 #[cfg(test)]

@@ -303,7 +303,7 @@ impl Control {
     }
 
     /// Applies the next event and every other of its instant (or already past), each followed
-    /// by the pump; then plans the instant ([`timeline::settle`]'s rule).
+    /// by the pump; then plans the instant ([`timeline::settle`]).
     fn fire(&mut self) {
         while let Some(ev) = self.tl.pop() {
             match ev {
@@ -327,11 +327,11 @@ impl Control {
                 Event::Own(never) => match never {},
             }
             self.pump();
-            if self.tl.instant_over() {
+            let Ok(planned) = timeline::settle(self);
+            if planned {
                 break;
             }
         }
-        self.plan();
     }
 
     fn plan(&mut self) {

@@ -21,23 +21,14 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-/// Connection limits (`serve --header-timeout`, `--max-connections`).
+/// Connection limits (`serve --header-timeout`, `--max-connections`; their defaults are the
+/// flags', 5 s and 1,000).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ConnLimits {
     /// Longest wait for a request's headers, the wait for the first byte included.
     pub header_timeout: Duration,
     /// Most connections open at once.
     pub max_connections: usize,
-}
-
-impl Default for ConnLimits {
-    /// 5 s (vLLM's keep-alive timeout) and 1,000 connections.
-    fn default() -> Self {
-        ConnLimits {
-            header_timeout: Duration::from_secs(5),
-            max_connections: 1000,
-        }
-    }
 }
 
 /// Serves `app` on `listener` under `limits` until `shutdown` resolves; then stops accepting,
