@@ -532,14 +532,13 @@ impl CostParams {
         check_nonneg(file, "alltoall.dispatch_base_us", a.dispatch_base_us)?;
         check_nonneg(file, "alltoall.combine_base_us", a.combine_base_us)?;
         check_nonneg(file, "alltoall.per_doubling_us", a.per_doubling_us)?;
-        if !(a.unfitted_factor.is_finite() && a.unfitted_factor > 0.0) {
-            return Err(invalid(
-                file,
-                "alltoall.unfitted_factor",
-                a.unfitted_factor,
-                "must be a number above 0",
-            ));
-        }
+        check_range(
+            file,
+            "alltoall.unfitted_factor",
+            a.unfitted_factor,
+            (1e-3, 1e3),
+            "0.001 to 1,000",
+        )?;
         check_frac(
             file,
             "alltoall.low_latency_bw_eff".into(),

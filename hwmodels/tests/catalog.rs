@@ -179,6 +179,12 @@ fn figures_outside_what_hardware_can_be_are_refused() {
         .is_ok());
     // An efficiency of a billionth of a peak is the least a cost file may give.
     let tiny = "name = \"mine\"\nsource = \"t\"\ninherits = \"ascend-910c\"\n[efficiency.gemm]\nmemory = 1e-300\n";
+    let huge = "name = \"mine\"\nsource = \"t\"\ninherits = \"ascend-910c\"\n[alltoall]\nunfitted_factor = 1e308\n";
+    let err = user_cost_model("huge-factor", huge).unwrap_err();
+    assert!(
+        err.contains("alltoall.unfitted_factor = 1e308: must be 0.001 to 1,000"),
+        "{err}"
+    );
     let err = user_cost_model("tiny-eff", tiny).unwrap_err();
     assert!(
         err.contains("efficiency.gemm.memory = 1e-300: must be in [1e-9, 1]"),
