@@ -220,25 +220,27 @@ fn steps_no_deployment_takes_are_refused_not_printed_as_infinite() {
         "/hwmodels/data/systems/atlas-800-a3.toml"
     ))
     .unwrap();
-    let chip = |peak: &str| {
+    let chip = |peak: &str, hbm: &str| {
         format!(
-            "chip = {{ name = \"slow\", vendor = \"v\", dies_per_package = 2, peak_tflops = {{ bf16 = {peak}, int8 = {peak} }}, hbm_gb = 64, hbm_tb_s = 1.6, source = \"s\" }}"
+            "chip = {{ name = \"slow\", vendor = \"v\", dies_per_package = 2, peak_tflops = {{ bf16 = {peak}, int8 = {peak} }}, hbm_gb = 64, hbm_tb_s = {hbm}, source = \"s\" }}"
         )
     };
-    let write = |name: &str, peak: &str| {
+    let write = |name: &str, peak: &str, hbm: &str| {
         let path = dir.join(name);
         std::fs::write(
             &path,
-            system.replacen("chip = \"ascend-910c\"", &chip(peak), 1),
+            system.replacen("chip = \"ascend-910c\"", &chip(peak, hbm), 1),
         )
         .unwrap();
         path.to_str().unwrap().to_string()
     };
-    let slow = write("slow.toml", "0.001");
+    // Compute and memory both at their floor: a prefill step is priced at days, whatever the
+    // efficiencies a cost file gives.
+    let slow = write("slow.toml", "0.001", "0.001");
     let scenario = common::data("tiny-pd.toml");
     let err = refused(&["simulate", &scenario, "--set", &format!("hardware={slow}")]);
     assert!(err.contains("over a day"), "{err}");
-    let tiny = write("tiny.toml", "1e-308");
+    let tiny = write("tiny.toml", "1e-308", "1.6");
     let err = refused(&["explain", "--hardware", &tiny]);
     assert!(err.contains("chip.peak_tflops.bf16 = 1e-308"), "{err}");
 }

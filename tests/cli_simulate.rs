@@ -899,7 +899,7 @@ fn a_step_after_idling_runs_its_kernels_at_the_cold_factor() {
         ),
         run(&tiny, "step_us = 0.0", "busy-warm")
     );
-    // Both or neither, and each a number above zero.
+    // Both or neither, the idle time above zero, the factor from 0.001 to 1,000.
     let sub = dir.join("bad");
     std::fs::create_dir_all(&sub).unwrap();
     for (host, field) in [
@@ -910,6 +910,11 @@ fn a_step_after_idling_runs_its_kernels_at_the_cold_factor() {
         ),
         (
             "step_us = 0.0\ncold_after_us = 10.0\ncold_factor = -1.0",
+            "host.cold_factor",
+        ),
+        // A factor that would price a cold step past any clock.
+        (
+            "step_us = 0.0\ncold_after_us = 10.0\ncold_factor = 1e300",
             "host.cold_factor",
         ),
     ] {

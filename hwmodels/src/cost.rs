@@ -506,11 +506,12 @@ impl CostParams {
                         after,
                         "the idle time after which a step starts cold",
                     )?;
-                    check_positive(
+                    check_range(
                         file,
                         "host.cold_factor",
                         factor,
-                        "a cold step's kernel time over its warm time",
+                        (1e-3, 1e3),
+                        "0.001 to 1,000 (a cold step's kernel time over its warm time)",
                     )?;
                 }
                 (Some(v), None) | (None, Some(v)) => {

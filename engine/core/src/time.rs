@@ -5,6 +5,9 @@ use std::fmt;
 use std::ops::{Add, AddAssign, Sub};
 
 /// A point in (virtual or wall-clock-derived) time, in nanoseconds since the run's epoch.
+/// Additions saturate at `u64::MAX` nanoseconds (about 584 years) rather than wrap or panic,
+/// so no duration a cost model prices (a KV transfer over a link of a few bytes a second)
+/// can move the clock backwards.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
@@ -59,12 +62,12 @@ impl SimDuration {
 impl Add<SimDuration> for SimTime {
     type Output = SimTime;
     fn add(self, d: SimDuration) -> SimTime {
-        SimTime(self.0 + d.0)
+        SimTime(self.0.saturating_add(d.0))
     }
 }
 impl AddAssign<SimDuration> for SimTime {
     fn add_assign(&mut self, d: SimDuration) {
-        self.0 += d.0;
+        *self = *self + d;
     }
 }
 impl Sub<SimTime> for SimTime {
@@ -76,12 +79,12 @@ impl Sub<SimTime> for SimTime {
 impl Add for SimDuration {
     type Output = SimDuration;
     fn add(self, d: SimDuration) -> SimDuration {
-        SimDuration(self.0 + d.0)
+        SimDuration(self.0.saturating_add(d.0))
     }
 }
 impl AddAssign for SimDuration {
     fn add_assign(&mut self, d: SimDuration) {
-        self.0 += d.0;
+        *self = *self + d;
     }
 }
 impl fmt::Display for SimTime {
@@ -106,5 +109,16 @@ mod tests {
         assert_eq!(SimDuration::from_secs_f64(-1.0), SimDuration::ZERO);
         assert_eq!(SimTime(10) - SimTime(20), SimDuration::ZERO);
         assert_eq!((SimTime(5) + SimDuration(7)).0, 12);
+    }
+
+    #[test]
+    fn additions_saturate() {
+        let mut t = SimTime(u64::MAX - 1) + SimDuration(5);
+        assert_eq!(t, SimTime(u64::MAX));
+        t += SimDuration(1);
+        assert_eq!(t, SimTime(u64::MAX));
+        let mut d = SimDuration(u64::MAX) + SimDuration(1);
+        d += SimDuration(u64::MAX);
+        assert_eq!(d, SimDuration(u64::MAX));
     }
 }

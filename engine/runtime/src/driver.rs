@@ -43,6 +43,9 @@ struct ReqStream {
     emitted: u32,
     /// The instance it decodes on (the metrics' engine).
     engine: usize,
+    /// Its prompt is prefilled: from here on it belongs to the decode engine (pulling the KV,
+    /// then decoding), though PD prefill emits no token.
+    prefilled: bool,
 }
 
 impl ReqStream {
@@ -378,6 +381,7 @@ impl Control {
                                 last: now,
                                 emitted: 0,
                                 engine,
+                                prefilled: false,
                             },
                         );
                     }
@@ -414,13 +418,7 @@ impl Control {
                     }
                     if let Some(s) = self.shared.upgrade() {
                         s.pending.fetch_sub(1, Ordering::Relaxed);
-                        // Where it was when it went: the prefill engine until its first
-                        // token, the decode engine after.
-                        let engine = match route {
-                            Some((Some(p), _)) if r.first.is_none() => p as usize,
-                            Some((_, d)) => d as usize,
-                            None => r.engine,
-                        };
+                        let engine = abort_engine(route, r.prefilled, r.engine);
                         s.metrics
                             .request_finished(engine, &r.times(Instant::now()), reason);
                     }
@@ -529,8 +527,12 @@ impl Control {
                     .preemptions
                     .fetch_add(1, Ordering::Relaxed);
             }
-            Note::PrefillDone { .. }
-            | Note::First { .. }
+            Note::PrefillDone { req, .. } => {
+                if let Some(r) = self.streams.get_mut(&req) {
+                    r.prefilled = true;
+                }
+            }
+            Note::First { .. }
             | Note::Gap { .. }
             | Note::KvSent { .. }
             | Note::KvArrived { .. }
@@ -554,6 +556,18 @@ impl Control {
             st.prefix_queries,
             st.prefix_hits,
         );
+    }
+}
+
+/// The engine a client's abort counts on: where the request was when it went. Under PD that is
+/// the prefill engine until its prompt is prefilled and the decode engine after (pulling the
+/// KV included, since the decode engine holds its blocks by then); a request the core no
+/// longer routes counts where it last emitted.
+fn abort_engine(route: Option<(Option<u32>, u32)>, prefilled: bool, last: usize) -> usize {
+    match route {
+        Some((Some(p), _)) if !prefilled => p as usize,
+        Some((_, d)) => d as usize,
+        None => last,
     }
 }
 
@@ -604,5 +618,23 @@ impl Driver<Infallible> for Control {
             }
         }
         Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::abort_engine;
+
+    #[test]
+    fn an_abort_counts_where_the_request_was() {
+        // PD: prefill engine 0, decode engine 2.
+        assert_eq!(abort_engine(Some((Some(0), 2)), false, 9), 0);
+        // Prefilled, the KV still on its way: the decode engine, with no token emitted yet.
+        assert_eq!(abort_engine(Some((Some(0), 2)), true, 9), 2);
+        // Mixed: the one engine, prefilled or not.
+        assert_eq!(abort_engine(Some((None, 1)), false, 9), 1);
+        assert_eq!(abort_engine(Some((None, 1)), true, 9), 1);
+        // No longer routed: where it last emitted.
+        assert_eq!(abort_engine(None, true, 3), 3);
     }
 }
