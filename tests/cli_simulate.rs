@@ -330,6 +330,14 @@ fn bad_input_exits_2_names_the_field_and_writes_nothing() {
             ),
             "instance.prefill.scheduler.host_overhead_us",
         ),
+        // SGLang's prefill delayer negotiates between the DP ranks of a mixed instance only.
+        (
+            base.replace(
+                "max_model_len = 8192\n\n[[instance]]",
+                "max_model_len = 8192\nprefill_delay_passes = 30\n\n[[instance]]",
+            ),
+            "instance.prefill.scheduler.prefill_delay_passes = 30",
+        ),
     ];
     for (text, needle) in cases {
         std::fs::write(&scen, text).unwrap();

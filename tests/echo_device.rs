@@ -158,6 +158,7 @@ fn start_on<D: Device + Send + 'static>(
         enable_chunked_prefill: true,
         enable_prefix_caching: prefix_caching,
         long_prefill_token_threshold: 0,
+        prefill_delay_passes: 0,
         max_model_len: 2048,
         num_spec_tokens: spec_tokens,
         attn_cap: AttnCap(None),

@@ -21,6 +21,7 @@ fn cfg(role: Role, blocks: u64) -> InstanceConfig {
         enable_chunked_prefill: true,
         enable_prefix_caching: true,
         long_prefill_token_threshold: 0,
+        prefill_delay_passes: 0,
         max_model_len: 1 << 20,
         num_spec_tokens: 0,
         attn_cap: AttnCap(None),
@@ -648,4 +649,55 @@ proptest! {
             prop_assert_eq!(a, b, "step {}", i);
         }
     }
+}
+
+/// SGLang's prefill delayer: a prompt waiting on one DP rank while another decodes is held
+/// for the passes less one, then admitted; prompts waiting on every rank, or on an instance
+/// with nothing running, start at once.
+#[test]
+fn the_prefill_delayer_holds_a_prompt_until_every_rank_has_one_or_the_passes_run_out() {
+    let mut c = cfg(Role::Mixed, 1000);
+    c.dp_ranks = 2;
+    c.prefill_delay_passes = 5;
+    // Steps until request `id` is admitted, after it arrives beside a decode on the other rank.
+    let wait = |c: InstanceConfig, id: u64| {
+        let mut inst = Instance::new(c);
+        // Nothing runs yet: the first prompt is not held, though only its rank has one.
+        assert_eq!(inst.add_request(req(1, 200, 100), SimTime::ZERO), 0);
+        inst.schedule(SimTime::ZERO);
+        assert_eq!(inst.started(), &[1]);
+        apply(&mut inst, vec![vec![0]]);
+        assert_eq!(inst.add_request(req(id, 200, 10), SimTime::ZERO), 1);
+        let mut held = 0;
+        loop {
+            inst.schedule(SimTime::ZERO);
+            if inst.started().contains(&id) {
+                return held;
+            }
+            held += 1;
+            // Only the decode runs while the prompt is held.
+            let plan = inst.plan().clone();
+            assert_eq!(plan.totals().tokens, 1, "step {held}: {plan:?}");
+            let accepted = plan.ranks.iter().map(|r| vec![0; r.decode.len()]).collect();
+            apply(&mut inst, accepted);
+        }
+    };
+    assert_eq!(wait(c, 2), 4);
+    c.prefill_delay_passes = 1;
+    assert_eq!(wait(c, 2), 0);
+    c.prefill_delay_passes = 0;
+    assert_eq!(wait(c, 2), 0);
+
+    // A prompt on each rank: no delay, and none after a wait that ended.
+    c.prefill_delay_passes = 30;
+    let mut inst = Instance::new(c);
+    inst.add_request(req(1, 200, 100), SimTime::ZERO);
+    inst.add_request(req(2, 200, 100), SimTime::ZERO);
+    inst.schedule(SimTime::ZERO);
+    assert_eq!(inst.started(), &[1, 2]);
+    apply(&mut inst, vec![vec![0], vec![0]]);
+    inst.add_request(req(3, 200, 100), SimTime::ZERO);
+    inst.add_request(req(4, 200, 100), SimTime::ZERO);
+    inst.schedule(SimTime::ZERO);
+    assert_eq!(inst.started(), &[3, 4]);
 }

@@ -139,6 +139,7 @@ pub(crate) fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceCo
         attn_cap: s.model.attn_cap(),
         send_back: sc.preemption == PreemptionSpec::SendBack,
         async_scheduling: sc.async_scheduling,
+        prefill_delay_passes: sc.prefill_delay_passes,
     }
 }
 

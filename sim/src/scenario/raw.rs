@@ -194,6 +194,12 @@ pub struct SchedulerSpec {
     /// N still takes its slot in step N+1.
     #[serde(default)]
     pub async_scheduling: bool,
+    /// SGLang's prefill delayer, as its `SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE=1` turns it on
+    /// (SGLang's default passes: 30, `SGLANG_PREFILL_DELAYER_MAX_DELAY_PASSES`): while some of
+    /// a mixed instance's DP ranks but not all have a prompt to admit, none admits one, for up
+    /// to this many steps less one. 0 (the default): off, as in vLLM.
+    #[serde(default)]
+    pub prefill_delay_passes: u32,
     /// Host (CPU) time of one step per DP rank: scheduling, input preparation, output
     /// processing, in microseconds, plus `host_overhead_per_seq_us` per scheduled request.
     /// Synchronous scheduling adds it to the device step; async scheduling overlaps them.
@@ -222,6 +228,7 @@ impl Default for SchedulerSpec {
             max_model_len: None,
             preemption: PreemptionSpec::Recompute,
             async_scheduling: false,
+            prefill_delay_passes: 0,
             host_overhead_us: None,
             host_overhead_per_seq_us: None,
             host_overhead_per_token_us: None,

@@ -254,6 +254,14 @@ pub(super) fn validate(
                 instance: spec.name.clone(),
                 source,
             })?;
+        if s.prefill_delay_passes > 0 && (spec.role != Role::Mixed || plan.dp < 2) {
+            return Err(field(
+                f("scheduler.prefill_delay_passes"),
+                s.prefill_delay_passes,
+                "needs a mixed instance of at least two DP ranks (SGLang's prefill delayer \
+                 negotiates between DP-attention ranks and is refused under PD)",
+            ));
+        }
         let share = |name: &str, v: f64| {
             if v > 0.0 && v <= 1.0 {
                 Ok(v)

@@ -46,6 +46,11 @@ pub struct InstanceConfig {
     /// request that finishes in step N still computes a (discarded) decode step in N+1. The
     /// driver delays requests that arrive during a step by one step.
     pub async_scheduling: bool,
+    /// SGLang's prefill delayer (`SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE=1`, at most
+    /// `SGLANG_PREFILL_DELAYER_MAX_DELAY_PASSES` passes; 0: off): while some DP ranks but not
+    /// all have a prompt to admit, no rank admits one, for up to this many steps less one, so
+    /// that prompts start on every rank at once rather than leave ranks idle in a prefill.
+    pub prefill_delay_passes: u32,
 }
 
 /// A request entering an instance.
@@ -206,6 +211,9 @@ pub struct Instance {
     trivial: Vec<Option<(u64, u64)>>,
     /// The plan's token totals.
     totals: PlanTotals,
+    /// Steps the prefill delayer has held prompts back in a row
+    /// ([`InstanceConfig::prefill_delay_passes`]).
+    delayed: u32,
     /// Tokens each request sampled in the last step (when reporting emissions).
     emissions: Vec<(ReqId, u32)>,
     /// Their token ids, in the same order, when the device returns tokens.
@@ -233,6 +241,7 @@ impl Instance {
             pending: Vec::new(),
             trivial: Vec::new(),
             totals: PlanTotals::default(),
+            delayed: 0,
             emissions: Vec::new(),
             emitted_ids: Vec::new(),
         }
@@ -356,6 +365,7 @@ impl Instance {
         let mut kept = 0;
         let mut totals = PlanTotals::default();
         self.trivial.clear();
+        let admit = !self.delay_prefill(&active);
         for j in 0..active.len() {
             let r = active[j];
             if let Some(&ahead) = active.get(j + PREFETCH_AHEAD) {
@@ -383,7 +393,8 @@ impl Instance {
             rank.catch_up(self.steps);
             debug_assert_eq!(rank.steps(), self.steps, "rank {r} steps in lockstep");
             let before = rank.used_blocks();
-            let steady = rank.schedule(plan, &mut self.started, &mut self.pulls, &mut events);
+            let steady =
+                rank.schedule(plan, admit, &mut self.started, &mut self.pulls, &mut events);
             totals.add(&plan.shape);
             self.trivial.push(rank.trivial_step());
             self.used_blocks = self.used_blocks + rank.used_blocks() - before;
@@ -397,6 +408,28 @@ impl Instance {
         self.plan.ranks.truncate(kept);
         self.totals = totals.finish(self.plan.idle_ranks());
         self.pending = events;
+    }
+
+    /// SGLang's prefill delayer ([`InstanceConfig::prefill_delay_passes`]): whether the coming
+    /// step holds every rank's waiting prompts back. Its ranks are asked, as SGLang's DP ranks
+    /// negotiate once per scheduler pass, whether they would admit a prompt: all or none, no
+    /// delay; some, a delay of up to the passes less one, then the step admits. A step with
+    /// nothing running is not held: SGLang's idle passes take no device time, so the delay
+    /// would end before any step could run.
+    fn delay_prefill(&mut self, active: &[u32]) -> bool {
+        let max = self.cfg.prefill_delay_passes;
+        if max == 0 {
+            return false;
+        }
+        let ranks = active.iter().map(|&r| &self.ranks[r as usize]);
+        let ready = ranks.clone().filter(|r| r.prefillable()).count() as u32;
+        let mixed = ready > 0 && ready < self.cfg.dp_ranks;
+        if mixed && ranks.clone().any(RankScheduler::runs) && self.delayed + 1 < max {
+            self.delayed += 1;
+            return true;
+        }
+        self.delayed = 0;
+        false
     }
 
     /// Sets the EPLB layer move that the planned step installs.

@@ -59,6 +59,7 @@ fn config(l: &Layout, role: Role) -> InstanceConfig {
         enable_chunked_prefill: true,
         enable_prefix_caching: l.prefix,
         long_prefill_token_threshold: 0,
+        prefill_delay_passes: 0,
         max_model_len: 512,
         num_spec_tokens: l.spec,
         attn_cap: AttnCap(None),

@@ -223,6 +223,22 @@ impl RankScheduler {
             || !self.phantoms.is_empty()
     }
 
+    /// Sequences holding a seat against `max_num_seqs` (async scheduling's phantoms too).
+    fn seats_taken(&self) -> usize {
+        self.running.len() + self.steady.slots.len() + self.pulling + self.phantoms.len()
+    }
+
+    /// A prompt waits and a seat is free: the next step would admit it unless its KV does not
+    /// fit (what SGLang's prefill delayer asks each DP rank before admission).
+    pub fn prefillable(&self) -> bool {
+        !self.waiting.is_empty() && self.seats_taken() < self.cfg.max_num_seqs as usize
+    }
+
+    /// A request runs here (the instance has a step to run whether or not prompts wait).
+    pub fn runs(&self) -> bool {
+        !self.running.is_empty() || !self.steady.slots.is_empty()
+    }
+
     /// Chained hashes of the prompt's full blocks, from hash ids of `hash_block_tokens` tokens.
     fn block_hashes(&self, r: &NewRequest<'_>) -> Vec<u64> {
         let bs = self.cfg.block_size;

@@ -127,12 +127,13 @@ impl RankScheduler {
     }
 
     /// Plans this rank's step into `plan`; requests admitted for the first time go to `started`,
-    /// remote-KV requests whose blocks are now allocated go to `pulls`. Returns whether the
-    /// step holds only steady requests (no request was admitted, preempted or sent back: the
-    /// rank's load is what it was).
+    /// remote-KV requests whose blocks are now allocated go to `pulls`; `admit` false leaves
+    /// every waiting request waiting. Returns whether the step holds only steady requests (no
+    /// request was admitted, preempted or sent back: the rank's load is what it was).
     pub fn schedule(
         &mut self,
         plan: &mut RankPlan,
+        admit: bool,
         started: &mut Vec<ReqId>,
         pulls: &mut Vec<ReqId>,
         events: &mut Vec<InstEvent>,
@@ -153,7 +154,7 @@ impl RankScheduler {
             self.check();
             return true;
         }
-        self.schedule_exact(plan, p, started, pulls, events);
+        self.schedule_exact(plan, p, admit, started, pulls, events);
         false
     }
 
@@ -209,6 +210,7 @@ impl RankScheduler {
         &mut self,
         plan: &mut RankPlan,
         p: u64,
+        admit: bool,
         started: &mut Vec<ReqId>,
         pulls: &mut Vec<ReqId>,
         events: &mut Vec<InstEvent>,
@@ -308,11 +310,12 @@ impl RankScheduler {
             budget -= new;
             i += 1;
         }
-        // Waiting requests: only if nothing was preempted, within budget and max_num_seqs.
-        while !preempted
+        // Waiting requests: only if admitting, nothing was preempted, within budget and
+        // max_num_seqs (this step's phantoms, drained above, still hold their seats).
+        while admit
+            && !preempted
             && budget > 0
-            && self.running.len() + self.steady.slots.len() + self.pulling + phantoms
-                < cfg.max_num_seqs as usize
+            && self.seats_taken() + phantoms < cfg.max_num_seqs as usize
         {
             let Some(&slot) = self.waiting.front() else {
                 break;
