@@ -199,6 +199,11 @@ pub struct BenchResult {
     /// such metric. Not in vLLM's file: the client's TTFT less this is the front end's time
     /// (HTTP, tokenizing, streaming back), which `calibrate --trace --bench` fits.
     pub server_mean_ttft_ms: Option<f64>,
+    /// The server's `--time-scale` as its `/v1/models` says (a `dstwin serve` twin: wall
+    /// seconds per predicted second); null for a server that does not say (vLLM), which runs
+    /// in real time. Not in vLLM's file: `validate --measured` refuses a result whose time
+    /// scale is not 1, whose times are not the deployment's.
+    pub time_scale: Option<f64>,
     pub input_lens: Vec<u32>,
     pub output_lens: Vec<u32>,
     /// Seconds, per request (0 for failed ones).
@@ -639,9 +644,11 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let tokio = tokio::runtime::Runtime::new()
         .context("starting the async runtime")
         .map_err(Failure::Runtime)?;
-    let (samples, duration, model, server_ttft) = tokio.block_on(bench(&a, jobs, concurrency))?;
-    let mut result = summarize(samples, duration, slo);
-    result.server_mean_ttft_ms = server_ttft;
+    let run = tokio.block_on(bench(&a, jobs, concurrency))?;
+    let model = run.model;
+    let mut result = summarize(run.samples, run.duration, slo);
+    result.server_mean_ttft_ms = run.server_ttft;
+    result.time_scale = run.time_scale;
     result.model_id = model.clone();
     result.tokenizer_id = model;
     result.max_concurrency = concurrency;
@@ -673,12 +680,25 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// What a benchmark run returns: every request's sample and what the server said.
+struct BenchRun {
+    samples: Vec<Sample>,
+    /// Seconds.
+    duration: f64,
+    /// The model asked for.
+    model: String,
+    /// The server's own mean TTFT over the run, ms.
+    server_ttft: Option<f64>,
+    /// The server's `--time-scale`, if it says.
+    time_scale: Option<f64>,
+}
+
 /// Sends the jobs; returns every request's sample, the run's duration and the model asked for.
 async fn bench(
     a: &BenchArgs,
     jobs: Vec<Job>,
     concurrency: Option<usize>,
-) -> Result<(Vec<Sample>, f64, String, Option<f64>), Failure> {
+) -> Result<BenchRun, Failure> {
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_nodelay(true);
     let client: HttpClient = Client::builder(TokioExecutor::new())
@@ -692,17 +712,18 @@ async fn bench(
         key: key.map(Arc::from),
     };
     let base = a.url.trim_end_matches('/').to_string();
+    // The model list names the model when --model does not, and a twin's time scale.
+    let models = get_json(&http, &format!("{base}/v1/models")).await;
+    let time_scale = models
+        .as_ref()
+        .ok()
+        .and_then(|v| v["data"][0]["time_scale"].as_f64());
     let model = match &a.model {
         Some(m) => m.clone(),
-        None => {
-            let v = get_json(&http, &format!("{base}/v1/models"))
-                .await
-                .map_err(Failure::Runtime)?;
-            v["data"][0]["id"]
-                .as_str()
-                .ok_or_else(|| Failure::Runtime(anyhow!("{base}/v1/models lists no model")))?
-                .to_string()
-        }
+        None => models.map_err(Failure::Runtime)?["data"][0]["id"]
+            .as_str()
+            .ok_or_else(|| Failure::Runtime(anyhow!("{base}/v1/models lists no model")))?
+            .to_string(),
     };
     let url = format!("{base}/v1/completions");
     let before = server_ttft(&http, &base).await;
@@ -746,7 +767,13 @@ async fn bench(
         (Some((s0, c0)), Some((s1, c1))) if c1 > c0 => Some((s1 - s0) / (c1 - c0) * 1e3),
         _ => None,
     };
-    Ok((samples, duration, model, server))
+    Ok(BenchRun {
+        samples,
+        duration,
+        model,
+        server_ttft: server,
+        time_scale,
+    })
 }
 
 /// The report over all samples (run metadata is filled in by the caller).
@@ -833,6 +860,7 @@ fn summarize(samples: Vec<Sample>, duration: f64, slo: Option<Slo>) -> BenchResu
         p99_e2el_ms: e2e[3],
         p90_e2el_ms: e2e[4],
         server_mean_ttft_ms: None,
+        time_scale: None,
         input_lens: samples.iter().map(|s| s.input).collect(),
         output_lens: samples
             .iter()

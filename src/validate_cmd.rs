@@ -9,7 +9,7 @@ use dstwin_calibration::anchors::{builtin_runs, Evaluated};
 use dstwin_calibration::e2e;
 use dstwin_calibration::fit::{eplb_gap_ratio, parse_eplb_gap, EXPERT_LOAD};
 use dstwin_calibration::globals::{self, Values};
-use dstwin_calibration::measured::compare;
+use dstwin_calibration::measured;
 use dstwin_calibration::target::{parse_targets, Target, TARGETS};
 use dstwin_calibration::{micro, v4_kernels};
 use dstwin_hwmodels::{CostParams, OpClass};
@@ -504,8 +504,10 @@ fn rows_measured(measured: &Path, scenario: &Path, sets: &[String]) -> Result<Ve
     let text = std::fs::read_to_string(measured)
         .with_context(|| format!("reading {}", measured.display()))
         .map_err(Failure::Input)?;
-    let m: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Failure::Input(anyhow!("{}: {e}", measured.display())))?;
+    let bad = |e: String| Failure::Input(anyhow!("{}: {e}", measured.display()));
+    let m: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    // Everything the file alone can get wrong, before a simulation of up to a minute.
+    let m = measured::read(&m).map_err(bad)?;
     let s = load_path(scenario, sets).map_err(|e| Failure::Input(e.into()))?;
     let spread = s
         .cost
@@ -525,8 +527,7 @@ fn rows_measured(measured: &Path, scenario: &Path, sets: &[String]) -> Result<Ve
                 },
             )
             .map_err(|e| Failure::Input(e.into()))?;
-            compare(&m, &r.report)
-                .map_err(|e| Failure::Input(anyhow!("{}: {e}", measured.display())))
+            m.compare(&r.report).map_err(bad)
         })
         .collect::<Vec<Result<_, Failure>>>()
         .into_iter()

@@ -86,6 +86,7 @@ fn completions_chat_models_health_and_metrics() {
     assert_eq!(request(a, "GET", "/health", "").status, 200);
     let models = request(a, "GET", "/v1/models", "").json();
     assert_eq!(models["data"][0]["id"], "deepseek-r1");
+    assert_eq!(models["data"][0]["time_scale"], 0.0);
 
     // Non-streaming completion: exactly max_tokens placeholder tokens.
     let r = post(
@@ -598,6 +599,17 @@ fn bench_serve_reports_like_vllm_bench_serve() {
     }
     let file: serde_json::Value = serde_json::from_slice(&std::fs::read(&saved).unwrap()).unwrap();
     assert_eq!(file["completed"], 40);
+    // The server's time scale, from its model list, is in the result; `validate --measured`
+    // refuses a result not taken in real time.
+    assert_eq!(file["time_scale"], 0.0);
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args(["validate", "--measured"])
+        .arg(&saved)
+        .args(["--scenario", &data("tiny-pd.toml")])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("time_scale = 0"));
     // The server's own count agrees.
     let m = metric(&srv.addr, "vllm:generation_tokens_total{");
     assert_eq!(m, 640.0);

@@ -275,6 +275,47 @@ fn own_measurement_format() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(says), "{bad}: {err}");
     }
+    // What the file alone gets wrong is found before the scenario is read or simulated: here
+    // the scenario does not exist, and the error is the file's.
+    for (bad, says) in [
+        (
+            r#"{"format": "dstwin-measured/1", "metrics": {"tpot_ms.p95": 3}}"#,
+            "metrics.tpot_ms.p95: unknown metric",
+        ),
+        (r#"{"backend": "vllm"}"#, "no known metric"),
+        // A twin server run at --time-scale 0.1 (bench-serve records it): its times are not
+        // the deployment's.
+        (
+            r#"{"output_throughput": 900.0, "time_scale": 0.1}"#,
+            "time_scale = 0.1",
+        ),
+    ] {
+        std::fs::write(&path, bad).unwrap();
+        let o = dstwin(&[
+            "validate",
+            "--measured",
+            &path,
+            "--scenario",
+            "no-such.toml",
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(says) && !err.contains("no-such"),
+            "{bad}: {err}"
+        );
+    }
+    // A real-time server's result (time_scale 1, or none: vLLM's) is compared.
+    std::fs::write(&path, r#"{"output_throughput": 900.0, "time_scale": 1.0}"#).unwrap();
+    assert!(dstwin(&[
+        "validate",
+        "--measured",
+        &path,
+        "--scenario",
+        &data("tiny-pd.toml")
+    ])
+    .status
+    .success());
 }
 
 /// `validate --measured PATH --scenario tiny-pd.toml EXTRA...`.

@@ -4,7 +4,7 @@
 //!   --save-result` writes): its throughput and mean / median / p99 latency fields;
 //! - `dstwin-measured/1`, for figures taken any other way: `{"format": "dstwin-measured/1",
 //!   "source": "...", "metrics": {"output_tok_s": 1234.0, "tpot_ms.p50": 48.1}}`, metric names
-//!   being the simulation report's (`OWN_METRICS`).
+//!   being the simulation report's ([`own_metric_names`]).
 
 use dstwin_sim::run::SimReport;
 use serde::Serialize;
@@ -41,133 +41,187 @@ impl Comparison {
     }
 }
 
-/// The fields compared, as (measurement field, prediction). Fields the measurement lacks are
-/// skipped; a measurement with none of them is an error.
-fn predictions(r: &SimReport) -> Vec<(&'static str, f64)> {
-    let l = &r.latency;
-    vec![
-        ("request_throughput", r.request_throughput),
-        ("output_throughput", r.output_tok_s),
-        ("total_token_throughput", r.input_tok_s + r.output_tok_s),
-        ("mean_ttft_ms", l.ttft_ms.mean),
-        ("median_ttft_ms", l.ttft_ms.p50),
-        ("p99_ttft_ms", l.ttft_ms.p99),
-        ("p90_ttft_ms", l.ttft_ms.p90),
-        ("mean_tpot_ms", l.tpot_ms.mean),
-        ("median_tpot_ms", l.tpot_ms.p50),
-        ("p99_tpot_ms", l.tpot_ms.p99),
-        ("p90_tpot_ms", l.tpot_ms.p90),
-        ("mean_itl_ms", l.itl_ms.mean),
-        ("median_itl_ms", l.itl_ms.p50),
-        ("p99_itl_ms", l.itl_ms.p99),
-        ("p90_itl_ms", l.itl_ms.p90),
-        ("mean_e2el_ms", l.e2e_ms.mean),
-        ("median_e2el_ms", l.e2e_ms.p50),
-        ("p99_e2el_ms", l.e2e_ms.p99),
-        ("p90_e2el_ms", l.e2e_ms.p90),
-    ]
-}
-
 /// The format tag of our own measurement format.
 pub const OWN_FORMAT: &str = "dstwin-measured/1";
 
-/// The metrics `dstwin-measured/1` accepts: the report's rates and its latency percentiles.
-pub fn own_metrics(r: &SimReport) -> Vec<(String, f64)> {
-    let l = &r.latency;
-    let mut out: Vec<(String, f64)> = vec![
-        ("request_throughput".into(), r.request_throughput),
-        ("input_tok_s".into(), r.input_tok_s),
-        ("output_tok_s".into(), r.output_tok_s),
-        ("input_tok_s_per_card".into(), r.input_tok_s_per_card),
-        ("output_tok_s_per_card".into(), r.output_tok_s_per_card),
-        ("goodput".into(), r.goodput),
-    ];
-    for (name, p) in [
-        ("ttft_ms", &l.ttft_ms),
-        ("tpot_ms", &l.tpot_ms),
-        ("itl_ms", &l.itl_ms),
-        ("e2e_ms", &l.e2e_ms),
-    ] {
-        for (q, v) in [
-            ("mean", p.mean),
-            ("p50", p.p50),
-            ("p90", p.p90),
-            ("p99", p.p99),
-        ] {
-            out.push((format!("{name}.{q}"), v));
+/// The two formats a measurement comes in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    /// `vllm bench serve --save-result` (and `dstwin bench-serve --save-result`).
+    Vllm,
+    /// `dstwin-measured/1`.
+    Own,
+}
+
+/// The latencies both formats give, as (vLLM's name, the report's).
+const LATENCIES: [(&str, &str); 4] = [
+    ("ttft", "ttft_ms"),
+    ("tpot", "tpot_ms"),
+    ("itl", "itl_ms"),
+    ("e2el", "e2e_ms"),
+];
+
+/// Their statistics, as (vLLM's name, the report's).
+const STATS: [(&str, &str); 4] = [
+    ("mean", "mean"),
+    ("median", "p50"),
+    ("p99", "p99"),
+    ("p90", "p90"),
+];
+
+/// A metric a measurement may give: its name in the file and the report's prediction of it.
+struct Metric {
+    name: String,
+    predict: Box<dyn Fn(&SimReport) -> f64 + Send + Sync>,
+}
+
+fn metric(name: &str, predict: fn(&SimReport) -> f64) -> Metric {
+    Metric {
+        name: name.to_string(),
+        predict: Box::new(predict),
+    }
+}
+
+/// The metrics a format compares, in the order vLLM's file is read.
+fn metrics(format: Format) -> Vec<Metric> {
+    let mut out = match format {
+        Format::Vllm => vec![
+            metric("request_throughput", |r| r.request_throughput),
+            metric("output_throughput", |r| r.output_tok_s),
+            metric("total_token_throughput", |r| r.input_tok_s + r.output_tok_s),
+        ],
+        Format::Own => vec![
+            metric("request_throughput", |r| r.request_throughput),
+            metric("input_tok_s", |r| r.input_tok_s),
+            metric("output_tok_s", |r| r.output_tok_s),
+            metric("input_tok_s_per_card", |r| r.input_tok_s_per_card),
+            metric("output_tok_s_per_card", |r| r.output_tok_s_per_card),
+            metric("goodput", |r| r.goodput),
+        ],
+    };
+    for (l, (vllm_l, own_l)) in LATENCIES.into_iter().enumerate() {
+        for (s, (vllm_s, own_s)) in STATS.into_iter().enumerate() {
+            out.push(Metric {
+                name: match format {
+                    Format::Vllm => format!("{vllm_s}_{vllm_l}_ms"),
+                    Format::Own => format!("{own_l}.{own_s}"),
+                },
+                predict: Box::new(move |r| {
+                    let x = &r.latency;
+                    let p = [&x.ttft_ms, &x.tpot_ms, &x.itl_ms, &x.e2e_ms][l];
+                    [p.mean, p.p50, p.p99, p.p90][s]
+                }),
+            });
         }
     }
     out
 }
 
-fn compare_own(
-    obj: &serde_json::Map<String, serde_json::Value>,
-    r: &SimReport,
-) -> Result<Vec<Comparison>, String> {
-    let metrics = obj
-        .get("metrics")
-        .and_then(|m| m.as_object())
-        .ok_or(format!(
-            "{OWN_FORMAT}: `metrics` must be an object of metric: value"
-        ))?;
-    let known = own_metrics(r);
-    let names = || {
-        known
-            .iter()
-            .map(|k| k.0.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let mut out = Vec::new();
-    for (k, v) in metrics {
-        let p = known
-            .iter()
-            .find(|x| x.0 == *k)
-            .ok_or_else(|| format!("metrics.{k}: unknown metric (known: {})", names()))?
-            .1;
-        let m = v
-            .as_f64()
-            .filter(|m| m.is_finite() && *m > 0.0)
-            .ok_or_else(|| format!("metrics.{k} = {v}: must be a positive number"))?;
-        out.push(Comparison::of(&format!("metrics.{k}"), k, m, p)?);
-    }
-    if out.is_empty() {
-        return Err(format!("metrics is empty (known: {})", names()));
-    }
-    Ok(out)
+/// The metric names `dstwin-measured/1` accepts: the report's rates and its latency statistics.
+pub fn own_metric_names() -> Vec<String> {
+    metrics(Format::Own).into_iter().map(|m| m.name).collect()
 }
 
-/// Compares a measurement (vLLM bench serve JSON, or `dstwin-measured/1`) with a simulation
-/// report.
-pub fn compare(measured: &serde_json::Value, r: &SimReport) -> Result<Vec<Comparison>, String> {
+/// A measurement file read and checked, before anything is simulated.
+pub struct Measurement {
+    metrics: Vec<Metric>,
+    /// (index into `metrics`, the file's field, the measured value), in the file's order.
+    figures: Vec<(usize, String, f64)>,
+}
+
+/// Reads a measurement (vLLM bench serve JSON, or `dstwin-measured/1`): every check that needs
+/// no simulation (the format, the metric names, the values, the server's time scale).
+pub fn read(measured: &serde_json::Value) -> Result<Measurement, String> {
     let obj = measured
         .as_object()
         .ok_or("the measurement is not a JSON object")?;
-    match obj.get("format") {
-        Some(f) if f.as_str() == Some(OWN_FORMAT) => return compare_own(obj, r),
+    let format = match obj.get("format") {
+        Some(f) if f.as_str() == Some(OWN_FORMAT) => Format::Own,
         Some(f) => {
             return Err(format!(
                 "format = {f}: unknown (expected \"{OWN_FORMAT}\", or no `format` field for the JSON of `vllm bench serve --save-result`)"
             ))
         }
-        None => {}
-    }
-    let mut out = Vec::new();
-    for (k, p) in predictions(r) {
-        match obj.get(k).and_then(|v| v.as_f64()) {
-            Some(m) if m > 0.0 && m.is_finite() => out.push(Comparison::of(k, k, m, p)?),
-            _ => {}
+        None => Format::Vllm,
+    };
+    let metrics = metrics(format);
+    let names = || {
+        metrics
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut figures = Vec::new();
+    match format {
+        Format::Own => {
+            let given = obj
+                .get("metrics")
+                .and_then(|m| m.as_object())
+                .ok_or(format!(
+                    "{OWN_FORMAT}: `metrics` must be an object of metric: value"
+                ))?;
+            for (k, v) in given {
+                let i = metrics
+                    .iter()
+                    .position(|m| m.name == *k)
+                    .ok_or_else(|| format!("metrics.{k}: unknown metric (known: {})", names()))?;
+                let m = v
+                    .as_f64()
+                    .filter(|m| m.is_finite() && *m > 0.0)
+                    .ok_or_else(|| format!("metrics.{k} = {v}: must be a positive number"))?;
+                figures.push((i, format!("metrics.{k}"), m));
+            }
+            if figures.is_empty() {
+                return Err(format!("metrics is empty (known: {})", names()));
+            }
+        }
+        Format::Vllm => {
+            // A twin server run faster or slower than real time (`serve --time-scale`, which
+            // `bench-serve` records) measured times that are not the deployment's.
+            if let Some(s) = obj.get("time_scale").and_then(|s| s.as_f64()) {
+                if s != 1.0 {
+                    return Err(format!(
+                        "time_scale = {s}: the server ran its twin at --time-scale {s}, so its \
+                         times are not the deployment's; measure against `dstwin serve \
+                         --time-scale 1` (the default)"
+                    ));
+                }
+            }
+            for (i, m) in metrics.iter().enumerate() {
+                // vLLM writes every field; one it could not measure (0, null) is skipped.
+                match obj.get(&m.name).and_then(|v| v.as_f64()) {
+                    Some(v) if v > 0.0 && v.is_finite() => figures.push((i, m.name.clone(), v)),
+                    _ => {}
+                }
+            }
+            if figures.is_empty() {
+                return Err(format!(
+                    "no known metric in the measurement (expected some of: {})",
+                    names()
+                ));
+            }
         }
     }
-    if out.is_empty() {
-        return Err(format!(
-            "no known metric in the measurement (expected some of: {})",
-            predictions(r)
-                .iter()
-                .map(|p| p.0)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
+    Ok(Measurement { metrics, figures })
+}
+
+impl Measurement {
+    /// Each figure against the simulation report's prediction of it.
+    pub fn compare(&self, r: &SimReport) -> Result<Vec<Comparison>, String> {
+        self.figures
+            .iter()
+            .map(|(i, field, m)| {
+                let metric = &self.metrics[*i];
+                let name = metric.name.as_str();
+                Comparison::of(field, name, *m, (metric.predict)(r))
+            })
+            .collect()
     }
-    Ok(out)
+}
+
+/// Compares a measurement (vLLM bench serve JSON, or `dstwin-measured/1`) with a simulation
+/// report ([`read`], then [`Measurement::compare`]).
+pub fn compare(measured: &serde_json::Value, r: &SimReport) -> Result<Vec<Comparison>, String> {
+    read(measured)?.compare(r)
 }

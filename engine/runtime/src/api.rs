@@ -205,6 +205,9 @@ async fn models(State(app): State<AppState>) -> Response {
             "owned_by": "dstwin",
             "root": rt.model(),
             "max_model_len": rt.max_model_len(),
+            // Not in vLLM's card: how fast the twin's steps run against the deployment's
+            // (`--time-scale`), which `bench-serve --save-result` records.
+            "time_scale": rt.time_scale(),
         }]
     }))
     .into_response()

@@ -215,6 +215,11 @@ impl Runtime {
         &self.shared.cfg.model
     }
 
+    /// Wall seconds per predicted second (`serve --time-scale`).
+    pub fn time_scale(&self) -> f64 {
+        self.shared.cfg.time_scale
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.shared.metrics
     }
