@@ -1061,3 +1061,44 @@ fn uncertainty_gives_every_headline_metric_an_interval() {
         assert_eq!(dstwin(&args).status.code(), Some(2), "{bad:?}");
     }
 }
+
+/// SGLang's prefill delayer from a scenario: on tiny-mixed's 32 DP ranks a prompt that arrives
+/// while the others decode waits for up to 29 steps, so TTFT grows (by 9%: most prompts of
+/// its closed loop arrive together, when nothing runs); the knob is refused where SGLang
+/// refuses it.
+#[test]
+fn the_prefill_delayer_holds_prompts_and_is_refused_where_sglang_refuses_it() {
+    let tiny = data("tiny-mixed.toml");
+    let ttft = |sets: &[&str]| {
+        let mut args = vec!["simulate", tiny.as_str(), "--json", "--quiet"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let o = dstwin(&args);
+        assert!(o.status.success(), "{}", err(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["latency"]["ttft_ms"]["mean"].as_f64().unwrap()
+    };
+    let on = "serve.scheduler.async_scheduling=true";
+    let plain = ttft(&[on]);
+    let held = ttft(&[on, "serve.scheduler.prefill_delay_passes=30"]);
+    assert!(held > 1.05 * plain, "TTFT {plain} ms -> {held} ms");
+    for sets in [
+        // One DP rank: nothing to negotiate with.
+        &["serve.scheduler.prefill_delay_passes=30", on, "serve.tp=32"][..],
+        // Without the overlap scheduler.
+        &["serve.scheduler.prefill_delay_passes=30"][..],
+    ] {
+        let mut args = vec!["simulate", tiny.as_str(), "--quiet"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let o = dstwin(&args);
+        assert_eq!(o.status.code(), Some(2), "{sets:?}");
+        assert!(
+            err(&o).contains("scheduler.prefill_delay_passes = 30"),
+            "{sets:?}: {}",
+            err(&o)
+        );
+    }
+}

@@ -49,7 +49,7 @@ impl SimDuration {
         SimDuration::from_secs_f64(us * 1e-6)
     }
     pub fn from_millis(ms: u64) -> SimDuration {
-        SimDuration(ms * 1_000_000)
+        SimDuration(ms.saturating_mul(1_000_000))
     }
     pub fn as_secs_f64(self) -> f64 {
         self.0 as f64 * 1e-9

@@ -688,16 +688,66 @@ fn the_prefill_delayer_holds_a_prompt_until_every_rank_has_one_or_the_passes_run
     c.prefill_delay_passes = 0;
     assert_eq!(wait(c, 2), 0);
 
-    // A prompt on each rank: no delay, and none after a wait that ended.
-    c.prefill_delay_passes = 30;
+    // A prompt on each rank: no delay.
+    c.prefill_delay_passes = 3;
     let mut inst = Instance::new(c);
+    let step = |inst: &mut Instance| {
+        inst.schedule(SimTime::ZERO);
+        let started = inst.started().to_vec();
+        let accepted = inst
+            .plan()
+            .ranks
+            .iter()
+            .map(|r| vec![0; r.decode.len()])
+            .collect();
+        apply(inst, accepted);
+        started
+    };
     inst.add_request(req(1, 200, 100), SimTime::ZERO);
     inst.add_request(req(2, 200, 100), SimTime::ZERO);
-    inst.schedule(SimTime::ZERO);
-    assert_eq!(inst.started(), &[1, 2]);
-    apply(&mut inst, vec![vec![0], vec![0]]);
-    inst.add_request(req(3, 200, 100), SimTime::ZERO);
-    inst.add_request(req(4, 200, 100), SimTime::ZERO);
-    inst.schedule(SimTime::ZERO);
-    assert_eq!(inst.started(), &[3, 4]);
+    assert_eq!(step(&mut inst), [1, 2]);
+    // A wait that ends because the other rank came to have a prompt resets the count: the
+    // next lone prompt waits its full 2 steps again (1 if the count had not been reset).
+    assert_eq!(inst.add_request(req(4, 200, 100), SimTime::ZERO), 0);
+    assert!(step(&mut inst).is_empty());
+    assert_eq!(inst.add_request(req(3, 200, 100), SimTime::ZERO), 1);
+    assert_eq!(step(&mut inst), [4, 3]);
+    assert_eq!(inst.add_request(req(5, 200, 100), SimTime::ZERO), 0);
+    assert!(step(&mut inst).is_empty());
+    assert!(step(&mut inst).is_empty());
+    assert_eq!(step(&mut inst), [5]);
+}
+
+/// A held step whose only running request preempts itself would be a step of nothing, which
+/// no driver runs, and nothing would plan again: it admits the held prompt instead, and the
+/// preemption is still reported.
+#[test]
+fn a_held_step_that_comes_to_nothing_admits_instead() {
+    let mut c = cfg(Role::Mixed, 3);
+    c.dp_ranks = 2;
+    c.prefill_delay_passes = 30;
+    let mut inst = Instance::new(c);
+    // 300 prompt tokens in 3 blocks of 128: the 84th decode step needs a fourth block.
+    inst.add_request(req(1, 300, 200), SimTime::ZERO);
+    for i in 0..200 {
+        if i == 70 {
+            assert_eq!(inst.add_request(req(2, 100, 10), SimTime::ZERO), 1);
+        }
+        inst.schedule(SimTime::ZERO);
+        assert!(inst.plan_totals().tokens > 0, "step {i}: a plan of nothing");
+        let started = inst.started().to_vec();
+        let accepted = inst
+            .plan()
+            .ranks
+            .iter()
+            .map(|r| vec![0; r.decode.len()])
+            .collect();
+        let (events, _) = apply(&mut inst, accepted);
+        if events.contains(&InstEvent::Preempted { req: 1 }) {
+            assert_eq!(started, [2], "step {i}");
+            return;
+        }
+        assert!(i < 70 || started.is_empty(), "step {i}: held");
+    }
+    panic!("request 1 was never preempted");
 }

@@ -521,7 +521,17 @@ impl Control {
                 // Dropping the sender ends the stream.
                 self.streams.remove(&req);
             }
-            Note::Preempted { inst, .. } | Note::SentBack { inst, .. } => {
+            Note::SentBack { req, inst, .. } => {
+                // Back to a prefill engine: an abort counts there again.
+                if let Some(r) = self.streams.get_mut(&req) {
+                    r.prefilled = false;
+                }
+                s.metrics
+                    .engine(inst as usize)
+                    .preemptions
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Note::Preempted { inst, .. } => {
                 s.metrics
                     .engine(inst as usize)
                     .preemptions

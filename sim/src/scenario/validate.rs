@@ -254,12 +254,15 @@ pub(super) fn validate(
                 instance: spec.name.clone(),
                 source,
             })?;
-        if s.prefill_delay_passes > 0 && (spec.role != Role::Mixed || plan.dp < 2) {
+        if s.prefill_delay_passes > 0
+            && (spec.role != Role::Mixed || plan.dp < 2 || !s.async_scheduling)
+        {
             return Err(field(
                 f("scheduler.prefill_delay_passes"),
                 s.prefill_delay_passes,
-                "needs a mixed instance of at least two DP ranks (SGLang's prefill delayer \
-                 negotiates between DP-attention ranks and is refused under PD)",
+                "needs a mixed instance of at least two DP ranks with async_scheduling = true \
+                 (SGLang's prefill delayer negotiates between DP-attention ranks, and SGLang \
+                 refuses it under PD and without its overlap scheduler)",
             ));
         }
         let share = |name: &str, v: f64| {

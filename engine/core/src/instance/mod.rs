@@ -354,10 +354,25 @@ impl Instance {
 
     /// Plans one lockstep step of every rank; read it with [`Instance::plan`].
     pub fn schedule(&mut self, _now: SimTime) {
+        let held = self.delay_prefill();
+        self.plan_ranks(!held);
+        if held && self.totals.tokens == 0 {
+            // What was to run preempted itself: a step of nothing is never run, so nothing
+            // would plan again. The step admits instead, as the delayer's next pass would.
+            self.delayed = 0;
+            for p in &mut self.plan.ranks {
+                self.ranks[p.rank as usize].give_back_freed(&mut p.freed);
+            }
+            self.plan_ranks(true);
+        }
+    }
+
+    /// [`Instance::schedule`] with waiting prompts admitted or not.
+    fn plan_ranks(&mut self, admit: bool) {
         self.started.clear();
         self.pulls.clear();
+        // Preemptions of a plan that did not run stay reported with the next step's outcome.
         let mut events = std::mem::take(&mut self.pending);
-        events.clear();
         // Ranks that went idle in the last step leave the active set; the others are planned
         // (one pass over the ranks: a large instance's ranks do not stay in the processor's
         // first-level cache from one pass to the next).
@@ -365,7 +380,6 @@ impl Instance {
         let mut kept = 0;
         let mut totals = PlanTotals::default();
         self.trivial.clear();
-        let admit = !self.delay_prefill(&active);
         for j in 0..active.len() {
             let r = active[j];
             if let Some(&ahead) = active.get(j + PREFETCH_AHEAD) {
@@ -416,12 +430,12 @@ impl Instance {
     /// delay; some, a delay of up to the passes less one, then the step admits. A step with
     /// nothing running is not held: SGLang's idle passes take no device time, so the delay
     /// would end before any step could run.
-    fn delay_prefill(&mut self, active: &[u32]) -> bool {
+    fn delay_prefill(&mut self) -> bool {
         let max = self.cfg.prefill_delay_passes;
         if max == 0 {
             return false;
         }
-        let ranks = active.iter().map(|&r| &self.ranks[r as usize]);
+        let ranks = self.active.iter().map(|&r| &self.ranks[r as usize]);
         let ready = ranks.clone().filter(|r| r.prefillable()).count() as u32;
         let mixed = ready > 0 && ready < self.cfg.dp_ranks;
         if mixed && ranks.clone().any(RankScheduler::runs) && self.delayed + 1 < max {

@@ -234,9 +234,17 @@ impl RankScheduler {
         !self.waiting.is_empty() && self.seats_taken() < self.cfg.max_num_seqs as usize
     }
 
-    /// A request runs here (the instance has a step to run whether or not prompts wait).
+    /// A request runs here (the instance has a step to run whether or not prompts wait); a
+    /// finished request's last async step counts.
     pub fn runs(&self) -> bool {
-        !self.running.is_empty() || !self.steady.slots.is_empty()
+        !self.running.is_empty() || !self.steady.slots.is_empty() || !self.phantoms.is_empty()
+    }
+
+    /// Takes back the requests to free that a plan not run carried (`freed`, emptied), so that
+    /// the plan made again carries them.
+    pub fn give_back_freed(&mut self, freed: &mut Vec<ReqId>) {
+        freed.append(&mut self.freed);
+        std::mem::swap(&mut self.freed, freed);
     }
 
     /// Chained hashes of the prompt's full blocks, from hash ids of `hash_block_tokens` tokens.

@@ -312,6 +312,7 @@ impl RankScheduler {
         }
         // Waiting requests: only if admitting, nothing was preempted, within budget and
         // max_num_seqs (this step's phantoms, drained above, still hold their seats).
+        debug_assert!(self.phantoms.is_empty());
         while admit
             && !preempted
             && budget > 0
