@@ -367,6 +367,13 @@ async fn a_device_that_fails_fails_its_requests_and_the_health_check() {
         if panic {
             assert!(why.contains("panicked"), "{why}");
         }
+        // Nothing runs or waits on a failed deployment.
+        let (status, body) = send(&app, "GET", "/metrics", None).await;
+        assert_eq!(status, 200);
+        for gauge in ["vllm:num_requests_running{", "vllm:num_requests_waiting{"] {
+            let line = body.lines().find(|l| l.starts_with(gauge)).expect(gauge);
+            assert!(line.ends_with(" 0"), "panic {panic}: {line}");
+        }
         // Afterwards: /health 503 with why, new requests 503, streamed or not.
         let (status, body) = send(&app, "GET", "/health", None).await;
         assert_eq!(status, 503, "{body}");

@@ -434,6 +434,7 @@ impl Control {
         tracing::error!("{why}");
         if let Some(s) = self.shared.upgrade() {
             s.failure.lock().expect("failure").get_or_insert(why);
+            s.metrics.clear_gauges();
             s.failed.notify_waiters();
         }
         self.failed = true;

@@ -192,6 +192,17 @@ impl Metrics {
         &self.engines[i.min(self.engines.len() - 1)]
     }
 
+    /// A failed deployment runs and holds nothing (every request in flight fails with it):
+    /// each instance's gauges to 0, its counters kept.
+    pub fn clear_gauges(&self) {
+        for e in &self.engines {
+            let mut g = e.gauges.lock().expect("gauges");
+            g.running = 0;
+            g.waiting = 0;
+            g.kv_usage = 0.0;
+        }
+    }
+
     /// Publishes an instance's state after a step.
     pub fn set_instance(
         &self,
