@@ -61,13 +61,9 @@ const LATENCIES: [(&str, &str); 4] = [
     ("e2el", "e2e_ms"),
 ];
 
-/// Their statistics, as (vLLM's name, the report's).
-const STATS: [(&str, &str); 4] = [
-    ("mean", "mean"),
-    ("median", "p50"),
-    ("p99", "p99"),
-    ("p90", "p90"),
-];
+/// Their statistics in each format's order, as (name, index into mean, p50, p90, p99).
+const VLLM_STATS: [(&str, usize); 4] = [("mean", 0), ("median", 1), ("p99", 3), ("p90", 2)];
+const OWN_STATS: [(&str, usize); 4] = [("mean", 0), ("p50", 1), ("p90", 2), ("p99", 3)];
 
 /// A metric a measurement may give: its name in the file and the report's prediction of it.
 struct Metric {
@@ -99,17 +95,21 @@ fn metrics(format: Format) -> Vec<Metric> {
             metric("goodput", |r| r.goodput),
         ],
     };
+    let stats = match format {
+        Format::Vllm => VLLM_STATS,
+        Format::Own => OWN_STATS,
+    };
     for (l, (vllm_l, own_l)) in LATENCIES.into_iter().enumerate() {
-        for (s, (vllm_s, own_s)) in STATS.into_iter().enumerate() {
+        for (stat, s) in stats {
             out.push(Metric {
                 name: match format {
-                    Format::Vllm => format!("{vllm_s}_{vllm_l}_ms"),
-                    Format::Own => format!("{own_l}.{own_s}"),
+                    Format::Vllm => format!("{stat}_{vllm_l}_ms"),
+                    Format::Own => format!("{own_l}.{stat}"),
                 },
                 predict: Box::new(move |r| {
                     let x = &r.latency;
                     let p = [&x.ttft_ms, &x.tpot_ms, &x.itl_ms, &x.e2e_ms][l];
-                    [p.mean, p.p50, p.p99, p.p90][s]
+                    [p.mean, p.p50, p.p90, p.p99][s]
                 }),
             });
         }

@@ -4,14 +4,15 @@
 # drives it with rounds of `dstwin bench-serve` for DURATION seconds, and samples the server's
 # resident memory (VmRSS) after every round. Prints one row per sample, then the growth over
 # the second half of the run in bytes per request served: a plateau reads as a few bytes per
-# request or less (docs/performance.md, "Memory over time", quotes a run).
+# request or less (docs/performance.md, "`dstwin serve` memory over time", quotes a run).
 #
 #   sim/benches/soak.sh                              # one hour, rounds of 5,000 requests
 #   DURATION=600 ROUND=2000 sim/benches/soak.sh      # ten minutes
 #   DSTWIN=/path/to/dstwin SCENARIO=sim/scenarios/cm384-pd.toml sim/benches/soak.sh
 #
 # Not a pass/fail test (it takes an hour and its figure depends on the allocator); a release
-# build is used (cargo build --release first). PORT (default 8021) is the server's port.
+# build is used (cargo build --release first). PORT (default 8021) is the server's port, which
+# must be free. Relative DSTWIN and SCENARIO paths are read from the repository's root.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -21,7 +22,12 @@ ROUND=${ROUND:-5000}
 PORT=${PORT:-8021}
 SCENARIO=${SCENARIO:-}
 OUT=$(mktemp -d)
-trap 'kill "$server" 2>/dev/null || true; rm -rf "$OUT"' EXIT
+server=
+trap '[[ -n $server ]] && kill "$server" 2>/dev/null; rm -rf "$OUT"' EXIT
+if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
+    echo "port $PORT is taken: set PORT" >&2
+    exit 1
+fi
 
 "$BIN" serve ${SCENARIO:+"$SCENARIO"} --port "$PORT" --time-scale 0 >"$OUT/serve.log" 2>&1 &
 server=$!
@@ -29,6 +35,11 @@ for _ in $(seq 200); do
     curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null 2>&1 && break
     sleep 0.1
 done
+if ! kill -0 "$server" 2>/dev/null || ! curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; then
+    echo "the server did not start:" >&2
+    cat "$OUT/serve.log" >&2
+    exit 1
+fi
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$server/status"; }
 
 start=$(date +%s)

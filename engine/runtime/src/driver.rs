@@ -554,7 +554,8 @@ impl Control {
 
     /// Publishes an instance's gauges to `/metrics`.
     fn publish(&self, i: usize) {
-        let Some(s) = self.shared.upgrade() else {
+        // A failed deployment's gauges stay at 0 ([`Control::fail`]).
+        let Some(s) = self.shared.upgrade().filter(|_| !self.failed) else {
             return;
         };
         let inst = self.core.instance(i);

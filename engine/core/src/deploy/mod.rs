@@ -407,6 +407,14 @@ impl Deployment {
             let m = slot.eplb.as_mut().and_then(|e| e.before_step(routed));
             slot.inst.set_expert_move(m);
             self.effects.push(Effect::Execute { inst: i });
+        } else {
+            // Not run: what its scheduling did (a preemption, a send-back) is handled now.
+            let role = slot.role;
+            let mut events = std::mem::take(&mut self.events);
+            events.clear();
+            self.slots[i as usize].inst.take_unrun_events(&mut events);
+            self.handle(i, role, &mut events);
+            self.events = events;
         }
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
@@ -472,6 +480,20 @@ impl Deployment {
                 }
             }
         }
+        self.handle(i, role, &mut events);
+        self.events = events;
+        // Aborts that reached a busy instance apply now that its step is over.
+        if !self.slots[i as usize].inst.config().async_scheduling
+            && !self.slots[i as usize].deferred.is_empty()
+        {
+            self.flush_deferred(i, now);
+        }
+        self.want_start(i);
+    }
+
+    /// Carries out what instance `i`'s scheduling and step did to its requests (`events`,
+    /// emptied).
+    fn handle(&mut self, i: u32, role: Role, events: &mut Vec<InstEvent>) {
         for ev in events.drain(..) {
             match ev {
                 InstEvent::First { req } if role == Role::Prefill => self.prefill_done(i, req),
@@ -486,14 +508,6 @@ impl Deployment {
                 InstEvent::SentBack { req, emitted } => self.sent_back(i, req, emitted),
             }
         }
-        self.events = events;
-        // Aborts that reached a busy instance apply now that its step is over.
-        if !self.slots[i as usize].inst.config().async_scheduling
-            && !self.slots[i as usize].deferred.is_empty()
-        {
-            self.flush_deferred(i, now);
-        }
-        self.want_start(i);
     }
 
     /// A prefill instance finished a prompt: hand the request to a decode instance, which pulls

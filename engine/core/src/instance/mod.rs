@@ -18,7 +18,7 @@ use crate::device::{FinishReason, PlanTotals, ReqId, StepOutcome, StepPlan};
 use crate::layout::Role;
 use crate::mtp::KnownAcceptance;
 use crate::time::SimTime;
-use rank::RankScheduler;
+use rank::{Admission, RankScheduler};
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -182,6 +182,15 @@ impl Loads {
     /// The least-loaded rank (lowest index on ties).
     fn least(&self) -> u32 {
         self.tree[1] as u32
+    }
+}
+
+/// Requests that left an instance in `events` are no longer in `owner`.
+fn forget_ended(owner: &mut crate::idmap::IdMap<(u32, u32)>, events: &[InstEvent]) {
+    for e in events {
+        if let InstEvent::SentBack { req, .. } | InstEvent::Finished { req, .. } = *e {
+            owner.remove(req);
+        }
     }
 }
 
@@ -355,7 +364,11 @@ impl Instance {
     /// Plans one lockstep step of every rank; read it with [`Instance::plan`].
     pub fn schedule(&mut self, _now: SimTime) {
         let held = self.delay_prefill();
-        self.plan_ranks(!held);
+        self.plan_ranks(if held {
+            Admission::Held
+        } else {
+            Admission::Open
+        });
         if held && self.totals.tokens == 0 {
             // What was to run preempted itself: a step of nothing is never run, so nothing
             // would plan again. The step admits instead, as the delayer's next pass would.
@@ -363,15 +376,16 @@ impl Instance {
             for p in &mut self.plan.ranks {
                 self.ranks[p.rank as usize].give_back_freed(&mut p.freed);
             }
-            self.plan_ranks(true);
+            self.plan_ranks(Admission::Replanned);
         }
     }
 
-    /// [`Instance::schedule`] with waiting prompts admitted or not.
-    fn plan_ranks(&mut self, admit: bool) {
+    /// [`Instance::schedule`] with waiting prompts admitted as `admission` says.
+    fn plan_ranks(&mut self, admission: Admission) {
         self.started.clear();
         self.pulls.clear();
-        // Preemptions of a plan that did not run stay reported with the next step's outcome.
+        // A held plan made again keeps the first plan's preemptions; a plan that does not run
+        // hands its own over with `take_unrun_events`.
         let mut events = std::mem::take(&mut self.pending);
         // Ranks that went idle in the last step leave the active set; the others are planned
         // (one pass over the ranks: a large instance's ranks do not stay in the processor's
@@ -407,8 +421,13 @@ impl Instance {
             rank.catch_up(self.steps);
             debug_assert_eq!(rank.steps(), self.steps, "rank {r} steps in lockstep");
             let before = rank.used_blocks();
-            let steady =
-                rank.schedule(plan, admit, &mut self.started, &mut self.pulls, &mut events);
+            let steady = rank.schedule(
+                plan,
+                admission,
+                &mut self.started,
+                &mut self.pulls,
+                &mut events,
+            );
             totals.add(&plan.shape);
             self.trivial.push(rank.trivial_step());
             self.used_blocks = self.used_blocks + rank.used_blocks() - before;
@@ -506,12 +525,16 @@ impl Instance {
             self.loads.set(p.rank, r.load());
         }
         self.steps += 1;
-        for e in events.iter() {
-            if let InstEvent::SentBack { req, .. } | InstEvent::Finished { req, .. } = *e {
-                self.owner.remove(req);
-            }
-        }
+        forget_ended(&mut self.owner, events);
         sum
+    }
+
+    /// The events of a plan that will not run (it has no tokens): what its scheduling did to
+    /// requests (a preemption, a send-back) happened all the same, and is appended to
+    /// `events` now rather than with a step that may never come.
+    pub fn take_unrun_events(&mut self, events: &mut Vec<InstEvent>) {
+        forget_ended(&mut self.owner, &self.pending);
+        events.append(&mut self.pending);
     }
 
     /// Steps applied so far (every rank steps in lockstep).

@@ -25,6 +25,18 @@ use crate::device::ReqId;
 use crate::mtp::KnownAcceptance;
 use std::collections::VecDeque;
 use std::sync::Arc;
+
+/// Whether a rank's plan may start waiting requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// As vLLM: unless the step preempted.
+    Open,
+    /// Held back by the prefill delayer ([`crate::instance::InstanceConfig::prefill_delay_passes`]).
+    Held,
+    /// The same step planned again at once after a held plan came to nothing: open, unless
+    /// the held plan preempted on this rank.
+    Replanned,
+}
 use steady::{SteadyTracker, CELLS, NIL, RING};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +124,9 @@ pub struct RankScheduler {
     waiting: VecDeque<u32>,
     running: Vec<u32>,
     pulling: usize,
+    /// The last plan preempted: a plan of the same step made again at once
+    /// ([`Admission::Replanned`]) admits nothing either.
+    preempted_in_plan: bool,
     entries: Vec<Entry>,
     finished: Vec<u32>,
     /// Steps applied so far.
@@ -161,6 +176,7 @@ impl RankScheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             pulling: 0,
+            preempted_in_plan: false,
             entries: Vec::new(),
             finished: Vec::new(),
             step: 0,

@@ -3,7 +3,7 @@
 //! device that executes requests; applying a step's outcome.
 
 use super::steady::{COOLDOWN, LIN, NIL, RING, SAT};
-use super::{blocks_for, Entry, RankScheduler, Seq, State};
+use super::{blocks_for, Admission, Entry, RankScheduler, Seq, State};
 use crate::batch::BatchShape;
 use crate::device::{DecodeSeq, FinishReason, RankPlan, ReqId, Sampled, ScheduledReq};
 use crate::instance::kv::BlockPool;
@@ -127,13 +127,13 @@ impl RankScheduler {
     }
 
     /// Plans this rank's step into `plan`; requests admitted for the first time go to `started`,
-    /// remote-KV requests whose blocks are now allocated go to `pulls`; `admit` false leaves
-    /// every waiting request waiting. Returns whether the step holds only steady requests (no
+    /// remote-KV requests whose blocks are now allocated go to `pulls`; `admission` says
+    /// whether waiting requests may start. Returns whether the step holds only steady requests (no
     /// request was admitted, preempted or sent back: the rank's load is what it was).
     pub fn schedule(
         &mut self,
         plan: &mut RankPlan,
-        admit: bool,
+        admission: Admission,
         started: &mut Vec<ReqId>,
         pulls: &mut Vec<ReqId>,
         events: &mut Vec<InstEvent>,
@@ -154,7 +154,7 @@ impl RankScheduler {
             self.check();
             return true;
         }
-        self.schedule_exact(plan, p, admit, started, pulls, events);
+        self.schedule_exact(plan, p, admission, started, pulls, events);
         false
     }
 
@@ -210,7 +210,7 @@ impl RankScheduler {
         &mut self,
         plan: &mut RankPlan,
         p: u64,
-        admit: bool,
+        admission: Admission,
         started: &mut Vec<ReqId>,
         pulls: &mut Vec<ReqId>,
         events: &mut Vec<InstEvent>,
@@ -249,7 +249,9 @@ impl RankScheduler {
             plan.shape.add_decode(t, c as u64, cap);
             budget -= t;
         }
-        let mut preempted = false;
+        // vLLM admits nothing in a step that preempted: nor does the same step planned again.
+        let mut preempted = admission == Admission::Replanned && self.preempted_in_plan;
+        self.preempted_in_plan = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let slot = self.running[i];
@@ -275,6 +277,7 @@ impl RankScheduler {
                     .expect("the current request is running");
                 self.preempt(victim, events);
                 preempted = true;
+                self.preempted_in_plan = true;
                 if victim == slot {
                     break;
                 }
@@ -313,7 +316,7 @@ impl RankScheduler {
         // Waiting requests: only if admitting, nothing was preempted, within budget and
         // max_num_seqs (this step's phantoms, drained above, still hold their seats).
         debug_assert!(self.phantoms.is_empty());
-        while admit
+        while admission != Admission::Held
             && !preempted
             && budget > 0
             && self.seats_taken() + phantoms < cfg.max_num_seqs as usize
