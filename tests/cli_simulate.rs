@@ -721,6 +721,17 @@ fn a_warm_up_is_left_out_of_latencies_tokens_and_rates() {
     assert!(err(&o).contains("nothing was measured"), "{}", err(&o));
 }
 
+/// `simulate SCENARIO --json` with `--set` for each of `sets`: the report.
+fn json_report(scenario: &str, sets: &[&str]) -> serde_json::Value {
+    let mut args = vec!["simulate", scenario, "--json", "--quiet"];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = dstwin(&args);
+    assert!(o.status.success(), "{}", err(&o));
+    serde_json::from_str(&out(&o)).unwrap()
+}
+
 #[test]
 fn a_cost_files_host_time_reaches_the_twin_unless_the_scenario_gives_its_own() {
     // The A3 system with its cost file plus the `[host]` table `calibrate --trace` writes.
@@ -728,14 +739,9 @@ fn a_cost_files_host_time_reaches_the_twin_unless_the_scenario_gives_its_own() {
     let hw = a3_with_host(&dir, "step_us = 5000.0");
     let scenario = data("tiny-mixed.toml");
     let tpot = |sets: &[&str]| {
-        let mut args = vec!["simulate", scenario.as_str(), "--json", "--quiet"];
-        for s in sets {
-            args.extend(["--set", s]);
-        }
-        let o = dstwin(&args);
-        assert!(o.status.success(), "{}", err(&o));
-        let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
-        v["latency"]["tpot_ms"]["mean"].as_f64().unwrap()
+        json_report(&scenario, sets)["latency"]["tpot_ms"]["mean"]
+            .as_f64()
+            .unwrap()
     };
     let shipped = tpot(&[]);
     let with_host = tpot(&[&hw]);
@@ -1070,14 +1076,9 @@ fn uncertainty_gives_every_headline_metric_an_interval() {
 fn the_prefill_delayer_holds_prompts_and_is_refused_where_sglang_refuses_it() {
     let tiny = data("tiny-mixed.toml");
     let ttft = |sets: &[&str]| {
-        let mut args = vec!["simulate", tiny.as_str(), "--json", "--quiet"];
-        for s in sets {
-            args.extend(["--set", s]);
-        }
-        let o = dstwin(&args);
-        assert!(o.status.success(), "{}", err(&o));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        v["latency"]["ttft_ms"]["mean"].as_f64().unwrap()
+        json_report(&tiny, sets)["latency"]["ttft_ms"]["mean"]
+            .as_f64()
+            .unwrap()
     };
     let on = "serve.scheduler.async_scheduling=true";
     let plain = ttft(&[on]);

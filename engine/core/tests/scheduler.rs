@@ -62,6 +62,12 @@ fn step(inst: &mut Instance, accept_all: bool) -> (StepPlan, Vec<InstEvent>, Ste
     (plan, ev, sum)
 }
 
+/// The planned step's acceptance with every draft rejected.
+fn no_drafts_accepted(inst: &Instance) -> Vec<Vec<u32>> {
+    let ranks = &inst.plan().ranks;
+    ranks.iter().map(|r| vec![0; r.decode.len()]).collect()
+}
+
 /// Applies a step's outcome with the given acceptance; the step's events and totals.
 fn apply(inst: &mut Instance, accepted: Vec<Vec<u32>>) -> (Vec<InstEvent>, StepSummary) {
     let mut ev = Vec::new();
@@ -676,9 +682,9 @@ fn the_prefill_delayer_holds_a_prompt_until_every_rank_has_one_or_the_passes_run
             }
             held += 1;
             // Only the decode runs while the prompt is held.
-            let plan = inst.plan().clone();
+            let plan = inst.plan();
             assert_eq!(plan.totals().tokens, 1, "step {held}: {plan:?}");
-            let accepted = plan.ranks.iter().map(|r| vec![0; r.decode.len()]).collect();
+            let accepted = no_drafts_accepted(&inst);
             apply(&mut inst, accepted);
         }
     };
@@ -694,12 +700,7 @@ fn the_prefill_delayer_holds_a_prompt_until_every_rank_has_one_or_the_passes_run
     let step = |inst: &mut Instance| {
         inst.schedule(SimTime::ZERO);
         let started = inst.started().to_vec();
-        let accepted = inst
-            .plan()
-            .ranks
-            .iter()
-            .map(|r| vec![0; r.decode.len()])
-            .collect();
+        let accepted = no_drafts_accepted(inst);
         apply(inst, accepted);
         started
     };
@@ -739,12 +740,7 @@ fn a_held_step_that_comes_to_nothing_admits_instead() {
         let tokens = inst.plan_totals().tokens;
         assert!(tokens > 0, "step {i}: a plan of nothing");
         let started = inst.started().to_vec();
-        let accepted = inst
-            .plan()
-            .ranks
-            .iter()
-            .map(|r| vec![0; r.decode.len()])
-            .collect();
+        let accepted = no_drafts_accepted(&inst);
         let (events, _) = apply(&mut inst, accepted);
         if events.contains(&InstEvent::Preempted { req: 1 }) {
             assert_eq!(started, [2], "step {i}");
