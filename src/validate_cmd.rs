@@ -506,7 +506,7 @@ fn rows_measured(measured: &Path, scenario: &Path, sets: &[String]) -> Result<Ve
         .map_err(Failure::Input)?;
     let bad = |e: String| Failure::Input(anyhow!("{}: {e}", measured.display()));
     let m: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    // Everything the file alone can get wrong, before a simulation of up to a minute.
+    // All the file can get wrong without a prediction, before a simulation of up to a minute.
     let m = measured::read(&m).map_err(bad)?;
     let s = load_path(scenario, sets).map_err(|e| Failure::Input(e.into()))?;
     let spread = s

@@ -4,7 +4,7 @@
 //!   --save-result` writes): its throughput and mean / median / p99 latency fields;
 //! - `dstwin-measured/1`, for figures taken any other way: `{"format": "dstwin-measured/1",
 //!   "source": "...", "metrics": {"output_tok_s": 1234.0, "tpot_ms.p50": 48.1}}`, metric names
-//!   being the simulation report's ([`own_metric_names`]).
+//!   being the simulation report's (`metrics`, `Format::Own`).
 
 use dstwin_sim::run::SimReport;
 use serde::Serialize;
@@ -115,11 +115,6 @@ fn metrics(format: Format) -> Vec<Metric> {
         }
     }
     out
-}
-
-/// The metric names `dstwin-measured/1` accepts: the report's rates and its latency statistics.
-pub fn own_metric_names() -> Vec<String> {
-    metrics(Format::Own).into_iter().map(|m| m.name).collect()
 }
 
 /// A measurement file read and checked, before anything is simulated.

@@ -522,17 +522,13 @@ impl Control {
                 // Dropping the sender ends the stream.
                 self.streams.remove(&req);
             }
-            Note::SentBack { req, inst, .. } => {
-                // Back to a prefill engine: an abort counts there again.
-                if let Some(r) = self.streams.get_mut(&req) {
-                    r.prefilled = false;
+            Note::Preempted { req, inst } | Note::SentBack { req, inst, .. } => {
+                // A request sent back goes to a prefill engine again: an abort counts there.
+                if matches!(n, Note::SentBack { .. }) {
+                    if let Some(r) = self.streams.get_mut(&req) {
+                        r.prefilled = false;
+                    }
                 }
-                s.metrics
-                    .engine(inst as usize)
-                    .preemptions
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            Note::Preempted { inst, .. } => {
                 s.metrics
                     .engine(inst as usize)
                     .preemptions
