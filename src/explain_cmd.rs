@@ -17,7 +17,7 @@ use std::path::Path;
 /// acceptance (0.743).
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin explain\n      CloudMatrix384 decode, EP320, 96 seqs per NPU at KV 4K, MTP 1 at the calibrated 74.3%\n  dstwin explain --skew\n      the same with the simulator's default expert load (fitted to measured DeepSeek-R1 loads) on a greedy EPLB placement\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --mtp 0\n      CloudMatrix384 prefill instance of 16 NPUs, 16K tokens per NPU in 4K prompts\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --cached 12288 --mtp 0\n      the same step as the last chunks of 16K prompts (or after 12K-token prefix hits): attention over the cached 12K and its latent up-projected again\n  dstwin explain --hardware atlas-800i-a2 --dies 32 --redundant-experts 0 --shared-expert-dies 0 --seqs 24 --kv 2048 --json\n      Atlas 800I A2, 4 nodes, as JSON for scripts\n\nSizes count dies, as vllm-ascend's flags do (a 910C card = 2 dies).\nExit codes: 0 ok, 2 invalid input or impossible layout (the message names the field and numbers)."
+    after_help = "Examples:\n  dstwin explain\n      CloudMatrix384 decode, EP320, 96 seqs per NPU at KV 4K, MTP 1 at the calibrated 74.3%\n  dstwin explain --skew\n      the same with the simulator's default expert load (fitted to measured DeepSeek-R1 loads) on a greedy EPLB placement (its 32 redundant experts)\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --mtp 0\n      CloudMatrix384 prefill instance of 16 NPUs, 16K tokens per NPU in 4K prompts\n  dstwin explain --role prefill --dies 32 --redundant-experts 32 --shared-expert-dies 0 --tokens 8192 --prompt 4096 --cached 12288 --mtp 0\n      the same step as the last chunks of 16K prompts (or after 12K-token prefix hits): attention over the cached 12K and its latent up-projected again\n  dstwin explain --hardware atlas-800i-a2 --dies 32 --redundant-experts 0 --shared-expert-dies 0 --seqs 24 --kv 2048 --json\n      Atlas 800I A2, 4 nodes, as JSON for scripts\n\nSizes count dies, as vllm-ascend's flags do (a 910C card = 2 dies).\nExit codes: 0 ok, 2 invalid input or impossible layout (the message names the field and numbers)."
 )]
 pub struct ExplainArgs {
     /// Built-in model name (see `dstwin catalog`) or path to a HuggingFace config.json.
@@ -50,6 +50,11 @@ pub struct ExplainArgs {
     /// Tensor-parallel size of dense FFN, embedding and LM head (default: tp).
     #[arg(long)]
     dense_tp: Option<u32>,
+    /// The LM head alone split over this many consecutive DP ranks (vllm-ascend's
+    /// finegrained_tp_config.lmhead_tensor_parallel_size), its logits padded to --seqs x (1 +
+    /// MTP drafts) tokens per rank (default: the LM head follows --dense-tp).
+    #[arg(long)]
+    lmhead_tp: Option<u32>,
     /// Redundant routed-expert slots (EPLB).
     #[arg(long, default_value_t = 32)]
     redundant_experts: u32,
@@ -90,9 +95,10 @@ pub struct ExplainArgs {
     /// exponent.
     #[arg(long, num_args = 0..=1, default_missing_value = "fitted", value_name = "LOAD")]
     skew: Option<String>,
-    /// EPLB policy placing a skewed load: identity, global, hierarchical, greedy.
-    #[arg(long, default_value = "greedy", requires = "skew")]
-    eplb: String,
+    /// EPLB policy placing a skewed load: identity, global, hierarchical, greedy (default, as in
+    /// scenarios: greedy with redundant experts, identity without).
+    #[arg(long, requires = "skew")]
+    eplb: Option<String>,
     /// With --skew: Dirichlet concentration of each request's routing around the mean; the
     /// fewer requests a step holds, the further its load strays from what EPLB placed for
     /// (0: no per-batch fluctuation). Default: the load's own (fitted with the skew for
@@ -195,6 +201,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
         tp: a.tp,
         ep: a.ep.unwrap_or(a.dies),
         dense_tp: a.dense_tp,
+        lmhead_tp: a.lmhead_tp,
         redundant_experts: a.redundant_experts,
         shared_expert_dies: a.shared_expert_dies,
     };
@@ -217,7 +224,11 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
     let load = match &a.skew {
         Some(l) => Some(SkewedLoad {
             spec: skew_spec(l, a.concentration)?,
-            policy: a.eplb.parse().map_err(|e: String| anyhow!("--eplb: {e}"))?,
+            policy: match &a.eplb {
+                Some(p) => p.parse().map_err(|e: String| anyhow!("--eplb: {e}"))?,
+                None if a.redundant_experts > 0 => dstwin_core::eplb::Policy::Greedy,
+                None => dstwin_core::eplb::Policy::Identity,
+            },
         }),
         None => None,
     };

@@ -346,8 +346,17 @@ fn render(a: &PlanArgs, p: &PlanInput, outcomes: &[Outcome], dies_per_node: u32)
         s += "no layout met every SLO at 60% or 90% of its capacity\n";
     } else {
         s += "rank  goodput/card (min-max)    out tok/s/card  SLO met  TTFT p50 ms (min-max)  TPOT p50 ms (min-max)  req/s (cap)    life  layout\n";
-        // Every layout ranked, then the best of those screened out at one seed, unranked.
-        let rows = a.top.max(10).max(tied + 1);
+        // Every layout ranked, then the best of those screened out at one seed, unranked; at
+        // least down to the last layout tied with the best (a layout below the best's range
+        // may sit between tied ones, whose ranges are wider).
+        let last_tied = outcomes
+            .iter()
+            .filter(|o| o.result.is_some())
+            .enumerate()
+            .filter(|(_, o)| matches!(o.standing, Standing::Best | Standing::Tied))
+            .last()
+            .map_or(0, |(i, _)| i + 1);
+        let rows = a.top.max(10).max(last_tied);
         let mut screened_shown = false;
         for o in outcomes.iter().filter(|o| o.result.is_some()).take(rows) {
             let r = o.result.as_ref().expect("filtered");

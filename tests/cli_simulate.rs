@@ -338,6 +338,19 @@ fn bad_input_exits_2_names_the_field_and_writes_nothing() {
             ),
             "instance.prefill.scheduler.prefill_delay_passes = 30",
         ),
+        // vllm-ascend's balance scheduling runs on PD-mixed instances only.
+        (
+            base.replace(
+                "max_model_len = 8192\n\n[[instance]]",
+                "max_model_len = 8192\nenable_balance_scheduling = true\n\n[[instance]]",
+            ),
+            "instance.prefill.scheduler.enable_balance_scheduling = true",
+        ),
+        // The LM-head TP group is consecutive DP ranks.
+        (
+            base.replace("role = \"decode\"", "role = \"decode\"\nlmhead_tp = 3"),
+            "layout.lmhead_tp = 3",
+        ),
     ];
     for (text, needle) in cases {
         std::fs::write(&scen, text).unwrap();
@@ -420,8 +433,35 @@ fn expert_skew_is_the_default_and_perfect_balance_is_explicit() {
         el["source"].as_str().unwrap().contains("TensorRT-LLM"),
         "{el}"
     );
-    assert_eq!(el["eplb_policy"], "greedy");
+    // No [eplb] policy given, no redundant experts: each instance has the engines' contiguous
+    // placement.
+    assert_eq!(el["eplb_policy"], serde_json::Value::Null);
     assert_eq!(el["eplb_dynamic"], false);
+    let policies = |v: &serde_json::Value| -> Vec<String> {
+        v["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["eplb_policy"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(policies(&skewed), ["identity", "identity"]);
+    // An instance that runs EPLB (redundant experts, or the dynamic cycle) is placed by load;
+    // the others keep the contiguous placement.
+    let red = run(&["--set", "decode.redundant_experts=32"]);
+    assert_eq!(policies(&red), ["identity", "greedy"]);
+    assert_eq!(
+        policies(&run(&["--set", "eplb.dynamic=true"])),
+        ["greedy", "greedy"]
+    );
+    let given = run(&[
+        "--set",
+        "eplb.policy=global",
+        "--set",
+        "decode.redundant_experts=32",
+    ]);
+    assert_eq!(given["expert_load"]["eplb_policy"], "global");
+    assert_eq!(policies(&given), ["global", "global"]);
     let decode = &skewed["instances"][1];
     assert_eq!(decode["redundant_experts"], 0);
     let placed = decode["placed_imbalance"].as_f64().unwrap();
@@ -433,12 +473,12 @@ fn expert_skew_is_the_default_and_perfect_balance_is_explicit() {
     assert_eq!(zipf["expert_load"]["parameters"]["exponent"], 0.5);
     let tpot = |v: &serde_json::Value| v["latency"]["tpot_ms"]["mean"].as_f64().unwrap();
     assert!(tpot(&perfect) < tpot(&skewed));
-    // Identity placement is worse than the default greedy EPLB.
-    let ident = run(&["--set", "eplb.policy=identity"]);
+    // Greedy EPLB on the mean load beats the default identity placement.
+    let greedy = run(&["--set", "eplb.policy=greedy"]);
     assert!(
-        imb(&ident) > imb(&skewed),
+        imb(&greedy) < imb(&skewed),
         "{} vs {}",
-        imb(&ident),
+        imb(&greedy),
         imb(&skewed)
     );
 }
@@ -557,6 +597,8 @@ fn dynamic_eplb_follows_a_shifting_load_and_pays_for_its_moves() {
             "eplb.heat_interval=20",
             "--set",
             "eplb.algorithm_interval=2",
+            "--set",
+            "eplb.policy=greedy",
         ];
         let o = dstwin(&args);
         assert!(o.status.success(), "{}", err(&o));
@@ -1066,6 +1108,42 @@ fn uncertainty_gives_every_headline_metric_an_interval() {
         args.extend_from_slice(bad);
         assert_eq!(dstwin(&args).status.code(), Some(2), "{bad:?}");
     }
+}
+
+/// vllm-ascend's balance scheduling from a scenario reaches the scheduler (the rule itself is
+/// tested in engine/core/tests/scheduler.rs) and is refused beside SGLang's prefill delayer.
+#[test]
+fn balance_scheduling_changes_a_mixed_run_and_is_not_paired_with_the_prefill_delayer() {
+    let tiny = data("tiny-mixed.toml");
+    // Every seat taken (32 ranks x 8) and outputs of different lengths, so that some ranks
+    // are full while others have a seat free.
+    let full = [
+        "workload.concurrency=300",
+        "workload.num_requests=900",
+        "workload.output={ dist = \"uniform\", min = 5, max = 60 }",
+    ];
+    let plain = json_report(&tiny, &full);
+    let on = "serve.scheduler.enable_balance_scheduling=true";
+    let balanced = json_report(&tiny, &[full[0], full[1], full[2], on]);
+    assert_ne!(plain["latency"], balanced["latency"]);
+    assert_eq!(plain["requests_finished"], balanced["requests_finished"]);
+    let o = dstwin(&[
+        "simulate",
+        &tiny,
+        "--quiet",
+        "--set",
+        "serve.scheduler.enable_balance_scheduling=true",
+        "--set",
+        "serve.scheduler.prefill_delay_passes=30",
+        "--set",
+        "serve.scheduler.async_scheduling=true",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        err(&o).contains("enable_balance_scheduling = true: not with prefill_delay_passes"),
+        "{}",
+        err(&o)
+    );
 }
 
 /// SGLang's prefill delayer from a scenario: on tiny-mixed's 32 DP ranks a prompt that arrives

@@ -262,6 +262,7 @@ impl Target {
                 tp: self.tp,
                 dp: self.dies / self.tp.max(1),
                 dense_tp: self.dense_tp,
+                lmhead_tp: None,
                 redundant_experts: self.redundant_experts,
                 shared_expert_dies: self.shared_expert_dies,
                 ..Layout::dp_ep(self.role, self.dies)

@@ -1,5 +1,6 @@
 //! Human-readable rendering of reports.
 
+use dstwin_core::eplb::Policy as EplbPolicy;
 use dstwin_twin::explain::Explain;
 use std::fmt::Write;
 
@@ -280,11 +281,32 @@ pub fn render_sim(r: &SimReport) -> String {
         r.kv_transfer_gb
     );
     let el = &r.expert_load;
+    // How each instance's experts were placed; one phrase when they all were alike.
+    let placed = |i: &crate::run::InstanceReport| match (&i.placement_file, i.eplb_policy) {
+        (Some(f), _) => format!("from its placement file {f}"),
+        (None, EplbPolicy::Identity) if i.redundant_experts == 0 && !el.eplb_dynamic => {
+            "contiguously (identity: no EPLB)".to_string()
+        }
+        (None, EplbPolicy::Identity) => "contiguously (identity)".to_string(),
+        (None, p) => format!("by {p} EPLB on the mean load at the start"),
+    };
+    let mut how: Vec<(String, String)> = Vec::new();
+    for i in &r.instances {
+        let kind = i.name.split('[').next().unwrap_or(&i.name).to_string();
+        if !how.iter().any(|(k, _)| *k == kind) {
+            how.push((kind, placed(i)));
+        }
+    }
+    let placement = if how.windows(2).all(|w| w[0].1 == w[1].1) {
+        how.first().map(|(_, p)| p.clone()).unwrap_or_default()
+    } else {
+        let each: Vec<String> = how.iter().map(|(k, p)| format!("{k} {p}")).collect();
+        format!("per instance: {}", each.join("; "))
+    };
     let _ = writeln!(
         s,
-        "expert load {}; placed by {} EPLB on the mean load at the start{}",
+        "expert load {}; experts placed {placement}{}",
         el.load.summary(),
-        el.eplb_policy,
         if el.eplb_dynamic {
             ", re-placed by the dynamic cycle"
         } else {

@@ -15,6 +15,10 @@
 //!   the next capture size.
 //! - FLASHCOMM1: in steps with prompts, attention TP's all-reduce becomes a reduce-scatter and
 //!   an all-gather, and the norms run on 1/TP of the tokens.
+//! - Shared-expert data parallelism (vllm-ascend's `enable_shared_expert_dp`, and what its
+//!   FLASHCOMM1 does by itself: `shared_expert_dp_enabled()` in vllm_ascend/utils.py): under
+//!   attention TP the shared expert is not split over the TP group; each die holds its whole
+//!   weights and computes it for its own tokens.
 //! - MLAPO: the MLA pre-processing (norm, q/kv projections, RoPE, cache write) of a decode step
 //!   as one fused kernel.
 //! - `enable_dsa_cp` (vllm-ascend's DSA context parallelism; SGLang's
@@ -233,6 +237,11 @@ macro_rules! feature_fields {
             /// FLASHCOMM1: attention TP's all-reduce as reduce-scatter + all-gather, norms on
             /// 1/TP of the tokens.
             flashcomm1: bool [long],
+            /// vllm-ascend's enable_shared_expert_dp: the shared expert runs data-parallel,
+            /// every die holding its whole weights, on the die's own slice of the tokens; it
+            /// turns FLASHCOMM1 on, as vllm-ascend 0.18-0.25 does, and FLASHCOMM1 alone runs the
+            /// shared expert so too (attention TP > 1 with expert parallelism).
+            enable_shared_expert_dp: bool [long],
             /// MLAPO: the MLA pre-processing of decode steps (up to 1024 tokens) as one fused
             /// kernel.
             mlapo: bool [long],
@@ -325,6 +334,9 @@ pub struct Resolved {
     /// Capture sizes, ascending; empty when decode steps run eagerly.
     pub capture_sizes: Vec<u32>,
     pub flashcomm1: bool,
+    /// The shared expert runs whole on every die of an attention TP group, on the die's own
+    /// tokens ([`Features::shared_expert_dp`]).
+    pub shared_expert_dp: bool,
     pub mlapo: bool,
     pub attention_per_sequence: bool,
     pub enforce_eager: bool,
@@ -333,6 +345,11 @@ pub struct Resolved {
     pub piecewise: bool,
     /// Steps with prompts split their tokens over the attention TP group (`enable_dsa_cp`).
     pub dsa_cp: bool,
+    /// The most tokens a DP rank's decode step holds, `max_num_seqs` x (1 + drafts): the size
+    /// vllm-ascend pads an LM-head TP group's logits to (0: no padding). Not reported: it
+    /// restates the scheduler's limits.
+    #[serde(skip)]
+    pub logits_pad_tokens: u64,
 }
 
 /// What a decode step's MoE uses and why.
@@ -383,6 +400,7 @@ impl Features {
         for (field, on) in [
             ("enable_dsa_cp", self.enable_dsa_cp),
             ("flashcomm1", self.flashcomm1),
+            ("enable_shared_expert_dp", self.enable_shared_expert_dp),
         ] {
             if on && moe_tp > 1 {
                 return Err(FeatureError {
@@ -396,6 +414,12 @@ impl Features {
             }
         }
         Ok(())
+    }
+
+    /// Whether the shared expert runs data-parallel under attention TP `tp`: asked for, or
+    /// FLASHCOMM1, under which vllm-ascend runs it so (`shared_expert_dp_enabled()`).
+    pub fn shared_expert_dp(&self, tp: u32) -> bool {
+        tp > 1 && (self.enable_shared_expert_dp || self.flashcomm1)
     }
 
     /// Resolves the features of an instance whose DP ranks hold `max_num_seqs` sequences with
@@ -417,6 +441,16 @@ impl Features {
                 reason: "runs no graph: leave cudagraph_mode out (vLLM ignores the compilation \
                          config under --enforce-eager)"
                     .into(),
+            });
+        }
+        if self.enable_shared_expert_dp && tp < 2 {
+            return Err(FeatureError {
+                field: "enable_shared_expert_dp",
+                value: "true".into(),
+                reason: format!(
+                    "runs the shared expert whole on every die of an attention TP group: needs \
+                     tp > 1 (this instance has tp {tp}; vllm-ascend ignores it there)"
+                ),
             });
         }
         if self.enable_dsa_cp && tp < 2 {
@@ -471,12 +505,16 @@ impl Features {
             platform: Platform::of_chip(chip),
             mc2_capacity,
             capture_sizes,
-            flashcomm1: self.flashcomm1,
+            // vllm-ascend 0.18-0.25 turns sequence parallelism on with shared-expert DP
+            // (ascend_config.py: enable_sp(..., enable_shared_expert_dp=True)).
+            flashcomm1: self.flashcomm1 || self.shared_expert_dp(tp as u32),
+            shared_expert_dp: self.shared_expert_dp(tp as u32),
             mlapo: self.mlapo,
             attention_per_sequence: self.attention_per_sequence,
             enforce_eager: self.enforce_eager,
             piecewise: self.cudagraph_mode == CudagraphMode::FullAndPiecewise,
             dsa_cp: self.enable_dsa_cp,
+            logits_pad_tokens: max_num_seqs as u64 * query_len,
         })
     }
 }
@@ -492,11 +530,13 @@ impl Resolved {
             mc2_capacity: MC2_TOKENS_PER_RANK_LIMIT,
             capture_sizes: Vec::new(),
             flashcomm1: false,
+            shared_expert_dp: false,
             mlapo: false,
             attention_per_sequence: false,
             enforce_eager: false,
             piecewise: false,
             dsa_cp: false,
+            logits_pad_tokens: 0,
         }
     }
 

@@ -56,6 +56,12 @@ pub struct Layout {
     /// Tensor-parallel size of dense FFN layers, embeddings and LM head (default: `tp`).
     #[serde(default)]
     pub dense_tp: Option<u32>,
+    /// The LM head alone split by vocabulary over this many consecutive DP ranks
+    /// (vllm-ascend's `finegrained_tp_config.lmhead_tensor_parallel_size`): they all-gather
+    /// their hidden states before it and exchange the logits after it, each padded to the
+    /// rank's `max_num_seqs` x (1 + MTP drafts) tokens. Absent: the LM head follows `dense_tp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lmhead_tp: Option<u32>,
     /// Extra routed-expert slots beyond one per logical expert (EPLB redundancy).
     #[serde(default)]
     pub redundant_experts: u32,
@@ -114,6 +120,9 @@ pub struct Plan {
     /// parallelism (`ep` 1 on more than one die), else 1.
     pub moe_tp: u32,
     pub dense_tp: u32,
+    /// [`Layout::lmhead_tp`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lmhead_tp: Option<u32>,
     pub redundant_experts: u32,
     pub shared_expert_dies: u32,
     /// Dies holding routed experts.
@@ -153,6 +162,7 @@ impl Layout {
             tp: 1,
             ep: dies,
             dense_tp: None,
+            lmhead_tp: None,
             redundant_experts: 0,
             shared_expert_dies: 0,
         }
@@ -260,6 +270,30 @@ impl Layout {
                 format!("must divide the dense FFN size {}", model.dense_ffn),
             ));
         }
+        if let Some(n) = self.lmhead_tp {
+            if self.tp > 1 {
+                return Err(field(
+                    "lmhead_tp",
+                    n,
+                    format!(
+                        "is modelled with attention tp = 1 only (this layout has tp {}): the \
+                         group is DP ranks at one TP index, spaced tp dies apart",
+                        self.tp
+                    ),
+                ));
+            }
+            if n < 2 || !self.dp.is_multiple_of(n) {
+                return Err(field(
+                    "lmhead_tp",
+                    n,
+                    format!(
+                        "must be at least 2 and divide dp ({}): the LM head's group is that many \
+                         consecutive DP ranks, as vllm-ascend requires",
+                        self.dp
+                    ),
+                ));
+            }
+        }
         if self.shared_expert_dies > 0 && model.shared_experts == 0 {
             return Err(field(
                 "shared_expert_dies",
@@ -306,6 +340,7 @@ impl Layout {
             ep: self.ep,
             moe_tp,
             dense_tp,
+            lmhead_tp: self.lmhead_tp,
             redundant_experts: self.redundant_experts,
             shared_expert_dies: self.shared_expert_dies,
             routed_dies,

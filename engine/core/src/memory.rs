@@ -52,7 +52,13 @@ pub struct MemoryInputs {
     /// The most tokens one die's activations hold in a step: the DP rank's token budget, or
     /// its slice of it under context parallelism ([`cp_tokens_per_die`]).
     pub max_tokens_per_step: u64,
+    /// The most tokens one die dispatches to the routed experts in a step: its 1/TP share of
+    /// the DP rank's token budget (under attention TP each die of the group dispatches its
+    /// share; under context parallelism its slice).
+    pub dispatch_tokens_per_step: u64,
     pub budget: MemoryBudget,
+    /// The shared expert runs whole on every die ([`crate::features::Features::shared_expert_dp`]).
+    pub shared_expert_dp: bool,
 }
 
 /// Bytes per die by use.
@@ -89,6 +95,18 @@ pub enum MemoryError {
     },
 }
 
+/// The tokens of a DP rank's step of `tokens` that one of its dies dispatches to the routed
+/// experts: its 1/TP share under expert parallelism (attention TP and context parallelism
+/// alike, [`crate::opgraph`]'s `ffn_tokens`); all of them under MoE tensor parallelism,
+/// whose every die runs the rank's tokens through its slice of the experts.
+pub fn dispatch_tokens_per_die(tokens: u64, plan: &Plan) -> u64 {
+    if plan.moe_tp > 1 {
+        tokens
+    } else {
+        tokens.div_ceil(plan.tp.max(1) as u64)
+    }
+}
+
 /// The tokens of a step of `tokens` that one die of an attention TP group of `tp` holds at
 /// most: under context parallelism (`dsa_cp`) its slice, gathered over the dense-TP group of
 /// `dense_tp` for the FFN side; all of them otherwise.
@@ -120,13 +138,16 @@ pub fn memory_map(
     let v4_extras = (c.attention - c.attn_layer.total() * m.layers) as f64;
     let attention_weights = (attn_layer * (m.layers + mtp) as f64 + v4_extras) * lin;
     let dense_ffn_weights = c.dense_ffn as f64 / dtp * lin;
-    let embedding_weights = (c.embedding + c.lm_head) as f64 / dtp * emb;
+    let lmhead_split = plan.lmhead_tp.map_or(dtp, f64::from);
+    let embedding_weights = (c.embedding as f64 / dtp + c.lm_head as f64 / lmhead_split) * emb;
     let moe_layers = (m.moe_layers() + mtp) as f64;
     let expert = m.expert_params() as f64 * exp;
     // Under MoE tensor parallelism every die holds a 1/moe_tp slice of every expert.
     let routed = plan.slots_per_die as f64 * expert * moe_layers / plan.moe_tp as f64;
     let shared_per_die = if plan.shared_expert_dies > 0 {
         0.0
+    } else if inp.shared_expert_dp {
+        m.shared_experts as f64 * expert * moe_layers
     } else {
         m.shared_experts as f64 * expert * moe_layers / dtp
     };
@@ -151,8 +172,10 @@ pub fn memory_map(
     };
     let activations = t * h * DType::Bf16.bytes() * ACTIVATION_BUFFERS_PER_TOKEN * hc;
     // Dispatch receive and combine send buffers hold every routed copy of the die's tokens.
-    let moe_buffers = 2.0 * t * fanout * h * DType::Bf16.bytes();
-    let logits = t * m.vocab as f64 / dtp * LOGIT_BYTES;
+    let moe_buffers = 2.0 * inp.dispatch_tokens_per_step as f64 * fanout * h * DType::Bf16.bytes();
+    // An LM-head TP group hands every rank its tokens' logits over the whole vocabulary.
+    let logits =
+        t * m.vocab as f64 / if plan.lmhead_tp.is_some() { 1.0 } else { dtp } * LOGIT_BYTES;
     let workspace = activations + moe_buffers + logits;
 
     let hbm = system.chip.hbm_bytes();

@@ -348,8 +348,37 @@ impl Builder<'_> {
         let (h, v) = (m.hidden as f64, m.vocab as f64 / dtp as f64);
         self.elementwise("final_norm", layer, repeat, logit_tokens * h);
         let e = self.s.quant.embedding();
-        self.gemm("lm_head", layer, repeat, logit_tokens, h, v, e, e);
-        if dtp > 1 {
+        if let Some(n) = self.s.plan.lmhead_tp {
+            // vllm-ascend's LM-head TP: every rank of the group pads its tokens to the decode
+            // step's largest, all-gathers the group's hidden states, computes their logits over
+            // its 1/n of the vocabulary, and an all-to-all hands each rank its own tokens'
+            // logits over the whole vocabulary (priced as the all-gather of the same bytes: each
+            // rank sends and receives (n - 1)/n of its result).
+            let pad = logit_tokens.max(self.s.features.logits_pad_tokens as f64);
+            let n_f = n as f64;
+            let bf16 = DType::Bf16.bytes();
+            self.collective(
+                "lmhead_all_gather",
+                layer,
+                repeat,
+                CommKind::AllGather,
+                n_f * pad * h * bf16,
+                n,
+            );
+            let v = m.vocab as f64 / n_f;
+            self.gemm("lm_head", layer, repeat, n_f * pad, h, v, e, e);
+            self.collective(
+                "logits_all_to_all",
+                layer,
+                repeat,
+                CommKind::AllGather,
+                pad * m.vocab as f64 * bf16,
+                n,
+            );
+        } else {
+            self.gemm("lm_head", layer, repeat, logit_tokens, h, v, e, e);
+        }
+        if dtp > 1 && self.s.plan.lmhead_tp.is_none() {
             self.collective(
                 "logits_gather",
                 layer,
@@ -568,6 +597,7 @@ fn bare_plan(model: &ModelConfig, ep: u32) -> Plan {
         ep,
         moe_tp: 1,
         dense_tp: 1,
+        lmhead_tp: None,
         redundant_experts: 0,
         shared_expert_dies: 0,
         routed_dies: ep,

@@ -92,7 +92,9 @@ fn inputs(quant: Quant) -> MemoryInputs {
         kv_dtype: DType::Bf16,
         mtp_tokens: 1,
         max_tokens_per_step: 2048,
+        dispatch_tokens_per_step: 2048,
         budget: MemoryBudget::SystemReserve,
+        shared_expert_dp: false,
     }
 }
 
@@ -186,6 +188,7 @@ fn moe_tp(dies: u32) -> Layout {
         tp: dies,
         ep: 1,
         dense_tp: None,
+        lmhead_tp: None,
         redundant_experts: 0,
         shared_expert_dies: 0,
     }
@@ -252,4 +255,76 @@ fn moe_tensor_parallelism_holds_a_slice_of_every_expert() {
     // 256 experts split 8 ways weigh what 32 whole experts per die weigh.
     let rel = (tp.routed_expert_weights / ep.routed_expert_weights - 1.0).abs();
     assert!(rel < 1e-12, "{rel}");
+}
+
+/// vllm-ascend's LM-head TP: the group is consecutive DP ranks, so it must divide dp; each die
+/// then holds 1/n of the LM head (the embedding stays as dense_tp splits it).
+#[test]
+fn lmhead_tp_splits_the_lm_head_over_dp_ranks() {
+    let m = builtin("r1").unwrap();
+    let s = Catalog::builtin().system("atlas-800-a3").unwrap();
+    let layout = |lmhead_tp| Layout {
+        lmhead_tp,
+        ..Layout::dp_ep(Role::Decode, 32)
+    };
+    for bad in [1, 5, 64] {
+        let err = layout(Some(bad)).validate(&m, s).unwrap_err().to_string();
+        assert!(err.contains(&format!("layout.lmhead_tp = {bad}")), "{err}");
+        assert!(err.contains("divide dp (32)"), "{err}");
+    }
+    let map = |l: Layout| {
+        let plan = l.validate(&m, s).unwrap();
+        memory_map(&m, &plan, s, &inputs(Quant::W8a8)).unwrap()
+    };
+    let (full, split) = (map(layout(None)), map(layout(Some(16))));
+    let lm_head = (m.vocab * m.hidden) as f64 * 2.0;
+    let saved = full.embedding_weights - split.embedding_weights;
+    assert!(
+        (saved / (lm_head * 15.0 / 16.0) - 1.0).abs() < 1e-12,
+        "{saved}"
+    );
+    assert!(split.kv_cache > full.kv_cache);
+}
+
+/// Shared-expert DP holds the whole shared expert on every die of an attention TP group;
+/// dispatch buffers are sized for the die's 1/TP share of the tokens under expert parallelism,
+/// for all of them under MoE tensor parallelism.
+#[test]
+fn shared_expert_dp_holds_it_whole_and_dispatch_buffers_hold_the_dies_share() {
+    use dstwin_core::memory::dispatch_tokens_per_die;
+    let m = builtin("r1").unwrap();
+    let s = Catalog::builtin().system("atlas-800-a3").unwrap();
+    let tp8 = Layout {
+        dp: 2,
+        tp: 8,
+        ..Layout::dp_ep(Role::Prefill, 16)
+    }
+    .validate(&m, s)
+    .unwrap();
+    assert_eq!(dispatch_tokens_per_die(16384, &tp8), 2048);
+    let h200 = Catalog::builtin().system("nvidia-h200-8").unwrap();
+    let moe_tp = moe_tp(8).validate(&m, h200).unwrap();
+    assert_eq!(dispatch_tokens_per_die(8192, &moe_tp), 8192);
+    let map = |dp: bool, dispatch: u64| {
+        memory_map(
+            &m,
+            &tp8,
+            s,
+            &MemoryInputs {
+                shared_expert_dp: dp,
+                dispatch_tokens_per_step: dispatch,
+                ..inputs(Quant::W8a8)
+            },
+        )
+        .unwrap()
+    };
+    let (split, whole) = (map(false, 2048), map(true, 2048));
+    assert!((whole.shared_expert_weights / split.shared_expert_weights - 8.0).abs() < 1e-9);
+    assert_eq!(
+        whole.kv_cache,
+        split.kv_cache - (whole.shared_expert_weights - split.shared_expert_weights)
+    );
+    // Buffers for the whole rank's tokens would take 8x the dispatch share's.
+    let full = map(false, 16384);
+    assert!(full.workspace > split.workspace);
 }

@@ -476,6 +476,7 @@ fn context_parallelism_is_part_of_what_the_moe_part_reads() {
         tp: 4,
         dp: 8,
         dense_tp: Some(1),
+        lmhead_tp: None,
         ..Layout::dp_ep(Role::Mixed, 32)
     };
     let plan = layout.validate(&m, sys).unwrap();
@@ -630,6 +631,7 @@ fn moe_tensor_parallelism_splits_every_expert_and_all_reduces_once() {
         tp: 8,
         ep,
         dense_tp: None,
+        lmhead_tp: None,
         redundant_experts: 0,
         shared_expert_dies: 0,
     };
@@ -730,4 +732,135 @@ fn w4a8_experts_compute_from_int4_weights_and_the_rest_from_int8() {
     assert_eq!(dtype("experts"), DType::Int4);
     assert_eq!(dtype("shared_expert"), DType::Int4);
     assert_eq!(dtype("q_b_proj"), DType::Int8);
+}
+
+/// vllm-ascend's LM-head TP over n DP ranks: each pads its logits to max_num_seqs x (1 +
+/// drafts) tokens, all-gathers the group's hidden states, computes their logits over 1/n of
+/// the vocabulary and exchanges them back; the MTP head, which shares the weight, does the same.
+#[test]
+fn lmhead_tp_gathers_the_group_and_computes_its_vocabulary_slice() {
+    use dstwin_core::features::{Features, MoeCommUsed};
+    use dstwin_hwmodels::CommKind;
+    let m = builtin("r1").unwrap();
+    let sys = Catalog::builtin().system("atlas-800-a3").unwrap();
+    // 28 sequences a rank, MTP 1: logits padded to 56 tokens.
+    let features = Features::default()
+        .resolve("ascend-910c", 28, 1, 1)
+        .unwrap();
+    let shape = BatchShape::uniform_decode(20, 2, 4096, m.attn_cap());
+    let ops = |lmhead_tp| {
+        let plan = Layout {
+            lmhead_tp,
+            ..Layout::dp_ep(Role::Decode, 32)
+        }
+        .validate(&m, sys)
+        .unwrap();
+        let spec = w8a8_spec(&m, &plan, &features, 1);
+        let load = MoeLoad {
+            group_tokens: shape.tokens() * 32,
+            imbalance: 1.0,
+            comm: MoeCommUsed::Mc2,
+        };
+        step_ops(spec, &shape, &load)
+    };
+    let (h, v) = (m.hidden as f64, m.vocab as f64);
+    let heads = |ops: &[dstwin_core::opgraph::Op]| -> Vec<(f64, f64)> {
+        ops.iter()
+            .filter(|o| o.name == "lm_head")
+            .map(|o| match o.kind {
+                OpKind::Compute(w) => (w.flops, w.bytes),
+                OpKind::Comm(_) => panic!("lm_head is compute"),
+            })
+            .collect()
+    };
+    let plain = ops(None);
+    assert!(plain
+        .iter()
+        .all(|o| !o.name.starts_with("lmhead_") && o.name != "logits_all_to_all"));
+    // Without it: the step's 40 logit tokens (and 20 for the draft) over the whole vocabulary.
+    assert_eq!(heads(&plain)[0].0, 2.0 * 40.0 * h * v);
+    let split = ops(Some(16));
+    for (flops, bytes) in heads(&split) {
+        assert_eq!(flops, 2.0 * 16.0 * 56.0 * h * v / 16.0);
+        // Its 1/16 of the weights, plus the gathered rows in and their logits out.
+        let want = v / 16.0 * h * 2.0 + 16.0 * 56.0 * (h + v / 16.0) * 2.0;
+        assert!((bytes / want - 1.0).abs() < 1e-9, "{bytes} vs {want}");
+    }
+    let comm = |name: &str| -> Vec<(CommKind, f64, u32)> {
+        split
+            .iter()
+            .filter(|o| o.name == name)
+            .map(|o| match o.kind {
+                OpKind::Comm(c) => (c.kind, c.bytes, c.group),
+                OpKind::Compute(_) => panic!("{name} is a collective"),
+            })
+            .collect()
+    };
+    // Once for the model's head, once for the MTP head.
+    assert_eq!(
+        comm("lmhead_all_gather"),
+        vec![(CommKind::AllGather, 16.0 * 56.0 * h * 2.0, 16); 2]
+    );
+    assert_eq!(
+        comm("logits_all_to_all"),
+        vec![(CommKind::AllGather, 56.0 * v * 2.0, 16); 2]
+    );
+}
+
+/// Shared-expert DP (FLASHCOMM1 runs it so by itself): each die of the TP group computes the
+/// whole shared expert for its own slice of the tokens, reading all of its weights, where TP
+/// splits it eight ways over every token of the rank: the same FLOPs, eight times the weights.
+#[test]
+fn shared_expert_dp_runs_the_whole_expert_on_the_dies_slice() {
+    use dstwin_core::features::{Features, MoeCommUsed};
+    let m = builtin("r1").unwrap();
+    let sys = Catalog::builtin().system("atlas-800-a3").unwrap();
+    let plan = Layout {
+        dp: 2,
+        tp: 8,
+        ..Layout::dp_ep(Role::Prefill, 16)
+    }
+    .validate(&m, sys)
+    .unwrap();
+    let shape = BatchShape::uniform_prefill(2, 2048, m.attn_cap());
+    let shared = |f: Features| {
+        let features = f.resolve("ascend-910c", 8, 0, 8).unwrap();
+        let spec = w8a8_spec(&m, &plan, &features, 0);
+        let load = MoeLoad {
+            group_tokens: shape.tokens() * 2,
+            imbalance: 1.0,
+            comm: MoeCommUsed::AllToAll,
+        };
+        let ops = step_ops(spec, &shape, &load);
+        let o = ops.iter().find(|o| o.name == "shared_expert").unwrap();
+        match o.kind {
+            OpKind::Compute(w) => (features.flashcomm1, w.flops, w.bytes),
+            OpKind::Comm(_) => panic!("the shared expert is compute"),
+        }
+    };
+    let (fc_tp, flops_tp, bytes_tp) = shared(Features::default());
+    let (fc_dp, flops_dp, bytes_dp) = shared(Features {
+        flashcomm1: true,
+        ..Features::default()
+    });
+    let (fc_flag, flops_flag, bytes_flag) = shared(Features {
+        enable_shared_expert_dp: true,
+        ..Features::default()
+    });
+    assert!(!fc_tp && fc_dp && fc_flag, "the option turns FLASHCOMM1 on");
+    assert!((flops_dp / flops_tp - 1.0).abs() < 1e-12);
+    assert_eq!((flops_flag, bytes_flag), (flops_dp, bytes_dp));
+    // Int8 weights (whole, or an eighth) plus each token's bf16 activations in and out.
+    let (h, ffn) = (m.hidden as f64, m.expert_ffn as f64);
+    let weights = m.expert_params() as f64 * m.shared_experts as f64;
+    let bytes =
+        |tokens: f64, split: f64| weights / split + tokens * (2.0 * h + 3.0 * ffn / split) * 2.0;
+    assert!(
+        (bytes_tp / bytes(4096.0, 8.0) - 1.0).abs() < 1e-12,
+        "{bytes_tp}"
+    );
+    assert!(
+        (bytes_dp / bytes(512.0, 1.0) - 1.0).abs() < 1e-12,
+        "{bytes_dp}"
+    );
 }

@@ -22,6 +22,7 @@ fn cfg(role: Role, blocks: u64) -> InstanceConfig {
         enable_prefix_caching: true,
         long_prefill_token_threshold: 0,
         prefill_delay_passes: 0,
+        balance_scheduling: false,
         max_model_len: 1 << 20,
         num_spec_tokens: 0,
         attn_cap: AttnCap(None),
@@ -717,6 +718,45 @@ fn the_prefill_delayer_holds_a_prompt_until_every_rank_has_one_or_the_passes_run
     assert!(step(&mut inst).is_empty());
     assert!(step(&mut inst).is_empty());
     assert_eq!(step(&mut inst), [5]);
+}
+
+/// vllm-ascend's balance scheduling: while one DP rank runs `max_num_seqs` requests no rank
+/// admits a waiting one, though a seat is free on its own rank; once the full rank's request
+/// finishes, the waiting one starts.
+#[test]
+fn balance_scheduling_holds_every_rank_while_one_is_full() {
+    let mut c = cfg(Role::Mixed, 1000);
+    c.dp_ranks = 2;
+    c.max_num_seqs = 1;
+    let held_steps = |balance: bool| {
+        let mut c = c;
+        c.balance_scheduling = balance;
+        let mut inst = Instance::new(c);
+        assert_eq!(inst.add_request(req(1, 200, 4), SimTime::ZERO), 0);
+        inst.schedule(SimTime::ZERO);
+        assert_eq!(inst.started(), &[1]);
+        apply(&mut inst, vec![vec![0]]);
+        // The other rank is empty: the new request goes there.
+        assert_eq!(inst.add_request(req(2, 200, 10), SimTime::ZERO), 1);
+        let mut held = 0;
+        loop {
+            inst.schedule(SimTime::ZERO);
+            if inst.started().contains(&2) {
+                return held;
+            }
+            held += 1;
+            assert_eq!(
+                inst.plan().totals().tokens,
+                1,
+                "step {held}: only the decode runs"
+            );
+            let accepted = no_drafts_accepted(&inst);
+            apply(&mut inst, accepted);
+        }
+    };
+    assert_eq!(held_steps(false), 0);
+    // Request 1's prefill gave its first token; its other three decode while request 2 waits.
+    assert_eq!(held_steps(true), 3);
 }
 
 /// A held step whose only running request preempts itself would be a step of nothing, which

@@ -60,15 +60,14 @@ fn experts_for(
                     file: file.clone(),
                     message,
                 })?,
-            None => place(plan.placement_policy(s.eplb.policy), load.shares(), &layout)
-                .map_err(eplb_err)?,
+            None => place(setup.eplb_policy, load.shares(), &layout).map_err(eplb_err)?,
         };
     let eplb = s.eplb.dynamic.then(|| EplbSpec {
         rebalancer: Rebalancer::new(
             CycleConfig {
                 heat_interval: s.eplb.heat_interval,
                 algorithm_interval: s.eplb.algorithm_interval,
-                policy: s.eplb.policy,
+                policy: setup.eplb_policy,
             },
             layout,
             layers,
@@ -140,6 +139,7 @@ pub(crate) fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceCo
         send_back: sc.preemption == PreemptionSpec::SendBack,
         async_scheduling: sc.async_scheduling,
         prefill_delay_passes: sc.prefill_delay_passes,
+        balance_scheduling: sc.enable_balance_scheduling,
     }
 }
 

@@ -583,6 +583,8 @@ impl<'s, 'o> Sim<'s, 'o> {
                 role: i.role,
                 dies: self.s.instances[i.setup].plan.dies,
                 redundant_experts: self.s.instances[i.setup].plan.redundant_experts,
+                eplb_policy: self.s.instances[i.setup].eplb_policy,
+                placement_file: self.s.instances[i.setup].placement.clone(),
                 steps: i.steps,
                 busy_ns: i.busy_ns,
                 tokens: i.tokens,

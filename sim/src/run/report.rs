@@ -55,6 +55,11 @@ pub struct InstanceReport {
     pub mean_tokens_per_step: f64,
     /// Redundant routed-expert slots of the instance's placement.
     pub redundant_experts: u32,
+    /// The EPLB policy that placed its experts at the start (the scenario's, else the engines'
+    /// default for this instance), and the placement file it started from instead, if any.
+    pub eplb_policy: EplbPolicy,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement_file: Option<String>,
     /// Hottest routed-expert die over the mean under the mean load, averaged over layers: the
     /// placement made at the start (1.0: perfect balance).
     pub placed_imbalance: f64,
@@ -79,7 +84,9 @@ pub struct InstanceReport {
 pub struct ExpertLoadReport {
     #[serde(flatten)]
     pub load: LoadAssumption,
-    pub eplb_policy: EplbPolicy,
+    /// The `[eplb] policy` the scenario gives (null: each instance has its engine's default,
+    /// `instances[].eplb_policy`).
+    pub eplb_policy: Option<EplbPolicy>,
     pub eplb_dynamic: bool,
 }
 
@@ -155,6 +162,8 @@ pub struct InstanceStats {
     pub role: Role,
     pub dies: u32,
     pub redundant_experts: u32,
+    pub eplb_policy: EplbPolicy,
+    pub placement_file: Option<String>,
     pub steps: u64,
     /// Time its device was busy, nanoseconds.
     pub busy_ns: u64,
@@ -250,6 +259,8 @@ pub fn report(s: &Scenario, stats: RunStats) -> RunResult {
                 eplb_layer_moves: i.eplb_layer_moves,
                 eplb_move_ms: i.eplb_move_s * 1e3,
                 redundant_experts: i.redundant_experts,
+                eplb_policy: i.eplb_policy,
+                placement_file: i.placement_file.clone(),
                 placed_imbalance: i.placed_imbalance,
                 moe_imbalance: if i.steps > 0 {
                     i.imbalance_sum / i.steps as f64

@@ -86,6 +86,9 @@ pub struct InstanceSetup {
     /// Engine mechanisms, resolved for this instance.
     pub features: dstwin_core::features::Resolved,
     pub placement: Option<String>,
+    /// The EPLB policy placing this instance's experts ([`EplbSpec::policy_for`]; identity
+    /// under MoE tensor parallelism, where there is nothing to place).
+    pub eplb_policy: dstwin_core::eplb::Policy,
     pub scheduler: SchedulerSpec,
     pub memory: MemoryMap,
     pub kv_blocks_per_rank: u64,

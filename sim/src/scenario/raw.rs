@@ -101,10 +101,13 @@ pub struct ProxySpec {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EplbSpec {
-    /// identity, global, hierarchical or greedy (default). The first placement is computed from
-    /// the expert load at the start of the run.
-    #[serde(default = "default_policy")]
-    pub policy: EplbPolicy,
+    /// identity, global, hierarchical or greedy. The first placement is computed from the expert
+    /// load at the start of the run. Left out, each instance gets its engine's own
+    /// ([`EplbSpec::policy_for`]): greedy where it runs EPLB (it has redundant experts, or
+    /// `dynamic` is on), else identity, the contiguous placement vLLM, vllm-ascend and SGLang
+    /// use when no EPLB is configured.
+    #[serde(default)]
+    pub policy: Option<EplbPolicy>,
     /// Re-place periodically (vllm-ascend's dynamic EPLB): collect heat for `heat_interval`
     /// steps, compute for `algorithm_interval` steps, move one MoE layer per step.
     #[serde(default)]
@@ -120,7 +123,7 @@ pub struct EplbSpec {
 impl Default for EplbSpec {
     fn default() -> Self {
         EplbSpec {
-            policy: default_policy(),
+            policy: None,
             dynamic: false,
             heat_interval: default_heat(),
             algorithm_interval: default_algo(),
@@ -135,8 +138,18 @@ fn default_algo() -> u64 {
     50
 }
 
-fn default_policy() -> EplbPolicy {
-    EplbPolicy::Greedy
+impl EplbSpec {
+    /// The placement policy of an instance with `redundant_experts`: the one given, else
+    /// greedy where the instance runs EPLB (redundant experts or dynamic re-placement), else
+    /// identity.
+    pub fn policy_for(&self, redundant_experts: u32) -> EplbPolicy {
+        self.policy
+            .unwrap_or(if redundant_experts > 0 || self.dynamic {
+                EplbPolicy::Greedy
+            } else {
+                EplbPolicy::Identity
+            })
+    }
 }
 
 /// Service-level objectives; a request meets them when every one given holds.
@@ -200,6 +213,12 @@ pub struct SchedulerSpec {
     /// to this many steps less one. 0 (the default): off, as in vLLM.
     #[serde(default)]
     pub prefill_delay_passes: u32,
+    /// vllm-ascend's balance scheduling (`enable_balance_scheduling` in its scheduler or
+    /// additional config; `VLLM_ASCEND_BALANCE_SCHEDULING=1` before): while any DP rank of a
+    /// mixed instance ended the last step with `max_num_seqs` requests running, no rank admits
+    /// a waiting one. Off by default, as in vllm-ascend.
+    #[serde(default)]
+    pub enable_balance_scheduling: bool,
     /// Host (CPU) time of one step per DP rank: scheduling, input preparation, output
     /// processing, in microseconds, plus `host_overhead_per_seq_us` per scheduled request.
     /// Synchronous scheduling adds it to the device step; async scheduling overlaps them.
@@ -229,6 +248,7 @@ impl Default for SchedulerSpec {
             preemption: PreemptionSpec::Recompute,
             async_scheduling: false,
             prefill_delay_passes: 0,
+            enable_balance_scheduling: false,
             host_overhead_us: None,
             host_overhead_per_seq_us: None,
             host_overhead_per_token_us: None,
@@ -291,6 +311,10 @@ dstwin_core::feature_fields!(instance_spec! {{
     /// TP of dense FFN, embeddings and LM head (default tp).
     #[serde(default)]
     pub dense_tp: Option<u32>,
+    /// The LM head alone split over this many consecutive DP ranks (vllm-ascend's
+    /// `finegrained_tp_config.lmhead_tensor_parallel_size`; default: it follows dense_tp).
+    #[serde(default)]
+    pub lmhead_tp: Option<u32>,
     #[serde(default)]
     pub redundant_experts: u32,
     #[serde(default)]

@@ -245,6 +245,7 @@ pub(super) fn validate(
             tp: spec.tp,
             ep: spec.ep.unwrap_or(spec.dies),
             dense_tp: spec.dense_tp,
+            lmhead_tp: spec.lmhead_tp,
             redundant_experts: spec.redundant_experts,
             shared_expert_dies: spec.shared_expert_dies,
         };
@@ -254,6 +255,24 @@ pub(super) fn validate(
                 instance: spec.name.clone(),
                 source,
             })?;
+        if s.enable_balance_scheduling && spec.role != Role::Mixed {
+            return Err(field(
+                f("scheduler.enable_balance_scheduling"),
+                true,
+                format!(
+                    "needs a mixed instance, not {}: vllm-ascend refuses balance scheduling \
+                     on a prefill or decode instance of a PD deployment",
+                    spec.role.name()
+                ),
+            ));
+        }
+        if s.enable_balance_scheduling && s.prefill_delay_passes > 0 {
+            return Err(field(
+                f("scheduler.enable_balance_scheduling"),
+                true,
+                "not with prefill_delay_passes: the one is vllm-ascend's, the other SGLang's",
+            ));
+        }
         if s.prefill_delay_passes > 0
             && (spec.role != Role::Mixed || plan.dp < 2 || !s.async_scheduling)
         {
@@ -300,7 +319,12 @@ pub(super) fn validate(
                     plan.dense_tp,
                     spec.enable_dsa_cp,
                 ),
+                dispatch_tokens_per_step: dstwin_core::memory::dispatch_tokens_per_die(
+                    s.max_num_batched_tokens as u64,
+                    &plan,
+                ),
                 budget,
+                shared_expert_dp: spec.features().shared_expert_dp(plan.tp),
             },
         )
         .map_err(|source| ScenarioError::Memory {
@@ -352,6 +376,7 @@ pub(super) fn validate(
             .check_instance(model.attn_cap().0.is_some(), plan.moe_tp)
             .and_then(|()| features.resolve(&system.chip.name, s.max_num_seqs, mtp_tokens, plan.tp))
             .map_err(|e| field(f(e.field), e.value, e.reason))?;
+        let eplb_policy = plan.placement_policy(raw.eplb.policy_for(spec.redundant_experts));
         instances.push(InstanceSetup {
             name: spec.name.clone(),
             count: spec.count,
@@ -359,6 +384,7 @@ pub(super) fn validate(
             plan,
             features,
             placement: spec.placement.clone(),
+            eplb_policy,
             scheduler: s.clone(),
             memory,
             kv_blocks_per_rank,

@@ -55,10 +55,13 @@ fn a_slow_rate_spaces_the_requests_and_a_fast_one_leaves_the_loop_as_it_was() {
             "request {k}: {in_flight} in flight before it"
         );
     }
-    // A rate far above what the loop sustains changes only the first requests' issue times.
+    // A rate far above what the loop sustains changes only the first requests' issue times:
+    // issued microseconds apart, some miss the first prefill step and wait for the next, so
+    // the run ends up to a step or two later (each 0.1-0.25 s of a run of about 7 s).
     let fast = closed(Some(1e5));
     let end = |v: &[(f64, f64)]| v.iter().map(|r| r.1).fold(0.0, f64::max);
-    assert!((end(&fast) / end(&unpaced) - 1.0).abs() < 0.02);
+    let late = end(&fast) - end(&unpaced);
+    assert!((0.0..0.5).contains(&late), "{late} s");
 }
 
 #[test]

@@ -521,7 +521,12 @@ pub fn explain_under(
                 plan.dense_tp,
                 inp.features.enable_dsa_cp,
             ),
+            dispatch_tokens_per_step: dstwin_core::memory::dispatch_tokens_per_die(
+                inp.max_tokens_per_step.unwrap_or(full.tokens()),
+                &plan,
+            ),
             budget: dstwin_core::memory::MemoryBudget::SystemReserve,
+            shared_expert_dp: inp.features.shared_expert_dp(plan.tp),
         },
     )?;
     let prompts = if b.prompt_len > 0 {

@@ -51,6 +51,11 @@ pub struct InstanceConfig {
     /// all have a prompt to admit, no rank admits one, for up to this many steps less one, so
     /// that prompts start on every rank at once rather than leave ranks idle in a prefill.
     pub prefill_delay_passes: u32,
+    /// vllm-ascend's balance scheduling (`enable_balance_scheduling`, formerly
+    /// `VLLM_ASCEND_BALANCE_SCHEDULING=1`; mixed instances only): while any DP rank ended the
+    /// last step with `max_num_seqs` requests running, no rank admits a waiting request, so
+    /// that ranks fill and drain together.
+    pub balance_scheduling: bool,
 }
 
 /// A request entering an instance.
@@ -363,7 +368,7 @@ impl Instance {
 
     /// Plans one lockstep step of every rank; read it with [`Instance::plan`].
     pub fn schedule(&mut self, _now: SimTime) {
-        let held = self.delay_prefill();
+        let held = self.balance_holds() || self.delay_prefill();
         self.plan_ranks(if held {
             Admission::Held
         } else {
@@ -441,6 +446,18 @@ impl Instance {
         self.plan.ranks.truncate(kept);
         self.totals = totals.finish(self.plan.idle_ranks());
         self.pending = events;
+    }
+
+    /// vllm-ascend's balance scheduling ([`InstanceConfig::balance_scheduling`]): whether a
+    /// rank at its `max_num_seqs` holds every rank's waiting requests back this step. Each rank
+    /// shares its running count at the end of a step, as vllm-ascend's DP ranks all-gather
+    /// theirs; requests already running are scheduled either way.
+    fn balance_holds(&self) -> bool {
+        self.cfg.balance_scheduling
+            && self
+                .active
+                .iter()
+                .any(|&r| self.ranks[r as usize].at_seat_cap())
     }
 
     /// SGLang's prefill delayer ([`InstanceConfig::prefill_delay_passes`]): whether the coming

@@ -155,16 +155,21 @@ impl Builder<'_> {
         let w = self.expert_work(OpClass::GroupedGemm, tok, p.slots_per_die as f64, 1);
         let experts = OpKind::Compute(w);
         self.push("experts", layer, repeat, DieSet::RoutedExperts, experts);
-        // Shared expert: on its own dies, or locally for the die's tokens.
+        // Shared expert: on its own dies, or locally for the die's tokens: split over the dense
+        // TP group, or whole for the die's own slice when it runs data-parallel (which comes
+        // with FLASHCOMM1's token slices).
+        let sedp = self.s.features.shared_expert_dp;
         let (stok, sdies) = if shared_dies {
             (
                 load.group_tokens as f64 / p.shared_expert_dies as f64,
                 DieSet::SharedExperts,
             )
+        } else if sedp {
+            (own, DieSet::All)
         } else {
             (t, DieSet::All)
         };
-        let split = if shared_dies { 1 } else { p.dense_tp };
+        let split = if shared_dies || sedp { 1 } else { p.dense_tp };
         self.shared_expert(layer, repeat, stok, sdies, split);
         let (name, out_of_experts) = if allgather {
             (

@@ -60,6 +60,7 @@ fn config(l: &Layout, role: Role) -> InstanceConfig {
         enable_prefix_caching: l.prefix,
         long_prefill_token_threshold: 0,
         prefill_delay_passes: 0,
+        balance_scheduling: false,
         max_model_len: 512,
         num_spec_tokens: l.spec,
         attn_cap: AttnCap(None),

@@ -31,7 +31,8 @@ use std::sync::Arc;
 pub enum Admission {
     /// As vLLM: unless the step preempted.
     Open,
-    /// Held back by the prefill delayer ([`crate::instance::InstanceConfig::prefill_delay_passes`]).
+    /// Held back by the prefill delayer ([`crate::instance::InstanceConfig::prefill_delay_passes`])
+    /// or balance scheduling ([`crate::instance::InstanceConfig::balance_scheduling`]).
     Held,
     /// The same step planned again at once after a held plan came to nothing: open, unless
     /// the held plan preempted on this rank.
@@ -248,6 +249,12 @@ impl RankScheduler {
     /// fit (what SGLang's prefill delayer asks each DP rank before admission).
     pub fn prefillable(&self) -> bool {
         !self.waiting.is_empty() && self.seats_taken() < self.cfg.max_num_seqs as usize
+    }
+
+    /// As many requests run as `max_num_seqs` allows (vLLM's `len(running)`: a finished
+    /// request's last async step is not counted).
+    pub fn at_seat_cap(&self) -> bool {
+        self.running.len() + self.steady.slots.len() >= self.cfg.max_num_seqs as usize
     }
 
     /// A request runs here (the instance has a step to run whether or not prompts wait); a
