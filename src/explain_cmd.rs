@@ -51,8 +51,9 @@ pub struct ExplainArgs {
     #[arg(long)]
     dense_tp: Option<u32>,
     /// The LM head alone split over this many consecutive DP ranks (vllm-ascend's
-    /// finegrained_tp_config.lmhead_tensor_parallel_size), its logits padded to --seqs x (1 +
-    /// MTP drafts) tokens per rank (default: the LM head follows --dense-tp).
+    /// finegrained_tp_config.lmhead_tensor_parallel_size; at least 2, dividing the DP size,
+    /// with --tp 1), its logits padded to --seqs x (1 + MTP drafts) tokens per rank (default:
+    /// the LM head follows --dense-tp).
     #[arg(long)]
     lmhead_tp: Option<u32>,
     /// Redundant routed-expert slots (EPLB).
@@ -95,8 +96,8 @@ pub struct ExplainArgs {
     /// exponent.
     #[arg(long, num_args = 0..=1, default_missing_value = "fitted", value_name = "LOAD")]
     skew: Option<String>,
-    /// EPLB policy placing a skewed load: identity, global, hierarchical, greedy (default, as in
-    /// scenarios: greedy with redundant experts, identity without).
+    /// EPLB policy placing a skewed load: identity, global, hierarchical or greedy. Default, as in
+    /// scenarios: greedy with --redundant-experts above 0, else identity.
     #[arg(long, requires = "skew")]
     eplb: Option<String>,
     /// With --skew: Dirichlet concentration of each request's routing around the mean; the

@@ -281,6 +281,22 @@ fn skew_defaults_to_the_fitted_load_and_reports_what_it_assumed() {
     );
     assert_eq!(moe["policy"], "greedy");
     assert_eq!(moe["redundant_experts"], 32);
+    // Without redundant experts the default is the engines' contiguous placement, as in
+    // scenarios.
+    let bare = [
+        "explain",
+        "--skew",
+        "--json",
+        "--dies",
+        "32",
+        "--shared-expert-dies",
+        "0",
+    ];
+    let none = json(&[&bare[..], &["--redundant-experts", "0"]].concat());
+    assert_eq!(none["moe"]["policy"], "identity");
+    let asked = json(&[&bare[..], &["--redundant-experts", "0", "--eplb", "greedy"]].concat());
+    assert_eq!(asked["moe"]["policy"], "greedy");
+    assert!(asked["moe_imbalance"].as_f64() < none["moe_imbalance"].as_f64());
     let placed = moe["placed_imbalance"].as_f64().unwrap();
     let total = v["moe_imbalance"].as_f64().unwrap();
     assert!(

@@ -119,13 +119,14 @@ pub fn render_explain(e: &Explain) -> String {
             m.tokens_per_step,
             m.imbalance_cost_ms
         );
-        let _ = writeln!(
-            s,
-            "  expert load      {}; placed by {} EPLB with {} redundant experts",
-            m.load.summary(),
-            m.policy,
-            m.redundant_experts
-        );
+        let placed = match (m.policy, m.redundant_experts) {
+            (EplbPolicy::Identity, 0) => "placed contiguously (identity: no EPLB)".to_string(),
+            (EplbPolicy::Identity, r) => {
+                format!("placed contiguously (identity), {r} redundant experts")
+            }
+            (p, r) => format!("placed by {p} EPLB with {r} redundant experts"),
+        };
+        let _ = writeln!(s, "  expert load      {}; {placed}", m.load.summary());
     } else if e.moe_imbalance == 1.0 {
         let _ = writeln!(
             s,
@@ -308,7 +309,7 @@ pub fn render_sim(r: &SimReport) -> String {
         "expert load {}; experts placed {placement}{}",
         el.load.summary(),
         if el.eplb_dynamic {
-            ", re-placed by the dynamic cycle"
+            ", every instance re-placed by the dynamic cycle"
         } else {
             ""
         }

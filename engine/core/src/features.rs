@@ -235,7 +235,7 @@ macro_rules! feature_fields {
             /// min(max_num_seqs x (1 + MTP tokens), 512)); with a graph mode only.
             cudagraph_capture_sizes: Option<Vec<u32>> [long, value_delimiter = ','],
             /// FLASHCOMM1: attention TP's all-reduce as reduce-scatter + all-gather, norms on
-            /// 1/TP of the tokens.
+            /// 1/TP of the tokens, the shared expert whole on each die for its own slice.
             flashcomm1: bool [long],
             /// vllm-ascend's enable_shared_expert_dp: the shared expert runs data-parallel,
             /// every die holding its whole weights, on the die's own slice of the tokens; it

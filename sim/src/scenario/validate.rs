@@ -284,6 +284,22 @@ pub(super) fn validate(
                  refuses it under PD and without its overlap scheduler)",
             ));
         }
+        let features = spec.features();
+        // Under MoE tensor parallelism every die holds every expert: nothing to place or move.
+        if plan.moe_tp > 1 {
+            let reason = "needs expert parallelism (ep = dies); under MoE tensor parallelism \
+                          (ep = 1) every die holds every expert";
+            if let Some(file) = &spec.placement {
+                return Err(field(f("placement"), file, reason));
+            }
+            if raw.eplb.dynamic {
+                return Err(field("eplb.dynamic", true, reason));
+            }
+        }
+        let features = features
+            .check_instance(model.attn_cap().0.is_some(), plan.moe_tp)
+            .and_then(|()| features.resolve(&system.chip.name, s.max_num_seqs, mtp_tokens, plan.tp))
+            .map_err(|e| field(f(e.field), e.value, e.reason))?;
         let share = |name: &str, v: f64| {
             if v > 0.0 && v <= 1.0 {
                 Ok(v)
@@ -324,7 +340,7 @@ pub(super) fn validate(
                     &plan,
                 ),
                 budget,
-                shared_expert_dp: spec.features().shared_expert_dp(plan.tp),
+                shared_expert_dp: features.shared_expert_dp,
             },
         )
         .map_err(|source| ScenarioError::Memory {
@@ -360,22 +376,6 @@ pub(super) fn validate(
                 format!("must be at least max_model_len ({max_model_len}) when chunked prefill is off, or no long prompt could ever be scheduled"),
             ));
         }
-        let features = spec.features();
-        // Under MoE tensor parallelism every die holds every expert: nothing to place or move.
-        if plan.moe_tp > 1 {
-            let reason = "needs expert parallelism (ep = dies); under MoE tensor parallelism \
-                          (ep = 1) every die holds every expert";
-            if let Some(file) = &spec.placement {
-                return Err(field(f("placement"), file, reason));
-            }
-            if raw.eplb.dynamic {
-                return Err(field("eplb.dynamic", true, reason));
-            }
-        }
-        let features = features
-            .check_instance(model.attn_cap().0.is_some(), plan.moe_tp)
-            .and_then(|()| features.resolve(&system.chip.name, s.max_num_seqs, mtp_tokens, plan.tp))
-            .map_err(|e| field(f(e.field), e.value, e.reason))?;
         let eplb_policy = plan.placement_policy(raw.eplb.policy_for(spec.redundant_experts));
         instances.push(InstanceSetup {
             name: spec.name.clone(),
