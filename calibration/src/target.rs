@@ -90,6 +90,9 @@ pub struct Target {
     /// TP of dense FFN, embedding and LM head (default: tp).
     #[serde(default)]
     pub dense_tp: Option<u32>,
+    /// The LM head alone over this many DP ranks (vllm-ascend's lmhead_tensor_parallel_size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lmhead_tp: Option<u32>,
     #[serde(default)]
     pub redundant_experts: u32,
     #[serde(default)]
@@ -262,7 +265,7 @@ impl Target {
                 tp: self.tp,
                 dp: self.dies / self.tp.max(1),
                 dense_tp: self.dense_tp,
-                lmhead_tp: None,
+                lmhead_tp: self.lmhead_tp,
                 redundant_experts: self.redundant_experts,
                 shared_expert_dies: self.shared_expert_dies,
                 ..Layout::dp_ep(self.role, self.dies)
