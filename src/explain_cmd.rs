@@ -227,8 +227,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
             spec: skew_spec(l, a.concentration)?,
             policy: match &a.eplb {
                 Some(p) => p.parse().map_err(|e: String| anyhow!("--eplb: {e}"))?,
-                None if a.redundant_experts > 0 => dstwin_core::eplb::Policy::Greedy,
-                None => dstwin_core::eplb::Policy::Identity,
+                None => dstwin_core::eplb::Policy::engine_default(a.redundant_experts > 0),
             },
         }),
         None => None,

@@ -496,6 +496,7 @@ impl Features {
         let max_tokens = capture_sizes
             .last()
             .map_or(max_num_seqs as u64 * query_len, |&s| s as u64);
+        let shared_expert_dp = self.shared_expert_dp(tp);
         let tp = tp.max(1) as u64;
         let mc2_capacity = max_tokens.div_ceil(tp).min(MC2_TOKENS_PER_RANK_LIMIT) * tp;
         Ok(Resolved {
@@ -507,8 +508,8 @@ impl Features {
             capture_sizes,
             // vllm-ascend 0.18-0.25 turns sequence parallelism on with shared-expert DP
             // (ascend_config.py: enable_sp(..., enable_shared_expert_dp=True)).
-            flashcomm1: self.flashcomm1 || self.shared_expert_dp(tp as u32),
-            shared_expert_dp: self.shared_expert_dp(tp as u32),
+            flashcomm1: self.flashcomm1 || shared_expert_dp,
+            shared_expert_dp,
             mlapo: self.mlapo,
             attention_per_sequence: self.attention_per_sequence,
             enforce_eager: self.enforce_eager,

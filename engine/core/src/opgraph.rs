@@ -344,8 +344,7 @@ impl Builder<'_> {
             return;
         }
         let m = self.s.model;
-        let dtp = self.s.plan.dense_tp;
-        let (h, v) = (m.hidden as f64, m.vocab as f64 / dtp as f64);
+        let (h, vocab) = (m.hidden as f64, m.vocab as f64);
         self.elementwise("final_norm", layer, repeat, logit_tokens * h);
         let e = self.s.quant.embedding();
         if let Some(n) = self.s.plan.lmhead_tp {
@@ -365,28 +364,37 @@ impl Builder<'_> {
                 n_f * pad * h * bf16,
                 n,
             );
-            let v = m.vocab as f64 / n_f;
-            self.gemm("lm_head", layer, repeat, n_f * pad, h, v, e, e);
+            self.gemm("lm_head", layer, repeat, n_f * pad, h, vocab / n_f, e, e);
             self.collective(
                 "logits_all_to_all",
                 layer,
                 repeat,
                 CommKind::AllGather,
-                pad * m.vocab as f64 * bf16,
+                pad * vocab * bf16,
                 n,
             );
         } else {
-            self.gemm("lm_head", layer, repeat, logit_tokens, h, v, e, e);
-        }
-        if dtp > 1 && self.s.plan.lmhead_tp.is_none() {
-            self.collective(
-                "logits_gather",
+            let dtp = self.s.plan.dense_tp;
+            self.gemm(
+                "lm_head",
                 layer,
                 repeat,
-                CommKind::AllGather,
-                logit_tokens * m.vocab as f64 * DType::Bf16.bytes(),
-                dtp,
+                logit_tokens,
+                h,
+                vocab / dtp as f64,
+                e,
+                e,
             );
+            if dtp > 1 {
+                self.collective(
+                    "logits_gather",
+                    layer,
+                    repeat,
+                    CommKind::AllGather,
+                    logit_tokens * vocab * DType::Bf16.bytes(),
+                    dtp,
+                );
+            }
         }
         self.elementwise("sample", layer, repeat, logit_tokens * m.vocab as f64);
     }

@@ -144,11 +144,7 @@ impl EplbSpec {
     /// identity.
     pub fn policy_for(&self, redundant_experts: u32) -> EplbPolicy {
         self.policy
-            .unwrap_or(if redundant_experts > 0 || self.dynamic {
-                EplbPolicy::Greedy
-            } else {
-                EplbPolicy::Identity
-            })
+            .unwrap_or_else(|| EplbPolicy::engine_default(redundant_experts > 0 || self.dynamic))
     }
 }
 

@@ -33,6 +33,17 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// The placement an engine uses when none is asked for: greedy EPLB where the instance runs
+    /// EPLB (`runs_eplb`: redundant experts or dynamic re-placement), else the contiguous map
+    /// vLLM, vllm-ascend and SGLang use without EPLB.
+    pub fn engine_default(runs_eplb: bool) -> Policy {
+        if runs_eplb {
+            Policy::Greedy
+        } else {
+            Policy::Identity
+        }
+    }
+
     /// The name scenario files and `--policy` use.
     pub fn name(self) -> &'static str {
         match self {
