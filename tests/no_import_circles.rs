@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 const CRATES: &[&str] = &[
     "src",
     "hwmodels/src",
+    "engine/prefetch/src",
     "engine/core/src",
     "engine/runtime/src",
     "engine/cpu/src",

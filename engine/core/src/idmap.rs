@@ -72,7 +72,7 @@ impl<T> IdMap<T> {
     #[inline]
     pub fn prefetch(&self, id: ReqId) {
         if let Some(i) = self.at(id) {
-            crate::prefetch::value(&self.slots[i]);
+            dstwin_prefetch::value(&self.slots[i]);
         }
     }
 

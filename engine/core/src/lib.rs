@@ -1,6 +1,7 @@
 //! dstwin-core: the IO-free production code shared by the twin and real engines. No clocks,
 //! no sockets, no threads: every state machine takes `now` as an argument (a test enforces that
-//! this crate depends on no IO crate).
+//! this crate depends on no IO crate). No `unsafe` either (the prefetch hints its hot loops use
+//! are in `dstwin-prefetch`).
 //!
 //! Module map:
 //! - [`time`]: `SimTime` / `SimDuration`, integer nanoseconds.
@@ -20,6 +21,8 @@
 //! - [`pd`]: the PD proxy's routing policies.
 //! - [`opgraph`]: the per-step op graph, the one description of a step's work.
 
+#![forbid(unsafe_code)]
+
 pub mod batch;
 pub mod deploy;
 pub mod device;
@@ -33,7 +36,6 @@ pub mod model;
 pub mod mtp;
 pub mod opgraph;
 pub mod pd;
-pub mod prefetch;
 pub mod req;
 pub mod time;
 pub mod timeline;

@@ -75,7 +75,7 @@ impl<V: Copy + Default> KeyMap<V> {
     /// Hints that `k` will be looked up soon.
     #[inline]
     pub(crate) fn prefetch(&self, k: &PriceKey) {
-        dstwin_core::prefetch::value(&self.slots[self.home(k)]);
+        dstwin_prefetch::value(&self.slots[self.home(k)]);
     }
 
     #[inline]

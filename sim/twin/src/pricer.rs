@@ -266,7 +266,7 @@ impl PriceTable {
         if let Some((whole, half)) = self.batches.get(&key.batch()) {
             for at in [whole, half] {
                 if let Some(sums) = self.batch_sums.get(at as usize) {
-                    dstwin_core::prefetch::value(sums);
+                    dstwin_prefetch::value(sums);
                 }
             }
         }

@@ -185,7 +185,7 @@ impl BlockPool {
     #[inline]
     pub(crate) fn prefetch_top(&self) {
         if let Some(top) = self.stack.as_ref().and_then(|st| st.last()) {
-            crate::prefetch::line((top as *const u32).cast());
+            dstwin_prefetch::line((top as *const u32).cast());
         }
     }
 

@@ -393,7 +393,7 @@ impl RankScheduler {
     #[inline]
     pub(crate) fn prefetch(&self, p: u64) {
         if let Some(s) = self.first_ending(p) {
-            crate::prefetch::value(s);
+            dstwin_prefetch::value(s);
         }
     }
 
@@ -404,7 +404,7 @@ impl RankScheduler {
     pub(crate) fn prefetch_blocks(&self, p: u64) {
         if let Some(Some(s)) = self.first_ending(p) {
             if let Some(last) = s.blocks.last() {
-                crate::prefetch::line((last as *const u32).cast());
+                dstwin_prefetch::line((last as *const u32).cast());
             }
             self.pool.prefetch_top();
         }

@@ -1,6 +1,8 @@
 //! Hints that data will be read soon, for records a loop is about to touch that nothing has
 //! touched for a while (no effect where the processor has no such hint; a hint changes nothing
-//! the program sees).
+//! the program sees). The scheduler's and the twin's hot loops use them (docs/performance.md,
+//! "Cache-line prefetch hints", says what they gain); they live in this crate so that the
+//! deployment core holds no `unsafe` code (`#![forbid(unsafe_code)]` in `dstwin-core`).
 
 /// Hints that the cache line holding `at` will be read soon.
 #[inline(always)]
