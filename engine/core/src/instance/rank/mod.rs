@@ -8,9 +8,10 @@
 //! request only when something happens to it (first token, a gap, finish, preemption).
 //!
 //! - `steady`: steady decoding in aggregate (requests that are simply decoding, advanced by
-//!   per-rank sums and a ring instead of one by one).
-//! - `schedule`: the exact step: running requests, admission of waiting ones, preemption,
-//!   and applying a step's outcome.
+//!   per-rank sums and a ring instead of one by one) and the fast paths around the exact step
+//!   (a step that is only the steady sums, a plan that need not be applied request by request).
+//! - `schedule`: the exact step, as vLLM's `schedule()` reads: running requests, admission of
+//!   waiting ones, preemption, and applying a step's outcome. Admission changes here.
 //! - `check`: the invariants checked after every step in debug builds.
 
 mod check;
@@ -21,7 +22,8 @@ pub use steady::COOLDOWN;
 
 use super::kv::{chain, BlockPool};
 use super::{InstanceConfig, NewRequest};
-use crate::device::ReqId;
+use crate::batch::BatchShape;
+use crate::device::{RankPlan, ReqId};
 use crate::mtp::KnownAcceptance;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -136,10 +138,6 @@ pub struct RankScheduler {
     /// The steady machinery: requests advanced in aggregate between their events.
     steady: SteadyTracker,
     next_order: u64,
-    /// The last plan scheduled no request one by one and its outcome is not applied yet:
-    /// applying it only moves the steady ring a cell and the step counter on, which the rank
-    /// does itself when next called ([`RankScheduler::trivial_step`]).
-    unapplied: bool,
     /// Async scheduling: contexts of requests that finished in the last step; the step
     /// scheduled before that was known computes one more (discarded) decode step for each.
     phantoms: Vec<u32>,
@@ -184,7 +182,6 @@ impl RankScheduler {
             stats: RankStats::default(),
             steady: SteadyTracker::new(if cfg.attn_cap.0.is_some() { 2 } else { 1 }),
             next_order: 0,
-            unapplied: false,
             phantoms: Vec::new(),
             report_emissions: false,
             stopped: Vec::new(),
@@ -206,6 +203,15 @@ impl RankScheduler {
             self.steady.due = vec![NIL; RING];
         }
         self.steady.acceptance = a;
+    }
+
+    /// Empties a plan entry for this rank's next step.
+    #[inline]
+    fn clear_plan(plan: &mut RankPlan) {
+        plan.shape = BatchShape::default();
+        plan.decode.clear();
+        plan.reqs.clear();
+        plan.freed.clear();
     }
 
     fn seq(&self, slot: u32) -> &Seq {

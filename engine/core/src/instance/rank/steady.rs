@@ -23,6 +23,7 @@
 //! requests every step.
 
 use super::{RankScheduler, State};
+use crate::device::RankPlan;
 use crate::instance::InstanceConfig;
 use crate::mtp::{KnownAcceptance, RunLimits};
 use crate::req::ReqId;
@@ -86,6 +87,10 @@ pub(super) struct SteadyTracker {
     pub(super) exact_until: u64,
     /// Steady requests in the last plan.
     pub(super) planned: u64,
+    /// The last plan scheduled no request one by one and its outcome is not applied yet:
+    /// applying it only moves the steady ring a cell and the step counter on, which the rank
+    /// does itself when next called ([`RankScheduler::trivial_step`]).
+    pub(super) unapplied: bool,
 }
 
 impl SteadyTracker {
@@ -101,6 +106,7 @@ impl SteadyTracker {
             advanced: 0,
             exact_until: 0,
             planned: 0,
+            unapplied: false,
         }
     }
 }
@@ -466,6 +472,118 @@ impl RankScheduler {
         self.step = steps;
         if !self.steady.ring.is_empty() {
             self.steady.advanced = steps;
+        }
+    }
+}
+
+/// The fast paths around the exact step: a rank whose step is only its steady requests' sums
+/// is planned from them ([`RankScheduler::quiet_step`], [`RankScheduler::add_steady`]), and a
+/// plan that scheduled no request one by one is never applied request by request
+/// ([`RankScheduler::trivial_step`], [`RankScheduler::settle`]).
+impl RankScheduler {
+    /// The step of a rank that only goes on with its steady requests, planned without the
+    /// general path (most ranks of a long decode, most steps): its last plan was trivial and
+    /// has run (the instance has run `steps`, one more than the rank), it holds only steady
+    /// requests whose demand cannot bind the budget, and no window ends at the coming step.
+    /// Leaves the rank, `plan` and the counters as [`RankScheduler::catch_up`],
+    /// [`RankScheduler::schedule`] and [`RankScheduler::trivial_step`] would and returns the
+    /// step's trivial totals; `None`, with nothing changed, for any other rank.
+    #[inline]
+    pub fn quiet_step(&mut self, steps: u64, plan: &mut RankPlan) -> Option<(u64, u64)> {
+        let p = self.step + 1;
+        let quiet = self.steady.unapplied
+            && steps == p
+            && self.freed.is_empty()
+            && self.steady.due.get(p as usize & (RING - 1)) == Some(&NIL)
+            && self.only_steady();
+        if !quiet {
+            return None;
+        }
+        self.close_step();
+        self.advance(p);
+        Self::clear_plan(plan);
+        self.add_steady(plan);
+        #[cfg(debug_assertions)]
+        self.check();
+        self.trivial_step()
+    }
+
+    /// Whether the rank holds only steady requests (no running, waiting or phantom one) whose
+    /// demand cannot bind the token budget: its step is their sums.
+    #[inline]
+    pub(super) fn only_steady(&self) -> bool {
+        self.running.is_empty()
+            && self.waiting.is_empty()
+            && self.phantoms.is_empty()
+            && self.steady.slots.len() as u64 * (1 + self.cfg.num_spec_tokens as u64)
+                <= self.cfg.max_num_batched_tokens as u64
+    }
+
+    /// Adds the steady requests' share to the plan, from their sums: each computes t = 1 + k
+    /// query tokens after its context c, t*c + t(t+1)/2 pairs (capped: t*cap once c >= cap).
+    pub(super) fn add_steady(&mut self, plan: &mut RankPlan) {
+        let n = self.steady.slots.len() as u64;
+        let sm = self.steady.sums;
+        debug_assert_eq!(sm.seqs[LIN] + sm.seqs[SAT], n as i64, "steady count");
+        if n > 0 {
+            let t = 1 + self.cfg.num_spec_tokens as u64;
+            let tri = t * (t + 1) / 2;
+            let (lin, sat) = (sm.seqs[LIN] as u64, sm.seqs[SAT] as u64);
+            let (clin, csat) = (sm.context[LIN] as u64, sm.context[SAT] as u64);
+            let capped_sat = self.cfg.attn_cap.0.map_or(0, |c| sat * t * c);
+            plan.shape.add_decode_sums(
+                n,
+                n * t,
+                t * (clin + csat) + n * tri,
+                t * clin + lin * tri + capped_sat,
+            );
+        }
+        self.steady.planned = n;
+        self.stats.steady_steps += n;
+        self.stats.exact_steps += self.entries.len() as u64;
+        self.steady.unapplied = self.entries.is_empty();
+    }
+
+    /// After [`RankScheduler::schedule`]: when the plan scheduled no request one by one (only
+    /// steady requests, or nothing), what its outcome adds to a step's totals, tokens and
+    /// requests that sampled in consecutive steps. The outcome then need not be applied:
+    /// instead of [`RankScheduler::update`], the rank is told with [`RankScheduler::settle`]
+    /// (or [`RankScheduler::catch_up`]) once the step has run.
+    pub fn trivial_step(&self) -> Option<(u64, u64)> {
+        self.steady.unapplied.then(|| {
+            let tokens = if self.steady.ring.is_empty() {
+                0
+            } else {
+                (0..self.steady.regimes)
+                    .map(|r| self.steady.ring[Self::at(self.step, r)] as u64)
+                    .sum()
+            };
+            (tokens, self.steady.planned)
+        })
+    }
+
+    /// Moves the steady ring and the step counter past the step planned last: its cell's
+    /// tokens go into the sums (at the next `advance`); returns them.
+    pub(super) fn close_step(&mut self) -> u64 {
+        self.steady.unapplied = false;
+        let p = self.step;
+        self.step += 1;
+        let mut tokens = 0;
+        if !self.steady.ring.is_empty() {
+            for r in 0..self.steady.regimes {
+                let tk = std::mem::take(&mut self.steady.ring[Self::at(p, r)]) as u64;
+                tokens += tk;
+                self.steady.sums.pending[r] += tk;
+            }
+        }
+        tokens
+    }
+
+    /// Applies the outcome of a trivial step ([`RankScheduler::trivial_step`]) that was not
+    /// applied, if it has run: the instance has run `steps` steps.
+    pub fn settle(&mut self, steps: u64) {
+        if self.steady.unapplied && steps > self.step {
+            self.close_step();
         }
     }
 }
