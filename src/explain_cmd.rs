@@ -32,36 +32,8 @@ pub struct ExplainArgs {
     /// Hardware system name (see `dstwin catalog`) or path to a system TOML file.
     #[arg(long, default_value = "cloudmatrix384")]
     hardware: String,
-    /// Instance role: prefill, decode or mixed.
-    #[arg(long, default_value = "decode")]
-    role: String,
-    /// Dies in the instance.
-    #[arg(long, default_value_t = 320)]
-    dies: u32,
-    /// Attention tensor-parallel size; DP = dies / TP unless --dp is given.
-    #[arg(long, default_value_t = 1)]
-    tp: u32,
-    /// Attention data-parallel ranks (default: dies / tp).
-    #[arg(long)]
-    dp: Option<u32>,
-    /// Expert-parallel group size (default: dies).
-    #[arg(long)]
-    ep: Option<u32>,
-    /// Tensor-parallel size of dense FFN, embedding and LM head (default: tp).
-    #[arg(long)]
-    dense_tp: Option<u32>,
-    /// The LM head alone split over this many consecutive DP ranks (vllm-ascend's
-    /// finegrained_tp_config.lmhead_tensor_parallel_size; at least 2, dividing the DP size,
-    /// with --tp 1), its logits padded to --seqs x (1 + MTP drafts) tokens per rank (default:
-    /// the LM head follows --dense-tp).
-    #[arg(long)]
-    lmhead_tp: Option<u32>,
-    /// Redundant routed-expert slots (EPLB).
-    #[arg(long, default_value_t = 32)]
-    redundant_experts: u32,
-    /// Dies holding only shared-expert replicas (0: every die runs the shared expert).
-    #[arg(long, default_value_t = 32)]
-    shared_expert_dies: u32,
+    #[command(flatten)]
+    layout: LayoutFlags,
     /// Decoding sequences per DP rank.
     #[arg(long, default_value_t = 48)]
     seqs: u32,
@@ -180,6 +152,25 @@ macro_rules! feature_flags {
 }
 dstwin_core::feature_fields!(feature_flags! {});
 
+/// explain's layout flags from the layout list ([`dstwin_core::layout_fields`]).
+macro_rules! layout_flags {
+    ($( $(#[doc = $d:literal])* $f:ident: $t:ty {$($serde:tt)*} [$($flag:tt)*], )*) => {
+        // The instance's layout, one flag per field (no doc comment: clap would take it as the
+        // command's about).
+        #[derive(Args, Clone, Debug)]
+        struct LayoutFlags {
+            $( $(#[doc = $d])* #[arg($($flag)*)] $f: $t, )*
+        }
+
+        impl LayoutFlags {
+            fn layout(&self) -> Layout {
+                dstwin_core::layout::LayoutSpec { $( $f: self.$f.clone(), )* }.layout()
+            }
+        }
+    };
+}
+dstwin_core::layout_fields!(layout_flags! {});
+
 fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLoad>)> {
     let model = dstwin_sim::scenario::load_model(&a.model, Path::new("."))?;
     let quant: Quant = a.quant.parse().map_err(|e| anyhow!("--quant: {e}"))?;
@@ -187,25 +178,15 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
         .kv_dtype
         .parse()
         .map_err(|e: String| anyhow!("--kv-dtype: {e}"))?;
-    let role: Role = a.role.parse().map_err(|e| anyhow!("--role: {e}"))?;
     let cat = Catalog::builtin();
     let system = cat.resolve_system(&a.hardware)?;
     let base = Path::new(&a.hardware).parent();
     let cost = cat.cost_model(&system, base)?;
-    if a.tp == 0 {
+    if a.layout.tp == 0 {
         return Err(anyhow!("--tp 0: must be at least 1"));
     }
-    let layout = Layout {
-        role,
-        dies: a.dies,
-        dp: a.dp.unwrap_or(a.dies / a.tp),
-        tp: a.tp,
-        ep: a.ep.unwrap_or(a.dies),
-        dense_tp: a.dense_tp,
-        lmhead_tp: a.lmhead_tp,
-        redundant_experts: a.redundant_experts,
-        shared_expert_dies: a.shared_expert_dies,
-    };
+    let layout = a.layout.layout();
+    let role = layout.role;
     let (seqs, tokens) = match role {
         Role::Decode => (a.seqs, 0),
         Role::Prefill => (0, a.tokens),
@@ -227,7 +208,7 @@ fn build_input(a: &ExplainArgs) -> anyhow::Result<(ExplainInput, Option<SkewedLo
             spec: skew_spec(l, a.concentration)?,
             policy: match &a.eplb {
                 Some(p) => p.parse().map_err(|e: String| anyhow!("--eplb: {e}"))?,
-                None => dstwin_core::eplb::Policy::engine_default(a.redundant_experts > 0),
+                None => dstwin_core::eplb::Policy::engine_default(a.layout.redundant_experts > 0),
             },
         }),
         None => None,

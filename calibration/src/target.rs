@@ -1,7 +1,7 @@
 //! Calibration targets and their evaluation.
 
 use dstwin_core::features::Features;
-use dstwin_core::layout::{Layout, Role};
+use dstwin_core::layout::Layout;
 use dstwin_core::model::{builtin, Quant};
 use dstwin_hwmodels::{Catalog, CostModel, DType};
 use dstwin_twin::explain::{explain, BatchSpec, Explain, ExplainInput, Mtp};
@@ -62,11 +62,32 @@ impl Metric {
     }
 }
 
-/// One published figure and the deployment it was measured on, as `explain` options: one
-/// steady step of one instance, every DP rank with the same batch.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Target {
+/// The target's fields: its own, the layout's ([`dstwin_core::layout_fields`]), then the
+/// batch, MTP and mechanisms it ran.
+macro_rules! target_struct {
+    (
+        { $($head:tt)* } { $($tail:tt)* }
+        $( $(#[doc = $ld:literal])* $lf:ident: $lt:ty {$($ls:tt)*} [$($lflag:tt)*], )*
+    ) => {
+        /// One published figure and the deployment it was measured on, as `explain` options:
+        /// one steady step of one instance, every DP rank with the same batch.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct Target {
+            $($head)*
+            $( $(#[doc = $ld])* #[serde($($ls)*)] pub $lf: $lt, )*
+            $($tail)*
+        }
+
+        impl Target {
+            /// The deployment's layout ([`dstwin_core::layout::LayoutSpec::layout`]).
+            pub fn layout(&self) -> Layout {
+                dstwin_core::layout::LayoutSpec { $( $lf: self.$lf.clone(), )* }.layout()
+            }
+        }
+    };
+}
+dstwin_core::layout_fields!(target_struct! {{
     pub id: String,
     /// The end-to-end anchor (or microbenchmark) this figure belongs to: leave-one-out leaves
     /// out every target of an anchor together.
@@ -82,21 +103,7 @@ pub struct Target {
     pub kv_dtype: DType,
     #[serde(default = "default_hardware")]
     pub hardware: String,
-    pub role: Role,
-    pub dies: u32,
-    /// Attention TP (DP = dies / tp).
-    #[serde(default = "one")]
-    pub tp: u32,
-    /// TP of dense FFN, embedding and LM head (default: tp).
-    #[serde(default)]
-    pub dense_tp: Option<u32>,
-    /// The LM head alone over this many DP ranks (vllm-ascend's lmhead_tensor_parallel_size).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lmhead_tp: Option<u32>,
-    #[serde(default)]
-    pub redundant_experts: u32,
-    #[serde(default)]
-    pub shared_expert_dies: u32,
+} {
     #[serde(default)]
     pub seqs: u32,
     #[serde(default)]
@@ -127,7 +134,7 @@ pub struct Target {
     /// step does not represent, or a model whose op graph is known to lack kernels.
     #[serde(default)]
     pub not_fitted: Option<String>,
-}
+}});
 
 fn default_model() -> String {
     "deepseek-r1".into()
@@ -140,9 +147,6 @@ fn default_kv_dtype() -> DType {
 }
 fn default_hardware() -> String {
     "cloudmatrix384".into()
-}
-fn one() -> u32 {
-    1
 }
 fn one_f64() -> f64 {
     1.0
@@ -261,15 +265,7 @@ impl Target {
             quant: self.quant,
             kv_dtype: self.kv_dtype,
             cost,
-            layout: Layout {
-                tp: self.tp,
-                dp: self.dies / self.tp.max(1),
-                dense_tp: self.dense_tp,
-                lmhead_tp: self.lmhead_tp,
-                redundant_experts: self.redundant_experts,
-                shared_expert_dies: self.shared_expert_dies,
-                ..Layout::dp_ep(self.role, self.dies)
-            },
+            layout: self.layout(),
             batch: BatchSpec {
                 decode_seqs: seqs,
                 kv_len: self.kv,

@@ -71,6 +71,86 @@ pub struct Layout {
     pub shared_expert_dies: u32,
 }
 
+/// Every field of an instance's layout as a user writes it, once: its name, its type, what it
+/// means, in braces its serde settings and in brackets its `dstwin explain` flag (clap's
+/// settings, with explain's defaults: the CloudMatrix384 decode instance). [`LayoutSpec`], a
+/// scenario instance's fields (`sim/src/scenario/raw.rs`), a calibration target's
+/// (`calibration/src/target.rs`) and `explain`'s flags (`src/explain_cmd.rs`) are expanded from
+/// this list; [`LayoutSpec::layout`] fills in what is left out.
+///
+/// `layout_fields!(m! { tokens })` expands to `m! { tokens fields }`, each field as
+/// `$(#[doc = ...])* name: Type {serde settings} [flag settings],`.
+#[macro_export]
+macro_rules! layout_fields {
+    ($m:ident! { $($pre:tt)* }) => {
+        $m! {
+            $($pre)*
+            /// What the instance serves: prefill, decode or mixed.
+            role: $crate::layout::Role {} [long, default_value = "decode"],
+            /// Dies in the instance (a 910C card has two).
+            dies: u32 {} [long, default_value_t = 320],
+            /// Attention tensor-parallel size per DP rank.
+            tp: u32 {default = "dstwin_core::layout::one"} [long, default_value_t = 1],
+            /// Attention data-parallel ranks (default: dies / tp); dp x tp must equal dies.
+            dp: Option<u32> {default, skip_serializing_if = "Option::is_none"} [long],
+            /// Dies the routed experts are spread over: dies (default: one EP group spanning the
+            /// instance), or 1 for MoE tensor parallelism (every die holds every expert, each
+            /// expert's intermediate split over the dies: vLLM without
+            /// --enable-expert-parallel, SGLang's --ep-size 1).
+            ep: Option<u32> {default, skip_serializing_if = "Option::is_none"} [long],
+            /// Tensor-parallel size of the dense FFN layers, embeddings and LM head (default: tp).
+            dense_tp: Option<u32> {default, skip_serializing_if = "Option::is_none"} [long],
+            /// The LM head alone split by vocabulary over this many consecutive DP ranks
+            /// (vllm-ascend's finegrained_tp_config.lmhead_tensor_parallel_size; at least 2,
+            /// dividing dp, with tp 1): they all-gather their hidden states before it and
+            /// exchange the logits after it, each padded to the rank's max_num_seqs x (1 + MTP
+            /// drafts) tokens (explain: --seqs) (default: the LM head follows dense_tp).
+            lmhead_tp: Option<u32> {default, skip_serializing_if = "Option::is_none"} [long],
+            /// Routed-expert slots beyond one per logical expert (EPLB redundancy).
+            redundant_experts: u32 {default} [long, default_value_t = 32],
+            /// Dies that host only shared-expert replicas (CloudMatrix384 decode: 32); with 0
+            /// every die computes the shared expert for its own tokens.
+            shared_expert_dies: u32 {default} [long, default_value_t = 32],
+        }
+    };
+}
+
+/// [`LayoutSpec`] from the list.
+macro_rules! layout_spec_struct {
+    ($( $(#[doc = $d:literal])* $f:ident: $t:ty {$($serde:tt)*} [$($flag:tt)*], )*) => {
+        /// A layout as a user writes it ([`layout_fields`]): what is left out is filled in by
+        /// [`LayoutSpec::layout`].
+        #[derive(Clone, Debug, PartialEq)]
+        pub struct LayoutSpec {
+            $( $(#[doc = $d])* pub $f: $t, )*
+        }
+    };
+}
+layout_fields!(layout_spec_struct! {});
+
+/// The default attention TP of a written layout (serde's `default = ".."` needs a function).
+pub fn one() -> u32 {
+    1
+}
+
+impl LayoutSpec {
+    /// The layout, with dp = dies / tp and ep = dies where they are left out (a tp of 0 gives
+    /// dp = dies, for [`Layout::validate`] to refuse the tp).
+    pub fn layout(&self) -> Layout {
+        Layout {
+            role: self.role,
+            dies: self.dies,
+            dp: self.dp.unwrap_or(self.dies / self.tp.max(1)),
+            tp: self.tp,
+            ep: self.ep.unwrap_or(self.dies),
+            dense_tp: self.dense_tp,
+            lmhead_tp: self.lmhead_tp,
+            redundant_experts: self.redundant_experts,
+            shared_expert_dies: self.shared_expert_dies,
+        }
+    }
+}
+
 /// Why a layout cannot run; each names the field and the numbers.
 #[derive(Debug, Error, PartialEq)]
 pub enum LayoutError {

@@ -1,7 +1,6 @@
 //! The scenario file as written: strict serde structs and their documented defaults.
 
 use dstwin_core::eplb::Policy as EplbPolicy;
-use dstwin_core::layout::Role;
 use dstwin_core::model::Quant;
 use dstwin_core::pd::Policy;
 use dstwin_traces::spec::WorkloadSpec;
@@ -265,19 +264,31 @@ fn yes() -> bool {
     true
 }
 
-/// A scenario instance's fields from the engine-mechanism list ([`dstwin_core::feature_fields`]),
-/// after its own: the struct, and the mechanisms as the core takes them.
+/// A scenario instance's fields: its own, the layout's ([`dstwin_core::layout_fields`]), more
+/// of its own, then the engine mechanisms ([`dstwin_core::feature_fields`]): the struct, and the
+/// layout and the mechanisms as the core takes them.
 macro_rules! instance_spec {
-    ({ $($own:tt)* } $( $(#[doc = $d:literal])* $f:ident: $t:ty [$($flag:tt)*], )*) => {
+    (
+        { $($head:tt)* } { $($tail:tt)* }
+        { $( $(#[doc = $ld:literal])* $lf:ident: $lt:ty {$($ls:tt)*} [$($lflag:tt)*], )* }
+        $( $(#[doc = $d:literal])* $f:ident: $t:ty [$($flag:tt)*], )*
+    ) => {
         /// One kind of instance.
         #[derive(Clone, Debug, Serialize, Deserialize)]
         #[serde(deny_unknown_fields)]
         pub struct InstanceSpec {
-            $($own)*
+            $($head)*
+            $( $(#[doc = $ld])* #[serde($($ls)*)] pub $lf: $lt, )*
+            $($tail)*
             $( $(#[doc = $d])* #[serde(default)] pub $f: $t, )*
         }
 
         impl InstanceSpec {
+            /// The layout as written ([`dstwin_core::layout::LayoutSpec::layout`] fills it in).
+            pub fn layout_spec(&self) -> dstwin_core::layout::LayoutSpec {
+                dstwin_core::layout::LayoutSpec { $( $lf: self.$lf.clone(), )* }
+            }
+
             /// The engine mechanisms this instance runs with.
             pub fn features(&self) -> dstwin_core::features::Features {
                 dstwin_core::features::Features { $( $f: self.$f.clone(), )* }
@@ -285,36 +296,19 @@ macro_rules! instance_spec {
         }
     };
 }
-dstwin_core::feature_fields!(instance_spec! {{
+/// The layout fields handed on to the mechanisms' list ([`instance_spec`]).
+macro_rules! instance_spec_with_layout {
+    ({ $($head:tt)* } { $($tail:tt)* } $($layout:tt)*) => {
+        dstwin_core::feature_fields!(instance_spec! {{ $($head)* } { $($tail)* } { $($layout)* }});
+    };
+}
+dstwin_core::layout_fields!(instance_spec_with_layout! {{
     /// Name used by `--set NAME.field=value` and in reports.
     pub name: String,
-    /// prefill, decode or mixed.
-    pub role: Role,
     /// Identical instances of this kind.
     #[serde(default = "one_u32")]
     pub count: u32,
-    /// Dies per instance (a 910C card has two).
-    pub dies: u32,
-    /// Attention tensor-parallel size.
-    #[serde(default = "one_u32")]
-    pub tp: u32,
-    /// Attention data-parallel ranks (default dies / tp).
-    #[serde(default)]
-    pub dp: Option<u32>,
-    /// Expert-parallel size (default dies).
-    #[serde(default)]
-    pub ep: Option<u32>,
-    /// TP of dense FFN, embeddings and LM head (default tp).
-    #[serde(default)]
-    pub dense_tp: Option<u32>,
-    /// The LM head alone split over this many consecutive DP ranks (vllm-ascend's
-    /// `finegrained_tp_config.lmhead_tensor_parallel_size`; default: it follows dense_tp).
-    #[serde(default)]
-    pub lmhead_tp: Option<u32>,
-    #[serde(default)]
-    pub redundant_experts: u32,
-    #[serde(default)]
-    pub shared_expert_dies: u32,
+} {
     /// This instance's MTP draft tokens per step where they differ from `[mtp] tokens` (SGLang
     /// gives each server its own `--speculative-num-steps`: a prefill server drafting 1 beside a
     /// decode server drafting 3). 1 up to the `[mtp]` ceiling, only with `[mtp] tokens` above 0:

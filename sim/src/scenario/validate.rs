@@ -4,7 +4,7 @@
 use super::{
     field, fnv1a, load_model, resolve, InstanceSetup, Scenario, ScenarioError, ScenarioFile, Slo,
 };
-use dstwin_core::layout::{Layout, Role};
+use dstwin_core::layout::Role;
 use dstwin_core::memory::{memory_map, MemoryBudget, MemoryInputs};
 use dstwin_core::time::SimDuration;
 use dstwin_hwmodels::{Catalog, DType};
@@ -238,17 +238,7 @@ pub(super) fn validate(
                 ));
             }
         }
-        let layout = Layout {
-            role: spec.role,
-            dies: spec.dies,
-            dp: spec.dp.unwrap_or(spec.dies / spec.tp),
-            tp: spec.tp,
-            ep: spec.ep.unwrap_or(spec.dies),
-            dense_tp: spec.dense_tp,
-            lmhead_tp: spec.lmhead_tp,
-            redundant_experts: spec.redundant_experts,
-            shared_expert_dies: spec.shared_expert_dies,
-        };
+        let layout = spec.layout_spec().layout();
         let plan = layout
             .validate(&model, &system)
             .map_err(|source| ScenarioError::Layout {
