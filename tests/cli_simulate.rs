@@ -346,6 +346,14 @@ fn bad_input_exits_2_names_the_field_and_writes_nothing() {
             ),
             "instance.prefill.scheduler.enable_balance_scheduling = true",
         ),
+        // Separate prefill batches need both prompts and decodes on the instance.
+        (
+            base.replace(
+                "max_model_len = 8192\n\n[[instance]]",
+                "max_model_len = 8192\nseparate_prefill_batches = true\n\n[[instance]]",
+            ),
+            "instance.prefill.scheduler.separate_prefill_batches = true: needs a mixed instance",
+        ),
         // The LM-head TP group is consecutive DP ranks.
         (
             base.replace("role = \"decode\"", "role = \"decode\"\nlmhead_tp = 3"),
@@ -1144,6 +1152,21 @@ fn balance_scheduling_changes_a_mixed_run_and_is_not_paired_with_the_prefill_del
         "{}",
         err(&o)
     );
+}
+
+/// SGLang's separate prefill and decode batches from a scenario reach the scheduler (the rule
+/// itself is tested in engine/core/tests/scheduler.rs): the same requests finish, at other
+/// latencies.
+#[test]
+fn separate_prefill_batches_change_a_mixed_run() {
+    let tiny = data("tiny-mixed.toml");
+    // Every seat taken (32 ranks x 8): prompts arrive on ranks that are decoding.
+    let full = ["workload.concurrency=300", "workload.num_requests=900"];
+    let plain = json_report(&tiny, &full);
+    let on = "serve.scheduler.separate_prefill_batches=true";
+    let separate = json_report(&tiny, &[full[0], full[1], on]);
+    assert_eq!(plain["requests_finished"], separate["requests_finished"]);
+    assert_ne!(plain["latency"], separate["latency"]);
 }
 
 /// SGLang's prefill delayer from a scenario: on tiny-mixed's 32 DP ranks a prompt that arrives

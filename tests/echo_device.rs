@@ -160,6 +160,7 @@ fn start_on<D: Device + Send + 'static>(
         long_prefill_token_threshold: 0,
         prefill_delay_passes: 0,
         balance_scheduling: false,
+        separate_prefill_batches: false,
         max_model_len: 2048,
         num_spec_tokens: spec_tokens,
         attn_cap: AttnCap(None),

@@ -24,6 +24,7 @@ fn cfg(role: Role, blocks: u64) -> InstanceConfig {
         long_prefill_token_threshold: 0,
         prefill_delay_passes: 0,
         balance_scheduling: false,
+        separate_prefill_batches: false,
         max_model_len: 4096,
         num_spec_tokens: 0,
         attn_cap: AttnCap(None),

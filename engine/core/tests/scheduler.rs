@@ -23,6 +23,7 @@ fn cfg(role: Role, blocks: u64) -> InstanceConfig {
         long_prefill_token_threshold: 0,
         prefill_delay_passes: 0,
         balance_scheduling: false,
+        separate_prefill_batches: false,
         max_model_len: 1 << 20,
         num_spec_tokens: 0,
         attn_cap: AttnCap(None),
@@ -793,4 +794,91 @@ fn a_held_step_that_comes_to_nothing_admits_instead() {
         assert!(i < 70 || started.is_empty(), "step {i}: held");
     }
     panic!("request 1 was never preempted");
+}
+
+/// SGLang without --enable-mixed-chunk: a step is a prefill batch whenever a prompt can be
+/// computed (its decoders wait), else a decode batch, never both. A 600-token prompt in
+/// 256-token chunks takes three prefill steps while the running request decodes none; vLLM's
+/// steps carry the decode in every one of them.
+#[test]
+fn separate_prefill_batches_never_mix_prompts_and_decodes() {
+    let run = |separate: bool| {
+        let mut c = cfg(Role::Mixed, 1000);
+        c.max_num_batched_tokens = 256;
+        c.separate_prefill_batches = separate;
+        let mut inst = Instance::new(c);
+        inst.add_request(req(1, 100, 20), SimTime::ZERO);
+        let mut kinds = String::new();
+        for i in 0..12 {
+            if i == 3 {
+                inst.add_request(req(2, 600, 5), SimTime::ZERO);
+            }
+            let (plan, _, _) = step(&mut inst, false);
+            let s = &plan.ranks[0].shape;
+            kinds.push(match (s.prefill_tokens > 0, s.decode_tokens > 0) {
+                (true, true) => 'M',
+                (true, false) => 'P',
+                (false, true) => 'D',
+                (false, false) => '-',
+            });
+        }
+        kinds
+    };
+    // Request 1's prompt, two decodes; request 2's three chunks (the last samples its first
+    // token); then both decode.
+    assert_eq!(run(true), "PDDPPPDDDDDD");
+    assert_eq!(run(false), "PDDMMMDDDDDD");
+}
+
+/// A prompt that cannot be admitted (no seat) leaves the step to the decoders; and a
+/// separate-batches rank steps every request even where the device's acceptance is known
+/// (steady windows assume a decoder takes every step), where a vLLM-style rank advances its
+/// decoders in aggregate.
+#[test]
+fn separate_prefill_batches_decode_when_nothing_can_prefill_and_step_exactly() {
+    #[derive(Debug)]
+    struct Half;
+    impl KnownAcceptance for Half {
+        fn accepted(&self, req: u64, step: u32, drafts: u32) -> u32 {
+            ((req + step as u64) % 2) as u32 * drafts
+        }
+    }
+    let run = |separate: bool| {
+        let mut c = cfg(Role::Mixed, 1000);
+        c.separate_prefill_batches = separate;
+        c.max_num_seqs = 1;
+        c.num_spec_tokens = 1;
+        let mut inst = Instance::new(c);
+        inst.set_acceptance(Some(std::sync::Arc::new(Half)));
+        inst.add_request(req(1, 100, 30), SimTime::ZERO);
+        inst.add_request(req(2, 100, 5), SimTime::ZERO);
+        for i in 0..11 {
+            inst.schedule(SimTime::ZERO);
+            let s = inst.plan().ranks[0].shape;
+            if i == 0 {
+                assert_eq!(s.prefill_tokens, 100);
+            } else {
+                assert_eq!(
+                    (s.prefill_tokens, s.decode_seqs),
+                    (0, 1),
+                    "step {i}: decode only"
+                );
+            }
+            let accepted = inst
+                .plan()
+                .ranks
+                .iter()
+                .map(|r| {
+                    r.decode
+                        .iter()
+                        .map(|d| Half.accepted(d.req, d.step, d.drafts))
+                        .collect()
+                })
+                .collect();
+            apply(&mut inst, accepted);
+        }
+        inst.stats().steady_steps
+    };
+    assert_eq!(run(true), 0, "no request advanced in aggregate");
+    assert!(run(false) > 0, "a vLLM-style rank aggregates its decoder");
 }

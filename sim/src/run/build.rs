@@ -140,6 +140,7 @@ pub(crate) fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceCo
         async_scheduling: sc.async_scheduling,
         prefill_delay_passes: sc.prefill_delay_passes,
         balance_scheduling: sc.enable_balance_scheduling,
+        separate_prefill_batches: sc.separate_prefill_batches,
     }
 }
 

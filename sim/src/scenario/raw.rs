@@ -214,6 +214,13 @@ pub struct SchedulerSpec {
     /// a waiting one. Off by default, as in vllm-ascend.
     #[serde(default)]
     pub enable_balance_scheduling: bool,
+    /// SGLang's default scheduling of a mixed instance (without `--enable-mixed-chunk`): a
+    /// step is a prefill batch (prompts being computed, then waiting requests) whenever there
+    /// is one to run, the decoding requests waiting, else a decode batch; never both in one
+    /// step. false (the default): prompt chunks and decodes share each step's token budget, as
+    /// in vLLM (and SGLang with `--enable-mixed-chunk`).
+    #[serde(default)]
+    pub separate_prefill_batches: bool,
     /// Host (CPU) time of one step per DP rank: scheduling, input preparation, output
     /// processing, in microseconds, plus `host_overhead_per_seq_us` per scheduled request.
     /// Synchronous scheduling adds it to the device step; async scheduling overlaps them.
@@ -244,6 +251,7 @@ impl Default for SchedulerSpec {
             async_scheduling: false,
             prefill_delay_passes: 0,
             enable_balance_scheduling: false,
+            separate_prefill_batches: false,
             host_overhead_us: None,
             host_overhead_per_seq_us: None,
             host_overhead_per_token_us: None,

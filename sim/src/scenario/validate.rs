@@ -256,6 +256,17 @@ pub(super) fn validate(
                 ),
             ));
         }
+        if s.separate_prefill_batches && spec.role != Role::Mixed {
+            return Err(field(
+                f("scheduler.separate_prefill_batches"),
+                true,
+                format!(
+                    "needs a mixed instance, not {}: only a mixed instance has both prompts \
+                     and decodes to batch apart",
+                    spec.role.name()
+                ),
+            ));
+        }
         if s.enable_balance_scheduling && s.prefill_delay_passes > 0 {
             return Err(field(
                 f("scheduler.enable_balance_scheduling"),

@@ -56,6 +56,12 @@ pub struct InstanceConfig {
     /// last step with `max_num_seqs` requests running, no rank admits a waiting request, so
     /// that ranks fill and drain together.
     pub balance_scheduling: bool,
+    /// SGLang's scheduling without `--enable-mixed-chunk` (its default): a step is a prefill
+    /// batch, the prompts being computed and then waiting requests, whenever there is one to
+    /// run (the decoding requests wait), else a decode batch of the running requests; never
+    /// both, as vLLM's steps are. Every request is stepped one by one (steady aggregation
+    /// assumes a decoder takes every step).
+    pub separate_prefill_batches: bool,
 }
 
 /// A request entering an instance.

@@ -61,6 +61,7 @@ fn config(l: &Layout, role: Role) -> InstanceConfig {
         long_prefill_token_threshold: 0,
         prefill_delay_passes: 0,
         balance_scheduling: false,
+        separate_prefill_batches: false,
         max_model_len: 512,
         num_spec_tokens: l.spec,
         attn_cap: AttnCap(None),

@@ -192,12 +192,14 @@ impl RankScheduler {
     }
 
     /// Lets the rank advance steadily decoding requests in aggregate, drawing their MTP acceptance
-    /// from `a` (which must be what the device draws). `None` steps every request.
+    /// from `a` (which must be what the device draws). `None` steps every request, as does a
+    /// rank with separate prefill batches (its decoders wait out prefill steps).
     pub fn set_acceptance(&mut self, a: Option<Arc<dyn KnownAcceptance>>) {
         assert!(
             self.steady.slots.is_empty(),
             "acceptance changes only between requests"
         );
+        let a = a.filter(|_| !self.cfg.separate_prefill_batches);
         if a.is_some() && self.steady.ring.is_empty() {
             self.steady.ring = vec![0; CELLS * self.steady.regimes];
             self.steady.due = vec![NIL; RING];

@@ -157,7 +157,9 @@ impl RankScheduler {
         false
     }
 
-    /// [`RankScheduler::schedule`] request by request: running requests, then waiting ones.
+    /// [`RankScheduler::schedule`] request by request: running requests, then waiting ones;
+    /// with [`InstanceConfig::separate_prefill_batches`], a prefill batch (the prompts being
+    /// computed, then waiting requests) where there is one to run, else a decode batch.
     fn schedule_exact(
         &mut self,
         plan: &mut RankPlan,
@@ -168,9 +170,7 @@ impl RankScheduler {
         events: &mut Vec<InstEvent>,
     ) {
         let cfg = self.cfg;
-        let bs = cfg.block_size;
         let k = cfg.num_spec_tokens;
-        let cap = cfg.attn_cap;
         let mut budget = cfg.max_num_batched_tokens as u64;
         // Steady requests take 1 + k tokens each. If the budget could bind, the running order
         // decides who gets it: schedule request by request. Async scheduling's phantoms (last
@@ -193,24 +193,73 @@ impl RankScheduler {
             }
         }
         budget -= self.steady.slots.len() as u64 * (1 + k as u64);
-        // Async scheduling: last step's finished requests, not yet known to be finished when
-        // this step was scheduled, take their slot once more.
-        let phantoms = self.phantoms.len();
-        for c in self.phantoms.drain(..) {
-            let t = (1 + k as u64).min(budget);
-            plan.shape.add_decode(t, c as u64, cap);
-            budget -= t;
-        }
         // vLLM admits nothing in a step that preempted: nor does the same step planned again.
         let mut preempted = admission == Admission::Replanned && self.preempted_in_plan;
         self.preempted_in_plan = false;
+        if cfg.separate_prefill_batches {
+            // SGLang without --enable-mixed-chunk: prefill first, when there is any to run.
+            self.run_running(plan, p, &mut budget, Some(false), &mut preempted, events);
+            let open = admission != Admission::Held && !preempted;
+            self.admit_waiting(plan, open, &mut budget, 0, started, pulls);
+            if self.entries.is_empty() {
+                self.add_phantoms(plan, &mut budget);
+                self.run_running(plan, p, &mut budget, Some(true), &mut preempted, events);
+            } else {
+                // Last step's finished requests take no decode step in a prefill batch.
+                self.phantoms.clear();
+            }
+        } else {
+            let drained = self.add_phantoms(plan, &mut budget);
+            self.run_running(plan, p, &mut budget, None, &mut preempted, events);
+            let open = admission != Admission::Held && !preempted;
+            self.admit_waiting(plan, open, &mut budget, drained, started, pulls);
+        }
+        self.add_steady(plan);
+        #[cfg(debug_assertions)]
+        self.check();
+    }
+
+    /// Async scheduling: last step's finished requests, not yet known to be finished when this
+    /// step was scheduled, take their slot once more, before any running request. Returns how
+    /// many (they still hold their seats this step).
+    fn add_phantoms(&mut self, plan: &mut RankPlan, budget: &mut u64) -> usize {
+        let t = 1 + self.cfg.num_spec_tokens as u64;
+        let phantoms = self.phantoms.len();
+        for c in self.phantoms.drain(..) {
+            let t = t.min(*budget);
+            plan.shape.add_decode(t, c as u64, self.cfg.attn_cap);
+            *budget -= t;
+        }
+        phantoms
+    }
+
+    /// The running requests in their order within `budget` (only the decoding ones, or only
+    /// those computing their prompt, where `only_decoding` says), each allocating its KV and
+    /// preempting the newest running requests until it fits.
+    fn run_running(
+        &mut self,
+        plan: &mut RankPlan,
+        p: u64,
+        budget: &mut u64,
+        only_decoding: Option<bool>,
+        preempted: &mut bool,
+        events: &mut Vec<InstEvent>,
+    ) {
+        let cfg = self.cfg;
+        let bs = cfg.block_size;
+        let k = cfg.num_spec_tokens;
+        let cap = cfg.attn_cap;
         let mut i = 0;
-        while i < self.running.len() && budget > 0 {
+        while i < self.running.len() && *budget > 0 {
             let slot = self.running[i];
             let s = self.seq(slot);
             let known = s.prompt + s.output;
             let (new, decoding) = Self::demand(&cfg, s);
-            let new = new.min(budget);
+            if only_decoding.is_some_and(|d| d != decoding) {
+                i += 1;
+                continue;
+            }
+            let new = new.min(*budget);
             if new == 0 {
                 i += 1;
                 continue;
@@ -225,10 +274,10 @@ impl RankScheduler {
                     break;
                 }
                 let victim = self
-                    .pop_newest(p, &mut budget)
+                    .pop_newest(p, budget)
                     .expect("the current request is running");
                 self.preempt(victim, events);
-                preempted = true;
+                *preempted = true;
                 self.preempted_in_plan = true;
                 if victim == slot {
                     break;
@@ -262,17 +311,28 @@ impl RankScheduler {
             if self.detail {
                 Self::detail_entry(&mut self.slab, plan, slot, new as u32, samples, drafts);
             }
-            budget -= new;
+            *budget -= new;
             i += 1;
         }
-        // Waiting requests: only if admitting, nothing was preempted, within budget and
-        // max_num_seqs (this step's phantoms, drained above, still hold their seats).
-        debug_assert!(self.phantoms.is_empty());
-        while admission != Admission::Held
-            && !preempted
-            && budget > 0
-            && self.seats_taken() + phantoms < cfg.max_num_seqs as usize
-        {
+    }
+
+    /// Waiting requests in order while `open` (admitting, nothing preempted), within `budget`
+    /// and `max_num_seqs` (`drained` phantoms of this step still hold their seats). Waiting
+    /// requests never preempt.
+    fn admit_waiting(
+        &mut self,
+        plan: &mut RankPlan,
+        open: bool,
+        budget: &mut u64,
+        drained: usize,
+        started: &mut Vec<ReqId>,
+        pulls: &mut Vec<ReqId>,
+    ) {
+        let cfg = self.cfg;
+        let bs = cfg.block_size;
+        let k = cfg.num_spec_tokens;
+        let cap = cfg.attn_cap;
+        while open && *budget > 0 && self.seats_taken() + drained < cfg.max_num_seqs as usize {
             let Some(&slot) = self.waiting.front() else {
                 break;
             };
@@ -301,13 +361,13 @@ impl RankScheduler {
             let cached = (hit as u32) * bs;
             let known = s.prompt + s.output;
             let mut new = (known - cached) as u64;
-            if !cfg.enable_chunked_prefill && new > budget {
+            if !cfg.enable_chunked_prefill && new > *budget {
                 break;
             }
             if cfg.long_prefill_token_threshold > 0 {
                 new = new.min(cfg.long_prefill_token_threshold as u64);
             }
-            new = new.min(budget);
+            new = new.min(*budget);
             let need_new_blocks =
                 blocks_for(cached as u64 + new + k as u64, bs).saturating_sub(hit as u64);
             // Hit blocks that sit unreferenced in the free queue leave it when touched.
@@ -361,11 +421,8 @@ impl RankScheduler {
             }
             self.waiting.pop_front();
             self.running.push(slot);
-            budget -= new;
+            *budget -= new;
         }
-        self.add_steady(plan);
-        #[cfg(debug_assertions)]
-        self.check();
     }
 
     /// Applies a step's outcome: `accepted[j]` drafts for the j-th sampling entry. Adds the
