@@ -104,6 +104,9 @@ pub struct CalibrateArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// No progress line on stderr (it is drawn only on a terminal).
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 fn table(title: &str, v: &Values, r: &[Residual]) -> Result<(), Failure> {
@@ -225,6 +228,10 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     };
     let shipped_params = shipped_cost(&a.cost_model)?;
     let params = fit_params(&a.fit, &shipped_params)?;
+    // The fits run for minutes: a line on stderr says which one and for how long.
+    let bar = crate::progress::bar(None, a.quiet, "{spinner} {msg} {elapsed}");
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar.set_message("fitting the microbenchmarks (all-to-all, MTP acceptance, V4 kernels)");
     let bench = micro::builtin().map_err(|e| Failure::Runtime(e.into()))?;
     let a2a = micro::fit(&bench).map_err(|e| Failure::Runtime(e.into()))?;
     let a2a_fit = micro::residuals(&bench, &a2a).map_err(|e| Failure::Runtime(e.into()))?;
@@ -250,6 +257,13 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
         )));
     }
     let shipped = Values::of(&params, &shipped_params);
+    bar.set_message(format!(
+        "fitting {} parameter{} of {} to {} steady-step targets",
+        params.len(),
+        if params.len() == 1 { "" } else { "s" },
+        a.cost_model,
+        on.len()
+    ));
     let f = globals::fit(&on, &a.cost_model, &params, &shipped_params)
         .map_err(|e| Failure::Input(e.into()))?;
     let shipped_r =
@@ -259,6 +273,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     // shipped cost model (the one the simulator prices with); only for the built-in targets,
     // which hold the gap's base deployment.
     let load = if builtin_910c {
+        bar.set_message("fitting the expert load, then leaving out each measurement");
         let p = expert_load::builtin(&on, shipped_cost_model(&on)?)
             .map_err(|e| Failure::Runtime(e.into()))?;
         let f = p.fit().map_err(|e| Failure::Runtime(e.into()))?;
@@ -272,6 +287,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     // The `zipf` kind's per-request routing concentration, fitted to the one figure that
     // isolates it, with the fitted parameters.
     let conc = if builtin_910c {
+        bar.set_message("fitting the per-request routing concentration");
         let gap = parse_eplb_gap("expert-load.toml", EXPERT_LOAD)
             .map_err(|e| Failure::Input(e.into()))?;
         let base = shipped_cost_model(&on)?;
@@ -282,6 +298,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     } else {
         None
     };
+    bar.finish_and_clear();
     if a.json {
         let v = serde_json::json!({
             "alltoall": {
