@@ -188,7 +188,32 @@ fn a_hf_config_json_is_accepted_as_the_model() {
     let o = dstwin(&["explain", "--model", path, "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    // No `_name_or_path` in this config: the directory names it.
     assert_eq!(v["model"], "data");
+    // DeepSeek-V3's own counts (671B, 37B activated), as the built-in model gives them.
+    let builtin = dstwin(&["explain", "--model", "deepseek-v3", "--json"]);
+    let b: serde_json::Value = serde_json::from_str(&stdout(&builtin)).unwrap();
+    assert_eq!(v["params_total"], b["params_total"]);
+    assert_eq!(v["params_active"], b["params_active"]);
+    let total = v["params_total"].as_f64().unwrap();
+    assert!((total / 1e9 - 671.0).abs() < 0.5, "{total}");
+    let text = stdout(&dstwin(&["explain", "--model", path]));
+    assert!(
+        text.contains("model: 671.03B parameters, 36.63B active per token"),
+        "{text}"
+    );
+    // A config saved by transformers names the checkpoint it came from.
+    let dir = std::env::temp_dir().join(format!("dstwin-explain-named-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    cfg["_name_or_path"] = "deepseek-ai/DeepSeek-V3-0324".into();
+    let named = dir.join("config.json");
+    std::fs::write(&named, cfg.to_string()).unwrap();
+    let o = dstwin(&["explain", "--model", named.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["model"], "DeepSeek-V3-0324");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

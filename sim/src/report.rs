@@ -17,6 +17,12 @@ pub fn render_explain(e: &Explain) -> String {
         "{} {} (KV {}) on {} ({})",
         e.model, e.quant, e.kv_dtype, e.system, e.chip
     );
+    let _ = writeln!(
+        s,
+        "model: {:.2}B parameters, {:.2}B active per token (MTP module not counted)",
+        e.params_total as f64 / 1e9,
+        e.params_active as f64 / 1e9
+    );
     let experts = if p.moe_tp > 1 {
         format!(
             "MoE TP{} (every die holds a 1/{} slice of all {} experts)",

@@ -167,7 +167,7 @@ pub enum LayoutError {
         product: u64,
         dies: u32,
     },
-    #[error("layout: {slots} routed-expert slots ({experts} experts + {redundant} redundant) do not divide evenly over {dies} expert dies (ep {ep} - shared_expert_dies {shared}); choose redundant_experts so that slots are a multiple of the expert dies")]
+    #[error("layout: {slots} routed-expert slots ({experts} experts + {redundant} redundant) do not divide evenly over {dies} expert dies (ep {ep} - shared_expert_dies {shared}); choose redundant_experts so that slots are a multiple of the expert dies ({suggestion})")]
     Experts {
         slots: u32,
         experts: u32,
@@ -175,6 +175,8 @@ pub enum LayoutError {
         dies: u32,
         ep: u32,
         shared: u32,
+        /// The nearest values that work (redundant_experts below and above, shared_expert_dies).
+        suggestion: String,
     },
     #[error(
         "layout: {dies} dies exceed the {max} dies of {system} ({nodes} nodes x {per_node} dies)"
@@ -209,6 +211,48 @@ pub struct Plan {
     pub routed_dies: u32,
     /// Routed-expert slots per routed die.
     pub slots_per_die: u32,
+}
+
+/// The values nearest the given ones that spread `experts` + `redundant` routed-expert slots
+/// evenly: redundant_experts just below and just above (within `max_redundant`), and, where the
+/// model has shared experts to host, the shared_expert_dies leaving the routed-die count nearest
+/// `routed_dies` that divides the slots as they are.
+fn expert_suggestion(
+    experts: u32,
+    redundant: u32,
+    max_redundant: u32,
+    (ep, routed_dies): (u32, u32),
+    shared_allowed: bool,
+) -> String {
+    let slots = experts + redundant;
+    let per_die = |n: u32| {
+        if n == 1 {
+            "1 slot".to_string()
+        } else {
+            format!("{n} slots")
+        }
+    };
+    let rest = slots % routed_dies;
+    let mut out = Vec::new();
+    let below = redundant.checked_sub(rest);
+    let above = Some(redundant + (routed_dies - rest)).filter(|&r| r <= max_redundant);
+    for r in [below, above].into_iter().flatten() {
+        let each = per_die((experts + r) / routed_dies);
+        out.push(format!("redundant_experts = {r} ({each} per die)"));
+    }
+    // Routed-die counts from 1 to ep (shared_expert_dies ep - 1 .. 0) that divide the slots,
+    // the nearest to the current count first (the larger on a tie).
+    let dies = (1..=ep)
+        .filter(|&d| shared_allowed && slots.is_multiple_of(d))
+        .min_by_key(|&d| (d.abs_diff(routed_dies), std::cmp::Reverse(d)));
+    if let Some(d) = dies {
+        let each = per_die(slots / d);
+        out.push(format!(
+            "shared_expert_dies = {} ({d} expert dies x {each})",
+            ep - d
+        ));
+    }
+    format!("nearest that work: {}", out.join(", or "))
 }
 
 fn field(field: &'static str, value: impl ToString, reason: impl Into<String>) -> LayoutError {
@@ -410,6 +454,13 @@ impl Layout {
                 dies: routed_dies,
                 ep: self.ep,
                 shared: self.shared_expert_dies,
+                suggestion: expert_suggestion(
+                    experts,
+                    self.redundant_experts,
+                    max_redundant,
+                    (self.ep, routed_dies),
+                    model.shared_experts > 0,
+                ),
             });
         }
         Ok(Plan {

@@ -328,3 +328,44 @@ fn shared_expert_dp_holds_it_whole_and_dispatch_buffers_hold_the_dies_share() {
     let full = map(false, 16384);
     assert!(full.workspace > split.workspace);
 }
+
+/// Slots that do not spread evenly name the nearest values that do, and each of them validates:
+/// V4-Pro's 384 experts + 32 redundant over the CloudMatrix decode instance's 288 expert dies.
+#[test]
+fn uneven_expert_slots_suggest_values_that_work() {
+    let m = builtin("deepseek-v4-pro").unwrap();
+    let err = cm384_decode()
+        .validate(&m, cm384())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("redundant_experts = 192 (2 slots per die)")
+            && err.contains("shared_expert_dies = 112 (208 expert dies x 2 slots)"),
+        "{err}"
+    );
+    for l in [
+        Layout {
+            redundant_experts: 192,
+            ..cm384_decode()
+        },
+        Layout {
+            shared_expert_dies: 112,
+            ..cm384_decode()
+        },
+    ] {
+        l.validate(&m, cm384()).unwrap();
+    }
+    // Below as well as above, where the slots can shrink: 256 + 40 over 288 dies.
+    let r1 = builtin("r1").unwrap();
+    let l = Layout {
+        redundant_experts: 40,
+        ..cm384_decode()
+    };
+    let err = l.validate(&r1, cm384()).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "redundant_experts = 32 (1 slot per die), or redundant_experts = 320 (2 slots per die)"
+        ),
+        "{err}"
+    );
+}

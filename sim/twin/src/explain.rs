@@ -164,6 +164,9 @@ pub struct MoeReport {
 #[derive(Clone, Debug, Serialize)]
 pub struct Explain {
     pub model: String,
+    /// The model's parameters without the MTP module, and those one token activates.
+    pub params_total: u64,
+    pub params_active: u64,
     pub quant: Quant,
     pub kv_dtype: DType,
     pub system: String,
@@ -558,6 +561,8 @@ pub fn explain_under(
     let ms = |m: BTreeMap<&'static str, f64>| m.into_iter().map(|(k, v)| (k, v * 1e3)).collect();
     Ok(Explain {
         model: inp.model.name.clone(),
+        params_total: dstwin_core::model::count(&inp.model).total(),
+        params_active: dstwin_core::model::active(&inp.model),
         quant: inp.quant,
         kv_dtype: inp.kv_dtype,
         system: system.name.clone(),
