@@ -1156,7 +1156,8 @@ fn balance_scheduling_changes_a_mixed_run_and_is_not_paired_with_the_prefill_del
 
 /// SGLang's separate prefill and decode batches from a scenario reach the scheduler (the rule
 /// itself is tested in engine/core/tests/scheduler.rs): the same requests finish, at other
-/// latencies.
+/// latencies, with SGLang's other scheduling switches too; vllm-ascend's balance scheduling is
+/// refused beside it.
 #[test]
 fn separate_prefill_batches_change_a_mixed_run() {
     let tiny = data("tiny-mixed.toml");
@@ -1167,6 +1168,35 @@ fn separate_prefill_batches_change_a_mixed_run() {
     let separate = json_report(&tiny, &[full[0], full[1], on]);
     assert_eq!(plain["requests_finished"], separate["requests_finished"]);
     assert_ne!(plain["latency"], separate["latency"]);
+    // With SGLang's overlap scheduler and prefill delayer, as the published SGLang runs set
+    // them: every request still finishes.
+    let sglang = json_report(
+        &tiny,
+        &[
+            full[0],
+            full[1],
+            on,
+            "serve.scheduler.async_scheduling=true",
+            "serve.scheduler.prefill_delay_passes=30",
+        ],
+    );
+    assert_eq!(plain["requests_finished"], sglang["requests_finished"]);
+    // vllm-ascend's balance scheduling is not SGLang's.
+    let o = dstwin(&[
+        "simulate",
+        &tiny,
+        "--quiet",
+        "--set",
+        on,
+        "--set",
+        "serve.scheduler.enable_balance_scheduling=true",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        err(&o).contains("enable_balance_scheduling = true: not with separate_prefill_batches"),
+        "{}",
+        err(&o)
+    );
 }
 
 /// SGLang's prefill delayer from a scenario: on tiny-mixed's 32 DP ranks a prompt that arrives

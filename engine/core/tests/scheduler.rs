@@ -882,3 +882,87 @@ fn separate_prefill_batches_decode_when_nothing_can_prefill_and_step_exactly() {
     assert_eq!(run(true), 0, "no request advanced in aggregate");
     assert!(run(false) > 0, "a vLLM-style rank aggregates its decoder");
 }
+
+/// A prefill batch's prompt chunk that lacks KV preempts nobody (SGLang retracts requests only
+/// to decode): the step decodes instead, and only a decoder that needs a block preempts. vLLM's
+/// chunk takes the blocks by preempting the newest request, itself.
+#[test]
+fn separate_prefill_batches_preempt_only_to_decode() {
+    let run = |separate: bool| {
+        // Five blocks of 128: a 1,000-token prompt in 256-token chunks fills them beside a
+        // decoder after two chunks.
+        let mut c = cfg(Role::Mixed, 5);
+        c.max_num_batched_tokens = 256;
+        c.separate_prefill_batches = separate;
+        let mut inst = Instance::new(c);
+        inst.add_request(req(1, 100, 60), SimTime::ZERO);
+        let mut steps = Vec::new();
+        for i in 0..60 {
+            if i == 2 {
+                inst.add_request(req(2, 1000, 5), SimTime::ZERO);
+            }
+            let (plan, events, _) = step(&mut inst, false);
+            let s = plan.ranks[0].shape;
+            let preempted: Vec<u64> = events
+                .iter()
+                .filter_map(|e| match e {
+                    InstEvent::Preempted { req } => Some(*req),
+                    _ => None,
+                })
+                .collect();
+            steps.push((s.prefill_tokens > 0, s.decode_tokens > 0, preempted));
+        }
+        steps
+    };
+    let separate = run(true);
+    assert!(separate.iter().all(|(p, d, _)| !(*p && *d)), "never both");
+    for (i, (prefill, _, preempted)) in separate.iter().enumerate() {
+        assert!(
+            !*prefill || preempted.is_empty(),
+            "step {i}: a prefill batch preempted"
+        );
+    }
+    // The third chunk does not fit beside request 1's block: request 1 decodes on until it
+    // needs a second block, which preempts request 2, once. vLLM's third chunk preempts its
+    // own request every time it comes round.
+    let preemptions = |v: &[(bool, bool, Vec<u64>)]| v.iter().filter(|s| !s.2.is_empty()).count();
+    assert!(
+        separate.iter().any(|(_, d, pre)| *d && pre == &[2]),
+        "{separate:?}"
+    );
+    assert_eq!(preemptions(&separate), 1, "{separate:?}");
+    let mixed = run(false);
+    assert!(preemptions(&mixed) > 5, "{mixed:?}");
+}
+
+/// Async scheduling: a request that finished in the last step takes a (discarded) decode step
+/// in the next one where that step decodes, as vLLM's does; a prefill batch carries none.
+#[test]
+fn separate_prefill_batches_carry_no_async_phantoms() {
+    let run = |separate: bool| {
+        let mut c = cfg(Role::Mixed, 1000);
+        c.async_scheduling = true;
+        c.separate_prefill_batches = separate;
+        let mut inst = Instance::new(c);
+        inst.add_request(req(1, 100, 3), SimTime::ZERO);
+        loop {
+            let (_, events, _) = step(&mut inst, false);
+            if events
+                .iter()
+                .any(|e| matches!(e, InstEvent::Finished { req: 1, .. }))
+            {
+                break;
+            }
+        }
+        inst.add_request(req(2, 100, 3), SimTime::ZERO);
+        let (plan, _, _) = step(&mut inst, false);
+        let s = plan.ranks[0].shape;
+        (s.prefill_tokens, s.decode_tokens)
+    };
+    assert_eq!(
+        run(false),
+        (100, 1),
+        "vLLM: the prompt beside the finished request's phantom"
+    );
+    assert_eq!(run(true), (100, 0), "a prefill batch only");
+}

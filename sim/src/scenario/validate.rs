@@ -267,6 +267,13 @@ pub(super) fn validate(
                 ),
             ));
         }
+        if s.enable_balance_scheduling && s.separate_prefill_batches {
+            return Err(field(
+                f("scheduler.enable_balance_scheduling"),
+                true,
+                "not with separate_prefill_batches: the one is vllm-ascend's, the other SGLang's",
+            ));
+        }
         if s.enable_balance_scheduling && s.prefill_delay_passes > 0 {
             return Err(field(
                 f("scheduler.enable_balance_scheduling"),

@@ -58,9 +58,10 @@ pub struct InstanceConfig {
     pub balance_scheduling: bool,
     /// SGLang's scheduling without `--enable-mixed-chunk` (its default): a step is a prefill
     /// batch, the prompts being computed and then waiting requests, whenever there is one to
-    /// run (the decoding requests wait), else a decode batch of the running requests; never
-    /// both, as vLLM's steps are. Every request is stepped one by one (steady aggregation
-    /// assumes a decoder takes every step).
+    /// run (the decoding requests wait), else a decode batch of the running requests. A step
+    /// never holds both, where vLLM's mix them. A prefill batch's prompt that lacks KV
+    /// preempts nobody (SGLang retracts only to decode). Every request is stepped one by one
+    /// (steady aggregation assumes a decoder takes every step).
     pub separate_prefill_batches: bool,
 }
 

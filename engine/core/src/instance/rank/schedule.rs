@@ -1,6 +1,8 @@
 //! The exact step of a rank: running requests first, then waiting ones within the token
-//! budget and `max_num_seqs`; preemption when KV runs out; the per-request plan entries of a
-//! device that executes requests; applying a step's outcome.
+//! budget and `max_num_seqs` (or, with separate prefill batches, the prompts being computed and
+//! waiting requests first, the decoders only in a step with no prompt to run); preemption when
+//! KV runs out; the per-request plan entries of a device that executes requests; applying a
+//! step's outcome.
 
 use super::steady::COOLDOWN;
 use super::{blocks_for, Admission, Entry, RankScheduler, Seq, State};
@@ -205,7 +207,8 @@ impl RankScheduler {
                 self.add_phantoms(plan, &mut budget);
                 self.run_running(plan, p, &mut budget, Some(true), &mut preempted, events);
             } else {
-                // Last step's finished requests take no decode step in a prefill batch.
+                // Last step's finished requests take no decode step in a prefill batch (they
+                // held their seats during its admission, as they do in a mixed step).
                 self.phantoms.clear();
             }
         } else {
@@ -235,7 +238,9 @@ impl RankScheduler {
 
     /// The running requests in their order within `budget` (only the decoding ones, or only
     /// those computing their prompt, where `only_decoding` says), each allocating its KV and
-    /// preempting the newest running requests until it fits.
+    /// preempting the newest running requests until it fits; a prefill batch's prompt
+    /// (`only_decoding` false) preempts nobody, as SGLang retracts requests only to decode:
+    /// the batch ends there.
     fn run_running(
         &mut self,
         plan: &mut RankPlan,
@@ -249,6 +254,7 @@ impl RankScheduler {
         let bs = cfg.block_size;
         let k = cfg.num_spec_tokens;
         let cap = cfg.attn_cap;
+        let may_preempt = only_decoding != Some(false);
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let slot = self.running[i];
@@ -273,6 +279,9 @@ impl RankScheduler {
                     fits = true;
                     break;
                 }
+                if !may_preempt {
+                    break;
+                }
                 let victim = self
                     .pop_newest(p, budget)
                     .expect("the current request is running");
@@ -284,7 +293,8 @@ impl RankScheduler {
                 }
             }
             if !fits {
-                // The current request was the newest and is gone; nothing after it remains.
+                // The current request was the newest and is gone (nothing after it remains), or
+                // a prefill batch's prompt does not fit.
                 break;
             }
             let s = self.seq(slot);
