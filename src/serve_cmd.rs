@@ -104,6 +104,11 @@ pub struct ServeArgs {
     /// --reasoning-parser).
     #[arg(long, value_name = "NAME")]
     reasoning_parser: Option<String>,
+    /// The key chat messages and streamed deltas return the parsed reasoning under: reasoning
+    /// (vLLM's since it dropped reasoning_content), reasoning_content (DeepSeek's own API,
+    /// and vLLM before the rename) or both.
+    #[arg(long, value_name = "KEY", default_value = "reasoning")]
+    reasoning_field: api::ReasoningField,
     /// Request bodies larger than this get 413.
     #[arg(long, default_value_t = 32 << 20, value_name = "BYTES")]
     max_body_bytes: usize,
@@ -286,6 +291,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         tool_parser,
         auto_tool_choice: a.enable_auto_tool_choice,
         reasoning_parser,
+        reasoning_field: a.reasoning_field,
         max_body_bytes: a.max_body_bytes,
         body_timeout,
         access,

@@ -163,8 +163,12 @@ fn completions_chat_models_health_and_metrics() {
     for c in v["choices"].as_array().unwrap() {
         let t = c["message"]["content"].as_str().unwrap();
         assert!(!t.contains("the"), "stopped before the stop string: {t:?}");
+        // vLLM's stop_reason: the stop string that matched, null at the length limit.
         if c["finish_reason"] == "length" {
             assert_eq!(t.split(' ').count(), 40);
+            assert!(c["stop_reason"].is_null(), "{c}");
+        } else {
+            assert_eq!(c["stop_reason"], "the", "{c}");
         }
     }
 
@@ -419,11 +423,13 @@ fn parsers_are_wired_into_chat() {
     )
     .json();
     let m = &v["choices"][0]["message"];
+    // Under `reasoning`, as vLLM returns it since it dropped `reasoning_content`.
     assert_eq!(
-        m["reasoning_content"].as_str().unwrap().split(' ').count(),
+        m["reasoning"].as_str().unwrap().split(' ').count(),
         4,
         "{v}"
     );
+    assert!(m.get("reasoning_content").is_none(), "{v}");
     assert!(m["content"].is_null(), "{v}");
     // Streaming with continuous usage: every chunk carries usage, growing.
     let r = post(
@@ -455,6 +461,61 @@ fn parsers_are_wired_into_chat() {
         .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("deepseek_v31"));
+}
+
+/// `--reasoning-field` names the key the reasoning comes back under, whole and streamed:
+/// DeepSeek's own `reasoning_content`, or both keys for clients of either.
+#[test]
+fn the_reasoning_field_is_chosen_at_start() {
+    let srv = Server::start(&[
+        &data("tiny-mixed.toml"),
+        "--time-scale",
+        "0",
+        "--reasoning-parser",
+        "deepseek_r1",
+        "--reasoning-field",
+        "both",
+    ]);
+    let a = &srv.addr;
+    let body = |stream: bool| {
+        serde_json::json!({"model": "deepseek-v3", "max_tokens": 4, "stream": stream,
+                           "messages": [{"role": "user", "content": "think"}]})
+    };
+    let v = post(a, "/v1/chat/completions", body(false)).json();
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["reasoning"], m["reasoning_content"], "{v}");
+    assert_eq!(
+        m["reasoning"].as_str().unwrap().split(' ').count(),
+        4,
+        "{v}"
+    );
+    let r = post(a, "/v1/chat/completions", body(true));
+    let ev = events(&r.body);
+    let (mut plain, mut legacy) = (String::new(), String::new());
+    for e in &ev[..ev.len() - 1] {
+        let v: serde_json::Value = serde_json::from_str(e).unwrap();
+        let d = &v["choices"][0]["delta"];
+        plain.push_str(d["reasoning"].as_str().unwrap_or(""));
+        legacy.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+        // The finishing chunk carries stop_reason (null: the length limit).
+        if !v["choices"][0]["finish_reason"].is_null() {
+            assert!(
+                v["choices"][0]
+                    .get("stop_reason")
+                    .is_some_and(|s| s.is_null()),
+                "{e}"
+            );
+        }
+    }
+    assert_eq!(plain, legacy);
+    assert_eq!(plain.split(' ').count(), 4, "{plain}");
+    // An unknown key is refused at start, naming the known ones.
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args(["serve", "--reasoning-field", "thoughts", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("reasoning_content, both"));
 }
 
 fn metric(addr: &str, prefix: &str) -> f64 {

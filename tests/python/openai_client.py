@@ -113,7 +113,7 @@ def main() -> None:
         max_tokens=4,
         extra_body={"chat_template_kwargs": {"thinking": True}},
     )
-    reasoning = (r.choices[0].message.model_extra or {}).get("reasoning_content")
+    reasoning = (r.choices[0].message.model_extra or {}).get("reasoning")
     assert reasoning and len(reasoning.split(" ")) == 4, r
     assert r.choices[0].message.content is None, r
     count(r.usage)

@@ -49,12 +49,51 @@ pub struct ApiConfig {
     pub auto_tool_choice: bool,
     /// `--reasoning-parser`.
     pub reasoning_parser: Option<ReasoningKind>,
+    /// `--reasoning-field`: the keys the parsed reasoning is returned under.
+    pub reasoning_field: ReasoningField,
     /// Larger request bodies get 413.
     pub max_body_bytes: usize,
     /// A request body not received whole within this, from the end of its headers, gets 408.
     pub body_timeout: Duration,
     /// Hosts, API key and content types let through.
     pub access: Access,
+}
+
+/// The key a chat message and a streamed delta carry the parsed reasoning under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReasoningField {
+    /// `reasoning`, as vLLM returns it since it dropped `reasoning_content` (vllm-project/vllm
+    /// pull requests 27752 and 33402).
+    Reasoning,
+    /// `reasoning_content`, as DeepSeek's own API and vLLM before the rename return it.
+    ReasoningContent,
+    /// Both keys, the same text, for clients of either.
+    Both,
+}
+
+impl ReasoningField {
+    /// The keys, in the order they are written.
+    pub fn keys(self) -> &'static [&'static str] {
+        match self {
+            ReasoningField::Reasoning => &["reasoning"],
+            ReasoningField::ReasoningContent => &["reasoning_content"],
+            ReasoningField::Both => &["reasoning", "reasoning_content"],
+        }
+    }
+}
+
+impl std::str::FromStr for ReasoningField {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "reasoning" => Ok(ReasoningField::Reasoning),
+            "reasoning_content" => Ok(ReasoningField::ReasoningContent),
+            "both" => Ok(ReasoningField::Both),
+            _ => Err(format!(
+                "unknown reasoning field `{s}`; known: reasoning, reasoning_content, both"
+            )),
+        }
+    }
 }
 
 impl Default for ApiConfig {
@@ -67,6 +106,7 @@ impl Default for ApiConfig {
             tool_parser: None,
             auto_tool_choice: false,
             reasoning_parser: None,
+            reasoning_field: ReasoningField::Reasoning,
             max_body_bytes: 32 << 20,
             body_timeout: Duration::from_secs(30),
             access: Access::default(),
@@ -336,6 +376,7 @@ async fn run(app: AppState, job: Job) -> Response {
             text: String::new(),
             sent: 0,
             finish: None,
+            stop_reason: None,
             detok: cfg.counter.tokenizer().cloned().map(Detok::new),
             parser: (job.chat && (cfg.reasoning_parser.is_some() || job.tools)).then(|| {
                 OutputParser {
@@ -374,6 +415,7 @@ async fn run(app: AppState, job: Job) -> Response {
         include_usage: job.include_usage,
         continuous_usage: job.continuous_usage,
         stop: job.stop,
+        reasoning_keys: cfg.reasoning_field.keys(),
         rt,
     };
     if job.stream {
@@ -394,6 +436,8 @@ struct Meta {
     include_usage: bool,
     continuous_usage: bool,
     stop: Vec<String>,
+    /// The keys the reasoning goes under ([`ReasoningField::keys`]).
+    reasoning_keys: &'static [&'static str],
     rt: Runtime,
 }
 
@@ -516,14 +560,16 @@ async fn whole_response(meta: Meta, mut choices: Vec<Choice>, mut rx: Outputs) -
         .iter_mut()
         .map(|c| {
             let finish = c.finish.unwrap_or("length");
+            let stop_reason = c.stop_reason.take();
             if !meta.chat {
                 return json!({"index": c.index, "text": c.text, "logprobs": null,
-                              "finish_reason": finish});
+                              "finish_reason": finish, "stop_reason": stop_reason});
             }
             let Some(mut p) = c.parser.take() else {
                 return json!({"index": c.index,
                               "message": {"role": "assistant", "content": c.text},
-                              "logprobs": null, "finish_reason": finish});
+                              "logprobs": null, "finish_reason": finish,
+                              "stop_reason": stop_reason});
             };
             let piece = p.push(&c.text, true);
             let calls = p
@@ -541,14 +587,18 @@ async fn whole_response(meta: Meta, mut choices: Vec<Choice>, mut rx: Outputs) -
             let content = (!piece.content.is_empty() || !only_parsed).then_some(piece.content);
             let mut message = json!({"role": "assistant", "content": content});
             if p.reasoning.is_some() {
-                message["reasoning_content"] = (!piece.reasoning.is_empty())
+                let reasoning: Value = (!piece.reasoning.is_empty())
                     .then_some(piece.reasoning)
                     .into();
+                for key in meta.reasoning_keys {
+                    message[*key] = reasoning.clone();
+                }
             }
             if !calls.is_empty() {
                 message["tool_calls"] = tool_calls_json(&calls);
             }
-            json!({"index": c.index, "message": message, "logprobs": null, "finish_reason": finish})
+            json!({"index": c.index, "message": message, "logprobs": null,
+                   "finish_reason": finish, "stop_reason": stop_reason})
         })
         .collect();
     axum::Json(json!({
@@ -575,15 +625,19 @@ fn esc(t: &str) -> String {
     serde_json::to_string(t).expect("a string serializes")
 }
 
-/// One streamed chunk as an SSE frame, formatted directly (the hot path of streaming).
+/// One streamed chunk as an SSE frame, formatted directly (the hot path of streaming). The
+/// chunk that finishes a choice carries its `stop_reason` (the stop string matched, or null).
 fn chunk(
     meta: &Meta,
     index: u32,
     d: &Delta,
-    finish: Option<&str>,
+    finish: Option<(&str, Option<&str>)>,
     usage_so_far: Option<u32>,
 ) -> Bytes {
-    let finish = finish.map_or("null".to_string(), |f| format!("\"{f}\""));
+    let finish = finish.map_or("null".to_string(), |(f, stop)| {
+        let stop = stop.map_or("null".to_string(), esc);
+        format!("\"{f}\",\"stop_reason\":{stop}")
+    });
     let choice = if meta.chat {
         let mut delta = Vec::new();
         if d.role {
@@ -593,7 +647,9 @@ fn chunk(
             delta.push(format!("\"content\":{}", esc(t)));
         }
         if let Some(t) = d.reasoning {
-            delta.push(format!("\"reasoning_content\":{}", esc(t)));
+            for key in meta.reasoning_keys {
+                delta.push(format!("\"{key}\":{}", esc(t)));
+            }
         }
         if !d.calls.is_empty() {
             let calls: Vec<Value> = d
@@ -732,6 +788,7 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
                 },
             };
             let finish = c.reported_finish();
+            let stop_reason = c.stop_reason.clone();
             let index = c.index;
             if ended {
                 st.open -= 1;
@@ -749,7 +806,8 @@ fn stream_response(meta: Meta, choices: Vec<Choice>, rx: Outputs) -> Response {
                     reasoning: (!piece.reasoning.is_empty()).then_some(piece.reasoning.as_str()),
                     calls: &piece.calls,
                 };
-                let frame = chunk(&st.meta, index, &d, finish, st.usage());
+                let stop = finish.map(|f| (f, stop_reason.as_deref()));
+                let frame = chunk(&st.meta, index, &d, stop, st.usage());
                 return Some((Ok(frame), st));
             }
         }

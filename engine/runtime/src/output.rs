@@ -76,6 +76,9 @@ pub(crate) struct Choice {
     pub text: String,
     pub sent: usize,
     pub finish: Option<&'static str>,
+    /// The stop string that ended it (vLLM's `stop_reason`; `None` for an end-of-sequence
+    /// token or the length limit).
+    pub stop_reason: Option<String>,
     pub parser: Option<OutputParser>,
     /// Decodes real token ids (a device that returns them, a server with a tokenizer).
     pub detok: Option<Detok>,
@@ -127,13 +130,15 @@ impl Choice {
             .rev()
             .find(|&i| self.text.is_char_boundary(i))
             .unwrap_or(0);
-        if let Some(p) = stops
+        // The earliest match (the first listed among those at the same place).
+        if let Some((p, s)) = stops
             .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|p| p + from))
-            .min()
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|p| (p + from, s)))
+            .min_by_key(|&(p, _)| p)
         {
             self.text.truncate(p);
             self.finish = Some("stop");
+            self.stop_reason = Some(s.clone());
             return self.take(p.max(self.sent));
         }
         let hold = stops
