@@ -225,11 +225,7 @@ fn stats_ms(mut v: Vec<f64>) -> [f64; 5] {
     let mean = v.iter().sum::<f64>() / n;
     let std = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
     // Linear interpolation between closest ranks, as numpy.percentile.
-    let q = |p: f64| {
-        let r = (v.len() - 1) as f64 * p;
-        let (lo, hi) = (r.floor() as usize, r.ceil() as usize);
-        v[lo] + (v[hi] - v[lo]) * (r - lo as f64)
-    };
+    let q = |p: f64| dstwin_traces::quantile(&v, p);
     [
         mean * 1e3,
         q(0.5) * 1e3,

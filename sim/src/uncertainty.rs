@@ -179,17 +179,15 @@ impl Interval {
     }
 }
 
-/// The `q` quantile (0..1) of `v` by linear interpolation between order statistics; NaN when
-/// `v` is empty or holds a NaN.
+/// The `q` quantile (0..1) of unsorted `v` ([`dstwin_traces::quantile`]); NaN when `v`
+/// is empty or holds a NaN.
 pub fn quantile(v: &[f64], q: f64) -> f64 {
-    if v.is_empty() || v.iter().any(|x| x.is_nan()) {
+    if v.iter().any(|x| x.is_nan()) {
         return f64::NAN;
     }
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
-    let pos = q.clamp(0.0, 1.0) * (s.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
+    dstwin_traces::quantile(&s, q)
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ pub mod workload;
 
 pub use error::TraceError;
 pub use spec::{WorkloadPlan, WorkloadSource, WorkloadSpec};
-pub use stats::{LengthSummary, WorkloadStats};
+pub use stats::{quantile, LengthSummary, WorkloadStats};
 pub use stream::{RequestStream, StreamRequest};
 pub use synthetic::{LengthSampler, RequestLengths};
 pub use workload::{TraceRequest, Workload, WorkloadBuilder};

@@ -26,6 +26,20 @@ pub struct WorkloadStats {
     pub prefix_reuse_share: Option<f64>,
 }
 
+/// The `q` quantile (0..1) of `sorted` values by linear interpolation between order statistics
+/// (numpy's default, as `vllm bench serve` computes its percentiles): the median of an even
+/// count is the mean of the middle two. NaN for none. The one interpolating quantile of the
+/// project: the simulator's uncertainty intervals, the trace fits' spreads and bench-serve's
+/// percentiles take it ([`LengthSummary`]'s are nearest-rank, as workload summaries state them).
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let Some(last) = sorted.len().checked_sub(1) else {
+        return f64::NAN;
+    };
+    let pos = q.clamp(0.0, 1.0) * last as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
 /// Distribution of one length over a workload. Percentiles are nearest-rank: the smallest value
 /// with at least that share of requests at or below it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]

@@ -322,7 +322,7 @@ fn rel_errors(samples: &[Sample], p: &ClassParams) -> Vec<f64> {
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    super::spread::quantile(&v, 0.5)
+    dstwin_traces::quantile(&v, 0.5)
 }
 
 /// Fits one class to its samples over relative errors ([`fit_class_with`]).

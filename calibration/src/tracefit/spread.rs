@@ -23,6 +23,7 @@
 //! deciles are what the twin must reproduce; a standard deviation would follow the few steps a
 //! profiler or the host stalled for milliseconds.
 
+use dstwin_traces::quantile;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -64,21 +65,6 @@ pub struct StepSpread {
 
 /// A group of alike steps: decodes only (or not, or not said) and the half-octave of the price.
 type GroupKey = (Option<bool>, i64);
-
-/// The `q` quantile of sorted values, linear between neighbours (the median of an even count is
-/// the mean of the middle two); 0 for none.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let Some(last) = sorted.len().checked_sub(1) else {
-        return 0.0;
-    };
-    let x = q.clamp(0.0, 1.0) * last as f64;
-    let (i, f) = (x.floor() as usize, x - x.floor());
-    if i >= last {
-        sorted[last]
-    } else {
-        sorted[i] + f * (sorted[i + 1] - sorted[i])
-    }
-}
 
 /// Per step by its place, `(measured µs, priced µs)` of its priced kernels, and per place the
 /// time of all the step's kernels with whether it computes decodes only: the spread, or `None`
@@ -138,17 +124,6 @@ pub fn step_spread(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quantiles_interpolate_between_neighbours() {
-        let v = [1.0, 2.0, 4.0, 8.0];
-        assert_eq!(quantile(&v, 0.0), 1.0);
-        assert_eq!(quantile(&v, 1.0), 8.0);
-        assert_eq!(quantile(&v, 0.5), 3.0);
-        assert!((quantile(&v, 0.9) - 6.8).abs() < 1e-12);
-        assert_eq!(quantile(&[5.0], 0.1), 5.0);
-        assert_eq!(quantile(&[], 0.5), 0.0);
-    }
 
     #[test]
     fn the_spread_is_the_variation_within_groups_of_alike_steps_not_their_bias() {

@@ -57,3 +57,16 @@ fn the_conversation_slice_shares_its_system_prompt_block() {
     let text = s.to_string();
     assert!(text.contains("requests      40"), "{text}");
 }
+
+/// The one interpolating quantile: linear between order statistics, as numpy's default.
+#[test]
+fn quantiles_interpolate_between_order_statistics() {
+    use dstwin_traces::quantile;
+    let v = [1.0, 2.0, 4.0, 8.0];
+    assert_eq!(quantile(&v, 0.0), 1.0);
+    assert_eq!(quantile(&v, 1.0), 8.0);
+    assert_eq!(quantile(&v, 0.5), 3.0);
+    assert!((quantile(&v, 0.9) - 6.8).abs() < 1e-12);
+    assert_eq!(quantile(&[5.0], 0.1), 5.0);
+    assert!(quantile(&[], 0.5).is_nan());
+}
