@@ -966,3 +966,43 @@ fn separate_prefill_batches_carry_no_async_phantoms() {
     );
     assert_eq!(run(true), (100, 0), "a prefill batch only");
 }
+
+/// A prefill batch whose prompt chunk lacks KV ends there (SGLang's prefill adder stops at the
+/// first request that does not fit): no waiting request is admitted behind it, even one that
+/// would fit, and the step decodes instead.
+#[test]
+fn a_stalled_prefill_batch_admits_nobody_behind_it() {
+    // Eight blocks of 128: a decoder holds one, a 1,000-token prompt in 256-token chunks takes
+    // six after three chunks and needs two more for its last; one block is free.
+    let mut c = cfg(Role::Mixed, 8);
+    c.max_num_batched_tokens = 256;
+    c.separate_prefill_batches = true;
+    let mut inst = Instance::new(c);
+    inst.add_request(req(1, 100, 60), SimTime::ZERO);
+    let mut prefills = Vec::new();
+    for i in 0..80 {
+        if i == 2 {
+            inst.add_request(req(2, 1000, 5), SimTime::ZERO);
+        }
+        if i == 5 {
+            // Would fit in the free block: a prefill batch of its own, were admission open.
+            inst.add_request(req(3, 50, 5), SimTime::ZERO);
+        }
+        let (plan, _, _) = step(&mut inst, false);
+        let Some(r) = plan.ranks.first() else {
+            break; // everything finished
+        };
+        let s = r.shape;
+        if i == 5 {
+            assert_eq!(
+                (s.prefill_tokens, s.decode_seqs),
+                (0, 1),
+                "the stalled step decodes"
+            );
+        }
+        if s.prefill_tokens > 0 {
+            prefills.push(s.prefill_tokens);
+        }
+    }
+    assert_eq!(prefills, [100, 256, 256, 256, 232, 50], "{prefills:?}");
+}

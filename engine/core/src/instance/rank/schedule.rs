@@ -200,8 +200,9 @@ impl RankScheduler {
         self.preempted_in_plan = false;
         if cfg.separate_prefill_batches {
             // SGLang without --enable-mixed-chunk: prefill first, when there is any to run.
-            self.run_running(plan, p, &mut budget, Some(false), &mut preempted, events);
-            let open = admission != Admission::Held && !preempted;
+            let stalled =
+                self.run_running(plan, p, &mut budget, Some(false), &mut preempted, events);
+            let open = admission != Admission::Held && !preempted && !stalled;
             self.admit_waiting(plan, open, &mut budget, 0, started, pulls);
             if self.entries.is_empty() {
                 self.add_phantoms(plan, &mut budget);
@@ -240,7 +241,7 @@ impl RankScheduler {
     /// those computing their prompt, where `only_decoding` says), each allocating its KV and
     /// preempting the newest running requests until it fits; a prefill batch's prompt
     /// (`only_decoding` false) preempts nobody, as SGLang retracts requests only to decode:
-    /// the batch ends there.
+    /// the batch ends there, and the return value (true) says so, closing admission.
     fn run_running(
         &mut self,
         plan: &mut RankPlan,
@@ -249,7 +250,7 @@ impl RankScheduler {
         only_decoding: Option<bool>,
         preempted: &mut bool,
         events: &mut Vec<InstEvent>,
-    ) {
+    ) -> bool {
         let cfg = self.cfg;
         let bs = cfg.block_size;
         let k = cfg.num_spec_tokens;
@@ -294,8 +295,8 @@ impl RankScheduler {
             }
             if !fits {
                 // The current request was the newest and is gone (nothing after it remains), or
-                // a prefill batch's prompt does not fit.
-                break;
+                // a prefill batch's prompt does not fit: the batch ends there.
+                return !may_preempt;
             }
             let s = self.seq(slot);
             let samples = s.computed as u64 + new >= known as u64;
@@ -324,6 +325,7 @@ impl RankScheduler {
             *budget -= new;
             i += 1;
         }
+        false
     }
 
     /// Waiting requests in order while `open` (admitting, nothing preempted), within `budget`
