@@ -104,7 +104,8 @@ pub struct CalibrateArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// No progress line on stderr (it is drawn only on a terminal).
+    /// No progress line on stderr (it is drawn only on a terminal; --trace draws none, it
+    /// reads a trace in well under a second).
     #[arg(long, short)]
     quiet: bool,
 }
@@ -228,7 +229,8 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     };
     let shipped_params = shipped_cost(&a.cost_model)?;
     let params = fit_params(&a.fit, &shipped_params)?;
-    // The fits run for minutes: a line on stderr says which one and for how long.
+    // The fits take seconds: a line on stderr says which one runs and for how long (cleared
+    // when it ends, an error included).
     let bar = crate::progress::bar(None, a.quiet, "{spinner} {msg} {elapsed}");
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     bar.set_message("fitting the microbenchmarks (all-to-all, MTP acceptance, V4 kernels)");

@@ -240,9 +240,10 @@ fn expert_suggestion(
         let each = per_die((experts + r) / routed_dies);
         out.push(format!("redundant_experts = {r} ({each} per die)"));
     }
-    // Routed-die counts from 1 to ep (shared_expert_dies ep - 1 .. 0) that divide the slots,
-    // the nearest to the current count first (the larger on a tie).
-    let dies = (1..=ep)
+    // Routed-die counts from 2 to ep (shared_expert_dies ep - 2 .. 0) that divide the slots,
+    // the nearest to the current count first (the larger on a tie). One routed die would hold
+    // every expert on a single die of an EP group: not a layout to suggest.
+    let dies = (2..=ep)
         .filter(|&d| shared_allowed && slots.is_multiple_of(d))
         .min_by_key(|&d| (d.abs_diff(routed_dies), std::cmp::Reverse(d)));
     if let Some(d) = dies {
@@ -251,6 +252,16 @@ fn expert_suggestion(
             "shared_expert_dies = {} ({d} expert dies x {each})",
             ep - d
         ));
+    }
+    if out.is_empty() {
+        return format!(
+            "no redundant_experts from 0 to {max_redundant}{} makes them divide: choose another ep",
+            if shared_allowed {
+                " or shared_expert_dies"
+            } else {
+                ""
+            }
+        );
     }
     format!("nearest that work: {}", out.join(", or "))
 }

@@ -369,3 +369,25 @@ fn uneven_expert_slots_suggest_values_that_work() {
         "{err}"
     );
 }
+
+/// Where no value works, the error says so rather than listing nothing, and never suggests a
+/// single routed die (every expert on one die of an EP group): one routed expert over EP32.
+#[test]
+fn uneven_expert_slots_with_no_value_that_works_say_so() {
+    let mut m = builtin("r1").unwrap();
+    m.routed_experts = 1;
+    let l = Layout::dp_ep(Role::Decode, 32);
+    let err = l.validate(&m, cm384()).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "no redundant_experts from 0 to 15 or shared_expert_dies makes them divide: choose another ep"
+        ) && !err.contains("nearest that work"),
+        "{err}"
+    );
+    m.shared_experts = 0;
+    let err = l.validate(&m, cm384()).unwrap_err().to_string();
+    assert!(
+        err.contains("no redundant_experts from 0 to 15 makes them divide: choose another ep"),
+        "{err}"
+    );
+}

@@ -169,18 +169,13 @@ pub fn load_model(spec: &str, base_dir: &Path) -> Result<ModelConfig, ScenarioEr
             file: p.clone(),
             source,
         })?;
-        // The name the checkpoint was saved under (transformers' `_name_or_path`, its last
-        // component), else its directory's, as a server given the directory names it.
-        let saved = serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|v| v.get("_name_or_path")?.as_str().map(str::to_owned))
-            .and_then(|n| n.rsplit('/').find(|c| !c.is_empty()).map(str::to_owned));
-        let name = saved.unwrap_or_else(|| {
-            Path::new(&p)
-                .parent()
-                .and_then(|d| d.file_name())
-                .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned())
-        });
+        // Named by its directory, as vLLM names a model by the path it was given. Not by
+        // transformers' `_name_or_path`: that is where the weights were loaded from before
+        // saving (a fine-tune's base model, or "."), not what this checkpoint is.
+        let name = Path::new(&p)
+            .parent()
+            .and_then(|d| d.file_name())
+            .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned());
         ModelConfig::from_hf_json(&name, &text).map_err(|e| field("model", spec, e.to_string()))
     } else {
         model::builtin(spec).ok_or_else(|| {
