@@ -188,7 +188,7 @@ fn a_hf_config_json_is_accepted_as_the_model() {
     let o = dstwin(&["explain", "--model", path, "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    // The directory names it.
+    // No `_name_or_path` in this config: the directory names it.
     assert_eq!(v["model"], "data");
     // DeepSeek-V3's own counts (671B, 37B activated), as the built-in model gives them.
     let builtin = dstwin(&["explain", "--model", "deepseek-v3", "--json"]);
@@ -202,19 +202,26 @@ fn a_hf_config_json_is_accepted_as_the_model() {
         text.contains("model: 671.03B parameters, 36.63B active per token"),
         "{text}"
     );
-    // transformers' `_name_or_path` is where the weights came from (a fine-tune's base model),
-    // not this checkpoint: the directory still names it.
+    // A config saved by transformers names the hub checkpoint it came from; a local path or "."
+    // there names nothing, and the directory does.
     let dir = std::env::temp_dir().join(format!("dstwin-explain-named-{}", std::process::id()));
     let dir = dir.join("my-finetune");
     std::fs::create_dir_all(&dir).unwrap();
     let mut cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    cfg["_name_or_path"] = "deepseek-ai/DeepSeek-V3-0324".into();
     let named = dir.join("config.json");
-    std::fs::write(&named, cfg.to_string()).unwrap();
-    let o = dstwin(&["explain", "--model", named.to_str().unwrap(), "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["model"], "my-finetune");
+    for (saved, want) in [
+        ("deepseek-ai/DeepSeek-V3-0324", "DeepSeek-V3-0324"),
+        (".", "my-finetune"),
+        ("/data/ckpt/DeepSeek-V3", "my-finetune"),
+        ("../base/DeepSeek-V3", "my-finetune"),
+    ] {
+        cfg["_name_or_path"] = saved.into();
+        std::fs::write(&named, cfg.to_string()).unwrap();
+        let o = dstwin(&["explain", "--model", named.to_str().unwrap(), "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["model"], want, "{saved}");
+    }
     let _ = std::fs::remove_dir_all(dir.parent().unwrap());
 }
 

@@ -160,6 +160,19 @@ fn fnv1a(s: &str) -> String {
     format!("{h:016x}")
 }
 
+/// The name part of a hub model id (`owner/name`, each part of letters, digits, `-`, `_`, `.`,
+/// neither starting with a dot); None for anything else (a local path, ".", an empty string).
+fn hub_model_name(id: &str) -> Option<String> {
+    let (owner, name) = id.split_once('/')?;
+    let part = |p: &str| {
+        !p.is_empty()
+            && !p.starts_with('.')
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    (part(owner) && part(name)).then(|| name.to_string())
+}
+
 /// A model by built-in name, or from a HuggingFace `config.json` when `spec` ends in `.json`
 /// (relative paths resolve against `base_dir`). The error says what is built in.
 pub fn load_model(spec: &str, base_dir: &Path) -> Result<ModelConfig, ScenarioError> {
@@ -169,13 +182,19 @@ pub fn load_model(spec: &str, base_dir: &Path) -> Result<ModelConfig, ScenarioEr
             file: p.clone(),
             source,
         })?;
-        // Named by its directory, as vLLM names a model by the path it was given. Not by
-        // transformers' `_name_or_path`: that is where the weights were loaded from before
-        // saving (a fine-tune's base model, or "."), not what this checkpoint is.
-        let name = Path::new(&p)
-            .parent()
-            .and_then(|d| d.file_name())
-            .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned());
+        // The model's name from the config: transformers' `_name_or_path` where it is a hub id
+        // (`owner/name`: the checkpoint the weights came from, a fine-tune's base included),
+        // else the directory's, as a server given the directory names it. A local path or "."
+        // there names nothing.
+        let saved = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("_name_or_path")?.as_str().and_then(hub_model_name));
+        let name = saved.unwrap_or_else(|| {
+            Path::new(&p)
+                .parent()
+                .and_then(|d| d.file_name())
+                .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned())
+        });
         ModelConfig::from_hf_json(&name, &text).map_err(|e| field("model", spec, e.to_string()))
     } else {
         model::builtin(spec).ok_or_else(|| {
