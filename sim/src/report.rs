@@ -69,6 +69,13 @@ pub fn render_explain(e: &Explain) -> String {
         "  serial           {:>9.3} ms  (compute {:.3} + communication {:.3})",
         e.serial_step_ms, e.compute_ms, e.comm_ms
     );
+    if let Some(g) = e.draft_launch_gap_ms {
+        let _ = writeln!(
+            s,
+            "  eager MTP drafter{:>9.3} ms  of launches beyond its kernels, in the serial step (mtp_enforce_eager)",
+            g
+        );
+    }
     if e.shared_expert_overlap_ms > 0.0 {
         let _ = writeln!(
             s,

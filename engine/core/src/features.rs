@@ -253,6 +253,11 @@ macro_rules! feature_fields {
             /// least the cost file's [host] eager_layer_us per layer (as do steps no graph was
             /// captured for); not with a graph mode.
             enforce_eager: bool [long, conflicts_with = "cudagraph_mode"],
+            /// vLLM's speculative_config "enforce_eager": the MTP drafter launches its kernels
+            /// one by one outside the step's graph, each draft pass taking at least the cost
+            /// file's [host] eager_layer_us per MTP layer while the rest of the step keeps its
+            /// graph; needs MTP.
+            mtp_enforce_eager: bool [long],
             /// vllm-ascend's enable_dsa_cp (SGLang's --enable-nsa-prefill-context-parallel):
             /// steps with prompts split their tokens over the attention TP group's dies instead
             /// of the heads, the whole context's latent KV and indexer keys gathered every layer
@@ -340,6 +345,8 @@ pub struct Resolved {
     pub mlapo: bool,
     pub attention_per_sequence: bool,
     pub enforce_eager: bool,
+    /// The MTP drafter runs eagerly outside the step's graph (`mtp_enforce_eager`, with MTP on).
+    pub mtp_enforce_eager: bool,
     /// Steps no graph was captured for run piecewise graphs rather than eagerly
     /// (`FULL_AND_PIECEWISE`).
     pub piecewise: bool,
@@ -443,6 +450,13 @@ impl Features {
                     .into(),
             });
         }
+        if self.mtp_enforce_eager && mtp_tokens == 0 {
+            return Err(FeatureError {
+                field: "mtp_enforce_eager",
+                value: "true".into(),
+                reason: "runs the MTP drafter eagerly: needs MTP ([mtp] tokens above 0)".into(),
+            });
+        }
         if self.enable_shared_expert_dp && tp < 2 {
             return Err(FeatureError {
                 field: "enable_shared_expert_dp",
@@ -513,6 +527,7 @@ impl Features {
             mlapo: self.mlapo,
             attention_per_sequence: self.attention_per_sequence,
             enforce_eager: self.enforce_eager,
+            mtp_enforce_eager: self.mtp_enforce_eager,
             piecewise: self.cudagraph_mode == CudagraphMode::FullAndPiecewise,
             dsa_cp: self.enable_dsa_cp,
             logits_pad_tokens: max_num_seqs as u64 * query_len,
@@ -535,6 +550,7 @@ impl Resolved {
             mlapo: false,
             attention_per_sequence: false,
             enforce_eager: false,
+            mtp_enforce_eager: false,
             piecewise: false,
             dsa_cp: false,
             logits_pad_tokens: 0,

@@ -188,6 +188,10 @@ pub struct Explain {
     /// file gives a launch cost: the step takes at least this.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eager_launch_ms: Option<f64>,
+    /// What the MTP drafter's launches add beyond its kernels, ms, when it runs eagerly beside
+    /// the graph (`mtp_enforce_eager`); part of the serial step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_launch_gap_ms: Option<f64>,
     /// Step time used for throughput: split in two micro-batches when the mechanisms say so.
     pub step_ms: f64,
     /// The step without micro-batches (shared-expert overlap applied).
@@ -478,7 +482,9 @@ pub fn explain_under(
             let h = price(&half_ops, &inp.cost);
             crate::pricing::two_microbatch_time(&h.path, &inp.cost.params)
         };
-        let p = price_step(&features, &full, &step.path, split_time);
+        let draft_launch_s =
+            crate::pricing::draft_launch_s(&inp.cost, &inp.model, inp.mtp.tokens, &features);
+        let p = price_step(&features, &full, &step.path, draft_launch_s, split_time);
         let split = p.split_s.unwrap_or_else(split_time);
         (p, split, step)
     };
@@ -577,6 +583,9 @@ pub fn explain_under(
         moe_comm,
         padded_tokens,
         eager_launch_ms: (eager_launch_s > 0.0).then_some(eager_launch_s * 1e3),
+        draft_launch_gap_ms: features
+            .mtp_enforce_eager
+            .then_some(priced.draft_launch_gap_s * 1e3),
         step_ms: step_s * 1e3,
         serial_step_ms: serial * 1e3,
         two_microbatch_step_ms: tmb * 1e3,

@@ -313,7 +313,13 @@ impl PriceTable {
             let (_, h) = on_path(&self.batch_sums[at_half as usize], self.moes.sums(moe));
             two_microbatch_time(&h, &spec.cost.params)
         };
-        price_step(&spec.features, &shape, &full, split).time_s
+        let draft_launch_s = crate::pricing::draft_launch_s(
+            &spec.cost,
+            &spec.model,
+            spec.mtp_tokens,
+            &spec.features,
+        );
+        price_step(&spec.features, &shape, &full, draft_launch_s, split).time_s
     }
 }
 

@@ -572,6 +572,9 @@ pub struct StepPrice {
     pub split_used: bool,
     /// Seconds of the shared expert hidden under the dispatch and combine by a second stream.
     pub shared_overlap_s: f64,
+    /// Seconds an eager MTP drafter's launches add beyond its kernels (`mtp_enforce_eager`),
+    /// included in `time_s` and `serial_s`.
+    pub draft_launch_gap_s: f64,
 }
 
 /// Shared-expert seconds a second stream hides under the routed experts' dispatch and combine
@@ -586,11 +589,14 @@ pub fn shared_expert_overlap(path: &PathSums) -> f64 {
 /// rule `explain` and the twin device share. `full` is the step's critical path
 /// ([`on_path`]); `half` is the step's time in two micro-batches ([`two_microbatch_time`] of
 /// the same step with half the batch), called only when the mechanisms allow a split at this
-/// size.
+/// size. `draft_launch_s` is the host time to launch the MTP drafter's kernels one by one
+/// ([`draft_launch_s`]; 0 when the drafter runs in the step's graph): its kernels run behind
+/// those launches, so the drafter takes the longer of the two.
 pub fn price_step(
     features: &dstwin_core::features::Resolved,
     shape: &dstwin_core::batch::BatchShape,
     full: &PathSums,
+    draft_launch_s: f64,
     half: impl FnOnce() -> f64,
 ) -> StepPrice {
     use dstwin_core::features::TwoMicrobatch;
@@ -608,12 +614,20 @@ pub fn price_step(
         (TwoMicrobatch::Auto, Some(s)) if s < serial_s => (s, true),
         _ => (serial_s, false),
     };
+    let [_, mtp] = &full.groups;
+    let drafter_s = mtp.attention + mtp.moe;
+    let draft_launch_gap_s = if drafter_s > 0.0 {
+        (draft_launch_s - drafter_s).max(0.0)
+    } else {
+        0.0
+    };
     StepPrice {
-        time_s,
-        serial_s,
+        time_s: time_s + draft_launch_gap_s,
+        serial_s: serial_s + draft_launch_gap_s,
         split_s,
         split_used,
         shared_overlap_s,
+        draft_launch_gap_s,
     }
 }
 
@@ -628,8 +642,36 @@ pub fn eager_launch_s(
     model: &dstwin_core::model::ModelConfig,
     mtp_tokens: u32,
 ) -> f64 {
-    let per_layer = cost.params.host.as_ref().map_or(0.0, |h| h.eager_layer_us);
-    per_layer * 1e-6 * (model.layers + model.mtp_layers.min(1) * mtp_tokens as u64) as f64
+    layer_launch_s(cost) * model.layers as f64 + drafter_launches_s(cost, model, mtp_tokens)
+}
+
+/// Host time, seconds, to launch the MTP drafter's kernels one by one when it runs eagerly
+/// beside a graph-captured step (`mtp_enforce_eager`): the cost file's `[host]
+/// eager_layer_us` for the MTP module once per draft. 0 when the drafter runs in the graph or
+/// the file gives no launch cost.
+pub fn draft_launch_s(
+    cost: &CostModel,
+    model: &dstwin_core::model::ModelConfig,
+    mtp_tokens: u32,
+    features: &dstwin_core::features::Resolved,
+) -> f64 {
+    if features.mtp_enforce_eager {
+        drafter_launches_s(cost, model, mtp_tokens)
+    } else {
+        0.0
+    }
+}
+
+fn layer_launch_s(cost: &CostModel) -> f64 {
+    cost.params.host.as_ref().map_or(0.0, |h| h.eager_layer_us) * 1e-6
+}
+
+fn drafter_launches_s(
+    cost: &CostModel,
+    model: &dstwin_core::model::ModelConfig,
+    mtp_tokens: u32,
+) -> f64 {
+    layer_launch_s(cost) * (model.mtp_layers.min(1) * mtp_tokens as u64) as f64
 }
 
 pub fn fabric_caveats(ep: u32, cost: &CostModel) -> Vec<String> {

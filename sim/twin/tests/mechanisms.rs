@@ -294,3 +294,64 @@ fn reports_say_when_the_all_to_all_runs_on_a_fabric_it_was_not_fitted_on() {
     // The same on a SuperPoD: fitted fabric, nothing to say.
     assert!(decode(8, 1024, Features::default()).caveats.is_empty());
 }
+
+/// vLLM's speculative `enforce_eager` (`mtp_enforce_eager`): the MTP drafter's kernels run
+/// behind their one-by-one launches beside the decode graph, so the step grows by what the
+/// launches (2.7 ms per draft on A3) exceed the drafter's own kernels, and by nothing where its
+/// kernels take longer. Without MTP it is refused.
+#[test]
+fn an_eager_mtp_drafter_takes_the_longer_of_its_kernels_and_its_launches() {
+    use dstwin_core::opgraph::{DieSet, LayerKind};
+    let at = |eager: bool, drafts: u32, seqs: u32| {
+        let batch = BatchSpec {
+            decode_seqs: seqs,
+            kv_len: 65536 / seqs as u64,
+            prefill_tokens: 0,
+            prompt_len: 0,
+            prompt_cached: 0,
+        };
+        let features = Features {
+            cudagraph_mode: CudagraphMode::FullDecodeOnly,
+            mtp_enforce_eager: eager,
+            ..Features::default()
+        };
+        let mut i = input(
+            Layout::dp_ep(Role::Decode, 32),
+            batch,
+            features,
+            "atlas-800-a3",
+        );
+        i.mtp = Mtp {
+            tokens: drafts,
+            acceptance: vec![0.7],
+        };
+        explain(&i)
+    };
+    let drafter_ms = |e: &Explain| -> f64 {
+        let slow = e.step.slow_set();
+        e.step
+            .ops
+            .iter()
+            .filter(|o| o.layer == LayerKind::Mtp && (o.dies == DieSet::All || o.dies == slow))
+            .map(|o| o.total_s * 1e3)
+            .sum()
+    };
+    for drafts in [1, 3] {
+        let (graph, eager) = (at(false, drafts, 8).unwrap(), at(true, drafts, 8).unwrap());
+        let launches_ms = 2.7 * drafts as f64;
+        let gap = (launches_ms - drafter_ms(&graph)).max(0.0);
+        assert!(gap > 0.0, "a small batch's drafter runs under its launches");
+        assert!((eager.step_ms - graph.step_ms - gap).abs() < 1e-9);
+        assert!((eager.draft_launch_gap_ms.unwrap() - gap).abs() < 1e-9);
+        assert!(graph.draft_launch_gap_ms.is_none());
+    }
+    // A batch whose drafter outlasts its launches pays nothing more.
+    let (graph, eager) = (at(false, 1, 384).unwrap(), at(true, 1, 384).unwrap());
+    assert!(drafter_ms(&graph) > 2.7, "{} ms", drafter_ms(&graph));
+    assert_eq!(eager.step_ms, graph.step_ms);
+    let e = at(true, 0, 8).unwrap_err().to_string();
+    assert!(
+        e.contains("mtp_enforce_eager") && e.contains("needs MTP"),
+        "{e}"
+    );
+}
