@@ -794,6 +794,13 @@ fn metrics_follow_current_vllm() {
         serde_json::json!({"model": "deepseek-r1", "prompt": "hi", "max_tokens": 30, "stop": " "}),
     );
     assert_eq!(r.json()["choices"][0]["finish_reason"], "stop");
+    // Two choices: one request of n = 2 (vLLM's request_params_n) once both have ended.
+    let r = post(
+        a,
+        "/v1/completions",
+        serde_json::json!({"model": "deepseek-r1", "prompt": "hi", "max_tokens": 5, "n": 2}),
+    );
+    assert_eq!(r.status, 200);
     let t = Instant::now();
     let d = "model_name=\"deepseek-r1\",engine=\"1\"";
     let m = loop {
@@ -823,18 +830,40 @@ fn metrics_follow_current_vllm() {
             &m,
             &format!("vllm:request_success_total{{{d},finished_reason=\"length\"}}")
         ),
-        1.0
+        3.0
     );
-    // Request timings on the decode engine, for both finished requests.
+    // Request timings on the decode engine, for the four finished requests (choices).
     for h in [
         "vllm:e2e_request_latency_seconds",
         "vllm:request_queue_time_seconds",
         "vllm:request_prefill_time_seconds",
         "vllm:request_decode_time_seconds",
         "vllm:request_inference_time_seconds",
+        "vllm:request_prefill_kv_computed_tokens",
+        "vllm:request_params_max_tokens",
     ] {
-        assert_eq!(series(&m, &format!("{h}_count{{{d}}}")), 2.0, "{h}");
+        assert_eq!(series(&m, &format!("{h}_count{{{d}}}")), 4.0, "{h}");
     }
+    assert_eq!(
+        series(&m, &format!("vllm:request_params_max_tokens_sum{{{d}}}")),
+        30.0 + 30.0 + 5.0 + 5.0
+    );
+    // Three requests, one of them with two choices.
+    assert_eq!(
+        series(&m, &format!("vllm:request_params_n_bucket{{{d},le=\"1\"}}")),
+        2.0
+    );
+    assert_eq!(
+        series(&m, &format!("vllm:request_params_n_count{{{d}}}")),
+        3.0
+    );
+    assert_eq!(
+        series(
+            &m,
+            &format!("vllm:request_max_num_generation_tokens_count{{{d}}}")
+        ),
+        3.0
+    );
     assert!(
         series(
             &m,
@@ -860,10 +889,36 @@ fn metrics_follow_current_vllm() {
     for e in [p_label(0), p_label(1)] {
         assert!(series(&m, &format!("vllm:iteration_tokens_total_count{{{e}}}")) > 0.0);
     }
-    // Prompt tokens are counted once, on the prefill engine.
+    // Prompt tokens are counted once, on the prefill engine, split by source.
     let p = "model_name=\"deepseek-r1\",engine=\"0\"";
-    assert_eq!(series(&m, &format!("vllm:prompt_tokens_total{{{p}}}")), 2.0);
+    assert_eq!(series(&m, &format!("vllm:prompt_tokens_total{{{p}}}")), 4.0);
     assert_eq!(series(&m, &format!("vllm:prompt_tokens_total{{{d}}}")), 0.0);
+    let by = |source: &str| {
+        series(
+            &m,
+            &format!("vllm:prompt_tokens_by_source_total{{{p},source=\"{source}\"}}"),
+        )
+    };
+    assert_eq!(by("local_compute") + by("local_cache_hit"), 4.0);
+    assert_eq!(by("external_kv_transfer"), 0.0);
+    assert_eq!(
+        series(&m, &format!("vllm:prompt_tokens_cached_total{{{p}}}")),
+        by("local_cache_hit")
+    );
+    // Nothing waits now; the series are there.
+    for reason in ["capacity", "deferred"] {
+        assert_eq!(
+            series(
+                &m,
+                &format!("vllm:num_requests_waiting_by_reason{{{d},reason=\"{reason}\"}}")
+            ),
+            0.0
+        );
+    }
+    assert!(
+        !m.contains("vllm:time_per_output_token_seconds"),
+        "removed in vLLM"
+    );
 }
 
 #[cfg(unix)]

@@ -202,6 +202,7 @@ async fn collect(rt: &Runtime, prompt: &[u32], max_tokens: u32) -> (Vec<u32>, Fi
             max_tokens,
             token_ids: Some(prompt.to_vec()),
             sampling: None,
+            parent: None,
         })
         .expect("admitted");
     let mut ids = Vec::new();
@@ -376,6 +377,12 @@ async fn a_device_that_fails_fails_its_requests_and_the_health_check() {
             let line = body.lines().find(|l| l.starts_with(gauge)).expect(gauge);
             assert!(line.ends_with(" 0"), "panic {panic}: {line}");
         }
+        // The request in flight ended as vLLM's `error`.
+        let error = body
+            .lines()
+            .find(|l| l.starts_with("vllm:request_success_total{") && l.contains("\"error\""))
+            .expect("an error series");
+        assert!(error.ends_with(" 1"), "panic {panic}: {error}");
         // Afterwards: /health 503 with why, new requests 503, streamed or not.
         let (status, body) = send(&app, "GET", "/health", None).await;
         assert_eq!(status, 503, "{body}");

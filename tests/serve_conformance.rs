@@ -110,6 +110,7 @@ async fn conforms(file: &str, scale: f64) {
                 max_tokens: r.output_tokens,
                 token_ids,
                 sampling: None,
+                parent: None,
             })
             .expect("admitted")
         })

@@ -65,6 +65,11 @@ fn step(inst: &mut Instance, accept_all: bool) -> (StepPlan, Vec<InstEvent>, Ste
 }
 
 /// The planned step's acceptance with every draft rejected.
+/// The requests the last `schedule` admitted for the first time.
+fn started_ids(inst: &Instance) -> Vec<u64> {
+    inst.started().iter().map(|&(id, _)| id).collect()
+}
+
 fn no_drafts_accepted(inst: &Instance) -> Vec<Vec<u32>> {
     let ranks = &inst.plan().ranks;
     ranks.iter().map(|r| vec![0; r.decode.len()]).collect()
@@ -175,6 +180,8 @@ fn shared_hash_ids_give_prefix_hits_on_full_blocks_only() {
     // Request 1 decodes 1 token; request 2: 1300 tokens = 10 full blocks (1280 tokens) + 20, and
     // all 10 blocks were cached by request 1.
     assert_eq!(plan.ranks[0].shape.prefill_tokens, 1300 - 1280);
+    // Its admission reports the hit (what `/metrics` splits prompt tokens by).
+    assert_eq!(inst.started(), &[(2, 1280)]);
     let s = inst.stats();
     assert_eq!(s.prefix_queries, 2600);
     assert_eq!(s.prefix_hits, 1280);
@@ -673,13 +680,13 @@ fn the_prefill_delayer_holds_a_prompt_until_every_rank_has_one_or_the_passes_run
         // Nothing runs yet: the first prompt is not held, though only its rank has one.
         assert_eq!(inst.add_request(req(1, 200, 100), SimTime::ZERO), 0);
         inst.schedule(SimTime::ZERO);
-        assert_eq!(inst.started(), &[1]);
+        assert_eq!(started_ids(&inst), [1]);
         apply(&mut inst, vec![vec![0]]);
         assert_eq!(inst.add_request(req(id, 200, 10), SimTime::ZERO), 1);
         let mut held = 0;
         loop {
             inst.schedule(SimTime::ZERO);
-            if inst.started().contains(&id) {
+            if started_ids(&inst).contains(&id) {
                 return held;
             }
             held += 1;
@@ -701,7 +708,7 @@ fn the_prefill_delayer_holds_a_prompt_until_every_rank_has_one_or_the_passes_run
     let mut inst = Instance::new(c);
     let step = |inst: &mut Instance| {
         inst.schedule(SimTime::ZERO);
-        let started = inst.started().to_vec();
+        let started = started_ids(inst);
         let accepted = no_drafts_accepted(inst);
         apply(inst, accepted);
         started
@@ -735,14 +742,14 @@ fn balance_scheduling_holds_every_rank_while_one_is_full() {
         let mut inst = Instance::new(c);
         assert_eq!(inst.add_request(req(1, 200, 4), SimTime::ZERO), 0);
         inst.schedule(SimTime::ZERO);
-        assert_eq!(inst.started(), &[1]);
+        assert_eq!(started_ids(&inst), [1]);
         apply(&mut inst, vec![vec![0]]);
         // The other rank is empty: the new request goes there.
         assert_eq!(inst.add_request(req(2, 200, 10), SimTime::ZERO), 1);
         let mut held = 0;
         loop {
             inst.schedule(SimTime::ZERO);
-            if inst.started().contains(&2) {
+            if started_ids(&inst).contains(&2) {
                 return held;
             }
             held += 1;
@@ -780,7 +787,7 @@ fn a_held_step_that_comes_to_nothing_admits_instead() {
         inst.schedule(SimTime::ZERO);
         let tokens = inst.plan_totals().tokens;
         assert!(tokens > 0, "step {i}: a plan of nothing");
-        let started = inst.started().to_vec();
+        let started = started_ids(&inst);
         let accepted = no_drafts_accepted(&inst);
         let (events, _) = apply(&mut inst, accepted);
         if events.contains(&InstEvent::Preempted { req: 1 }) {

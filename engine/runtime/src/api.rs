@@ -333,6 +333,7 @@ async fn run(app: AppState, job: Job) -> Response {
         );
     }
     let mut streams = Vec::new();
+    let parent = (job.n > 1).then(|| (rt.parent(), job.n));
     for i in 0..job.n {
         // Choices of one request draw apart: choice i samples with the seed plus i.
         let sampling = SamplingParams {
@@ -344,6 +345,7 @@ async fn run(app: AppState, job: Job) -> Response {
             max_tokens: max_tokens as u32,
             token_ids: Some(job.token_ids.clone()),
             sampling: Some(sampling),
+            parent,
         }) {
             Ok(s) => streams.push(s),
             Err(e) => {
@@ -355,6 +357,9 @@ async fn run(app: AppState, job: Job) -> Response {
                     }
                 };
                 // Streams admitted so far are dropped here, which aborts them.
+                if let Some((key, _)) = parent {
+                    rt.forget_parent(key);
+                }
                 return error(status, e.to_string(), None);
             }
         }

@@ -46,6 +46,18 @@ struct ReqStream {
     /// Its prompt is prefilled: from here on it belongs to the decode engine (pulling the KV,
     /// then decoding), though PD prefill emits no token.
     prefilled: bool,
+    /// Prompt tokens its first admission found in the prefix cache.
+    cached: u32,
+    max_tokens: u32,
+    /// The parent request's key and `n`, for a choice of a request with `n` above 1.
+    parent: Option<(u64, u32)>,
+}
+
+/// The choices of one request with `n` above 1 still to end, and the most tokens one that
+/// finished generated.
+struct Parent {
+    left: u32,
+    max_generated: Option<u32>,
 }
 
 impl ReqStream {
@@ -57,6 +69,8 @@ impl ReqStream {
             last_token: self.first.map(|_| self.last),
             end,
             prompt_tokens: self.prompt,
+            cached_tokens: self.cached,
+            max_tokens: self.max_tokens,
             generated: self.emitted,
         }
     }
@@ -75,6 +89,8 @@ struct Control {
     /// Requests that recently finished by length, with their engine: a stop string the client
     /// found after the engine had already finished the request still counts as `stop`.
     recent_length: std::collections::VecDeque<(ReqId, usize)>,
+    /// Requests with `n` above 1 whose choices have not all ended, by key.
+    parents: HashMap<u64, Parent>,
     /// Step ends and fabric deliveries in device time; no events of its own.
     tl: Timeline<Infallible>,
     outcomes: Vec<Option<StepOutcome>>,
@@ -197,6 +213,7 @@ pub(crate) fn spawn(
         cmd_rx,
         streams: HashMap::new(),
         recent_length: std::collections::VecDeque::new(),
+        parents: HashMap::new(),
         tl: Timeline::default(),
         outcomes: vec![None; n],
         step_start: vec![SimTime::ZERO; n],
@@ -359,16 +376,12 @@ impl Control {
                 );
                 match res {
                     Ok(()) => {
-                        let (first, engine) = match self.core.route_of(id) {
-                            Some((p, d)) => (p.unwrap_or(d) as usize, d as usize),
-                            None => (0, 0),
-                        };
-                        if let Some(s) = self.shared.upgrade() {
-                            // Its prompt counts once, on the first instance it reaches.
-                            s.metrics
-                                .engine(first)
-                                .prompt_tokens
-                                .fetch_add(req.prompt_tokens as u64, Ordering::Relaxed);
+                        let engine = self.core.route_of(id).map_or(0, |(_, d)| d as usize);
+                        if let Some((key, n)) = req.parent {
+                            self.parents.entry(key).or_insert(Parent {
+                                left: n,
+                                max_generated: None,
+                            });
                         }
                         self.streams.insert(
                             id,
@@ -382,6 +395,9 @@ impl Control {
                                 emitted: 0,
                                 engine,
                                 prefilled: false,
+                                cached: 0,
+                                max_tokens: req.max_tokens,
+                                parent: req.parent,
                             },
                         );
                     }
@@ -419,12 +435,48 @@ impl Control {
                     if let Some(s) = self.shared.upgrade() {
                         s.pending.fetch_sub(1, Ordering::Relaxed);
                         let engine = abort_engine(route, r.prefilled, r.engine);
-                        s.metrics
-                            .request_finished(engine, &r.times(Instant::now()), reason);
+                        let times = r.times(Instant::now());
+                        s.metrics.request_finished(engine, &times, reason);
+                        let generated = (reason == Ended::Stop).then_some(r.emitted);
+                        self.choice_ended(&s, engine, r.parent, generated);
                     }
                     self.pump();
                 }
             }
+            Cmd::ForgetParent(key) => {
+                self.parents.remove(&key);
+            }
+        }
+    }
+
+    /// A request (or one choice of a request with `n` above 1) ended on `engine`, having
+    /// generated `generated` tokens if it finished (None: aborted, failed): once every choice has
+    /// ended, the request's `n` and the most tokens a choice generated, as vLLM records them.
+    fn choice_ended(
+        &mut self,
+        s: &Shared,
+        engine: usize,
+        parent: Option<(u64, u32)>,
+        generated: Option<u32>,
+    ) {
+        let (n, max) = match parent {
+            None => (1, generated),
+            Some((key, n)) => {
+                let Some(p) = self.parents.get_mut(&key) else {
+                    return;
+                };
+                p.left -= 1;
+                p.max_generated = p.max_generated.max(generated);
+                if p.left > 0 {
+                    return;
+                }
+                let max = p.max_generated;
+                self.parents.remove(&key);
+                (n, max)
+            }
+        };
+        if let Some(max) = max {
+            s.metrics.request_choices_finished(engine, n, max);
         }
     }
 
@@ -435,6 +487,15 @@ impl Control {
         if let Some(s) = self.shared.upgrade() {
             s.failure.lock().expect("failure").get_or_insert(why);
             s.metrics.clear_gauges();
+            // Every request in flight ends with it (vLLM's `error`); its client, finding its
+            // stream closed, reads why from the failure and the gauges set above.
+            let now = Instant::now();
+            for (id, r) in self.streams.drain() {
+                let engine = abort_engine(self.core.route_of(id), r.prefilled, r.engine);
+                s.metrics
+                    .request_finished(engine, &r.times(now), Ended::Error);
+            }
+            self.parents.clear();
             s.failed.notify_waiters();
         }
         self.failed = true;
@@ -476,8 +537,14 @@ impl Control {
     fn note(&mut self, s: &Arc<Shared>, n: Note) {
         let now = Instant::now();
         match n {
-            Note::Started { req, .. } => {
+            Note::Started { req, inst, cached } => {
                 if let Some(r) = self.streams.get_mut(&req) {
+                    // Its prompt counts once, where it is first admitted (a prompt sent back
+                    // to prefill again is not counted twice).
+                    if r.scheduled.is_none() {
+                        r.cached = cached;
+                        s.metrics.prompt_started(inst as usize, r.prompt, cached);
+                    }
                     r.scheduled.get_or_insert(now);
                 }
             }
@@ -516,6 +583,7 @@ impl Control {
                 }
                 s.metrics
                     .request_finished(inst as usize, &r.times(now), ended);
+                self.choice_ended(s, inst as usize, r.parent, Some(r.emitted));
                 let _ = r.tx.send(Out::Finished(reason));
             }
             Note::Rejected { req, .. } => {
@@ -555,15 +623,7 @@ impl Control {
             return;
         };
         let inst = self.core.instance(i);
-        let st = inst.stats();
-        s.metrics.set_instance(
-            i,
-            st.running,
-            st.waiting,
-            inst.kv_usage(),
-            st.prefix_queries,
-            st.prefix_hits,
-        );
+        s.metrics.set_instance(i, &inst.stats(), inst.kv_usage());
     }
 }
 

@@ -79,6 +79,10 @@ pub struct Submit {
     pub token_ids: Option<Vec<u32>>,
     /// How a device that returns tokens samples it (`None`: the device's defaults).
     pub sampling: Option<dstwin_core::device::SamplingParams>,
+    /// One of the `n` choices of a request with `n` above 1: the key its choices share
+    /// ([`Runtime::parent`]) and `n`. `/metrics` records the request's `n` and the most tokens
+    /// a choice generated once every choice has ended, as vLLM does for a parent request.
+    pub parent: Option<(u64, u32)>,
 }
 
 /// Why a request was not admitted.
@@ -104,6 +108,8 @@ enum Cmd {
     },
     /// The client went away (`Stop`: a stop string ended it).
     End(ReqId, metrics::FinishReason),
+    /// Not every choice of parent request `.0` was admitted: it records nothing.
+    ForgetParent(u64),
 }
 
 struct Shared {
@@ -297,6 +303,17 @@ impl Runtime {
             runtime: self.clone(),
             done: false,
         })
+    }
+
+    /// A key for the choices of one request with `n` above 1 ([`Submit::parent`]).
+    pub fn parent(&self) -> u64 {
+        self.shared.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The choices of parent `key` were not all admitted (the ones that were are dropped):
+    /// the request records no parent metrics.
+    pub fn forget_parent(&self, key: u64) {
+        let _ = self.shared.cmds.send(Cmd::ForgetParent(key));
     }
 
     /// Ends a request because a stop string appeared in its text: frees its KV like an abort,

@@ -1,14 +1,19 @@
 //! Prometheus metrics under vLLM's names (vLLM's `vllm/v1/metrics/loggers.py`; docs/metrics.md), so
 //! dashboards built for vLLM work against `dstwin serve`. Every series carries `model_name` and
 //! `engine` (the instance index), and every engine's series exist from start-up (zeros), as
-//! vLLM registers them.
+//! vLLM registers them. The names are checked against the list in
+//! engine/runtime/tests/data/vllm-metric-names.txt (with its origin).
 //!
-//! Per request, at its end ([`Metrics::request_finished`]): e2e, queue (arrival to first
-//! scheduled), prefill (scheduled to first token), decode (first to last token), inference
-//! (scheduled to last token), time per output token, prompt and generation token counts, and
-//! the finish reason (`length`, `stop`, `abort`). Per step ([`Metrics::step`]): the tokens it
-//! computed (`vllm:iteration_tokens_total`) and the MTP speculative-decoding counters; TTFT,
-//! ITL and token counters as tokens reach clients.
+//! Per request, when first admitted ([`Metrics::prompt_started`]): its prompt tokens, by source
+//! (computed, or prefix-cache hits). At its end ([`Metrics::request_finished`]): e2e, queue
+//! (arrival to first scheduled), prefill (scheduled to first token), decode (first to last
+//! token), inference (scheduled to last token), time per output token, prompt, generation,
+//! max_tokens and newly computed prompt token counts, and the finish reason (`stop`, `length`,
+//! `abort`, `error`; `repetition` stays 0: no repetition detection). Once every choice of a
+//! request has ended ([`Metrics::request_choices_finished`]): its `n` and the most tokens a
+//! choice generated. Per step ([`Metrics::step`]): the tokens it computed
+//! (`vllm:iteration_tokens_total`) and the MTP speculative-decoding counters; TTFT, ITL and
+//! token counters as tokens reach clients.
 
 use dstwin_core::device::{StepOutcome, StepPlan};
 use std::fmt::Write;
@@ -33,6 +38,8 @@ const REQUEST_BUCKETS: &[f64] = &[
 const ITERATION_BUCKETS: &[f64] = &[
     1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
 ];
+/// vLLM's `n` buckets (`vllm:request_params_n`).
+const N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
 /// vLLM's 1-2-5 series for token counts (it stops at max_model_len; this at a million).
 const TOKEN_BUCKETS: &[f64] = &[
     1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
@@ -84,7 +91,11 @@ impl Histogram {
 #[derive(Clone, Copy, Debug, Default)]
 struct Gauges {
     running: u64,
+    /// Waiting for a seat and KV (vLLM's `capacity`).
     waiting: u64,
+    /// Waiting for their KV to arrive from a prefill instance (vLLM's `deferred`, which counts
+    /// requests waiting for remote KV with them).
+    pulling: u64,
     kv_usage: f64,
     prefix_queries: u64,
     prefix_hits: u64,
@@ -99,6 +110,8 @@ pub enum FinishReason {
     Stop,
     /// The client went away.
     Abort,
+    /// The deployment failed with it in flight.
+    Error,
 }
 
 /// When a request reached each stage (what [`Metrics::request_finished`] needs).
@@ -111,6 +124,9 @@ pub struct RequestTimes {
     pub last_token: Option<Instant>,
     pub end: Instant,
     pub prompt_tokens: u32,
+    /// Prompt tokens its first admission found in the prefix cache.
+    pub cached_tokens: u32,
+    pub max_tokens: u32,
     pub generated: u32,
 }
 
@@ -118,11 +134,16 @@ pub struct RequestTimes {
 #[derive(Debug)]
 pub struct EngineMetrics {
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens computed (vLLM's source `local_compute`) and found in the prefix cache
+    /// (`local_cache_hit`).
+    prompt_computed: AtomicU64,
+    prompt_cached: AtomicU64,
     pub generation_tokens: AtomicU64,
     pub preemptions: AtomicU64,
     finished_length: AtomicU64,
     finished_stop: AtomicU64,
     aborted: AtomicU64,
+    errored: AtomicU64,
     spec_drafts: AtomicU64,
     spec_draft_tokens: AtomicU64,
     spec_accepted: AtomicU64,
@@ -138,6 +159,10 @@ pub struct EngineMetrics {
     inference: Histogram,
     request_prompt_tokens: Histogram,
     request_generation_tokens: Histogram,
+    request_prefill_kv_computed: Histogram,
+    request_max_tokens: Histogram,
+    request_n: Histogram,
+    request_max_generated: Histogram,
     iteration_tokens: Histogram,
     gauges: Mutex<Gauges>,
 }
@@ -146,11 +171,14 @@ impl EngineMetrics {
     fn new() -> Self {
         EngineMetrics {
             prompt_tokens: AtomicU64::new(0),
+            prompt_computed: AtomicU64::new(0),
+            prompt_cached: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             preemptions: AtomicU64::new(0),
             finished_length: AtomicU64::new(0),
             finished_stop: AtomicU64::new(0),
             aborted: AtomicU64::new(0),
+            errored: AtomicU64::new(0),
             spec_drafts: AtomicU64::new(0),
             spec_draft_tokens: AtomicU64::new(0),
             spec_accepted: AtomicU64::new(0),
@@ -165,10 +193,25 @@ impl EngineMetrics {
             inference: Histogram::new(REQUEST_BUCKETS),
             request_prompt_tokens: Histogram::new(TOKEN_BUCKETS),
             request_generation_tokens: Histogram::new(TOKEN_BUCKETS),
+            request_prefill_kv_computed: Histogram::new(TOKEN_BUCKETS),
+            request_max_tokens: Histogram::new(TOKEN_BUCKETS),
+            request_n: Histogram::new(N_BUCKETS),
+            request_max_generated: Histogram::new(TOKEN_BUCKETS),
             iteration_tokens: Histogram::new(ITERATION_BUCKETS),
             gauges: Mutex::new(Gauges::default()),
         }
     }
+}
+
+/// A family of series with one label, every value's series present from the start.
+struct Labelled {
+    name: &'static str,
+    help: &'static str,
+    ty: &'static str,
+    label: &'static str,
+    values: &'static [&'static str],
+    /// One count per value.
+    counts: fn(&EngineMetrics, &Gauges) -> Vec<u64>,
 }
 
 /// Everything `/metrics` reports.
@@ -199,6 +242,7 @@ impl Metrics {
             let mut g = e.gauges.lock().expect("gauges");
             g.running = 0;
             g.waiting = 0;
+            g.pulling = 0;
             g.kv_usage = 0.0;
         }
     }
@@ -207,37 +251,58 @@ impl Metrics {
     pub fn set_instance(
         &self,
         index: usize,
-        running: u64,
-        waiting: u64,
+        st: &dstwin_core::instance::InstanceStats,
         kv_usage: f64,
-        prefix_queries: u64,
-        prefix_hits: u64,
     ) {
         *self.engine(index).gauges.lock().expect("gauges") = Gauges {
-            running,
-            waiting,
+            running: st.running,
+            waiting: st.waiting,
+            pulling: st.pulling,
             kv_usage,
-            prefix_queries,
-            prefix_hits,
+            prefix_queries: st.prefix_queries,
+            prefix_hits: st.prefix_hits,
         };
     }
 
-    /// A request ended on engine `i`: its reason, and (unless aborted) its timings.
+    /// A request's prompt of `prompt` tokens was first admitted on engine `i`, `cached` of
+    /// them prefix-cache hits.
+    pub fn prompt_started(&self, i: usize, prompt: u32, cached: u32) {
+        let e = self.engine(i);
+        let cached = cached.min(prompt) as u64;
+        e.prompt_tokens.fetch_add(prompt as u64, Ordering::Relaxed);
+        e.prompt_computed
+            .fetch_add(prompt as u64 - cached, Ordering::Relaxed);
+        e.prompt_cached.fetch_add(cached, Ordering::Relaxed);
+    }
+
+    /// Every choice of a request with `n` choices has ended on engine `i` (the last one there),
+    /// the longest having generated `max_generated` tokens.
+    pub fn request_choices_finished(&self, i: usize, n: u32, max_generated: u32) {
+        let e = self.engine(i);
+        e.request_n.observe(n as f64);
+        e.request_max_generated.observe(max_generated as f64);
+    }
+
+    /// A request ended on engine `i`: its reason, and (unless aborted or failed) its timings.
     pub fn request_finished(&self, i: usize, t: &RequestTimes, reason: FinishReason) {
         let e = self.engine(i);
         let counter = match reason {
             FinishReason::Length => &e.finished_length,
             FinishReason::Stop => &e.finished_stop,
             FinishReason::Abort => &e.aborted,
+            FinishReason::Error => &e.errored,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        if reason == FinishReason::Abort {
+        if matches!(reason, FinishReason::Abort | FinishReason::Error) {
             return;
         }
         let secs = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
         e.e2e.observe(secs(t.arrival, t.end));
         e.request_prompt_tokens.observe(t.prompt_tokens as f64);
         e.request_generation_tokens.observe(t.generated as f64);
+        e.request_prefill_kv_computed
+            .observe(t.prompt_tokens.saturating_sub(t.cached_tokens) as f64);
+        e.request_max_tokens.observe(t.max_tokens as f64);
         if let Some(s) = t.scheduled {
             e.queue.observe(secs(t.arrival, s));
             if let Some(f) = t.first_token {
@@ -331,7 +396,7 @@ impl Metrics {
                 "vllm:num_requests_waiting",
                 "Requests waiting to be processed.",
                 "gauge",
-                |g| g.waiting.to_string(),
+                |g| (g.waiting + g.pulling).to_string(),
             ),
             (
                 "vllm:kv_cache_usage_perc",
@@ -358,12 +423,77 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{{l}}} {}", f(g));
             }
         }
+        // Series of one label each, every value present from the start (one count per value).
+        let labelled = [
+            Labelled {
+                name: "vllm:num_requests_waiting_by_reason",
+                help: "Waiting requests by reason: capacity (a seat and KV), deferred (their KV still \
+                 arriving from a prefill instance).",
+                ty: "gauge",
+                label: "reason",
+                values: &["capacity", "deferred"],
+                counts: |_, g| vec![g.waiting, g.pulling],
+            },
+            Labelled {
+                // dstwin never sleeps (vLLM's sleep mode frees the weights).
+                name: "vllm:engine_sleep_state",
+                help: "Engine sleep state: awake = 1 while the engine serves.",
+                ty: "gauge",
+                label: "sleep_state",
+                values: &["awake", "weights_offloaded", "discard_all"],
+                counts: |_, _| vec![1, 0, 0],
+            },
+            Labelled {
+                // A PD prompt counts once, on its prefill engine: none arrives by transfer.
+                name: "vllm:prompt_tokens_by_source_total",
+                help: "Prompt tokens by source.",
+                ty: "counter",
+                label: "source",
+                values: &["local_compute", "local_cache_hit", "external_kv_transfer"],
+                counts: |e, _| {
+                    vec![
+                        e.prompt_computed.load(Ordering::Relaxed),
+                        e.prompt_cached.load(Ordering::Relaxed),
+                        0,
+                    ]
+                },
+            },
+            Labelled {
+                // No repetition detection: `repetition` stays 0, registered as vLLM registers
+                // every reason.
+                name: "vllm:request_success_total",
+                help: "Count of successfully processed requests.",
+                ty: "counter",
+                label: "finished_reason",
+                values: &["stop", "length", "abort", "error", "repetition"],
+                counts: |e, _| {
+                    [&e.finished_stop, &e.finished_length, &e.aborted, &e.errored]
+                        .map(|c| c.load(Ordering::Relaxed))
+                        .into_iter()
+                        .chain([0])
+                        .collect()
+                },
+            },
+        ];
+        for f in labelled {
+            head(&mut out, f.name, f.help, f.ty);
+            for ((l, e), g) in labels.iter().zip(&self.engines).zip(&gauges) {
+                for (value, n) in f.values.iter().zip((f.counts)(e, g)) {
+                    let _ = writeln!(out, "{}{{{l},{}=\"{value}\"}} {n}", f.name, f.label);
+                }
+            }
+        }
         type CounterFn = fn(&EngineMetrics) -> &AtomicU64;
-        let counters: [(&str, &str, CounterFn); 6] = [
+        let counters: [(&str, &str, CounterFn); 7] = [
             (
                 "vllm:prompt_tokens_total",
                 "Prefill tokens processed.",
                 |e| &e.prompt_tokens,
+            ),
+            (
+                "vllm:prompt_tokens_cached_total",
+                "Number of cached prompt tokens (local + external).",
+                |e| &e.prompt_cached,
             ),
             (
                 "vllm:generation_tokens_total",
@@ -391,6 +521,21 @@ impl Metrics {
                 |e| &e.spec_accepted,
             ),
         ];
+        for (name, help) in [
+            (
+                "vllm:external_prefix_cache_queries_total",
+                "External prefix cache queries from a KV connector's cross-instance cache, in tokens (dstwin has none: 0).",
+            ),
+            (
+                "vllm:external_prefix_cache_hits_total",
+                "External prefix cache hits from a KV connector's cross-instance cache, in tokens (dstwin has none: 0).",
+            ),
+        ] {
+            head(&mut out, name, help, "counter");
+            for l in &labels {
+                let _ = writeln!(out, "{name}{{{l}}} 0");
+            }
+        }
         for (name, help, f) in counters {
             head(&mut out, name, help, "counter");
             for (l, e) in labels.iter().zip(&self.engines) {
@@ -415,25 +560,8 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{{l},position=\"{p}\"}} {n}");
             }
         }
-        let name = "vllm:request_success_total";
-        head(
-            &mut out,
-            name,
-            "Count of successfully processed requests.",
-            "counter",
-        );
-        for (l, e) in labels.iter().zip(&self.engines) {
-            for (reason, c) in [
-                ("length", &e.finished_length),
-                ("stop", &e.finished_stop),
-                ("abort", &e.aborted),
-            ] {
-                let n = c.load(Ordering::Relaxed);
-                let _ = writeln!(out, "{name}{{{l},finished_reason=\"{reason}\"}} {n}");
-            }
-        }
         type HistFn = fn(&EngineMetrics) -> &Histogram;
-        let hists: [(&str, &str, HistFn); 12] = [
+        let hists: [(&str, &str, HistFn); 15] = [
             (
                 "vllm:time_to_first_token_seconds",
                 "Histogram of time to first token in seconds.",
@@ -442,11 +570,6 @@ impl Metrics {
             (
                 "vllm:inter_token_latency_seconds",
                 "Histogram of inter-token latency in seconds.",
-                |e| &e.itl,
-            ),
-            (
-                "vllm:time_per_output_token_seconds",
-                "Deprecated name of vllm:inter_token_latency_seconds.",
                 |e| &e.itl,
             ),
             (
@@ -490,6 +613,26 @@ impl Metrics {
                 |e| &e.request_generation_tokens,
             ),
             (
+                "vllm:request_prefill_kv_computed_tokens",
+                "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+                |e| &e.request_prefill_kv_computed,
+            ),
+            (
+                "vllm:request_params_max_tokens",
+                "Histogram of the max_tokens request parameter.",
+                |e| &e.request_max_tokens,
+            ),
+            (
+                "vllm:request_params_n",
+                "Histogram of the n request parameter.",
+                |e| &e.request_n,
+            ),
+            (
+                "vllm:request_max_num_generation_tokens",
+                "Histogram of maximum number of requested generation tokens.",
+                |e| &e.request_max_generated,
+            ),
+            (
                 "vllm:iteration_tokens_total",
                 "Histogram of number of tokens per engine_step.",
                 |e| &e.iteration_tokens,
@@ -515,6 +658,39 @@ mod tests {
         t.lines()
             .find(|l| l.starts_with(prefix))
             .unwrap_or_else(|| panic!("no {prefix} in\n{t}"))
+    }
+
+    /// The families exported are exactly those the vLLM list says dstwin exports: none missing,
+    /// no removed or omitted one.
+    #[test]
+    fn the_exported_names_are_vllms_current_ones() {
+        let list = include_str!("../tests/data/vllm-metric-names.txt");
+        let mut want = Vec::new();
+        let mut not = Vec::new();
+        for l in list
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let (name, what) = l.split_once(' ').expect("NAME what");
+            if what == "exported" {
+                want.push(name);
+            } else {
+                assert!(what == "removed" || what.starts_with("omitted: "), "{l}");
+                not.push(name);
+            }
+        }
+        let t = Metrics::new("m", 2).render();
+        let mut got: Vec<&str> = t
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        for n in not {
+            assert!(!t.contains(n), "{n} is exported");
+        }
     }
 
     #[test]
@@ -551,6 +727,8 @@ mod tests {
             last_token: Some(at(3000)),
             end: at(3000),
             prompt_tokens: 30,
+            cached_tokens: 8,
+            max_tokens: 16,
             generated: 11,
         };
         m.request_finished(0, &times, FinishReason::Stop);
@@ -587,6 +765,44 @@ mod tests {
         )));
         assert!(t.contains(&format!("vllm:e2e_request_latency_seconds_count{{{l}}} 1")));
         assert!(t.contains(&format!("vllm:request_generation_tokens_sum{{{l}}} 11")));
+        // 30 prompt tokens, 8 of them cached: 22 computed; max_tokens 16.
+        assert!(t.contains(&format!(
+            "vllm:request_prefill_kv_computed_tokens_sum{{{l}}} 22"
+        )));
+        assert!(t.contains(&format!("vllm:request_params_max_tokens_sum{{{l}}} 16")));
+        // A failure counts as `error`, with no timings.
+        m.request_finished(0, &times, FinishReason::Error);
+        m.prompt_started(0, 30, 8);
+        m.request_choices_finished(0, 3, 11);
+        let t = m.render();
+        for (series, n) in [
+            ("vllm:request_success_total{L,finished_reason=\"error\"}", 1),
+            (
+                "vllm:request_success_total{L,finished_reason=\"repetition\"}",
+                0,
+            ),
+            ("vllm:e2e_request_latency_seconds_count{L}", 1),
+            ("vllm:prompt_tokens_total{L}", 30),
+            (
+                "vllm:prompt_tokens_by_source_total{L,source=\"local_compute\"}",
+                22,
+            ),
+            (
+                "vllm:prompt_tokens_by_source_total{L,source=\"local_cache_hit\"}",
+                8,
+            ),
+            (
+                "vllm:prompt_tokens_by_source_total{L,source=\"external_kv_transfer\"}",
+                0,
+            ),
+            ("vllm:prompt_tokens_cached_total{L}", 8),
+            ("vllm:request_params_n_bucket{L,le=\"2\"}", 0),
+            ("vllm:request_params_n_bucket{L,le=\"5\"}", 1),
+            ("vllm:request_max_num_generation_tokens_sum{L}", 11),
+        ] {
+            let series = series.replace('L', l);
+            assert!(t.contains(&format!("{series} {n}\n")), "{series} {n}:\n{t}");
+        }
     }
 
     #[test]

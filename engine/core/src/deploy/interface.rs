@@ -65,8 +65,9 @@ pub enum Effect {
 pub enum Note {
     /// Longer than the smallest `max_model_len` on its path: refused before scheduling.
     Rejected { req: ReqId, tokens: u64, max: u64 },
-    /// Admitted by a scheduler for the first time (its queueing ends).
-    Started { req: ReqId, inst: u32 },
+    /// Admitted by a scheduler for the first time (its queueing ends); `cached` of its prompt
+    /// tokens were prefix-cache hits.
+    Started { req: ReqId, inst: u32, cached: u32 },
     /// A prefill instance computed its prompt; it moves to decode.
     PrefillDone { req: ReqId, inst: u32 },
     /// A decode or mixed instance sampled its first token; `resumed` after a send-back.

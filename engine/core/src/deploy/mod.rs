@@ -416,12 +416,14 @@ impl Deployment {
             self.handle(i, role, &mut events);
             self.events = events;
         }
-        let mut buf = std::mem::take(&mut self.buf);
-        buf.clear();
-        buf.extend_from_slice(self.slots[i as usize].inst.started());
-        for &req in &buf {
-            self.notes.push(Note::Started { req, inst: i });
+        for &(req, cached) in self.slots[i as usize].inst.started() {
+            self.notes.push(Note::Started {
+                req,
+                inst: i,
+                cached,
+            });
         }
+        let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
         buf.extend_from_slice(self.slots[i as usize].inst.kv_pulls());
         for &id in &buf {

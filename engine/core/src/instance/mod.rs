@@ -136,6 +136,8 @@ pub struct InstanceStats {
     pub preemptions: u64,
     pub running: u64,
     pub waiting: u64,
+    /// Remote-KV requests whose KV is on its way from a prefill instance.
+    pub pulling: u64,
     /// Request-steps advanced in aggregate (steady) and one by one; steps where the token budget
     /// could bind with steady requests in a rank. Diagnostics of the scheduler's speed.
     pub steady_steps: u64,
@@ -223,7 +225,9 @@ pub struct Instance {
     steps: u64,
     /// KV blocks in use over all ranks, kept as ranks change.
     used_blocks: u64,
-    started: Vec<ReqId>,
+    /// Requests admitted for the first time by the last `schedule`, with the prompt tokens
+    /// their prefix-cache hits cover.
+    started: Vec<(ReqId, u32)>,
     pulls: Vec<ReqId>,
     /// Preemptions decided while scheduling, reported with the step's outcome.
     pending: Vec<InstEvent>,
@@ -504,8 +508,9 @@ impl Instance {
         self.totals
     }
 
-    /// Requests admitted for the first time by the last `schedule`.
-    pub fn started(&self) -> &[ReqId] {
+    /// Requests admitted for the first time by the last `schedule`, each with the prompt
+    /// tokens its prefix-cache hits cover.
+    pub fn started(&self) -> &[(ReqId, u32)] {
         &self.started
     }
 
@@ -606,6 +611,7 @@ impl Instance {
             s.budget_fallbacks += r.stats.budget_fallbacks;
             s.running += r.num_running() as u64;
             s.waiting += r.num_waiting() as u64;
+            s.pulling += r.num_pulling() as u64;
         }
         s
     }

@@ -233,6 +233,11 @@ impl RankScheduler {
         self.waiting.len()
     }
 
+    /// Remote-KV requests whose KV is on its way.
+    pub fn num_pulling(&self) -> usize {
+        self.pulling
+    }
+
     pub fn num_running(&self) -> usize {
         self.running.len() + self.steady.slots.len()
     }

@@ -127,7 +127,8 @@ impl RankScheduler {
         }
     }
 
-    /// Plans this rank's step into `plan`; requests admitted for the first time go to `started`,
+    /// Plans this rank's step into `plan`; requests admitted for the first time go to `started`
+    /// (with the prompt tokens their prefix-cache hits cover),
     /// remote-KV requests whose blocks are now allocated go to `pulls`; `admission` says
     /// whether waiting requests may start. Returns whether the step holds only steady requests (no
     /// request was admitted, preempted or sent back: the rank's load is what it was).
@@ -135,7 +136,7 @@ impl RankScheduler {
         &mut self,
         plan: &mut RankPlan,
         admission: Admission,
-        started: &mut Vec<ReqId>,
+        started: &mut Vec<(ReqId, u32)>,
         pulls: &mut Vec<ReqId>,
         events: &mut Vec<InstEvent>,
     ) -> bool {
@@ -167,7 +168,7 @@ impl RankScheduler {
         plan: &mut RankPlan,
         p: u64,
         admission: Admission,
-        started: &mut Vec<ReqId>,
+        started: &mut Vec<(ReqId, u32)>,
         pulls: &mut Vec<ReqId>,
         events: &mut Vec<InstEvent>,
     ) {
@@ -337,7 +338,7 @@ impl RankScheduler {
         open: bool,
         budget: &mut u64,
         drained: usize,
-        started: &mut Vec<ReqId>,
+        started: &mut Vec<(ReqId, u32)>,
         pulls: &mut Vec<ReqId>,
     ) {
         let cfg = self.cfg;
@@ -408,7 +409,7 @@ impl RankScheduler {
                 self.stats.prefix_queries += s.prompt as u64;
                 self.stats.prefix_hits += cached as u64;
                 s.admitted_once = true;
-                started.push(s.id);
+                started.push((s.id, cached));
             }
             s.state = State::Running;
             s.order = self.next_order;
