@@ -204,15 +204,37 @@ pub struct BenchResult {
     /// in real time. Not in vLLM's file: `validate --measured` refuses a result whose time
     /// scale is not 1, whose times are not the deployment's.
     pub time_scale: Option<f64>,
+    /// Real-time factor of audio transcription: 0 for text, as vLLM writes it for text.
+    pub rtfx: f64,
+    /// The speculative-decoding summary, from the server's `vllm:spec_decode_*` counters over
+    /// the run (absent when it drafted nothing), as vLLM writes it.
+    #[serde(flatten)]
+    pub spec_decode: Option<SpecDecodeResult>,
     pub input_lens: Vec<u32>,
     pub output_lens: Vec<u32>,
     /// Seconds, per request (0 for failed ones).
     pub ttfts: Vec<f64>,
+    /// When each request was sent, seconds from the start of the run (vLLM writes
+    /// `perf_counter` readings, whose origin means nothing: only differences do).
+    pub start_times: Vec<f64>,
     /// Seconds, per request.
     pub itls: Vec<Vec<f64>>,
     pub generated_texts: Vec<String>,
     /// Per request: "" when it succeeded.
     pub errors: Vec<String>,
+}
+
+/// `vllm bench serve`'s speculative-decoding fields: the acceptance rate in percent of the
+/// draft tokens, the mean tokens per draft pass (1 + accepted / drafts), the counts, and per
+/// draft position the share of drafts accepted there.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct SpecDecodeResult {
+    pub spec_decode_acceptance_rate: f64,
+    pub spec_decode_acceptance_length: f64,
+    pub spec_decode_num_drafts: u64,
+    pub spec_decode_draft_tokens: u64,
+    pub spec_decode_accepted_tokens: u64,
+    pub spec_decode_per_position_acceptance_rates: Vec<f64>,
 }
 
 /// mean, median, standard deviation, p99, p90 of `v` in milliseconds (zeros when empty).
@@ -449,32 +471,100 @@ impl Http {
     }
 }
 
+/// The series of `name` in Prometheus text (`/metrics`), each as (its labels, its value).
+fn series<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+    text.lines().filter_map(move |l| {
+        let rest = l.strip_prefix(name)?;
+        // `name{labels} value` or `name value`.
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(r) => r.split_once('}')?,
+            None => ("", rest.strip_prefix(' ')?),
+        };
+        Some((labels, value.split_whitespace().next()?.parse().ok()?))
+    })
+}
+
+/// The sum of `name`'s series over every label set; `None` without one.
+fn total(text: &str, name: &str) -> Option<f64> {
+    let mut any = false;
+    let sum = series(text, name).fold(0.0, |acc, (_, v)| {
+        any = true;
+        acc + v
+    });
+    any.then_some(sum)
+}
+
 /// The server's TTFT histogram in Prometheus text (`/metrics`): (sum in seconds, count) over
 /// every label set; `None` without one.
 fn ttft_histogram(text: &str) -> Option<(f64, f64)> {
-    let total = |suffix: &str| -> Option<f64> {
-        let name = format!("vllm:time_to_first_token_seconds{suffix}");
-        let values: Vec<f64> = text
-            .lines()
-            .filter_map(|l| {
-                let rest = l.strip_prefix(name.as_str())?;
-                // `name{labels} value` or `name value`.
-                let value = match rest.strip_prefix('{') {
-                    Some(r) => r.split_once('}')?.1,
-                    None => rest,
-                };
-                value.split_whitespace().next()?.parse().ok()
-            })
-            .collect();
-        (!values.is_empty()).then(|| values.iter().sum())
-    };
-    Some((total("_sum")?, total("_count")?))
+    Some((
+        total(text, "vllm:time_to_first_token_seconds_sum")?,
+        total(text, "vllm:time_to_first_token_seconds_count")?,
+    ))
 }
 
-/// The server's TTFT histogram now, when it has `/metrics` with one.
-async fn server_ttft(http: &Http, base: &str) -> Option<(f64, f64)> {
+/// The server's speculative-decoding counters in Prometheus text: drafts, draft tokens,
+/// accepted tokens, and accepted tokens by draft position, summed over engines.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct SpecCounters {
+    drafts: f64,
+    draft_tokens: f64,
+    accepted: f64,
+    per_position: Vec<f64>,
+}
+
+fn spec_counters(text: &str) -> Option<SpecCounters> {
+    let mut per_position = Vec::new();
+    for (labels, v) in series(text, "vllm:spec_decode_num_accepted_tokens_per_pos_total") {
+        let pos = labels
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("position=\""))
+            .and_then(|p| p.trim_end_matches('"').parse::<usize>().ok());
+        if let Some(p) = pos {
+            if per_position.len() <= p {
+                per_position.resize(p + 1, 0.0);
+            }
+            per_position[p] += v;
+        }
+    }
+    Some(SpecCounters {
+        drafts: total(text, "vllm:spec_decode_num_drafts_total")?,
+        draft_tokens: total(text, "vllm:spec_decode_num_draft_tokens_total")?,
+        accepted: total(text, "vllm:spec_decode_num_accepted_tokens_total")?,
+        per_position,
+    })
+}
+
+/// The speculative-decoding summary `vllm bench serve` writes, from the server's counters
+/// before and after the run; `None` when it drafted nothing (or exports no such counters).
+fn spec_decode_result(before: &str, after: &str) -> Option<SpecDecodeResult> {
+    let (b, a) = (spec_counters(before)?, spec_counters(after)?);
+    let drafts = a.drafts - b.drafts;
+    let draft_tokens = a.draft_tokens - b.draft_tokens;
+    if drafts <= 0.0 || draft_tokens <= 0.0 {
+        return None;
+    }
+    let accepted = a.accepted - b.accepted;
+    let per_position = a
+        .per_position
+        .iter()
+        .enumerate()
+        .map(|(i, x)| (x - b.per_position.get(i).copied().unwrap_or(0.0)) / drafts)
+        .collect();
+    Some(SpecDecodeResult {
+        spec_decode_acceptance_rate: accepted / draft_tokens * 100.0,
+        spec_decode_acceptance_length: 1.0 + accepted / drafts,
+        spec_decode_num_drafts: drafts as u64,
+        spec_decode_draft_tokens: draft_tokens as u64,
+        spec_decode_accepted_tokens: accepted as u64,
+        spec_decode_per_position_acceptance_rates: per_position,
+    })
+}
+
+/// The server's `/metrics` text now, when it has one.
+async fn server_metrics(http: &Http, base: &str) -> Option<String> {
     let body = get_body(http, &format!("{base}/metrics")).await.ok()?;
-    ttft_histogram(&String::from_utf8_lossy(&body))
+    Some(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// The body of a successful GET of `url`.
@@ -644,6 +734,7 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let model = run.model;
     let mut result = summarize(run.samples, run.duration, slo);
     result.server_mean_ttft_ms = run.server_ttft;
+    result.spec_decode = run.spec;
     result.time_scale = run.time_scale;
     result.model_id = model.clone();
     result.tokenizer_id = model;
@@ -685,6 +776,8 @@ struct BenchRun {
     model: String,
     /// The server's own mean TTFT over the run, ms.
     server_ttft: Option<f64>,
+    /// What the server's speculative decoding drafted and accepted over the run.
+    spec: Option<SpecDecodeResult>,
     /// The server's `--time-scale`, if it says.
     time_scale: Option<f64>,
 }
@@ -722,7 +815,7 @@ async fn bench(
             .to_string(),
     };
     let url = format!("{base}/v1/completions");
-    let before = server_ttft(&http, &base).await;
+    let before = server_metrics(&http, &base).await;
     let bar = crate::progress::bar(
         Some(jobs.len() as u64),
         a.quiet,
@@ -758,16 +851,25 @@ async fn bench(
     }
     let duration = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
+    let after = server_metrics(&http, &base).await;
+    let (before, after) = (before.as_deref(), after.as_deref());
     // The server's mean TTFT over this run's requests (its histogram's growth).
-    let server = match (before, server_ttft(&http, &base).await) {
+    let server = match (
+        before.and_then(ttft_histogram),
+        after.and_then(ttft_histogram),
+    ) {
         (Some((s0, c0)), Some((s1, c1))) if c1 > c0 => Some((s1 - s0) / (c1 - c0) * 1e3),
         _ => None,
     };
+    let spec = before
+        .zip(after)
+        .and_then(|(b, a)| spec_decode_result(b, a));
     Ok(BenchRun {
         samples,
         duration,
         model,
         server_ttft: server,
+        spec,
         time_scale,
     })
 }
@@ -857,6 +959,8 @@ fn summarize(samples: Vec<Sample>, duration: f64, slo: Option<Slo>) -> BenchResu
         p90_e2el_ms: e2e[4],
         server_mean_ttft_ms: None,
         time_scale: None,
+        rtfx: 0.0,
+        spec_decode: None,
         input_lens: samples.iter().map(|s| s.input).collect(),
         output_lens: samples
             .iter()
@@ -867,6 +971,7 @@ fn summarize(samples: Vec<Sample>, duration: f64, slo: Option<Slo>) -> BenchResu
             .map(|s| if s.ok { s.ttft } else { 0.0 })
             .collect(),
         itls: samples.iter().map(|s| s.itl.clone()).collect(),
+        start_times: samples.iter().map(|s| s.sent).collect(),
         generated_texts: samples.iter().map(|s| s.text.clone()).collect(),
         errors: samples
             .iter()
@@ -911,6 +1016,33 @@ fn render(r: &BenchResult) -> String {
     if let Some(g) = r.request_goodput {
         line("Request goodput (req/s):", format!("{g:.2}"));
     }
+    if let Some(d) = &r.spec_decode {
+        line(&format!("{:-^52}", "Speculative Decoding"), String::new());
+        line(
+            "Acceptance rate (%):",
+            format!("{:.2}", d.spec_decode_acceptance_rate),
+        );
+        line(
+            "Acceptance length:",
+            format!("{:.2}", d.spec_decode_acceptance_length),
+        );
+        line("Drafts:", d.spec_decode_num_drafts.to_string());
+        line("Draft tokens:", d.spec_decode_draft_tokens.to_string());
+        line(
+            "Accepted tokens:",
+            d.spec_decode_accepted_tokens.to_string(),
+        );
+        for (i, a) in d
+            .spec_decode_per_position_acceptance_rates
+            .iter()
+            .enumerate()
+        {
+            line(
+                &format!("Acceptance at position {i} (%):"),
+                format!("{:.2}", a * 100.0),
+            );
+        }
+    }
     let mut errors: Vec<&String> = r.errors.iter().filter(|e| !e.is_empty()).collect();
     errors.sort();
     errors.dedup();
@@ -952,6 +1084,37 @@ mod tests {
             ttft_histogram("vllm:e2e_request_latency_seconds_sum 1\n"),
             None
         );
+    }
+
+    /// vLLM's speculative-decoding summary from the counters' growth over the run, summed over
+    /// engines: rate in percent of draft tokens, length 1 + accepted per draft pass, and per
+    /// position the share of passes accepted there.
+    #[test]
+    fn the_speculative_summary_is_the_counters_growth() {
+        let at = |drafts: u32, tokens: u32, accepted: u32, pos: [u32; 2]| {
+            format!(
+                "vllm:spec_decode_num_drafts_total{{engine=\"0\"}} {drafts}\n\
+                 vllm:spec_decode_num_drafts_total{{engine=\"1\"}} 0\n\
+                 vllm:spec_decode_num_draft_tokens_total{{engine=\"0\"}} {tokens}\n\
+                 vllm:spec_decode_num_accepted_tokens_total{{engine=\"0\"}} {accepted}\n\
+                 vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine=\"0\",position=\"0\"}} {}\n\
+                 vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine=\"0\",position=\"1\"}} {}\n",
+                pos[0], pos[1]
+            )
+        };
+        let before = at(10, 20, 8, [6, 2]);
+        // 40 more passes of two drafts: 48 accepted, 32 at the first position, 16 at the second.
+        let after = at(50, 100, 56, [38, 18]);
+        let r = spec_decode_result(&before, &after).unwrap();
+        assert_eq!(r.spec_decode_num_drafts, 40);
+        assert_eq!(r.spec_decode_draft_tokens, 80);
+        assert_eq!(r.spec_decode_accepted_tokens, 48);
+        assert!((r.spec_decode_acceptance_rate - 60.0).abs() < 1e-9);
+        assert!((r.spec_decode_acceptance_length - 2.2).abs() < 1e-9);
+        assert_eq!(r.spec_decode_per_position_acceptance_rates, vec![0.8, 0.4]);
+        // Nothing drafted over the run, or no counters: no summary.
+        assert_eq!(spec_decode_result(&after, &after), None);
+        assert_eq!(spec_decode_result("", "vllm:up 1\n"), None);
     }
 
     #[test]

@@ -965,6 +965,52 @@ fn shutdown_answers_503_while_streams_drain() {
     assert!(srv.child.wait().unwrap().success());
 }
 
+/// Against a server with MTP, the result carries vLLM's speculative-decoding summary, read
+/// from the server's counters over the run.
+#[test]
+fn bench_serve_reports_speculative_decoding_as_vllm_does() {
+    let srv = Server::start(&[&data("tiny-pd.toml"), "--time-scale", "0"]);
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args(["bench-serve", "--url", &srv.url(), "--num-prompts", "4"])
+        .args([
+            "--input-len",
+            "20",
+            "--output-len",
+            "16",
+            "--quiet",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let drafts = v["spec_decode_num_drafts"].as_u64().unwrap();
+    let tokens = v["spec_decode_draft_tokens"].as_u64().unwrap();
+    let accepted = v["spec_decode_accepted_tokens"].as_u64().unwrap();
+    // One draft token per pass (MTP 1).
+    assert!(drafts > 0 && tokens == drafts && accepted <= tokens, "{v}");
+    let rate = v["spec_decode_acceptance_rate"].as_f64().unwrap();
+    assert!((rate - accepted as f64 / tokens as f64 * 100.0).abs() < 1e-9);
+    let length = v["spec_decode_acceptance_length"].as_f64().unwrap();
+    assert!((length - (1.0 + accepted as f64 / drafts as f64)).abs() < 1e-9);
+    let per_pos = v["spec_decode_per_position_acceptance_rates"]
+        .as_array()
+        .unwrap();
+    assert_eq!(per_pos.len(), 1);
+    assert!((per_pos[0].as_f64().unwrap() - accepted as f64 / drafts as f64).abs() < 1e-9);
+    // The table says so too.
+    let o = Command::new(env!("CARGO_BIN_EXE_dstwin"))
+        .args(["bench-serve", "--url", &srv.url(), "--num-prompts", "2"])
+        .args(["--input-len", "20", "--output-len", "16", "--quiet"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("Speculative Decoding") && table.contains("Acceptance length:"),
+        "{table}"
+    );
+}
+
 #[test]
 fn bench_serve_saves_what_vllm_saves_and_fails_when_nothing_succeeds() {
     let srv = Server::start(&[&data("tiny-mixed.toml"), "--time-scale", "0"]);
@@ -1021,9 +1067,25 @@ fn bench_serve_saves_what_vllm_saves_and_fails_when_nothing_succeeds() {
         "itls",
         "generated_texts",
         "errors",
+        "start_times",
+        "rtfx",
     ] {
         assert!(v.get(k).is_some(), "no {k} in {v}");
     }
+    // Sent in order from the run's start; no MTP in this deployment: no speculative summary.
+    let starts: Vec<f64> = v["start_times"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_f64().unwrap())
+        .collect();
+    let duration = v["duration"].as_f64().unwrap();
+    assert_eq!(starts.len(), 6);
+    assert!(
+        starts.iter().all(|&t| (0.0..=duration).contains(&t)),
+        "{starts:?}"
+    );
+    assert!(v.get("spec_decode_acceptance_rate").is_none(), "{v}");
     for m in ["ttft", "tpot", "itl", "e2el"] {
         for s in ["mean", "median", "std", "p99"] {
             assert!(v[format!("{s}_{m}_ms")].is_number(), "{s}_{m}_ms");
