@@ -222,6 +222,16 @@ fn a_hf_config_json_is_accepted_as_the_model() {
         let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
         assert_eq!(v["model"], want, "{saved}");
     }
+    // A config in the hub cache, without `_name_or_path`: the repository's name, not the hash.
+    let snap = dir.join(
+        "models--deepseek-ai--DeepSeek-R1/snapshots/56d4cbbb4d29f4355bab4b9a39ccb717a14ad5ad",
+    );
+    std::fs::create_dir_all(&snap).unwrap();
+    let cached = snap.join("config.json");
+    std::fs::copy(path, &cached).unwrap();
+    let o = dstwin(&["explain", "--model", cached.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["model"], "DeepSeek-R1");
     let _ = std::fs::remove_dir_all(dir.parent().unwrap());
 }
 

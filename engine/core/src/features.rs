@@ -255,8 +255,8 @@ macro_rules! feature_fields {
             enforce_eager: bool [long, conflicts_with = "cudagraph_mode"],
             /// vLLM's speculative_config "enforce_eager": the MTP drafter launches its kernels
             /// one by one outside the step's graph, each draft pass taking at least the cost
-            /// file's [host] eager_layer_us per MTP layer while the rest of the step keeps its
-            /// graph; needs MTP.
+            /// file's [host] eager_layer_us (once per draft) while the rest of the step keeps
+            /// its graph; needs MTP and a graph mode.
             mtp_enforce_eager: bool [long],
             /// vllm-ascend's enable_dsa_cp (SGLang's --enable-nsa-prefill-context-parallel):
             /// steps with prompts split their tokens over the attention TP group's dies instead
@@ -455,6 +455,17 @@ impl Features {
                 field: "mtp_enforce_eager",
                 value: "true".into(),
                 reason: "runs the MTP drafter eagerly: needs MTP ([mtp] tokens above 0)".into(),
+            });
+        }
+        if self.mtp_enforce_eager && self.cudagraph_mode == CudagraphMode::None {
+            return Err(FeatureError {
+                field: "mtp_enforce_eager",
+                value: "true".into(),
+                reason:
+                    "runs the MTP drafter eagerly beside the step's graph: needs cudagraph_mode \
+                         \"FULL_DECODE_ONLY\" or \"FULL_AND_PIECEWISE\" (\"NONE\" models no launch \
+                         cost at all; under enforce_eager the whole step is eager already)"
+                        .into(),
             });
         }
         if self.enable_shared_expert_dp && tp < 2 {

@@ -254,14 +254,17 @@ fn expert_suggestion(
         ));
     }
     if out.is_empty() {
-        return format!(
-            "no redundant_experts from 0 to {max_redundant}{} makes them divide: choose another ep",
-            if shared_allowed {
-                " or shared_expert_dies"
-            } else {
-                ""
-            }
-        );
+        return if shared_allowed {
+            format!(
+                "neither redundant_experts alone (0 to {max_redundant}) nor shared_expert_dies \
+                 alone (leaving at least 2 expert dies) makes them divide: change both together, \
+                 or ep"
+            )
+        } else {
+            format!(
+                "no redundant_experts from 0 to {max_redundant} makes them divide: choose another ep"
+            )
+        };
     }
     format!("nearest that work: {}", out.join(", or "))
 }

@@ -370,8 +370,9 @@ fn uneven_expert_slots_suggest_values_that_work() {
     );
 }
 
-/// Where no value works, the error says so rather than listing nothing, and never suggests a
-/// single routed die (every expert on one die of an EP group): one routed expert over EP32.
+/// Where no single value works, the error says so rather than listing nothing, and never
+/// suggests a single routed die (every expert on one die of an EP group): one routed expert
+/// over EP32 (redundant_experts = 1 with shared_expert_dies = 30 would work: both change).
 #[test]
 fn uneven_expert_slots_with_no_value_that_works_say_so() {
     let mut m = builtin("r1").unwrap();
@@ -380,10 +381,18 @@ fn uneven_expert_slots_with_no_value_that_works_say_so() {
     let err = l.validate(&m, cm384()).unwrap_err().to_string();
     assert!(
         err.contains(
-            "no redundant_experts from 0 to 15 or shared_expert_dies makes them divide: choose another ep"
+            "neither redundant_experts alone (0 to 15) nor shared_expert_dies alone (leaving at \
+             least 2 expert dies) makes them divide: change both together, or ep"
         ) && !err.contains("nearest that work"),
         "{err}"
     );
+    Layout {
+        redundant_experts: 1,
+        shared_expert_dies: 30,
+        ..l.clone()
+    }
+    .validate(&m, cm384())
+    .unwrap();
     m.shared_experts = 0;
     let err = l.validate(&m, cm384()).unwrap_err().to_string();
     assert!(

@@ -64,12 +64,12 @@ fn step(inst: &mut Instance, accept_all: bool) -> (StepPlan, Vec<InstEvent>, Ste
     (plan, ev, sum)
 }
 
-/// The planned step's acceptance with every draft rejected.
 /// The requests the last `schedule` admitted for the first time.
 fn started_ids(inst: &Instance) -> Vec<u64> {
     inst.started().iter().map(|&(id, _)| id).collect()
 }
 
+/// The planned step's acceptance with every draft rejected.
 fn no_drafts_accepted(inst: &Instance) -> Vec<Vec<u32>> {
     let ranks = &inst.plan().ranks;
     ranks.iter().map(|r| vec![0; r.decode.len()]).collect()

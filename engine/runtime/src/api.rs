@@ -388,10 +388,10 @@ async fn run(app: AppState, job: Job) -> Response {
                     reasoning: cfg
                         .reasoning_parser
                         .map(|k| ReasoningParser::new(k, job.thinking)),
-                    tools: cfg
-                        .tool_parser
-                        .filter(|_| job.tools)
-                        .map(|k| ToolParser::new(k, &format!("chatcmpl-tool-{}", s.id))),
+                    tools: cfg.tool_parser.filter(|_| job.tools).map(|k| {
+                        let id = format!("chatcmpl-tool-{}", s.id);
+                        ToolParser::with_tools(k, &id, Some(&job.tool_specs))
+                    }),
                     saw_call: false,
                 }
             }),

@@ -250,6 +250,10 @@ impl Control {
 
     async fn run(mut self) {
         loop {
+            // A failure stops everything, whichever branch below met it.
+            if self.failed {
+                return;
+            }
             // Inputs that are already here, all applied before planning.
             let mut inputs = false;
             while let Ok(cmd) = self.cmd_rx.try_recv() {
@@ -362,6 +366,12 @@ impl Control {
         match cmd {
             Cmd::Submit { id, req, tx } => {
                 let now = Instant::now();
+                if let Some((key, n)) = req.parent {
+                    self.parents.entry(key).or_insert(Parent {
+                        left: n,
+                        max_generated: None,
+                    });
+                }
                 let res = self.core.arrive(
                     self.tl.now(),
                     Arrival {
@@ -377,12 +387,6 @@ impl Control {
                 match res {
                     Ok(()) => {
                         let engine = self.core.route_of(id).map_or(0, |(_, d)| d as usize);
-                        if let Some((key, n)) = req.parent {
-                            self.parents.entry(key).or_insert(Parent {
-                                left: n,
-                                max_generated: None,
-                            });
-                        }
                         self.streams.insert(
                             id,
                             ReqStream {
@@ -407,6 +411,7 @@ impl Control {
                         tracing::warn!("request {id} refused: {e}");
                         if let Some(s) = self.shared.upgrade() {
                             s.pending.fetch_sub(1, Ordering::Relaxed);
+                            self.choice_ended(&s, 0, req.parent, None);
                         }
                     }
                 }
@@ -494,6 +499,7 @@ impl Control {
                 let engine = abort_engine(self.core.route_of(id), r.prefilled, r.engine);
                 s.metrics
                     .request_finished(engine, &r.times(now), Ended::Error);
+                s.pending.fetch_sub(1, Ordering::Relaxed);
             }
             self.parents.clear();
             s.failed.notify_waiters();
@@ -588,7 +594,10 @@ impl Control {
             }
             Note::Rejected { req, .. } => {
                 // Dropping the sender ends the stream.
-                self.streams.remove(&req);
+                if let Some(r) = self.streams.remove(&req) {
+                    s.pending.fetch_sub(1, Ordering::Relaxed);
+                    self.choice_ended(s, r.engine, r.parent, None);
+                }
             }
             Note::Preempted { req, inst } | Note::SentBack { req, inst, .. } => {
                 // A request sent back goes to a prefill engine again: an abort counts there.

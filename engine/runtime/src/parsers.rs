@@ -5,18 +5,22 @@
 //! - Reasoning (`deepseek_r1`): everything up to `</think>` is reasoning (the R1 chat template
 //!   opens `<think>` in the prompt, so the output usually lacks it; a leading one is dropped).
 //!   `deepseek_v3`: the same when the request asks for thinking
-//!   (`chat_template_kwargs.thinking`), otherwise all content.
+//!   (`chat_template_kwargs.thinking`), otherwise all content. `deepseek_v4`: as `deepseek_v3`,
+//!   and a `<｜DSML｜tool_calls>` block inside the reasoning ends it (the block is content).
 //! - Tool calls, V3 (`deepseek_v3`):
 //!   `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`;
 //!   V3.1 (`deepseek_v31`): `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>` inside
 //!   the same outer markers; V3.2 (`deepseek_v32`) and V4 (`deepseek_v4`): DSML blocks,
 //!   `<｜DSML｜function_calls>` (V3.2) or `<｜DSML｜tool_calls>` (V4) around
 //!   `<｜DSML｜invoke name="NAME">` elements whose `<｜DSML｜parameter name="P" string="true|false">`
-//!   children become a JSON object (`string="false"` values are JSON).
+//!   children become a JSON object, converted to the request's tool schema as vLLM converts
+//!   them (`dsml_arguments`).
 //!
 //! Markers are matched on text, so the parsers work on any detokenized output; text that could
 //! still grow into a marker is held back until it cannot. As in vLLM, content after the tool
-//! calls is dropped, and a call the output cut off before its end is not reported as a call.
+//! calls is dropped, a call the output cut off before its end is not reported as a call, and a
+//! section in which no call completes is content (V3.1, V3.2, V4). The behaviour is checked
+//! against vLLM's own test cases (tests/vllm_parser_cases.rs).
 
 use serde_json::Value;
 use std::fmt;
@@ -42,6 +46,9 @@ pub enum ReasoningKind {
     DeepseekR1,
     /// `deepseek_v3`: like R1 when the request enables thinking, else no reasoning.
     DeepseekV3,
+    /// `deepseek_v4`: as `deepseek_v3`, and a DSML tool-call block (`<｜DSML｜tool_calls>`) in the
+    /// reasoning ends it: the block and what follows are content, for the tool parser.
+    DeepseekV4,
 }
 
 /// A `--tool-call-parser` name.
@@ -63,12 +70,13 @@ pub struct UnknownParser {
 }
 
 impl ReasoningKind {
-    pub const NAMES: &'static str = "deepseek_r1, deepseek_v3";
+    pub const NAMES: &'static str = "deepseek_r1, deepseek_v3, deepseek_v4";
 
     pub fn from_name(name: &str) -> Result<Self, UnknownParser> {
         match name {
             "deepseek_r1" => Ok(Self::DeepseekR1),
             "deepseek_v3" => Ok(Self::DeepseekV3),
+            "deepseek_v4" => Ok(Self::DeepseekV4),
             _ => Err(UnknownParser {
                 what: "reasoning parser",
                 name: name.into(),
@@ -126,6 +134,7 @@ fn held(buf: &str, marker: &str) -> usize {
 /// The reasoning/content split of one choice's output, fed delta by delta.
 #[derive(Clone, Debug)]
 pub struct ReasoningParser {
+    kind: ReasoningKind,
     in_reasoning: bool,
     /// Nothing was read yet (a leading `<think>` is dropped).
     at_start: bool,
@@ -136,6 +145,7 @@ impl ReasoningParser {
     /// `thinking`: the request's `chat_template_kwargs.thinking` (or `enable_thinking`).
     pub fn new(kind: ReasoningKind, thinking: bool) -> Self {
         ReasoningParser {
+            kind,
             in_reasoning: kind == ReasoningKind::DeepseekR1 || thinking,
             at_start: true,
             buf: String::new(),
@@ -158,13 +168,28 @@ impl ReasoningParser {
             }
             self.at_start = false;
         }
-        if let Some(p) = self.buf.find(THINK_END) {
-            let content = self.buf[p + THINK_END.len()..].to_string();
-            self.buf.truncate(p);
-            self.in_reasoning = false;
-            return (std::mem::take(&mut self.buf), content);
+        // V4: a tool-call block before `</think>` ends the reasoning, and is content.
+        let tool_start = (self.kind == ReasoningKind::DeepseekV4)
+            .then(|| self.buf.find(ToolKind::DeepseekV4.opening()))
+            .flatten();
+        match (self.buf.find(THINK_END), tool_start) {
+            (Some(p), t) if t.is_none_or(|t| p < t) => {
+                let content = self.buf[p + THINK_END.len()..].to_string();
+                self.buf.truncate(p);
+                self.in_reasoning = false;
+                return (std::mem::take(&mut self.buf), content);
+            }
+            (_, Some(t)) => {
+                let content = self.buf.split_off(t);
+                self.in_reasoning = false;
+                return (std::mem::take(&mut self.buf), content);
+            }
+            _ => {}
         }
-        let keep = held(&self.buf, THINK_END);
+        let mut keep = held(&self.buf, THINK_END);
+        if self.kind == ReasoningKind::DeepseekV4 {
+            keep = keep.max(held(&self.buf, ToolKind::DeepseekV4.opening()));
+        }
         let rest = self.buf.split_off(self.buf.len() - keep);
         (std::mem::replace(&mut self.buf, rest), String::new())
     }
@@ -203,9 +228,17 @@ enum ToolState {
     /// Reading a V3/V3.1 call's arguments.
     Args,
     /// Inside a DSML invoke, collecting parameters in the order the model wrote them.
-    Invoke(Vec<(String, Value)>),
+    Invoke(Vec<Param>),
     /// After the section: the rest is dropped.
     Done,
+}
+
+/// A DSML parameter as the model wrote it: its name, its `string` attribute, its text.
+#[derive(Clone, Debug, PartialEq)]
+struct Param {
+    name: String,
+    string: bool,
+    text: String,
 }
 
 /// Tool-call extraction from one choice's output, fed delta by delta.
@@ -218,6 +251,17 @@ pub struct ToolParser {
     calls: Vec<ToolCall>,
     /// Whether each call's end was seen.
     complete: Vec<bool>,
+    /// The request's tools: each one's name and JSON-schema `parameters` (DSML arguments are
+    /// converted to them).
+    tools: Vec<(String, Value)>,
+    /// The raw text from the tool-call section's opening marker on: the content, as vLLM
+    /// returns it, of a section in which no call completes (V3.1, V3.2, V4).
+    section: Option<String>,
+    /// In a V4 invoke of a declared tool that came without the opening block (vLLM recovers
+    /// it as a call; what follows the block is content again).
+    orphan: bool,
+    /// The last bytes of content released (whether an invoke sits in V3.2's wrapper).
+    recent: String,
 }
 
 /// What a delta of output turned into.
@@ -230,6 +274,22 @@ pub struct ToolOutput {
 impl ToolParser {
     /// Call ids are `{id_prefix}-{index}`.
     pub fn new(kind: ToolKind, id_prefix: &str) -> Self {
+        Self::with_tools(kind, id_prefix, None)
+    }
+
+    /// [`ToolParser::new`] for a request with `tools` (its OpenAI `tools` array): DSML
+    /// arguments are converted to each tool's parameter schema, as vLLM does.
+    pub fn with_tools(kind: ToolKind, id_prefix: &str, tools: Option<&Value>) -> Self {
+        let tools = tools
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|t| {
+                let f = t.get("function")?;
+                let name = f.get("name")?.as_str()?.to_string();
+                Some((name, f.get("parameters").cloned().unwrap_or(Value::Null)))
+            })
+            .collect();
         ToolParser {
             kind,
             id_prefix: id_prefix.to_string(),
@@ -237,11 +297,18 @@ impl ToolParser {
             buf: String::new(),
             calls: Vec::new(),
             complete: Vec::new(),
+            tools,
+            section: None,
+            orphan: false,
+            recent: String::new(),
         }
     }
 
     /// Reads `text`; returns the content and tool-call pieces that can be released now.
     pub fn push(&mut self, text: &str) -> ToolOutput {
+        if let Some(s) = &mut self.section {
+            s.push_str(text);
+        }
         self.buf.push_str(text);
         let mut out = ToolOutput::default();
         while self.step(&mut out) {}
@@ -249,10 +316,14 @@ impl ToolParser {
     }
 
     /// The output ended: held-back content is released; an unfinished call stays unfinished.
+    /// A section in which no call completed is content, raw, as vLLM returns it (V3.1 and the
+    /// DSML formats; V3 drops it).
     pub fn finish(&mut self) -> ToolOutput {
         let mut out = ToolOutput::default();
         if self.state == ToolState::Content {
             out.content = std::mem::take(&mut self.buf);
+        } else if self.kind != ToolKind::DeepseekV3 && !self.complete.contains(&true) {
+            out.content = self.section.take().unwrap_or_default();
         }
         out
     }
@@ -265,6 +336,19 @@ impl ToolParser {
             .filter(|(_, &c)| c)
             .map(|(c, _)| c.clone())
             .collect()
+    }
+
+    /// Releases `text` as content, remembering its last bytes.
+    fn release(&mut self, text: &str, out: &mut ToolOutput) {
+        out.content.push_str(text);
+        self.recent.push_str(text);
+        if self.recent.len() > 64 {
+            let mut cut = self.recent.len() - 64;
+            while !self.recent.is_char_boundary(cut) {
+                cut += 1;
+            }
+            self.recent.drain(..cut);
+        }
     }
 
     fn start_call(&mut self, name: &str, out: &mut ToolOutput) {
@@ -310,16 +394,57 @@ impl ToolParser {
         match std::mem::replace(&mut self.state, ToolState::Done) {
             ToolState::Content => {
                 let open = self.kind.opening();
+                // V4 with tools: an invoke without the opening block is a call of a declared
+                // tool, as vLLM recovers it.
+                let orphans = self.kind == ToolKind::DeepseekV4 && !self.tools.is_empty();
+                let q = orphans
+                    .then(|| self.buf.find(DSML_INVOKE))
+                    .flatten()
+                    .filter(|&q| {
+                        // Inside V3.2's wrapper it is that format's, content to V4.
+                        let before = format!("{}{}", self.recent, &self.buf[..q]);
+                        !before.trim_end().ends_with(ToolKind::DeepseekV32.opening())
+                    });
+                if let Some(q) = q.filter(|&q| self.buf.find(open).is_none_or(|p| q < p)) {
+                    let after = &self.buf[q + DSML_INVOKE.len()..];
+                    let end = after.find('"');
+                    let declared =
+                        end.is_some_and(|e| self.tools.iter().any(|(n, _)| *n == after[..e]));
+                    let name_may_come =
+                        end.is_none() && after.len() < 256 && !after.contains(['<', '\n']);
+                    let c: String = self.buf.drain(..q).collect();
+                    self.release(&c, out);
+                    self.state = ToolState::Content;
+                    if declared {
+                        self.section = Some(self.buf.clone());
+                        self.buf.drain(..DSML_INVOKE.len());
+                        self.orphan = true;
+                        self.state = ToolState::Header;
+                        return true;
+                    }
+                    if name_may_come {
+                        // The name may still come.
+                        return false;
+                    }
+                    // Not a call: the marker is content.
+                    self.buf.drain(..DSML_INVOKE.len());
+                    self.release(DSML_INVOKE, out);
+                    return true;
+                }
                 if let Some(p) = self.buf.find(open) {
                     out.content.push_str(&self.buf[..p]);
+                    self.section = Some(self.buf[p..].to_string());
                     self.buf.drain(..p + open.len());
                     self.state = ToolState::Between;
                     return true;
                 }
-                let keep = held(&self.buf, open);
+                let mut keep = held(&self.buf, open);
+                if orphans {
+                    keep = keep.max(held(&self.buf, DSML_INVOKE));
+                }
                 let rest = self.buf.split_off(self.buf.len() - keep);
-                out.content
-                    .push_str(&std::mem::replace(&mut self.buf, rest));
+                let c = std::mem::replace(&mut self.buf, rest);
+                self.release(&c, out);
                 self.state = ToolState::Content;
                 false
             }
@@ -337,6 +462,20 @@ impl ToolParser {
                     self.buf = rest.to_string();
                     self.state = ToolState::Header;
                     return true;
+                }
+                if self.orphan {
+                    // After a recovered invoke (and its stray closing marker): content again.
+                    if let Some(rest) = t.strip_prefix(close) {
+                        self.buf = rest.to_string();
+                        self.orphan = false;
+                        self.state = ToolState::Content;
+                        return true;
+                    }
+                    if !(open.starts_with(t) || close.starts_with(t)) {
+                        self.orphan = false;
+                        self.state = ToolState::Content;
+                        return true;
+                    }
                 }
                 if t.starts_with(close) {
                     self.buf.clear();
@@ -442,14 +581,12 @@ impl ToolParser {
         }
     }
 
-    fn invoke(&mut self, mut params: Vec<(String, Value)>, out: &mut ToolOutput) -> bool {
+    fn invoke(&mut self, mut params: Vec<Param>, out: &mut ToolOutput) -> bool {
         let t = self.buf.trim_start();
         if let Some(rest) = t.strip_prefix(DSML_INVOKE_END) {
-            let fields: Vec<String> = params
-                .iter()
-                .map(|(k, v)| format!("{}:{v}", Value::String(k.clone())))
-                .collect();
-            let args = format!("{{{}}}", fields.join(","));
+            let name = &self.calls.last().expect("a call").name;
+            let schema = self.tools.iter().find(|(n, _)| n == name).map(|(_, s)| s);
+            let args = dsml_arguments(self.kind, &params, schema);
             self.buf = rest.to_string();
             self.args(&args, out);
             *self.complete.last_mut().expect("a call") = true;
@@ -465,14 +602,14 @@ impl ToolParser {
             // NAME" string="true|false">VALUE
             let (head, value) = element.split_once('>').unwrap_or((element, ""));
             let name = head.split('"').next().unwrap_or("").to_string();
-            let is_string = !head.contains("string=\"false\"");
-            let v = if is_string {
-                Value::String(value.to_string())
-            } else {
-                serde_json::from_str(value.trim()).unwrap_or_else(|_| Value::String(value.into()))
-            };
-            params.retain(|(k, _)| *k != name);
-            params.push((name, v));
+            let string = !head.contains("string=\"false\"");
+            // A name given twice: the last one wins, at its place.
+            params.retain(|p| p.name != name);
+            params.push(Param {
+                name,
+                string,
+                text: value.to_string(),
+            });
             self.buf = rest[end + DSML_PARAM_END.len()..].to_string();
             self.state = ToolState::Invoke(params);
             return true;
@@ -486,6 +623,150 @@ impl ToolParser {
         self.state = ToolState::Done;
         false
     }
+}
+
+/// A DSML invoke's arguments as vLLM converts them: `string="true"` text stays a string (V4;
+/// V3.2 also converts it where the tool's schema types the parameter), other text is converted
+/// to the parameter's schema types ([`coerce`]); where the schema does not name the parameter,
+/// V3.2 parses it as JSON and V4 keeps it as text; then a lone undeclared `arguments` or `input` parameter holding an object
+/// of declared parameters is unwrapped (vLLM's `_repair_param_dict`).
+fn dsml_arguments(kind: ToolKind, params: &[Param], schema: Option<&Value>) -> String {
+    let props = schema
+        .and_then(|s| s.get("properties"))
+        .and_then(Value::as_object);
+    // In the order the model wrote them (the last of a repeated name at its place).
+    let mut args: Vec<(String, Value)> = Vec::new();
+    for p in params {
+        let typed = props.and_then(|m| m.get(&p.name));
+        let v = match (p.string, typed) {
+            (true, Some(t)) if kind == ToolKind::DeepseekV32 => coerce(&p.text, &schema_types(t)),
+            (true, _) => Value::String(p.text.clone()),
+            (false, Some(t)) => coerce(&p.text, &schema_types(t)),
+            // Untyped: V3.2 reads JSON; V4 keeps the text, as its schema types default to string.
+            (false, None) if kind == ToolKind::DeepseekV32 => json_or_string(&p.text),
+            (false, None) => Value::String(p.text.clone()),
+        };
+        args.push((p.name.clone(), v));
+    }
+    let declared = |k: &str| props.is_some_and(|m| m.contains_key(k));
+    if let [(wrapper, inner)] = args.as_slice() {
+        if ["arguments", "input"].contains(&wrapper.as_str()) && !declared(wrapper) {
+            let inner = match inner {
+                Value::String(s) => serde_json::from_str::<Value>(s).unwrap_or(Value::Null),
+                v => v.clone(),
+            };
+            if let Value::Object(o) = &inner {
+                if o.keys().all(|k| declared(k)) {
+                    return inner.to_string();
+                }
+            }
+        }
+    }
+    let fields: Vec<String> = args
+        .iter()
+        .map(|(k, v)| format!("{}:{v}", Value::String(k.clone())))
+        .collect();
+    format!("{{{}}}", fields.join(","))
+}
+
+/// JSON when `text` is JSON, else the text as a string.
+fn json_or_string(text: &str) -> Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|_| Value::String(text.to_string()))
+}
+
+/// The JSON types a parameter's schema allows: its `type` (one or a list), the types of its
+/// `enum` values, and those of its `anyOf`/`oneOf`/`allOf` branches; `string` when it names
+/// none (vLLM's `extract_types_from_schema`, with its aliases).
+fn schema_types(schema: &Value) -> Vec<&'static str> {
+    fn walk(s: &Value, out: &mut Vec<&'static str>) {
+        let name = |t: &str| -> Option<&'static str> {
+            Some(match t.to_ascii_lowercase().as_str() {
+                "null" | "none" => "null",
+                "integer" | "int" | "int32" | "int64" | "long" => "integer",
+                "number" | "float" | "double" | "decimal" => "number",
+                "boolean" | "bool" => "boolean",
+                "object" | "dict" | "map" => "object",
+                "array" | "list" | "arr" | "tuple" => "array",
+                "string" | "str" | "text" => "string",
+                _ => return None,
+            })
+        };
+        match s.get("type") {
+            Some(Value::String(t)) => out.extend(name(t)),
+            Some(Value::Array(ts)) => {
+                out.extend(ts.iter().filter_map(Value::as_str).filter_map(name))
+            }
+            _ => {}
+        }
+        for e in s
+            .get("enum")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            out.push(match e {
+                Value::Null => "null",
+                Value::Bool(_) => "boolean",
+                Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+                Value::Number(_) => "number",
+                Value::String(_) => "string",
+                Value::Array(_) => "array",
+                Value::Object(_) => "object",
+            });
+        }
+        for k in ["anyOf", "oneOf", "allOf"] {
+            for b in s.get(k).and_then(Value::as_array).into_iter().flatten() {
+                walk(b, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(schema, &mut out);
+    if out.is_empty() {
+        out.push("string");
+    }
+    out
+}
+
+/// `text` as the first of the allowed `types` it reads as, in vLLM's order (null, integer,
+/// number, boolean, object, array, string); failing all, JSON or the text itself.
+fn coerce(text: &str, types: &[&str]) -> Value {
+    let has = |t: &str| types.contains(&t);
+    let t = text.trim();
+    if has("null") && text.eq_ignore_ascii_case("null") {
+        return Value::Null;
+    }
+    if has("integer") {
+        if let Ok(i) = t.parse::<i64>() {
+            return i.into();
+        }
+    }
+    if has("number") {
+        if let Some(f) = t.parse::<f64>().ok().filter(|f| f.is_finite()) {
+            // A whole number reads as an integer, as vLLM returns `int(val)` for it.
+            return if f.fract() == 0.0 && f.abs() < 9.0e15 {
+                (f as i64).into()
+            } else {
+                f.into()
+            };
+        }
+    }
+    if has("boolean") {
+        match t.to_ascii_lowercase().as_str() {
+            "true" | "1" => return true.into(),
+            "false" | "0" => return false.into(),
+            _ => {}
+        }
+    }
+    if has("object") || has("array") {
+        if let Ok(v) = serde_json::from_str::<Value>(text) {
+            return v;
+        }
+    }
+    if has("string") {
+        return Value::String(text.to_string());
+    }
+    json_or_string(text)
 }
 
 impl fmt::Display for ToolKind {
@@ -505,6 +786,16 @@ pub fn parse_whole(
     reasoning: Option<(ReasoningKind, bool)>,
     tools: Option<(ToolKind, &str)>,
 ) -> (Option<String>, Option<String>, Vec<ToolCall>) {
+    parse_whole_with(text, reasoning, tools.map(|(k, id)| (k, id, None)))
+}
+
+/// [`parse_whole`] for a request with tools (its OpenAI `tools` array; see
+/// [`ToolParser::with_tools`]).
+pub fn parse_whole_with(
+    text: &str,
+    reasoning: Option<(ReasoningKind, bool)>,
+    tools: Option<(ToolKind, &str, Option<&Value>)>,
+) -> (Option<String>, Option<String>, Vec<ToolCall>) {
     let (mut r, mut c) = match reasoning {
         Some((k, thinking)) => {
             let mut p = ReasoningParser::new(k, thinking);
@@ -515,8 +806,8 @@ pub fn parse_whole(
         None => (String::new(), text.to_string()),
     };
     let mut calls = Vec::new();
-    if let Some((k, id)) = tools {
-        let mut p = ToolParser::new(k, id);
+    if let Some((k, id, specs)) = tools {
+        let mut p = ToolParser::with_tools(k, id, specs);
         let mut o = p.push(&c);
         o.content.push_str(&p.finish().content);
         c = o.content;
@@ -605,13 +896,26 @@ mod tests {
     fn dsml_tool_calls_v4_and_v32() {
         let body = "\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"location\" string=\"true\">杭州</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"now\">\n</｜DSML｜invoke>\n";
         let v4 = format!("Sure.\n\n<｜DSML｜tool_calls>{body}</｜DSML｜tool_calls>");
+        // Without the request's tools, V4 keeps an untyped `string="false"` value as text and
+        // V3.2 reads it as JSON (vLLM's two parsers).
+        let v4_calls = [
+            ("get_weather", "{\"location\":\"杭州\",\"days\":\"3\"}"),
+            ("now", "{}"),
+        ];
+        all_steps(ToolKind::DeepseekV4, &v4, "Sure.\n\n", &v4_calls);
         let calls = [
             ("get_weather", "{\"location\":\"杭州\",\"days\":3}"),
             ("now", "{}"),
         ];
-        all_steps(ToolKind::DeepseekV4, &v4, "Sure.\n\n", &calls);
         let v32 = format!("<｜DSML｜function_calls>{body}</｜DSML｜function_calls>");
         all_steps(ToolKind::DeepseekV32, &v32, "", &calls);
+        // With them, the schema types it.
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"location": {"type": "string"},
+            "days": {"type": "integer"}}}}}]);
+        let (_, _, typed) =
+            parse_whole_with(&v4, None, Some((ToolKind::DeepseekV4, "c", Some(&tools))));
+        assert_eq!(typed[0].arguments, "{\"location\":\"杭州\",\"days\":3}");
         // Each format's marker is plain text to the other parser.
         all_steps(ToolKind::DeepseekV32, &v4, &v4, &[]);
     }
@@ -629,9 +933,16 @@ mod tests {
     }
 
     #[test]
-    fn a_call_cut_off_is_not_a_call() {
+    fn a_call_cut_off_is_not_a_call_and_its_text_is_content() {
+        // As vLLM: V3.1 returns the whole text as content, V3 drops the section.
         let t = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\":";
         let (_, c, calls) = parse_whole(t, None, Some((ToolKind::DeepseekV31, "x")));
+        assert_eq!((c.as_deref(), calls), (Some(t), vec![]));
+        // A stream has sent the call's first pieces by then; its end adds the text.
+        let (c, _) = stream(ToolKind::DeepseekV31, t, 3);
+        assert_eq!(c, t);
+        let t = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{";
+        let (_, c, calls) = parse_whole(t, None, Some((ToolKind::DeepseekV3, "x")));
         assert_eq!((c, calls), (None, vec![]));
     }
 

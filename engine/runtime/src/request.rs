@@ -81,6 +81,9 @@ pub struct Job {
     pub sampling: SamplingParams,
     /// Tool calls are parsed from the output.
     pub tools: bool,
+    /// The request's `tools` array (null without tools): the tool parser converts arguments to
+    /// their parameter schemas.
+    pub tool_specs: Value,
     /// `chat_template_kwargs.thinking` / `enable_thinking`.
     pub thinking: bool,
 }
@@ -395,6 +398,7 @@ fn common(f: &Fields, lim: &Limits, chat: bool) -> Result<Job, ApiError> {
         seed,
         sampling,
         tools: false,
+        tool_specs: Value::Null,
         thinking: false,
     })
 }
@@ -597,6 +601,9 @@ pub fn chat(body: &Map<String, Value>, lim: &Limits) -> Result<Job, ApiError> {
         _ => {}
     }
     job.tools = choice == "auto";
+    if job.tools {
+        job.tool_specs = Value::Array(tools.to_vec());
+    }
     // Messages.
     let msgs = match f.get("messages") {
         Some(Value::Array(v)) if !v.is_empty() => v,

@@ -173,6 +173,20 @@ fn hub_model_name(id: &str) -> Option<String> {
     (part(owner) && part(name)).then(|| name.to_string())
 }
 
+/// The model's name of a file in the HuggingFace hub cache,
+/// `models--OWNER--NAME/snapshots/HASH/config.json` (its directory is a commit hash, which
+/// names nothing): NAME.
+fn hub_cache_name(config: &Path) -> Option<String> {
+    let snapshot = config.parent()?;
+    let snapshots = snapshot.parent()?;
+    if snapshots.file_name()? != "snapshots" {
+        return None;
+    }
+    let repo = snapshots.parent()?.file_name()?.to_str()?;
+    let (_, name) = repo.strip_prefix("models--")?.split_once("--")?;
+    (!name.is_empty()).then(|| name.to_string())
+}
+
 /// A model by built-in name, or from a HuggingFace `config.json` when `spec` ends in `.json`
 /// (relative paths resolve against `base_dir`). The error says what is built in.
 pub fn load_model(spec: &str, base_dir: &Path) -> Result<ModelConfig, ScenarioError> {
@@ -189,12 +203,14 @@ pub fn load_model(spec: &str, base_dir: &Path) -> Result<ModelConfig, ScenarioEr
         let saved = serde_json::from_str::<serde_json::Value>(&text)
             .ok()
             .and_then(|v| v.get("_name_or_path")?.as_str().and_then(hub_model_name));
-        let name = saved.unwrap_or_else(|| {
-            Path::new(&p)
-                .parent()
-                .and_then(|d| d.file_name())
-                .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned())
-        });
+        let name = saved
+            .or_else(|| hub_cache_name(Path::new(&p)))
+            .unwrap_or_else(|| {
+                Path::new(&p)
+                    .parent()
+                    .and_then(|d| d.file_name())
+                    .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned())
+            });
         ModelConfig::from_hf_json(&name, &text).map_err(|e| field("model", spec, e.to_string()))
     } else {
         model::builtin(spec).ok_or_else(|| {

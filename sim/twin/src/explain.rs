@@ -485,7 +485,9 @@ pub fn explain_under(
         let draft_launch_s =
             crate::pricing::draft_launch_s(&inp.cost, &inp.model, inp.mtp.tokens, &features);
         let p = price_step(&features, &full, &step.path, draft_launch_s, split_time);
-        let split = p.split_s.unwrap_or_else(split_time);
+        let split = p
+            .split_s
+            .unwrap_or_else(|| split_time() + p.draft_launch_gap_s);
         (p, split, step)
     };
     let (priced, tmb, step) = step_at(imbalance);

@@ -573,7 +573,7 @@ pub struct StepPrice {
     /// Seconds of the shared expert hidden under the dispatch and combine by a second stream.
     pub shared_overlap_s: f64,
     /// Seconds an eager MTP drafter's launches add beyond its kernels (`mtp_enforce_eager`),
-    /// included in `time_s` and `serial_s`.
+    /// included in `time_s`, `serial_s` and `split_s`.
     pub draft_launch_gap_s: f64,
 }
 
@@ -624,7 +624,7 @@ pub fn price_step(
     StepPrice {
         time_s: time_s + draft_launch_gap_s,
         serial_s: serial_s + draft_launch_gap_s,
-        split_s,
+        split_s: split_s.map(|s| s + draft_launch_gap_s),
         split_used,
         shared_overlap_s,
         draft_launch_gap_s,

@@ -343,6 +343,8 @@ fn an_eager_mtp_drafter_takes_the_longer_of_its_kernels_and_its_launches() {
         assert!(gap > 0.0, "a small batch's drafter runs under its launches");
         assert!((eager.step_ms - graph.step_ms - gap).abs() < 1e-9);
         assert!((eager.draft_launch_gap_ms.unwrap() - gap).abs() < 1e-9);
+        // The split step's drafter runs eagerly too.
+        assert!((eager.two_microbatch_step_ms - graph.two_microbatch_step_ms - gap).abs() < 1e-9);
         assert!(graph.draft_launch_gap_ms.is_none());
     }
     // A batch whose drafter outlasts its launches pays nothing more.
@@ -352,6 +354,31 @@ fn an_eager_mtp_drafter_takes_the_longer_of_its_kernels_and_its_launches() {
     let e = at(true, 0, 8).unwrap_err().to_string();
     assert!(
         e.contains("mtp_enforce_eager") && e.contains("needs MTP"),
+        "{e}"
+    );
+    // Beside no graph it means nothing: refused.
+    let mut i = input(
+        Layout::dp_ep(Role::Decode, 32),
+        BatchSpec {
+            decode_seqs: 8,
+            kv_len: 4096,
+            prefill_tokens: 0,
+            prompt_len: 0,
+            prompt_cached: 0,
+        },
+        Features {
+            mtp_enforce_eager: true,
+            ..Features::default()
+        },
+        "atlas-800-a3",
+    );
+    i.mtp = Mtp {
+        tokens: 1,
+        acceptance: vec![0.7],
+    };
+    let e = explain(&i).unwrap_err().to_string();
+    assert!(
+        e.contains("mtp_enforce_eager") && e.contains("FULL_DECODE_ONLY"),
         "{e}"
     );
 }
