@@ -222,6 +222,17 @@ fn a_hf_config_json_is_accepted_as_the_model() {
         let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
         assert_eq!(v["model"], want, "{saved}");
     }
+    // Without a query LoRA (`q_lora_rank` null, a V2-Lite-style `q_proj`): loads, priced so.
+    let mut plain = cfg.clone();
+    plain["q_lora_rank"] = serde_json::Value::Null;
+    plain.as_object_mut().unwrap().remove("_name_or_path");
+    std::fs::write(&named, plain.to_string()).unwrap();
+    let o = dstwin(&["explain", "--model", named.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let ops = v["step"]["ops"].as_array().unwrap();
+    assert!(ops.iter().any(|o| o["name"] == "q_proj"));
+    assert!(!ops.iter().any(|o| o["name"] == "q_a_proj"));
     // A config in the hub cache, without `_name_or_path`: the repository's name, not the hash.
     let snap = dir.join(
         "models--deepseek-ai--DeepSeek-R1/snapshots/56d4cbbb4d29f4355bab4b9a39ccb717a14ad5ad",

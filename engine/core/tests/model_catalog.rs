@@ -190,3 +190,31 @@ fn ratios(m: &ModelConfig) -> Vec<String> {
         dstwin_core::model::Attention::Mla { .. } => Vec::new(),
     }
 }
+
+/// A V3-family config without a query LoRA (`q_lora_rank` null: DeepSeek-V2-Lite's `q_proj`)
+/// loads, its query projection counted from the hidden state; V3.2's indexer reads the query
+/// latent, so there it is refused.
+#[test]
+fn a_query_without_lora_is_one_q_proj() {
+    let text = include_str!("data/deepseek-v3-config.json");
+    let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
+    let lora = ModelConfig::from_hf_json("v3", &v.to_string()).unwrap();
+    v["q_lora_rank"] = serde_json::Value::Null;
+    let plain = ModelConfig::from_hf_json("v3", &v.to_string()).unwrap();
+    let (h, heads, qk) = (7168u64, 128u64, 192u64);
+    let per_layer_lora = h * 1536 + 1536 + 1536 * heads * qk;
+    let per_layer_plain = h * heads * qk;
+    let layers = 61;
+    assert_eq!(
+        model::count(&plain).total() - model::count(&lora).total(),
+        layers * (per_layer_plain - per_layer_lora)
+    );
+    v["model_type"] = "deepseek_v32".into();
+    v["index_n_heads"] = 64.into();
+    v["index_head_dim"] = 128.into();
+    v["index_topk"] = 2048.into();
+    let e = ModelConfig::from_hf_json("v32", &v.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("q_lora_rank"), "{e}");
+}

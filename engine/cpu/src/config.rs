@@ -122,8 +122,7 @@ impl EngineConfig {
                 model_type,
             });
         }
-        // The cost model's parser has no shape without a query LoRA; the engine keeps its own
-        // `q_lora_rank` and lets the shared parser read every other field.
+        // The engine's own `q_lora_rank`: None without a query LoRA (a `q_proj`).
         let q_lora_rank = match v.get("q_lora_rank") {
             None | Some(Value::Null) => None,
             Some(x) => Some(x.as_u64().ok_or(LoadError::Unsupported {
@@ -132,17 +131,8 @@ impl EngineConfig {
                 reason: "must be an integer or null",
             })? as usize),
         };
-        let model = if q_lora_rank.is_none() {
-            let mut patched = v.clone();
-            patched["q_lora_rank"] = Value::from(1);
-            let mut m = ModelConfig::from_hf_json(name, &patched.to_string())?;
-            if let Attention::Mla { q_lora_rank, .. } = &mut m.attention {
-                *q_lora_rank = 0;
-            }
-            m
-        } else {
-            ModelConfig::from_hf_json(name, text)?
-        };
+        // The core's model holds a missing query LoRA as q_lora_rank 0.
+        let model = ModelConfig::from_hf_json(name, text)?;
         debug_assert_eq!(model.family, Family::V3);
         let Attention::Mla {
             heads,
@@ -228,8 +218,48 @@ impl EngineConfig {
                 "exceeds the experts of topk_group groups",
             ));
         }
-        let rope_scaling = match v.get("rope_scaling") {
-            None | Some(Value::Null) => None,
+        // RoPE: transformers 4 writes `rope_scaling` and `rope_theta`; transformers 5 writes
+        // both in `rope_parameters` (`rope_type` "default" for none) and drops the old keys.
+        // Either is read; a file with both must agree.
+        let params = v.get("rope_parameters").filter(|p| !p.is_null());
+        if let Some(p) = params.filter(|p| !p.is_object()) {
+            return Err(unsupported(
+                "rope_parameters",
+                p.to_string(),
+                "must be an object, as transformers writes it",
+            ));
+        }
+        fn scaling(rs: Option<&Value>) -> Option<&Value> {
+            rs.filter(|rs| {
+                !rs.is_null()
+                    && rs
+                        .get("type")
+                        .or_else(|| rs.get("rope_type"))
+                        .and_then(Value::as_str)
+                        != Some("default")
+            })
+        }
+        let old = scaling(v.get("rope_scaling"));
+        let new = scaling(params);
+        if let (Some(a), Some(b)) = (old, new) {
+            let keys = [
+                "factor",
+                "original_max_position_embeddings",
+                "beta_fast",
+                "beta_slow",
+                "mscale",
+                "mscale_all_dim",
+            ];
+            if let Some(k) = keys.iter().find(|k| a.get(**k) != b.get(**k)) {
+                return Err(unsupported(
+                    "rope_parameters",
+                    format!("{k} {}", b.get(*k).unwrap_or(&Value::Null)),
+                    "disagrees with rope_scaling: a file with both must say the same",
+                ));
+            }
+        }
+        let rope_scaling = match old.or(new) {
+            None => None,
             Some(rs) => {
                 let kind = rs
                     .get("type")
@@ -270,7 +300,10 @@ impl EngineConfig {
                 "must be in (0, 1)",
             ));
         }
-        let theta = float_or(&v, "rope_theta", 10000.0)?;
+        let theta = match (v.get("rope_theta").filter(|t| !t.is_null()), params) {
+            (Some(_), _) | (None, None) => float_or(&v, "rope_theta", 10000.0)?,
+            (None, Some(p)) => float_or(p, "rope_theta", 10000.0)?,
+        };
         if !(theta > 1.0 && theta.is_finite()) {
             return Err(unsupported("rope_theta", theta.to_string(), "must be > 1"));
         }

@@ -68,7 +68,7 @@ pub enum ModelError {
     /// The expert placement does not fit the model or the instance (the message says how).
     #[error("expert placement: {0}")]
     Placement(String),
-    #[error("the model has no MTP module (num_nextn_predict_layers = 0)")]
+    #[error("the model has no MTP module (num_nextn_predict_layers = 0, or its checkpoint holds none of the module's tensors)")]
     NoMtp,
     #[error("tensor library: {0}")]
     Tensor(#[from] candle_core::Error),

@@ -276,8 +276,17 @@ impl Model {
         } else {
             l.t("lm_head.weight", &vh, "the LM head")?
         };
-        let mut mtp = Vec::with_capacity(c.mtp_layers);
-        for k in 0..c.mtp_layers {
+        // transformers' save_pretrained leaves the MTP module out but keeps
+        // num_nextn_predict_layers: a checkpoint holding none of its tensors loads without MTP
+        // (an instance that drafts is then refused, saying why).
+        let block = |i: usize| format!("model.layers.{i}.");
+        let mtp_layers = if (0..c.mtp_layers).any(|k| l.ck.has_prefix(&block(c.layers + k))) {
+            c.mtp_layers
+        } else {
+            0
+        };
+        let mut mtp = Vec::with_capacity(mtp_layers);
+        for k in 0..mtp_layers {
             let i = c.layers + k;
             let p = format!("model.layers.{i}");
             let why = "num_nextn_predict_layers";
@@ -307,7 +316,18 @@ impl Model {
                 layer: l.layer(i, why)?,
             });
         }
-        l.ck.finish()?;
+        // What HF ignores too: RoPE's cached inverse frequencies, and MTP modules the config
+        // does not describe (a module is recognised by its eh_proj).
+        let first_unused = c.layers + mtp_layers;
+        let unused_mtp: Vec<String> = (first_unused..first_unused + 8)
+            .filter(|&i| l.ck.has_prefix(&format!("{}eh_proj.", block(i))))
+            .map(block)
+            .collect();
+        l.ck.finish(|t| {
+            t.ends_with(".rotary_emb.inv_freq") || unused_mtp.iter().any(|p| t.starts_with(p))
+        })?;
+        let mut cfg = cfg;
+        cfg.mtp_layers = mtp_layers;
         Ok(Model {
             rope: Rope::new(&cfg),
             cfg,

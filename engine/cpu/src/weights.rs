@@ -162,9 +162,22 @@ impl Checkpoint {
         Ok(Tensor::from_vec(values, shape, &Device::Cpu)?.to_dtype(dtype)?)
     }
 
-    /// Fails on the first tensor no part of the model took.
-    pub fn finish(self) -> Result<(), LoadError> {
-        match self.index.keys().find(|k| !self.taken.contains(*k)) {
+    /// Whether any tensor's name starts with `prefix`.
+    pub fn has_prefix(&self, prefix: &str) -> bool {
+        self.index
+            .range(prefix.to_string()..)
+            .next()
+            .is_some_and(|(k, _)| k.starts_with(prefix))
+    }
+
+    /// Fails on the first tensor no part of the model took, but those `ignored` says HF
+    /// ignores too.
+    pub fn finish(self, ignored: impl Fn(&str) -> bool) -> Result<(), LoadError> {
+        match self
+            .index
+            .keys()
+            .find(|k| !self.taken.contains(*k) && !ignored(k))
+        {
             Some(t) => Err(LoadError::Unexpected { tensor: t.clone() }),
             None => Ok(()),
         }

@@ -329,7 +329,13 @@ fn ranges(m: &ModelConfig) -> Vec<(&'static str, u64, u64, u64)> {
         } => {
             r.extend([
                 ("num_attention_heads", *heads, 1, 2048),
-                ("q_lora_rank", *q_lora_rank, 1, 1 << 15),
+                // 0: no query LoRA (V3's family only: V3.2's indexer reads the query latent).
+                (
+                    "q_lora_rank",
+                    *q_lora_rank,
+                    u64::from(ix.is_some()),
+                    1 << 15,
+                ),
                 ("kv_lora_rank", *kv_lora_rank, 1, 1 << 13),
                 ("qk_nope_head_dim", *qk_nope_dim, 1, 1 << 13),
                 ("qk_rope_head_dim", *qk_rope_dim, 1, 1 << 13),
@@ -406,7 +412,12 @@ impl ModelConfig {
         let attention = match family {
             Family::V3 | Family::V32 => Attention::Mla {
                 heads,
-                q_lora_rank: uint(&v, "q_lora_rank")?,
+                // V3's family also has query projections without a LoRA (DeepSeek-V2-Lite's
+                // `q_proj`): `q_lora_rank` null, held as 0.
+                q_lora_rank: match v.get("q_lora_rank") {
+                    Some(Value::Null) if family == Family::V3 => 0,
+                    _ => uint(&v, "q_lora_rank")?,
+                },
                 kv_lora_rank: uint(&v, "kv_lora_rank")?,
                 qk_nope_dim: uint(&v, "qk_nope_head_dim")?,
                 qk_rope_dim: uint(&v, "qk_rope_head_dim")?,

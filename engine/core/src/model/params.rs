@@ -66,7 +66,9 @@ pub fn attn_layer_params(m: &ModelConfig) -> AttnParams {
         } => {
             let q_a = h * q_lora_rank + q_lora_rank; // + q_a_layernorm
             let kv_a = h * (kv_lora_rank + qk_rope_dim) + kv_lora_rank; // + kv_a_layernorm
-            let q_b = q_lora_rank * heads * (qk_nope_dim + qk_rope_dim);
+                                                                        // Without a query LoRA (q_lora_rank 0), one q_proj from the hidden state.
+            let q_in = if *q_lora_rank == 0 { h } else { *q_lora_rank };
+            let q_b = q_in * heads * (qk_nope_dim + qk_rope_dim);
             let kv_b = kv_lora_rank * heads * (qk_nope_dim + v_head_dim);
             let o = heads * v_head_dim * h;
             // DSA indexer: wq_b from the q latent, wk from the hidden state (+ norm), head weights.

@@ -80,10 +80,12 @@ impl Builder<'_> {
                     // One kernel: its FLOPs are the projections', its HBM traffic their weights,
                     // the hidden states in and the query and latent out (intermediates stay on
                     // chip).
+                    // Without a query LoRA (ql 0) the query comes from the hidden state.
+                    let q_in = if ql > 0.0 { ql } else { h };
                     let parts = [
                         (h, ql, lin),
                         (h, kvl + rope, lin),
-                        (ql, hh * (nope + rope), lin),
+                        (q_in, hh * (nope + rope), lin),
                         (hh * nope, kvl, DType::Bf16),
                     ];
                     let flops: f64 = parts.iter().map(|(k, n, _)| 2.0 * t * k * n).sum();
@@ -97,18 +99,25 @@ impl Builder<'_> {
                         work(OpClass::Gemm, flops, weights + io, cdt, t),
                     );
                 } else {
-                    self.gemm("q_a_proj", layer, repeat, t, h, ql, lin, cdt);
-                    self.gemm("kv_a_proj", layer, repeat, t, h, kvl + rope, lin, cdt);
-                    self.gemm(
-                        "q_b_proj",
-                        layer,
-                        repeat,
-                        t,
-                        ql,
-                        hh * (nope + rope),
-                        lin,
-                        cdt,
-                    );
+                    if ql > 0.0 {
+                        self.gemm("q_a_proj", layer, repeat, t, h, ql, lin, cdt);
+                        self.gemm("kv_a_proj", layer, repeat, t, h, kvl + rope, lin, cdt);
+                        self.gemm(
+                            "q_b_proj",
+                            layer,
+                            repeat,
+                            t,
+                            ql,
+                            hh * (nope + rope),
+                            lin,
+                            cdt,
+                        );
+                    } else {
+                        // No query LoRA: one q_proj from the hidden state.
+                        let q = hh * (nope + rope);
+                        self.gemm("q_proj", layer, repeat, t, h, q, lin, cdt);
+                        self.gemm("kv_a_proj", layer, repeat, t, h, kvl + rope, lin, cdt);
+                    }
                 }
                 let sparse = indexer.is_some();
                 let (pp, pd) = if sparse {

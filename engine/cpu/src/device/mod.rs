@@ -135,7 +135,7 @@ impl CpuDevice {
     pub fn new(model: Arc<Model>, cfg: CpuDeviceConfig) -> Result<CpuDevice, DeviceError> {
         if cfg.spec_tokens > 0 && model.mtp.is_empty() {
             return Err(DeviceError::Failed(format!(
-                "{} MTP draft tokens per step, but the model has no MTP module (num_nextn_predict_layers = 0)",
+                "{} MTP draft tokens per step, but the model has no MTP module (num_nextn_predict_layers = 0, or its checkpoint holds none of the module's tensors, as transformers' save_pretrained writes it)",
                 cfg.spec_tokens
             )));
         }

@@ -118,11 +118,45 @@ fn a_config_that_disagrees_with_the_weights_names_the_field() {
         "{e}"
     );
 
-    // No MTP module in the config, but its weights in the checkpoint.
+    // One decoder layer fewer than the checkpoint's: refused (the layer is no MTP module).
+    let mut c = config();
+    c["num_hidden_layers"] = Value::from(3);
+    c["num_nextn_predict_layers"] = Value::from(0);
+    let e = load_err(&dir("layers", &c, &tensors()));
+    assert!(e.to_string().contains("model.layers.3."), "{e}");
+}
+
+/// What HF's loader ignores loads: an MTP module the config does not describe (HF ignores the
+/// MTP layer's tensors), RoPE's cached `rotary_emb.inv_freq`; and a checkpoint that lacks the
+/// MTP module its config counts (transformers' save_pretrained leaves it out) loads without
+/// MTP, an instance that drafts then refused.
+#[test]
+fn tensors_hf_ignores_are_ignored_and_a_dropped_mtp_module_is_no_mtp() {
+    let load = |tag: &str, c: &Value, t: &Tensors| {
+        let d = dir(tag, c, t);
+        let m = Model::load(&d, DType::F32, &Device::Cpu);
+        let _ = std::fs::remove_dir_all(&d);
+        m
+    };
     let mut c = config();
     c["num_nextn_predict_layers"] = Value::from(0);
-    let e = load_err(&dir("mtp", &c, &tensors()));
-    assert!(e.to_string().contains("model.layers.4."), "{e}");
+    let m = load("mtp-unused", &c, &tensors()).unwrap();
+    assert!(m.mtp.is_empty());
+    let mut t = tensors();
+    let freq = (safetensors::Dtype::F32, vec![16], vec![0u8; 64]);
+    t.insert("model.layers.0.self_attn.rotary_emb.inv_freq".into(), freq);
+    let m = load("inv-freq", &config(), &t).unwrap();
+    assert_eq!(m.mtp.len(), 1);
+    let mut t = tensors();
+    t.retain(|k, _| !k.starts_with("model.layers.4."));
+    let m = load("mtp-dropped", &config(), &t).unwrap();
+    assert!(m.mtp.is_empty());
+    assert_eq!(m.cfg.mtp_layers, 0);
+    // Part of a module is still a module with tensors missing.
+    let mut t = tensors();
+    t.remove("model.layers.4.eh_proj.weight").unwrap();
+    let e = load("mtp-partial", &config(), &t).unwrap_err();
+    assert!(e.to_string().contains("model.layers.4.eh_proj"), "{e}");
 }
 
 #[test]

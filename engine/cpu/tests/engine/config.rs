@@ -43,3 +43,45 @@ fn deepseek_v3_config_gives_the_engine_fields() {
     // The core's view of the same file is carried along for the cost model.
     assert_eq!(c.model.routed_experts, 256);
 }
+
+/// transformers 5 writes RoPE as `rope_parameters` (theta inside, `rope_type` for the kind) and
+/// drops `rope_scaling`/`rope_theta`: the same model loads to the same engine config, and a file
+/// whose two spellings disagree is refused, naming the field.
+#[test]
+fn rope_parameters_read_as_rope_scaling_and_rope_theta() {
+    let mut old: serde_json::Value = serde_json::from_str(V3).unwrap();
+    let yarn = serde_json::json!({
+        "beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096, "type": "yarn"
+    });
+    old["rope_scaling"] = yarn.clone();
+    old["rope_theta"] = 50000.into();
+    let mut new = old.clone();
+    let o = new.as_object_mut().unwrap();
+    o.remove("rope_scaling");
+    o.remove("rope_theta");
+    let mut params = yarn.clone();
+    params.as_object_mut().unwrap().remove("type");
+    params["rope_type"] = "yarn".into();
+    params["rope_theta"] = 50000.into();
+    new["rope_parameters"] = params;
+    let a = EngineConfig::from_hf_json("m", &old.to_string()).unwrap();
+    let b = EngineConfig::from_hf_json("m", &new.to_string()).unwrap();
+    assert_eq!(b.rope_theta, 50000.0);
+    assert_eq!(a.rope_theta, b.rope_theta);
+    assert_eq!(a.rope_scaling, b.rope_scaling);
+    assert!(b.rope_scaling.is_some());
+    // `default`: no scaling.
+    new["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 10000});
+    let c = EngineConfig::from_hf_json("m", &new.to_string()).unwrap();
+    assert_eq!((c.rope_theta, c.rope_scaling.is_none()), (10000.0, true));
+    // Both spellings, disagreeing.
+    let mut both = old.clone();
+    let mut p = yarn;
+    p["factor"] = 8.into();
+    both["rope_parameters"] = p;
+    let e = EngineConfig::from_hf_json("m", &both.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rope_parameters") && e.contains("factor"), "{e}");
+}
