@@ -45,7 +45,10 @@ impl Checkpoint {
     /// Reads `dir/model.safetensors.index.json` and its shards, or `dir/model.safetensors`.
     pub fn open(dir: &Path) -> Result<Checkpoint, LoadError> {
         let index_path = dir.join("model.safetensors.index.json");
-        let names: Vec<String> = if index_path.exists() {
+        // The index's tensor -> shard map, checked against what the shards hold.
+        let mut weight_map: BTreeMap<String, String> = BTreeMap::new();
+        let indexed = index_path.exists();
+        let names: Vec<String> = if indexed {
             let text = std::fs::read_to_string(&index_path).map_err(|e| io(&index_path, e))?;
             let v: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| LoadError::Index(e.to_string()))?;
@@ -64,6 +67,7 @@ impl Checkpoint {
                     )));
                 }
                 files.insert(f.to_string());
+                weight_map.insert(tensor.clone(), f.to_string());
             }
             files.into_iter().collect()
         } else {
@@ -83,6 +87,17 @@ impl Checkpoint {
             let (header, meta) =
                 SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
             for (t, info) in meta.tensors() {
+                if index.contains_key(&t) {
+                    return Err(LoadError::Index(format!(
+                        "tensor '{t}' is in two shards (the second: {name})"
+                    )));
+                }
+                if indexed && weight_map.get(&t) != Some(&name) {
+                    return Err(LoadError::Index(match weight_map.get(&t) {
+                        Some(f) => format!("weight_map['{t}'] = '{f}', but {name} holds it"),
+                        None => format!("{name} holds '{t}', which weight_map does not list"),
+                    }));
+                }
                 index.insert(
                     t,
                     Entry {
@@ -95,6 +110,11 @@ impl Checkpoint {
                 );
             }
             files.push(bytes);
+        }
+        if let Some((t, f)) = weight_map.iter().find(|(t, _)| !index.contains_key(*t)) {
+            return Err(LoadError::Index(format!(
+                "weight_map['{t}'] = '{f}', which does not hold it"
+            )));
         }
         Ok(Checkpoint {
             files,

@@ -184,6 +184,56 @@ fn a_sharded_checkpoint_loads_like_a_single_file() {
     let x = prompt_logits(&sharded, &p, 1, AttnPath::Auto);
     let y = prompt_logits(tiny(DType::F32), &p, 1, AttnPath::Auto);
     assert_eq!(x, y);
+    // The index is checked against the shards: a tensor it places in the wrong shard, one it
+    // lists that no shard holds, one a shard holds that it does not list; a missing shard is
+    // named (an input error: exit 2 at the command line).
+    let write = |map: &serde_json::Map<String, Value>| {
+        let index = serde_json::json!({"metadata": {}, "weight_map": map});
+        std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    };
+    let (first, _) = map
+        .iter()
+        .next()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .unwrap();
+    let mut wrong = map.clone();
+    wrong.insert(
+        first.clone(),
+        Value::from("model-00002-of-00002.safetensors"),
+    );
+    write(&wrong);
+    let e = Model::load(&d, DType::F32, &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&first) && e.contains("model-00001-of-00002"),
+        "{e}"
+    );
+    let mut ghost = map.clone();
+    ghost.insert(
+        "model.layers.0.ghost.weight".into(),
+        Value::from("model-00001-of-00002.safetensors"),
+    );
+    write(&ghost);
+    let e = Model::load(&d, DType::F32, &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ghost") && e.contains("does not hold it"), "{e}");
+    let mut unlisted = map.clone();
+    unlisted.remove(&first);
+    write(&unlisted);
+    let e = Model::load(&d, DType::F32, &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&first) && e.contains("does not list"), "{e}");
+    write(&map);
+    std::fs::remove_file(d.join("model-00002-of-00002.safetensors")).unwrap();
+    let e = Model::load(&d, DType::F32, &Device::Cpu).unwrap_err();
+    assert!(matches!(e, LoadError::Missing { .. }), "{e}");
+    assert!(
+        e.to_string().contains("model-00002-of-00002.safetensors"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(d);
 }
 
