@@ -61,6 +61,9 @@ pub struct EngineConfig {
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// Rows x columns of weight each FP8 block scale covers (`quantization_config`, as
+    /// DeepSeek's FP8 checkpoints give it; 128 x 128 when absent).
+    pub fp8_block: (usize, usize),
 }
 
 fn float_or(v: &Value, key: &'static str, default: f64) -> Result<f64, LoadError> {
@@ -307,6 +310,50 @@ impl EngineConfig {
         if !(theta > 1.0 && theta.is_finite()) {
             return Err(unsupported("rope_theta", theta.to_string(), "must be > 1"));
         }
+        // DeepSeek's FP8 checkpoints: e4m3 weights with 128 x 128 block scales, dequantized at
+        // load to the compute dtype.
+        let fp8_block = match v.get("quantization_config").filter(|q| !q.is_null()) {
+            None => (128, 128),
+            Some(q) => {
+                let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("");
+                if method != "fp8" {
+                    return Err(unsupported(
+                        "quantization_config.quant_method",
+                        method.to_string(),
+                        "only fp8 (e4m3 weights with block scales) is read; W8A8/W4A8 checkpoints are not",
+                    ));
+                }
+                if let Some(f) = q
+                    .get("fmt")
+                    .and_then(Value::as_str)
+                    .filter(|f| *f != "e4m3")
+                {
+                    return Err(unsupported(
+                        "quantization_config.fmt",
+                        f.to_string(),
+                        "only e4m3 is read",
+                    ));
+                }
+                match q.get("weight_block_size") {
+                    None | Some(Value::Null) => (128, 128),
+                    Some(b) => match b
+                        .as_array()
+                        .map(|a| a.iter().map(Value::as_u64).collect::<Vec<_>>())
+                    {
+                        Some(a) if a.len() == 2 && a.iter().all(|x| x.is_some_and(|x| x > 0)) => {
+                            (a[0].unwrap() as usize, a[1].unwrap() as usize)
+                        }
+                        _ => {
+                            return Err(unsupported(
+                                "quantization_config.weight_block_size",
+                                b.to_string(),
+                                "must be two positive integers, rows and columns",
+                            ))
+                        }
+                    },
+                }
+            }
+        };
         let bos = token_ids(&v, "bos_token_id")?;
         let eos = token_ids(&v, "eos_token_id")?;
         for &t in bos.iter().chain(&eos) {
@@ -353,6 +400,7 @@ impl EngineConfig {
             bos_token_id: bos.first().copied(),
             eos_token_ids: eos,
             model,
+            fp8_block,
         })
     }
 

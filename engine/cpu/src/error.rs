@@ -36,7 +36,7 @@ pub enum LoadError {
         expected: String,
         fields: String,
     },
-    #[error("weights: tensor '{tensor}' has dtype {dtype}; supported: F32, BF16, F16 (FP8 block-quantized checkpoints are not supported yet)")]
+    #[error("weights: tensor '{tensor}' has dtype {dtype}; supported: F32, BF16, F16, and F8_E4M3 weights with their block scales (`weight_scale_inv`), as DeepSeek's FP8 checkpoints hold them")]
     Dtype { tensor: String, dtype: String },
     #[error("weights: tensor '{tensor}' is not used by the model config.json describes (do num_hidden_layers, num_nextn_predict_layers, n_routed_experts or q_lora_rank disagree with the weights?)")]
     Unexpected { tensor: String },

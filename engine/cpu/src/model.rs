@@ -258,6 +258,8 @@ impl Model {
         device: &Device,
     ) -> Result<Model, LoadError> {
         let c = cfg.clone();
+        let mut ck = ck;
+        ck.set_fp8_block(c.fp8_block.0, c.fp8_block.1);
         let mut l = Loader {
             ck,
             cfg: &c,

@@ -28,6 +28,9 @@ pub struct Checkpoint {
     files: Vec<Vec<u8>>,
     index: BTreeMap<String, Entry>,
     taken: BTreeSet<String>,
+    /// Rows x columns of weight each FP8 block scale covers (config.json's
+    /// `quantization_config.weight_block_size`; DeepSeek's checkpoints: 128 x 128).
+    fp8_block: (usize, usize),
 }
 
 fn io(path: &Path, e: std::io::Error) -> LoadError {
@@ -120,7 +123,13 @@ impl Checkpoint {
             files,
             index,
             taken: BTreeSet::new(),
+            fp8_block: (128, 128),
         })
+    }
+
+    /// The block an FP8 weight's scale covers (config.json's `weight_block_size`).
+    pub fn set_fp8_block(&mut self, rows: usize, cols: usize) {
+        self.fp8_block = (rows.max(1), cols.max(1));
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -158,6 +167,7 @@ impl Checkpoint {
             });
         }
         let data = &self.files[entry.file][entry.start..entry.end];
+        let mut scale_taken = None;
         let values: Vec<f32> = match entry.dtype {
             Dtype::F32 => data
                 .chunks_exact(4)
@@ -171,6 +181,13 @@ impl Checkpoint {
                 .chunks_exact(2)
                 .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
+            // DeepSeek's FP8 checkpoints: e4m3 values, each block of the weight times its
+            // `weight_scale_inv` entry; dequantized here to the compute dtype.
+            Dtype::F8_E4M3 => {
+                let (values, scale) = self.dequantize_fp8(name, &shape, data)?;
+                scale_taken = Some(scale);
+                values
+            }
             other => {
                 return Err(LoadError::Dtype {
                     tensor: name.to_string(),
@@ -179,7 +196,69 @@ impl Checkpoint {
             }
         };
         self.taken.insert(name.to_string());
+        self.taken.extend(scale_taken);
         Ok(Tensor::from_vec(values, shape, &Device::Cpu)?.to_dtype(dtype)?)
+    }
+
+    /// FP8 e4m3 `data` of weight `name` (2-D, `shape`) times its block scales
+    /// (`{name}_scale_inv`, one per `fp8_block` of the weight, as DeepSeek's checkpoints hold
+    /// them), as f32, with the scale tensor's name.
+    fn dequantize_fp8(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: &[u8],
+    ) -> Result<(Vec<f32>, String), LoadError> {
+        let scale_name = format!("{name}_scale_inv");
+        let [rows, cols] = shape else {
+            return Err(LoadError::Dtype {
+                tensor: name.to_string(),
+                dtype: format!(
+                    "F8_E4M3 of {} dims (block scales are for 2-D weights)",
+                    shape.len()
+                ),
+            });
+        };
+        let (br, bc) = self.fp8_block;
+        let want = [rows.div_ceil(br), cols.div_ceil(bc)];
+        let Some(s) = self.index.get(&scale_name) else {
+            return Err(LoadError::MissingTensor {
+                tensor: scale_name,
+                because: format!("the FP8 weight {name} (its block scales)"),
+            });
+        };
+        if s.shape != want || s.dtype != Dtype::F32 && s.dtype != Dtype::BF16 {
+            return Err(LoadError::Shape {
+                tensor: scale_name,
+                found: s.shape.clone(),
+                expected: format!("{want:?} of F32 or BF16 (found {:?})", s.dtype),
+                fields: format!(
+                    "quantization_config.weight_block_size = [{br}, {bc}] over {name} [{rows}, {cols}]"
+                ),
+            });
+        }
+        let sd = &self.files[s.file][s.start..s.end];
+        let scale: Vec<f32> = match s.dtype {
+            Dtype::F32 => sd
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            _ => sd
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        };
+        let table = e4m3_table();
+        let per_row = want[1];
+        let values = data
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                let (r, c) = (i / cols, i % cols);
+                table[b as usize] * scale[(r / br) * per_row + c / bc]
+            })
+            .collect();
+        Ok((values, scale_name))
     }
 
     /// Whether any tensor's name starts with `prefix`.
@@ -201,5 +280,40 @@ impl Checkpoint {
             Some(t) => Err(LoadError::Unexpected { tensor: t.clone() }),
             None => Ok(()),
         }
+    }
+}
+
+/// Every FP8 e4m3 (OCP "e4m3fn": 4 exponent bits, bias 7, 3 mantissa bits, no infinities,
+/// 0x7F and 0xFF NaN) byte's value.
+fn e4m3_table() -> [f32; 256] {
+    let mut t = [0.0f32; 256];
+    for (b, v) in t.iter_mut().enumerate() {
+        let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+        let e = ((b >> 3) & 0xF) as i32;
+        let m = (b & 0x7) as f32;
+        *v = if e == 0xF && m == 7.0 {
+            f32::NAN
+        } else if e == 0 {
+            sign * m / 8.0 * 2f32.powi(-6)
+        } else {
+            sign * (1.0 + m / 8.0) * 2f32.powi(e - 7)
+        };
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn e4m3_decodes_as_the_format_says() {
+        let t = super::e4m3_table();
+        // 0x7E is the largest finite value, 448; 0x08 the smallest normal, 2^-6; 0x01 the
+        // smallest subnormal, 2^-9; 0x38 is 1.0; the sign bit negates.
+        assert_eq!(
+            (t[0x7E], t[0x08], t[0x01], t[0x38]),
+            (448.0, 2f32.powi(-6), 2f32.powi(-9), 1.0)
+        );
+        assert_eq!((t[0xB8], t[0x00], t[0x80]), (-1.0, 0.0, -0.0));
+        assert!(t[0x7F].is_nan() && t[0xFF].is_nan());
     }
 }

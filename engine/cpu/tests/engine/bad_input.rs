@@ -260,3 +260,124 @@ fn a_missing_config_field_is_named_once() {
     assert!(msg.contains("'kv_lora_rank'"), "{msg}");
     assert_eq!(msg.matches("config.json").count(), 1, "{msg}");
 }
+
+/// An FP8 value (e4m3fn) as the format defines it, for building a checkpoint.
+fn e4m3(b: u8) -> f32 {
+    let (e, m) = (((b >> 3) & 0xF) as i32, (b & 7) as f32);
+    let v = if e == 0 {
+        m / 8.0 * 2f32.powi(-6)
+    } else {
+        (1.0 + m / 8.0) * 2f32.powi(e - 7)
+    };
+    if b & 0x80 != 0 {
+        -v
+    } else {
+        v
+    }
+}
+
+/// DeepSeek's FP8 checkpoint format: e4m3 weights, each block times its `weight_scale_inv`
+/// entry, dequantized at load. A checkpoint with some weights in FP8 computes exactly what one
+/// with their dequantized values in F32 does; a missing scale, or a quantization the engine
+/// does not read, is refused naming it.
+#[test]
+fn fp8_block_scaled_weights_load_as_their_dequantized_values() {
+    let finite: Vec<u8> = (0..=255u8).filter(|b| b & 0x7F != 0x7F).collect();
+    let (br, bc) = (32usize, 64usize);
+    let mut c = config();
+    c["quantization_config"] = serde_json::json!({
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+        "weight_block_size": [br, bc]
+    });
+    let (mut fp8, mut reference) = (tensors(), tensors());
+    let chosen: Vec<String> = fp8
+        .keys()
+        .filter(|k| {
+            (k.starts_with("model.layers.0.self_attn.")
+                || k.starts_with("model.layers.1.mlp.experts.0."))
+                && k.ends_with("_proj.weight")
+        })
+        .cloned()
+        .collect();
+    assert!(chosen.len() >= 5, "{chosen:?}");
+    for name in &chosen {
+        let (dtype, shape, bytes) = fp8[name].clone();
+        assert_eq!(dtype, safetensors::Dtype::BF16);
+        let w: Vec<f32> = bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect();
+        let (rows, cols) = (shape[0], shape[1]);
+        let (sr, sc) = (rows.div_ceil(br), cols.div_ceil(bc));
+        let mut scale = vec![1.0f32; sr * sc];
+        for (i, s) in scale.iter_mut().enumerate() {
+            let (r0, c0) = ((i / sc) * br, (i % sc) * bc);
+            let amax = (r0..(r0 + br).min(rows))
+                .flat_map(|r| (c0..(c0 + bc).min(cols)).map(move |c| (r, c)))
+                .map(|(r, c)| w[r * cols + c].abs())
+                .fold(0.0f32, f32::max);
+            if amax > 0.0 {
+                *s = amax / 448.0;
+            }
+        }
+        let q: Vec<u8> = w
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let s = scale[(i / cols / br) * sc + (i % cols) / bc];
+                *finite
+                    .iter()
+                    .min_by(|a, b| {
+                        (e4m3(**a) - x / s)
+                            .abs()
+                            .total_cmp(&(e4m3(**b) - x / s).abs())
+                    })
+                    .unwrap()
+            })
+            .collect();
+        let deq: Vec<u8> = q
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &b)| {
+                (e4m3(b) * scale[(i / cols / br) * sc + (i % cols) / bc]).to_le_bytes()
+            })
+            .collect();
+        let scale_bytes: Vec<u8> = scale.iter().flat_map(|s| s.to_le_bytes()).collect();
+        fp8.insert(
+            name.clone(),
+            (safetensors::Dtype::F8_E4M3, shape.clone(), q),
+        );
+        fp8.insert(
+            format!("{name}_scale_inv"),
+            (safetensors::Dtype::F32, vec![sr, sc], scale_bytes),
+        );
+        reference.insert(name.clone(), (safetensors::Dtype::F32, shape, deq));
+    }
+    let a = dir("fp8", &c, &fp8);
+    let b = dir("fp8-ref", &config(), &reference);
+    let quantized = Model::load(&a, DType::F32, &Device::Cpu).unwrap();
+    let plain = Model::load(&b, DType::F32, &Device::Cpu).unwrap();
+    let p = prompt(9, 41);
+    assert_eq!(
+        prompt_logits(&quantized, &p, 1, AttnPath::Auto),
+        prompt_logits(&plain, &p, 1, AttnPath::Auto)
+    );
+    let _ = std::fs::remove_dir_all(&b);
+    // A weight without its scale.
+    let mut t = fp8.clone();
+    t.remove(&format!("{}_scale_inv", chosen[0])).unwrap();
+    let e = load_err(&dir("fp8-noscale", &c, &t));
+    assert!(
+        e.to_string().contains(&format!("{}_scale_inv", chosen[0])),
+        "{e}"
+    );
+    // A quantization the engine does not read.
+    let mut w8 = c.clone();
+    w8["quantization_config"]["quant_method"] = "w8a8".into();
+    let e = load_err(&dir("fp8-method", &w8, &fp8));
+    assert!(
+        e.to_string().contains("quantization_config.quant_method"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&a);
+}
