@@ -216,5 +216,15 @@ fn a_query_without_lora_is_one_q_proj() {
     let e = ModelConfig::from_hf_json("v32", &v.to_string())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("q_lora_rank"), "{e}");
+    assert!(
+        e.contains("q_lora_rank = null") && e.contains("V3.2"),
+        "{e}"
+    );
+    // An explicit 0 is no LoRA of rank 0: refused, pointing at null.
+    v["model_type"] = "deepseek_v3".into();
+    v["q_lora_rank"] = 0.into();
+    let e = ModelConfig::from_hf_json("v3", &v.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("q_lora_rank = 0") && e.contains("null"), "{e}");
 }

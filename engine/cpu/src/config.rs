@@ -232,68 +232,64 @@ impl EngineConfig {
                 "must be an object, as transformers writes it",
             ));
         }
-        fn scaling(rs: Option<&Value>) -> Option<&Value> {
-            rs.filter(|rs| {
-                !rs.is_null()
-                    && rs
-                        .get("type")
-                        .or_else(|| rs.get("rope_type"))
-                        .and_then(Value::as_str)
-                        != Some("default")
-            })
-        }
-        let old = scaling(v.get("rope_scaling"));
-        let new = scaling(params);
-        if let (Some(a), Some(b)) = (old, new) {
-            let keys = [
-                "factor",
-                "original_max_position_embeddings",
-                "beta_fast",
-                "beta_slow",
-                "mscale",
-                "mscale_all_dim",
-            ];
-            if let Some(k) = keys.iter().find(|k| a.get(**k) != b.get(**k)) {
+        // One spelling's YaRN: None for no scaling (absent, null, or type "default"; a
+        // `rope_parameters` without a type is default RoPE).
+        let max_context = model.max_context as f64;
+        let yarn_of = |rs: Option<&Value>, params: bool| -> Result<Option<Yarn>, LoadError> {
+            let Some(rs) = rs.filter(|rs| !rs.is_null()) else {
+                return Ok(None);
+            };
+            let kind = rs
+                .get("type")
+                .or_else(|| rs.get("rope_type"))
+                .and_then(Value::as_str)
+                .unwrap_or(if params { "default" } else { "" });
+            if kind == "default" {
+                return Ok(None);
+            }
+            let field = |old, new| if params { new } else { old };
+            if kind != "yarn" {
                 return Err(unsupported(
-                    "rope_parameters",
-                    format!("{k} {}", b.get(*k).unwrap_or(&Value::Null)),
-                    "disagrees with rope_scaling: a file with both must say the same",
+                    field("rope_scaling.type", "rope_parameters.rope_type"),
+                    kind.to_string(),
+                    "only yarn scaling is supported",
                 ));
             }
-        }
-        let rope_scaling = match old.or(new) {
-            None => None,
-            Some(rs) => {
-                let kind = rs
-                    .get("type")
-                    .or_else(|| rs.get("rope_type"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                if kind != "yarn" {
+            let orig = rs
+                .get("original_max_position_embeddings")
+                .and_then(Value::as_u64)
+                .ok_or(LoadError::Unsupported {
+                    field: field(
+                        "rope_scaling.original_max_position_embeddings",
+                        "rope_parameters.original_max_position_embeddings",
+                    ),
+                    value: "missing".into(),
+                    reason: "yarn needs the pretraining context",
+                })?;
+            Ok(Some(Yarn {
+                factor: float_or(rs, "factor", max_context / orig as f64)?,
+                original_max_position_embeddings: orig as usize,
+                beta_fast: float_or(rs, "beta_fast", 32.0)?,
+                beta_slow: float_or(rs, "beta_slow", 1.0)?,
+                mscale: float_or(rs, "mscale", 0.0)?,
+                mscale_all_dim: float_or(rs, "mscale_all_dim", 0.0)?,
+            }))
+        };
+        let old = v.get("rope_scaling").filter(|r| !r.is_null());
+        let rope_scaling = match (old, params) {
+            (Some(a), Some(b)) => {
+                let (a, b) = (yarn_of(Some(a), false)?, yarn_of(Some(b), true)?);
+                if a != b {
                     return Err(unsupported(
-                        "rope_scaling.type",
-                        kind.to_string(),
-                        "only yarn scaling is supported",
+                        "rope_parameters",
+                        format!("{b:?}"),
+                        "disagrees with rope_scaling: a file with both must say the same",
                     ));
                 }
-                let orig = rs
-                    .get("original_max_position_embeddings")
-                    .and_then(Value::as_u64)
-                    .ok_or(LoadError::Unsupported {
-                        field: "rope_scaling.original_max_position_embeddings",
-                        value: "missing".into(),
-                        reason: "yarn needs the pretraining context",
-                    })?;
-                let factor = float_or(rs, "factor", model.max_context as f64 / orig as f64)?;
-                Some(Yarn {
-                    factor,
-                    original_max_position_embeddings: orig as usize,
-                    beta_fast: float_or(rs, "beta_fast", 32.0)?,
-                    beta_slow: float_or(rs, "beta_slow", 1.0)?,
-                    mscale: float_or(rs, "mscale", 0.0)?,
-                    mscale_all_dim: float_or(rs, "mscale_all_dim", 0.0)?,
-                })
+                a
             }
+            (a, None) => yarn_of(a, false)?,
+            (None, b) => yarn_of(b, true)?,
         };
         let eps = float_or(&v, "rms_norm_eps", 1e-6)?;
         if !(eps > 0.0 && eps < 1.0) {
@@ -303,9 +299,25 @@ impl EngineConfig {
                 "must be in (0, 1)",
             ));
         }
-        let theta = match (v.get("rope_theta").filter(|t| !t.is_null()), params) {
-            (Some(_), _) | (None, None) => float_or(&v, "rope_theta", 10000.0)?,
-            (None, Some(p)) => float_or(p, "rope_theta", 10000.0)?,
+        let top = v
+            .get("rope_theta")
+            .filter(|t| !t.is_null())
+            .map(|_| float_or(&v, "rope_theta", 0.0))
+            .transpose()?;
+        let inner = params
+            .filter(|p| p.get("rope_theta").is_some_and(|t| !t.is_null()))
+            .map(|p| float_or(p, "rope_theta", 0.0))
+            .transpose()?;
+        let theta = match (top, inner) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(unsupported(
+                    "rope_parameters.rope_theta",
+                    b.to_string(),
+                    "disagrees with rope_theta: a file with both must say the same",
+                ))
+            }
+            (Some(t), _) | (None, Some(t)) => t,
+            (None, None) => 10000.0,
         };
         if !(theta > 1.0 && theta.is_finite()) {
             return Err(unsupported("rope_theta", theta.to_string(), "must be > 1"));

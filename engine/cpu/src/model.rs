@@ -330,6 +330,7 @@ impl Model {
         })?;
         let mut cfg = cfg;
         cfg.mtp_layers = mtp_layers;
+        cfg.model.mtp_layers = mtp_layers as u64;
         Ok(Model {
             rope: Rope::new(&cfg),
             cfg,

@@ -248,6 +248,12 @@ impl Checkpoint {
                 .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
         };
+        if let Some(i) = data.iter().position(|&b| b & 0x7F == 0x7F) {
+            return Err(LoadError::Dtype {
+                tensor: name.to_string(),
+                dtype: format!("F8_E4M3 holding NaN (byte {i})"),
+            });
+        }
         let table = e4m3_table();
         let per_row = want[1];
         let values = data

@@ -43,7 +43,8 @@ impl OutputParser {
             o.content.push_str(&f.content);
             o.calls.extend(f.calls);
         }
-        self.saw_call |= !o.calls.is_empty();
+        // A call counts once its end was seen (one cut off is content, as vLLM returns it).
+        self.saw_call |= t.has_complete_call();
         Piece {
             reasoning,
             content: o.content,

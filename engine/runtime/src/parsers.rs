@@ -260,8 +260,9 @@ pub struct ToolParser {
     /// In a V4 invoke of a declared tool that came without the opening block (vLLM recovers
     /// it as a call; what follows the block is content again).
     orphan: bool,
-    /// The last bytes of content released (whether an invoke sits in V3.2's wrapper).
-    recent: String,
+    /// Inside V3.2's wrapper (`<｜DSML｜function_calls>`) in V4's content: its invokes are that
+    /// format's, content to V4.
+    foreign: bool,
 }
 
 /// What a delta of output turned into.
@@ -300,12 +301,16 @@ impl ToolParser {
             tools,
             section: None,
             orphan: false,
-            recent: String::new(),
+            foreign: false,
         }
     }
 
     /// Reads `text`; returns the content and tool-call pieces that can be released now.
     pub fn push(&mut self, text: &str) -> ToolOutput {
+        // The raw section matters only while no call has completed.
+        if self.has_complete_call() {
+            self.section = None;
+        }
         if let Some(s) = &mut self.section {
             s.push_str(text);
         }
@@ -328,6 +333,11 @@ impl ToolParser {
         out
     }
 
+    /// Whether any call's end was seen.
+    pub fn has_complete_call(&self) -> bool {
+        self.complete.contains(&true)
+    }
+
     /// Calls whose end was seen.
     pub fn complete_calls(&self) -> Vec<ToolCall> {
         self.calls
@@ -338,17 +348,9 @@ impl ToolParser {
             .collect()
     }
 
-    /// Releases `text` as content, remembering its last bytes.
-    fn release(&mut self, text: &str, out: &mut ToolOutput) {
-        out.content.push_str(text);
-        self.recent.push_str(text);
-        if self.recent.len() > 64 {
-            let mut cut = self.recent.len() - 64;
-            while !self.recent.is_char_boundary(cut) {
-                cut += 1;
-            }
-            self.recent.drain(..cut);
-        }
+    /// Releases the first `n` bytes of the buffer as content.
+    fn release(&mut self, n: usize, out: &mut ToolOutput) {
+        out.content.extend(self.buf.drain(..n));
     }
 
     fn start_call(&mut self, name: &str, out: &mut ToolOutput) {
@@ -395,41 +397,67 @@ impl ToolParser {
             ToolState::Content => {
                 let open = self.kind.opening();
                 // V4 with tools: an invoke without the opening block is a call of a declared
-                // tool, as vLLM recovers it.
+                // tool, as vLLM recovers it (but not inside V3.2's wrapper). The markers are
+                // taken in the order they come.
                 let orphans = self.kind == ToolKind::DeepseekV4 && !self.tools.is_empty();
-                let q = orphans
-                    .then(|| self.buf.find(DSML_INVOKE))
-                    .flatten()
-                    .filter(|&q| {
-                        // Inside V3.2's wrapper it is that format's, content to V4.
-                        let before = format!("{}{}", self.recent, &self.buf[..q]);
-                        !before.trim_end().ends_with(ToolKind::DeepseekV32.opening())
-                    });
-                if let Some(q) = q.filter(|&q| self.buf.find(open).is_none_or(|p| q < p)) {
-                    let after = &self.buf[q + DSML_INVOKE.len()..];
-                    let end = after.find('"');
-                    let declared =
-                        end.is_some_and(|e| self.tools.iter().any(|(n, _)| *n == after[..e]));
-                    let name_may_come =
-                        end.is_none() && after.len() < 256 && !after.contains(['<', '\n']);
-                    let c: String = self.buf.drain(..q).collect();
-                    self.release(&c, out);
-                    self.state = ToolState::Content;
-                    if declared {
-                        self.section = Some(self.buf.clone());
-                        self.buf.drain(..DSML_INVOKE.len());
-                        self.orphan = true;
-                        self.state = ToolState::Header;
-                        return true;
+                if orphans {
+                    let (f_open, f_close) = (
+                        ToolKind::DeepseekV32.opening(),
+                        ToolKind::DeepseekV32.closing(),
+                    );
+                    let foreign = if self.foreign { f_close } else { f_open };
+                    let at = |m: &str| self.buf.find(m);
+                    let first = [(at(open), 0), (at(DSML_INVOKE), 1), (at(foreign), 2)]
+                        .into_iter()
+                        .filter_map(|(p, k)| p.map(|p| (p, k)))
+                        .min();
+                    match first {
+                        Some((p, 2)) => {
+                            self.release(p + foreign.len(), out);
+                            self.foreign = !self.foreign;
+                            self.state = ToolState::Content;
+                            return true;
+                        }
+                        Some((q, 1)) if self.foreign => {
+                            self.release(q + DSML_INVOKE.len(), out);
+                            self.state = ToolState::Content;
+                            return true;
+                        }
+                        Some((q, 1)) => {
+                            let after = &self.buf[q + DSML_INVOKE.len()..];
+                            let end = after.find('"');
+                            let declared = end
+                                .is_some_and(|e| self.tools.iter().any(|(n, _)| *n == after[..e]));
+                            let name_may_come =
+                                end.is_none() && after.len() < 256 && !after.contains(['<', '\n']);
+                            self.release(q, out);
+                            self.state = ToolState::Content;
+                            if declared {
+                                self.section = Some(self.buf.clone());
+                                self.buf.drain(..DSML_INVOKE.len());
+                                self.orphan = true;
+                                self.state = ToolState::Header;
+                                return true;
+                            }
+                            if name_may_come {
+                                return false;
+                            }
+                            // Not a call: the marker is content.
+                            self.release(DSML_INVOKE.len(), out);
+                            return true;
+                        }
+                        Some(_) => {}
+                        None => {
+                            let keep = [open, DSML_INVOKE, foreign]
+                                .iter()
+                                .map(|m| held(&self.buf, m))
+                                .max()
+                                .unwrap_or(0);
+                            self.release(self.buf.len() - keep, out);
+                            self.state = ToolState::Content;
+                            return false;
+                        }
                     }
-                    if name_may_come {
-                        // The name may still come.
-                        return false;
-                    }
-                    // Not a call: the marker is content.
-                    self.buf.drain(..DSML_INVOKE.len());
-                    self.release(DSML_INVOKE, out);
-                    return true;
                 }
                 if let Some(p) = self.buf.find(open) {
                     out.content.push_str(&self.buf[..p]);
@@ -438,13 +466,8 @@ impl ToolParser {
                     self.state = ToolState::Between;
                     return true;
                 }
-                let mut keep = held(&self.buf, open);
-                if orphans {
-                    keep = keep.max(held(&self.buf, DSML_INVOKE));
-                }
-                let rest = self.buf.split_off(self.buf.len() - keep);
-                let c = std::mem::replace(&mut self.buf, rest);
-                self.release(&c, out);
+                let keep = held(&self.buf, open);
+                self.release(self.buf.len() - keep, out);
                 self.state = ToolState::Content;
                 false
             }
@@ -733,7 +756,7 @@ fn schema_types(schema: &Value) -> Vec<&'static str> {
 fn coerce(text: &str, types: &[&str]) -> Value {
     let has = |t: &str| types.contains(&t);
     let t = text.trim();
-    if has("null") && text.eq_ignore_ascii_case("null") {
+    if has("null") && t.eq_ignore_ascii_case("null") {
         return Value::Null;
     }
     if has("integer") {
@@ -918,6 +941,43 @@ mod tests {
         assert_eq!(typed[0].arguments, "{\"location\":\"杭州\",\"days\":3}");
         // Each format's marker is plain text to the other parser.
         all_steps(ToolKind::DeepseekV32, &v4, &v4, &[]);
+    }
+
+    /// V4 with the request's tools: invokes inside V3.2's wrapper stay content, however many, and
+    /// an invoke of a declared tool after that wrapper is a call, whole and streamed alike.
+    #[test]
+    fn v4_orphan_invokes_and_v32_wrappers_whole_and_streamed() {
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        let inv = "<｜DSML｜invoke name=\"get_weather\"><｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter></｜DSML｜invoke>";
+        let wrapped = format!("<｜DSML｜function_calls>\n{inv}\n{inv}\n</｜DSML｜function_calls>");
+        let then_orphan = format!("{wrapped} then {inv} after");
+        for (text, content, calls) in [
+            (wrapped.clone(), wrapped.clone(), 0),
+            (then_orphan.clone(), format!("{wrapped} then  after"), 1),
+        ] {
+            let (_, c, k) =
+                parse_whole_with(&text, None, Some((ToolKind::DeepseekV4, "c", Some(&tools))));
+            assert_eq!(
+                (c.as_deref(), k.len()),
+                (Some(content.as_str()), calls),
+                "{text}"
+            );
+            for step in [1, 2, 3, 7] {
+                let mut p = ToolParser::with_tools(ToolKind::DeepseekV4, "c", Some(&tools));
+                let chars: Vec<char> = text.chars().collect();
+                let mut got = String::new();
+                for piece in chars.chunks(step) {
+                    got.push_str(&p.push(&piece.iter().collect::<String>()).content);
+                }
+                got.push_str(&p.finish().content);
+                assert_eq!(
+                    (got.as_str(), p.complete_calls().len()),
+                    (content.as_str(), calls),
+                    "step {step}"
+                );
+            }
+        }
     }
 
     #[test]

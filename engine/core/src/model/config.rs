@@ -416,6 +416,21 @@ impl ModelConfig {
                 // `q_proj`): `q_lora_rank` null, held as 0.
                 q_lora_rank: match v.get("q_lora_rank") {
                     Some(Value::Null) if family == Family::V3 => 0,
+                    Some(Value::Null) => {
+                        return Err(ConfigError::Invalid {
+                            field: "q_lora_rank",
+                            value: "null".into(),
+                            reason: "no query LoRA is V3's family only: V3.2's indexer reads the \
+                                     query latent",
+                        })
+                    }
+                    Some(x) if x.as_u64() == Some(0) => {
+                        return Err(ConfigError::Invalid {
+                            field: "q_lora_rank",
+                            value: "0".into(),
+                            reason: "must be at least 1, or null for one q_proj without a LoRA",
+                        })
+                    }
                     _ => uint(&v, "q_lora_rank")?,
                 },
                 kv_lora_rank: uint(&v, "kv_lora_rank")?,

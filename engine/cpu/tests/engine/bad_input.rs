@@ -151,7 +151,7 @@ fn tensors_hf_ignores_are_ignored_and_a_dropped_mtp_module_is_no_mtp() {
     t.retain(|k, _| !k.starts_with("model.layers.4."));
     let m = load("mtp-dropped", &config(), &t).unwrap();
     assert!(m.mtp.is_empty());
-    assert_eq!(m.cfg.mtp_layers, 0);
+    assert_eq!((m.cfg.mtp_layers, m.cfg.model.mtp_layers), (0, 0));
     // Part of a module is still a module with tensors missing.
     let mut t = tensors();
     t.remove("model.layers.4.eh_proj.weight").unwrap();
@@ -369,6 +369,14 @@ fn fp8_block_scaled_weights_load_as_their_dequantized_values() {
     let e = load_err(&dir("fp8-noscale", &c, &t));
     assert!(
         e.to_string().contains(&format!("{}_scale_inv", chosen[0])),
+        "{e}"
+    );
+    // A NaN byte (0x7F) in an FP8 weight.
+    let mut t = fp8.clone();
+    t.get_mut(&chosen[0]).unwrap().2[3] = 0x7F;
+    let e = load_err(&dir("fp8-nan", &c, &t));
+    assert!(
+        e.to_string().contains(&chosen[0]) && e.to_string().contains("NaN"),
         "{e}"
     );
     // A quantization the engine does not read.

@@ -84,4 +84,27 @@ fn rope_parameters_read_as_rope_scaling_and_rope_theta() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("rope_parameters") && e.contains("factor"), "{e}");
+    // Both, agreeing as numbers (40 and 40.0, a default spelled out in one): loads.
+    let mut same = old.clone();
+    let mut p = same["rope_scaling"].clone();
+    p["factor"] = 40.0.into();
+    p.as_object_mut().unwrap().remove("beta_fast");
+    same["rope_parameters"] = p;
+    assert_eq!(
+        EngineConfig::from_hf_json("m", &same.to_string())
+            .unwrap()
+            .rope_scaling,
+        a.rope_scaling
+    );
+    // Theta in both, disagreeing: refused; `rope_parameters` with no type is default RoPE.
+    let mut theta = new.clone();
+    theta["rope_theta"] = 10000.into();
+    theta["rope_parameters"] = serde_json::json!({"rope_theta": 20000});
+    let e = EngineConfig::from_hf_json("m", &theta.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rope_parameters.rope_theta"), "{e}");
+    theta.as_object_mut().unwrap().remove("rope_theta");
+    let c = EngineConfig::from_hf_json("m", &theta.to_string()).unwrap();
+    assert_eq!((c.rope_theta, c.rope_scaling.is_none()), (20000.0, true));
 }
