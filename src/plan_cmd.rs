@@ -21,7 +21,7 @@ use std::path::PathBuf;
     after_help = "Example:\n  dstwin plan --model deepseek-r1 --quant w8a8 --hardware atlas-800-a3 --cards 32 \\\n      --input 3500 --output 1500 --slo tpot=50ms,ttft=2s --out plan-out\n\nSearches prefill/decode splits by node, prefill and decode TP, the decode batch cap,\nredundant experts and MTP depth (docs/what-if.md). Each layout's capacity is measured\nclosed-loop with every decode slot busy, then it runs open-loop at 60% and 90% of it; every\nrun leaves out a warm-up and measures a steady window, both counted in the layout's request\nlifetimes. Layouts within reach of the best run with --seeds seeds; goodput per card (requests\nmeeting every SLO) is reported as mean and min-max over them, and layouts whose ranges overlap\nthe best's are reported as tied with it. Prints the best layouts, why the others lose, and\n`vllm serve` arguments for the winners."
 )]
 pub struct PlanArgs {
-    /// Built-in model name (`dstwin catalog`).
+    /// Built-in model name (`dstwin catalog`) or a path to a HuggingFace config.json.
     #[arg(long, default_value = "deepseek-r1")]
     model: String,
     #[arg(long, default_value = "w8a8")]
@@ -110,8 +110,10 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
             "--input and --output must be at least 1"
         )));
     }
-    // An unknown model is reported below, with the list of known ones.
-    if let Some(m) = dstwin_core::model::builtin(&a.model) {
+    // An unknown model is refused here, with the list of known ones.
+    let m = dstwin_sim::scenario::load_model(&a.model, std::path::Path::new("."))
+        .map_err(|e| Failure::Input(e.into()))?;
+    {
         let len = u64::from(a.input) + u64::from(a.output);
         if len > m.max_context {
             return Err(Failure::Input(anyhow!(

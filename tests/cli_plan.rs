@@ -161,3 +161,36 @@ fn plan_json_gives_spreads_and_ranks_only_outside_them() {
         best["goodput_per_card"]
     );
 }
+
+/// A model given as a config.json: planned, and launched under the model's own name (its
+/// directory's here), not the path; an unknown model is refused naming the built-in ones.
+#[test]
+fn plan_takes_a_config_json_and_serves_it_under_its_name() {
+    let dir = common::tmp_dir("plan", "config").join("DeepSeek-R1-Distill");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("config.json");
+    std::fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/engine/core/tests/data/deepseek-v3-config.json"
+        ),
+        &cfg,
+    )
+    .unwrap();
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args[2] = cfg.to_str().unwrap();
+    args.extend(["--top", "1", "--seeds", "2", "-q"]);
+    let o = dstwin(&args);
+    assert!(o.status.success(), "{}", err(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("--served-model-name DeepSeek-R1-Distill"), "{s}");
+    assert!(
+        s.lines()
+            .filter(|l| l.contains("vllm serve") || l.contains("--served-model-name"))
+            .all(|l| !l.contains("config.json")),
+        "{s}"
+    );
+    let o = dstwin(&["plan", "--model", "deepseek-v9", "-q"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("deepseek-r1"), "{}", err(&o));
+}

@@ -232,6 +232,9 @@ output = {{ dist = "fixed", value = {out} }}
 
     /// The `vllm serve` arguments of each instance, as vllm-ascend takes them.
     pub fn launch_args(&self, p: &PlanInput, dies_per_node: u32) -> Vec<(String, String)> {
+        // The model's own name (a config.json's, not its path) for --served-model-name.
+        let served = crate::scenario::load_model(&p.model, std::path::Path::new("."))
+            .map_or_else(|_| p.model.clone(), |m| m.name);
         let pdp = dies_per_node / self.prefill_tp;
         let ddp = self.decode_nodes * dies_per_node / self.decode_tp;
         let quant = if p.quant == "bf16" {
@@ -263,7 +266,7 @@ output = {{ dist = "fixed", value = {out} }}
                 name.to_string(),
                 format!(
                     "vllm serve ${{MODEL_PATH:?the {model} {q} weights}} \\\n  --served-model-name {model} \\\n  --data-parallel-size {dp} \\\n  --tensor-parallel-size {tp} \\\n  --enable-expert-parallel \\\n  --max-num-seqs {seqs} \\\n  --max-num-batched-tokens {budget} \\\n  --max-model-len {max_len} \\\n  --no-enable-prefix-caching{quant}{spec} \\\n  --additional-config '{{\"recompute_scheduler_enable\": true, \"eplb_config\": {eplb}}}' \\\n  --kv-transfer-config '{{\"kv_connector\": \"MooncakeConnectorV1\", \"kv_role\": \"{kv_role}\", \"kv_connector_extra_config\": {extra}}}'",
-                    model = p.model,
+                    model = served,
                     q = p.quant,
                 ),
             )
