@@ -486,12 +486,7 @@ fn series<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f6
 
 /// The sum of `name`'s series over every label set; `None` without one.
 fn total(text: &str, name: &str) -> Option<f64> {
-    let mut any = false;
-    let sum = series(text, name).fold(0.0, |acc, (_, v)| {
-        any = true;
-        acc + v
-    });
-    any.then_some(sum)
+    series(text, name).map(|(_, v)| v).reduce(|a, b| a + b)
 }
 
 /// The server's TTFT histogram in Prometheus text (`/metrics`): (sum in seconds, count) over

@@ -113,17 +113,15 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
     // An unknown model is refused here, with the list of known ones.
     let m = dstwin_sim::scenario::load_model(&a.model, std::path::Path::new("."))
         .map_err(|e| Failure::Input(e.into()))?;
-    {
-        let len = u64::from(a.input) + u64::from(a.output);
-        if len > m.max_context {
-            return Err(Failure::Input(anyhow!(
-                "--input {} + --output {} = {len} tokens: at most the context of {} ({} tokens)",
-                a.input,
-                a.output,
-                a.model,
-                m.max_context
-            )));
-        }
+    let len = u64::from(a.input) + u64::from(a.output);
+    if len > m.max_context {
+        return Err(Failure::Input(anyhow!(
+            "--input {} + --output {} = {len} tokens: at most the context of {} ({} tokens)",
+            a.input,
+            a.output,
+            a.model,
+            m.max_context
+        )));
     }
     for (i, x) in a.mtp_accept.iter().enumerate() {
         if !(0.0..=1.0).contains(x) {
@@ -220,7 +218,7 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         )?;
         return Ok(());
     }
-    out!("{}", render(&a, &p, &outcomes, dies_per_node))?;
+    out!("{}", render(&a, &p, &m.name, &outcomes, dies_per_node))?;
     Ok(())
 }
 
@@ -317,7 +315,15 @@ fn range(s: &dstwin_sim::plan::Spread, digits: usize) -> String {
     format!("{:.d$} ({:.d$}-{:.d$})", s.mean, s.min, s.max, d = digits)
 }
 
-fn render(a: &PlanArgs, p: &PlanInput, outcomes: &[Outcome], dies_per_node: u32) -> String {
+/// The report; `served` is the model's own name (a config.json's, not its path), for the
+/// launch arguments' `--served-model-name`.
+fn render(
+    a: &PlanArgs,
+    p: &PlanInput,
+    served: &str,
+    outcomes: &[Outcome],
+    dies_per_node: u32,
+) -> String {
     let seeds = p.seed_list();
     let seeded = outcomes.iter().filter(|o| o.rank.is_some()).count();
     let tied = outcomes
@@ -433,7 +439,7 @@ fn render(a: &PlanArgs, p: &PlanInput, outcomes: &[Outcome], dies_per_node: u32)
             _ => String::new(),
         };
         s += &format!("\n#{} {}{standing}\n", i + 1, o.candidate.label());
-        for (role, cmd) in o.candidate.launch_args(p, dies_per_node) {
+        for (role, cmd) in o.candidate.launch_args(p, dies_per_node, served) {
             s += &format!("# {role}\n{cmd}\n");
         }
     }

@@ -125,20 +125,12 @@ impl EngineConfig {
                 model_type,
             });
         }
-        // The engine's own `q_lora_rank`: None without a query LoRA (a `q_proj`).
-        let q_lora_rank = match v.get("q_lora_rank") {
-            None | Some(Value::Null) => None,
-            Some(x) => Some(x.as_u64().ok_or(LoadError::Unsupported {
-                field: "q_lora_rank",
-                value: x.to_string(),
-                reason: "must be an integer or null",
-            })? as usize),
-        };
-        // The core's model holds a missing query LoRA as q_lora_rank 0.
+        // The core's model holds a missing query LoRA (`q_lora_rank` null, a `q_proj`) as 0.
         let model = ModelConfig::from_hf_json(name, text)?;
         debug_assert_eq!(model.family, Family::V3);
         let Attention::Mla {
             heads,
+            q_lora_rank,
             kv_lora_rank,
             qk_nope_dim,
             qk_rope_dim,
@@ -385,7 +377,7 @@ impl EngineConfig {
             dense_layers: model.dense_layers as usize,
             dense_ffn: model.dense_ffn as usize,
             heads: heads as usize,
-            q_lora_rank,
+            q_lora_rank: (q_lora_rank > 0).then_some(q_lora_rank as usize),
             kv_lora_rank: kv_lora_rank as usize,
             qk_nope_dim: qk_nope_dim as usize,
             qk_rope_dim: qk_rope_dim as usize,

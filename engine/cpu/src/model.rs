@@ -253,12 +253,11 @@ impl Model {
     /// Builds the model `cfg` describes from a checkpoint; every tensor must be used.
     pub fn from_checkpoint(
         cfg: EngineConfig,
-        ck: Checkpoint,
+        mut ck: Checkpoint,
         dtype: DType,
         device: &Device,
     ) -> Result<Model, LoadError> {
         let c = cfg.clone();
-        let mut ck = ck;
         ck.set_fp8_block(c.fp8_block.0, c.fp8_block.1);
         let mut l = Loader {
             ck,

@@ -383,18 +383,18 @@ async fn run(app: AppState, job: Job) -> Response {
             finish: None,
             stop_reason: None,
             detok: cfg.counter.tokenizer().cloned().map(Detok::new),
-            parser: (job.chat && (cfg.reasoning_parser.is_some() || job.tools)).then(|| {
-                OutputParser {
+            parser: (job.chat && (cfg.reasoning_parser.is_some() || job.tools.is_some())).then(
+                || OutputParser {
                     reasoning: cfg
                         .reasoning_parser
                         .map(|k| ReasoningParser::new(k, job.thinking)),
-                    tools: cfg.tool_parser.filter(|_| job.tools).map(|k| {
+                    tools: cfg.tool_parser.filter(|_| job.tools.is_some()).map(|k| {
                         let id = format!("chatcmpl-tool-{}", s.id);
-                        ToolParser::with_tools(k, &id, Some(&job.tool_specs))
+                        ToolParser::with_tools(k, &id, job.tools.as_ref())
                     }),
                     saw_call: false,
-                }
-            }),
+                },
+            ),
         })
         .collect();
     let merged = Outputs::new(streams);

@@ -134,9 +134,8 @@ pub struct RequestTimes {
 #[derive(Debug)]
 pub struct EngineMetrics {
     pub prompt_tokens: AtomicU64,
-    /// Prompt tokens computed (vLLM's source `local_compute`) and found in the prefix cache
-    /// (`local_cache_hit`).
-    prompt_computed: AtomicU64,
+    /// Prompt tokens found in the prefix cache (vLLM's source `local_cache_hit`; the rest of
+    /// `prompt_tokens` were computed, `local_compute`).
     prompt_cached: AtomicU64,
     pub generation_tokens: AtomicU64,
     pub preemptions: AtomicU64,
@@ -171,7 +170,6 @@ impl EngineMetrics {
     fn new() -> Self {
         EngineMetrics {
             prompt_tokens: AtomicU64::new(0),
-            prompt_computed: AtomicU64::new(0),
             prompt_cached: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             preemptions: AtomicU64::new(0),
@@ -270,8 +268,6 @@ impl Metrics {
         let e = self.engine(i);
         let cached = cached.min(prompt) as u64;
         e.prompt_tokens.fetch_add(prompt as u64, Ordering::Relaxed);
-        e.prompt_computed
-            .fetch_add(prompt as u64 - cached, Ordering::Relaxed);
         e.prompt_cached.fetch_add(cached, Ordering::Relaxed);
     }
 
@@ -451,11 +447,9 @@ impl Metrics {
                 label: "source",
                 values: &["local_compute", "local_cache_hit", "external_kv_transfer"],
                 counts: |e, _| {
-                    vec![
-                        e.prompt_computed.load(Ordering::Relaxed),
-                        e.prompt_cached.load(Ordering::Relaxed),
-                        0,
-                    ]
+                    let cached = e.prompt_cached.load(Ordering::Relaxed);
+                    let all = e.prompt_tokens.load(Ordering::Relaxed);
+                    vec![all.saturating_sub(cached), cached, 0]
                 },
             },
             Labelled {

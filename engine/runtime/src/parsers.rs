@@ -327,7 +327,7 @@ impl ToolParser {
         let mut out = ToolOutput::default();
         if self.state == ToolState::Content {
             out.content = std::mem::take(&mut self.buf);
-        } else if self.kind != ToolKind::DeepseekV3 && !self.complete.contains(&true) {
+        } else if self.kind != ToolKind::DeepseekV3 && !self.has_complete_call() {
             out.content = self.section.take().unwrap_or_default();
         }
         out

@@ -79,11 +79,9 @@ pub struct Job {
     pub seed: Option<u64>,
     /// How a device that returns tokens samples each choice (choice i adds i to the seed).
     pub sampling: SamplingParams,
-    /// Tool calls are parsed from the output.
-    pub tools: bool,
-    /// The request's `tools` array (null without tools): the tool parser converts arguments to
-    /// their parameter schemas.
-    pub tool_specs: Value,
+    /// Tool calls are parsed from the output (tool_choice "auto"): the request's `tools` array,
+    /// whose parameter schemas the tool parser converts arguments to.
+    pub tools: Option<Value>,
     /// `chat_template_kwargs.thinking` / `enable_thinking`.
     pub thinking: bool,
 }
@@ -397,8 +395,7 @@ fn common(f: &Fields, lim: &Limits, chat: bool) -> Result<Job, ApiError> {
         stop,
         seed,
         sampling,
-        tools: false,
-        tool_specs: Value::Null,
+        tools: None,
         thinking: false,
     })
 }
@@ -600,10 +597,7 @@ pub fn chat(body: &Map<String, Value>, lim: &Limits) -> Result<Job, ApiError> {
         }
         _ => {}
     }
-    job.tools = choice == "auto";
-    if job.tools {
-        job.tool_specs = Value::Array(tools.to_vec());
-    }
+    job.tools = (choice == "auto").then(|| Value::Array(tools.to_vec()));
     // Messages.
     let msgs = match f.get("messages") {
         Some(Value::Array(v)) if !v.is_empty() => v,
@@ -823,10 +817,10 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("tool_choice"));
         assert!(e.message.contains("--tool-call-parser"));
         let job = chat_with(body.clone(), true).unwrap();
-        assert!(job.tools);
+        assert!(job.tools.is_some());
         let mut none = body.clone();
         none["tool_choice"] = json!("none");
-        assert!(!chat_with(none, false).unwrap().tools);
+        assert!(chat_with(none, false).unwrap().tools.is_none());
         let mut req = body.clone();
         req["tool_choice"] = json!("required");
         assert_eq!(param(chat_with(req, true)), "tool_choice");

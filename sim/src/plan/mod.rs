@@ -230,11 +230,14 @@ output = {{ dist = "fixed", value = {out} }}
         )
     }
 
-    /// The `vllm serve` arguments of each instance, as vllm-ascend takes them.
-    pub fn launch_args(&self, p: &PlanInput, dies_per_node: u32) -> Vec<(String, String)> {
-        // The model's own name (a config.json's, not its path) for --served-model-name.
-        let served = crate::scenario::load_model(&p.model, std::path::Path::new("."))
-            .map_or_else(|_| p.model.clone(), |m| m.name);
+    /// The `vllm serve` arguments of each instance, as vllm-ascend takes them, serving the
+    /// model as `served` (its own name: a config.json's, not its path).
+    pub fn launch_args(
+        &self,
+        p: &PlanInput,
+        dies_per_node: u32,
+        served: &str,
+    ) -> Vec<(String, String)> {
         let pdp = dies_per_node / self.prefill_tp;
         let ddp = self.decode_nodes * dies_per_node / self.decode_tp;
         let quant = if p.quant == "bf16" {
@@ -480,7 +483,7 @@ mod tests {
         let text = c.scenario(&p, 16, Load::Closed(Generations::new(64)), 1);
         let s = load_str("t", &text, Path::new("."), &[]).expect("valid");
         assert_eq!(s.instances.len(), 2);
-        let args = c.launch_args(&p, 16);
+        let args = c.launch_args(&p, 16, &p.model);
         assert!(args[0].1.contains("--data-parallel-size 2"));
         assert!(args[0].1.contains("--tensor-parallel-size 8"));
         assert!(args[0].1.contains("\"kv_role\": \"kv_producer\""));

@@ -99,24 +99,16 @@ impl Builder<'_> {
                         work(OpClass::Gemm, flops, weights + io, cdt, t),
                     );
                 } else {
+                    // Without a query LoRA (ql 0), one q_proj from the hidden state.
+                    let q = hh * (nope + rope);
                     if ql > 0.0 {
                         self.gemm("q_a_proj", layer, repeat, t, h, ql, lin, cdt);
-                        self.gemm("kv_a_proj", layer, repeat, t, h, kvl + rope, lin, cdt);
-                        self.gemm(
-                            "q_b_proj",
-                            layer,
-                            repeat,
-                            t,
-                            ql,
-                            hh * (nope + rope),
-                            lin,
-                            cdt,
-                        );
                     } else {
-                        // No query LoRA: one q_proj from the hidden state.
-                        let q = hh * (nope + rope);
                         self.gemm("q_proj", layer, repeat, t, h, q, lin, cdt);
-                        self.gemm("kv_a_proj", layer, repeat, t, h, kvl + rope, lin, cdt);
+                    }
+                    self.gemm("kv_a_proj", layer, repeat, t, h, kvl + rope, lin, cdt);
+                    if ql > 0.0 {
+                        self.gemm("q_b_proj", layer, repeat, t, ql, q, lin, cdt);
                     }
                 }
                 let sparse = indexer.is_some();
