@@ -544,3 +544,62 @@ fn dsa_context_parallelism_splits_a_prompt_step_and_is_refused_where_it_cannot_a
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("tp 1"), "{}", stderr(&o));
 }
+
+/// `--decode-context-parallel-size`: a 32K-context DeepSeek-V3.1 decode on one TP8 DP rank
+/// that does not fit without it fits with DCP 8 (eight times the tokens per rank), and its
+/// step shows the gathered queries and the merged outputs; 3 (not a divisor of TP) exits 2.
+#[test]
+fn explain_prices_decode_context_parallelism() {
+    let args = |dcp: &str| {
+        let v: Vec<String> = [
+            "explain",
+            "--model",
+            "deepseek-v3.1",
+            "--hardware",
+            "atlas-800-a3",
+            "--dies",
+            "16",
+            "--tp",
+            "8",
+            "--seqs",
+            "16",
+            "--kv",
+            "32768",
+            "--mtp",
+            "0",
+            "--redundant-experts",
+            "0",
+            "--shared-expert-dies",
+            "0",
+            "--decode-context-parallel-size",
+            dcp,
+            "--json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        dstwin(&v.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let o = args("1");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("KV capacity"), "{}", stderr(&o));
+    let o = args("8");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["features"]["dcp"], 8);
+    let names: Vec<&str> = v["step"]["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"dcp_q_all_gather") && names.contains(&"dcp_out_all_to_all"));
+    assert!(v["memory"]["kv_capacity_tokens"].as_u64().unwrap() > 16 * 32769);
+    let o = args("3");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("decode_context_parallel_size = 3"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -26,7 +26,11 @@
 //!   TP group split the step's tokens instead of the attention heads, each running the whole
 //!   attention (full weights) for its slice against the whole context, whose latent KV and
 //!   indexer keys are all-gathered every layer; decode-only steps keep attention TP.
+//! - `decode_context_parallel_size` (vLLM's DCP): MLA's KV cache interleaved over dies of the
+//!   attention TP group; decode attention gathers the group's query heads, attends each die's
+//!   share of the contexts and merges the partial outputs by their log-sum-exp.
 
+use crate::model::{Attention, ModelConfig};
 use serde::{Deserialize, Serialize};
 
 /// Two-micro-batch overlap. Files may also say `true` (`auto`) or `false` (`off`).
@@ -263,6 +267,12 @@ macro_rules! feature_fields {
             /// of the heads, the whole context's latent KV and indexer keys gathered every layer
             /// (sparse-attention models, V3.2 and V4, with attention TP > 1).
             enable_dsa_cp: bool [long],
+            /// vLLM's --decode-context-parallel-size: the MLA KV cache interleaved token by
+            /// token over this many dies of each attention TP group (it must divide tp), so a
+            /// DP rank holds that many times the tokens; decode attention gathers the group's
+            /// query heads, each die attends its share of every context and the outputs are
+            /// merged back to their heads (default 1: off).
+            decode_context_parallel_size: Option<u32> [long],
         }
     };
 }
@@ -352,6 +362,9 @@ pub struct Resolved {
     pub piecewise: bool,
     /// Steps with prompts split their tokens over the attention TP group (`enable_dsa_cp`).
     pub dsa_cp: bool,
+    /// Dies each DP rank's MLA KV cache is interleaved over (`decode_context_parallel_size`;
+    /// 1: off).
+    pub dcp: u32,
     /// The most tokens a DP rank's decode step holds, `max_num_seqs` x (1 + drafts): the size
     /// vllm-ascend pads an LM-head TP group's logits to (0: no padding). Not reported: it
     /// restates the scheduler's limits.
@@ -390,11 +403,19 @@ pub struct FeatureError {
 }
 
 impl Features {
-    /// Whether the features suit a model with (`sparse`) or without sparse attention and a
+    /// Whether the features suit `model` on a chip named `chip`, with attention TP `tp` and the
     /// MoE split `moe_tp` ways: DSA context parallelism splits the sparse attention of V3.2 and
     /// V4 only, and neither it nor FLASHCOMM1 is modelled beside MoE tensor parallelism (both
-    /// leave each die a slice of the tokens, which a tensor-parallel MoE would first gather).
-    pub fn check_instance(&self, sparse: bool, moe_tp: u32) -> Result<(), FeatureError> {
+    /// leave each die a slice of the tokens, which a tensor-parallel MoE would first gather);
+    /// decode context parallelism shards MLA's cache within the TP group ([`Self::check_dcp`]).
+    pub fn check_instance(
+        &self,
+        model: &ModelConfig,
+        chip: &str,
+        tp: u32,
+        moe_tp: u32,
+    ) -> Result<(), FeatureError> {
+        let sparse = model.attn_cap().0.is_some();
         if self.enable_dsa_cp && !sparse {
             return Err(FeatureError {
                 field: "enable_dsa_cp",
@@ -419,6 +440,64 @@ impl Features {
                     ),
                 });
             }
+        }
+        self.check_dcp(model, Platform::of_chip(chip).is_ascend(), tp)
+    }
+
+    /// The DCP size asked for (1 without one).
+    fn dcp(&self) -> u32 {
+        self.decode_context_parallel_size.unwrap_or(1)
+    }
+
+    /// Decode context parallelism as vLLM and vllm-ascend allow it: a divisor of the attention
+    /// TP size (vLLM carves the DCP groups out of the TP group), of MLA attention (V4's
+    /// compressed attention is not modelled under it), and for V3.2's sparse attention on
+    /// Ascend the whole TP group, without MLAPO (vllm-ascend's SFA DCP path requires
+    /// `dcp == tp` in platform.py and turns MLAPO off), not beside DSA context parallelism.
+    fn check_dcp(&self, model: &ModelConfig, ascend: bool, tp: u32) -> Result<(), FeatureError> {
+        let Some(n) = self.decode_context_parallel_size else {
+            return Ok(());
+        };
+        let err = |reason: String| FeatureError {
+            field: "decode_context_parallel_size",
+            value: n.to_string(),
+            reason,
+        };
+        if n == 0 {
+            return Err(err("give at least 1 (1: off)".into()));
+        }
+        if n == 1 {
+            return Ok(());
+        }
+        if !tp.is_multiple_of(n) {
+            return Err(err(format!(
+                "must divide the attention TP size ({tp}): vLLM shards the KV cache over dies of \
+                 one TP group"
+            )));
+        }
+        if matches!(model.attention, Attention::Hybrid { .. }) {
+            return Err(err(
+                "shards MLA's latent cache; V4's compressed attention is not modelled under it"
+                    .into(),
+            ));
+        }
+        let sparse = model.attn_cap().0.is_some();
+        if sparse && ascend && n != tp {
+            return Err(err(format!(
+                "vllm-ascend runs sparse attention (V3.2) under DCP only across the whole TP \
+                 group: give {tp}"
+            )));
+        }
+        if sparse && ascend && self.mlapo {
+            return Err(err(
+                "vllm-ascend turns MLAPO off for sparse attention under DCP: leave mlapo out"
+                    .into(),
+            ));
+        }
+        if self.enable_dsa_cp {
+            return Err(err(
+                "not modelled beside enable_dsa_cp (which splits the prompt tokens instead)".into(),
+            ));
         }
         Ok(())
     }
@@ -541,6 +620,7 @@ impl Features {
             mtp_enforce_eager: self.mtp_enforce_eager,
             piecewise: self.cudagraph_mode == CudagraphMode::FullAndPiecewise,
             dsa_cp: self.enable_dsa_cp,
+            dcp: self.dcp(),
             logits_pad_tokens: max_num_seqs as u64 * query_len,
         })
     }
@@ -564,6 +644,7 @@ impl Resolved {
             mtp_enforce_eager: false,
             piecewise: false,
             dsa_cp: false,
+            dcp: 1,
             logits_pad_tokens: 0,
         }
     }

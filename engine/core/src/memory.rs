@@ -3,7 +3,9 @@
 
 use crate::features::Platform;
 use crate::layout::Plan;
-use crate::model::{self, index_key_dtype, kv_bytes, Attention, ModelConfig, Quant};
+use crate::model::{
+    self, dcp_bytes_per_token, index_key_dtype, kv_bytes, Attention, ModelConfig, Quant,
+};
 use dstwin_hwmodels::{DType, System};
 use serde::Serialize;
 use thiserror::Error;
@@ -59,6 +61,8 @@ pub struct MemoryInputs {
     pub budget: MemoryBudget,
     /// The shared expert runs whole on every die ([`crate::features::Features::shared_expert_dp`]).
     pub shared_expert_dp: bool,
+    /// Dies each DP rank's KV cache is interleaved over (decode context parallelism; 1: off).
+    pub dcp: u32,
 }
 
 /// Bytes per die by use.
@@ -189,6 +193,13 @@ pub fn memory_map(
         index_key_dtype(m, inp.kv_dtype, ascend),
         mtp,
     );
+    let kv_per_token = dcp_bytes_per_token(
+        m,
+        &kv,
+        index_key_dtype(m, inp.kv_dtype, ascend),
+        inp.dcp,
+        ascend,
+    );
     let kv_cache = hbm - reserved - weights - workspace;
     if kv_cache <= 0.0 {
         return Err(MemoryError::DoesNotFit {
@@ -212,7 +223,7 @@ pub fn memory_map(
         weights,
         workspace,
         kv_cache,
-        kv_bytes_per_token: kv.per_token,
-        kv_capacity_tokens: (kv_cache / kv.per_token) as u64,
+        kv_bytes_per_token: kv_per_token,
+        kv_capacity_tokens: (kv_cache / kv_per_token) as u64,
     })
 }

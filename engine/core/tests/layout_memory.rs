@@ -95,6 +95,7 @@ fn inputs(quant: Quant) -> MemoryInputs {
         dispatch_tokens_per_step: 2048,
         budget: MemoryBudget::SystemReserve,
         shared_expert_dp: false,
+        dcp: 1,
     }
 }
 
@@ -312,6 +313,7 @@ fn shared_expert_dp_holds_it_whole_and_dispatch_buffers_hold_the_dies_share() {
             s,
             &MemoryInputs {
                 shared_expert_dp: dp,
+                dcp: 1,
                 dispatch_tokens_per_step: dispatch,
                 ..inputs(Quant::W8a8)
             },
@@ -399,4 +401,55 @@ fn uneven_expert_slots_with_no_value_that_works_say_so() {
         err.contains("no redundant_experts from 0 to 15 makes them divide: choose another ep"),
         "{err}"
     );
+}
+
+/// Decode context parallelism interleaves a DP rank's KV over the group: every die keeps an
+/// N-th of MLA's latent per token, so the rank holds N times the tokens; V3.2's indexer keys
+/// are written whole on every die on Ascend (vllm-ascend's replicated indexer cache) and split
+/// on GPUs. The weights and the KV pool in bytes do not move.
+#[test]
+fn decode_context_parallelism_multiplies_the_ranks_tokens() {
+    let a3 = Catalog::builtin().system("atlas-800-a3").unwrap();
+    let h200 = Catalog::builtin().system("nvidia-h200-8").unwrap();
+    let at = |name: &str, sys, dcp| {
+        let m = builtin(name).unwrap();
+        let plan = Layout {
+            dp: 2,
+            tp: 8,
+            ..Layout::dp_ep(Role::Decode, 16)
+        }
+        .validate(&m, sys)
+        .unwrap();
+        memory_map(
+            &m,
+            &plan,
+            sys,
+            &MemoryInputs {
+                dcp,
+                ..inputs(Quant::W8a8)
+            },
+        )
+        .unwrap()
+    };
+    let (one, eight) = (at("r1", a3, 1), at("r1", a3, 8));
+    assert_eq!(one.kv_cache, eight.kv_cache);
+    assert_eq!(one.weights, eight.weights);
+    // 61 layers + the MTP layer, 576 bf16 values each.
+    assert_eq!(one.kv_bytes_per_token, 62.0 * 576.0 * 2.0);
+    assert_eq!(eight.kv_bytes_per_token, one.kv_bytes_per_token / 8.0);
+    assert!(
+        eight
+            .kv_capacity_tokens
+            .abs_diff(8 * one.kv_capacity_tokens)
+            <= 8
+    );
+    // V3.2 on Ascend: bf16 indexer keys (128 values) stay whole on each die.
+    let npu = at("deepseek-v3.2", a3, 8);
+    assert_eq!(
+        npu.kv_bytes_per_token,
+        62.0 * (576.0 * 2.0 / 8.0 + 128.0 * 2.0)
+    );
+    // On GPUs: FP8 keys with a 4-byte scale, split with the latent.
+    let gpu = at("deepseek-v3.2", h200, 8);
+    assert_eq!(gpu.kv_bytes_per_token, 62.0 * (576.0 * 2.0 + 132.0) / 8.0);
 }

@@ -864,3 +864,97 @@ fn shared_expert_dp_runs_the_whole_expert_on_the_dies_slice() {
         "{bytes_dp}"
     );
 }
+
+/// vLLM's decode context parallelism over the TP group's 8 dies: each die attends all 128
+/// query heads (gathered) over an eighth of every context, so decode attention keeps its FLOPs
+/// and reads an eighth of the KV; the queries are all-gathered and the partial outputs with
+/// their log-sum-exp sent back to their heads' dies (fp32 with the LSE on Ascend, bf16 and an
+/// fp32 LSE on GPUs). V3.2's indexer scores the whole context on Ascend (replicated keys) and
+/// its share on GPUs, gathering the top-k candidates.
+#[test]
+fn decode_context_parallelism_splits_the_kv_reads_and_gathers_the_heads() {
+    use dstwin_core::features::{Features, MoeCommUsed};
+    use dstwin_hwmodels::CommKind;
+    let ops = |model: &str, chip: &str, system: &str, dcp: Option<u32>| {
+        let m = builtin(model).unwrap();
+        let sys = Catalog::builtin().system(system).unwrap();
+        let plan = Layout {
+            dp: 1,
+            tp: 8,
+            ..Layout::dp_ep(Role::Decode, 8)
+        }
+        .validate(&m, sys)
+        .unwrap();
+        let features = Features {
+            decode_context_parallel_size: dcp,
+            ..Features::default()
+        }
+        .resolve(chip, 16, 0, 8)
+        .unwrap();
+        let spec = w8a8_spec(&m, &plan, &features, 0);
+        let shape = BatchShape::uniform_decode(16, 1, 8192, m.attn_cap());
+        let load = MoeLoad {
+            group_tokens: shape.tokens() * 8,
+            imbalance: 1.0,
+            comm: MoeCommUsed::Mc2,
+        };
+        step_ops(spec, &shape, &load)
+    };
+    let compute = |ops: &[dstwin_core::opgraph::Op], name: &str| {
+        ops.iter()
+            .find_map(|o| match o.kind {
+                OpKind::Compute(w) if o.name == name => Some((w.flops, w.bytes)),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    let comm = |ops: &[dstwin_core::opgraph::Op], name: &str| {
+        ops.iter().find_map(|o| match o.kind {
+            OpKind::Comm(c) if o.name == name => Some((c.kind, c.bytes, c.group)),
+            _ => None,
+        })
+    };
+    let (plain, dcp) = (
+        ops("r1", "ascend-910c", "atlas-800-a3", None),
+        ops("r1", "ascend-910c", "atlas-800-a3", Some(8)),
+    );
+    assert!(plain.iter().all(|o| !o.name.starts_with("dcp_")));
+    let ((f1, b1), (f8, b8)) = (compute(&plain, "attn_decode"), compute(&dcp, "attn_decode"));
+    assert!((f8 / f1 - 1.0).abs() < 1e-12, "{f8} vs {f1}");
+    // 16 contexts of 8,193 keys (the new one too) of 576 bf16 values; queries and outputs of 16 (TP) or 128
+    // (gathered) heads x 1,088 values.
+    let kv = 16.0 * 8193.0 * 576.0 * 2.0;
+    assert_eq!(b1, kv + 16.0 * 16.0 * 1088.0 * 2.0);
+    assert_eq!(b8, kv / 8.0 + 16.0 * 128.0 * 1088.0 * 2.0);
+    let rows = 16.0 * 128.0;
+    assert_eq!(
+        comm(&dcp, "dcp_q_all_gather"),
+        Some((CommKind::AllGather, rows * 576.0 * 2.0, 8))
+    );
+    assert_eq!(
+        comm(&dcp, "dcp_out_all_to_all"),
+        Some((CommKind::ReduceScatter, rows * 513.0 * 4.0, 8))
+    );
+    let gpu = ops("deepseek-v3.2", "nvidia-h200", "nvidia-h200-8", Some(8));
+    assert_eq!(
+        comm(&gpu, "dcp_out_all_to_all"),
+        Some((CommKind::ReduceScatter, rows * (512.0 * 2.0 + 4.0), 8))
+    );
+    let gpu_plain = ops("deepseek-v3.2", "nvidia-h200", "nvidia-h200-8", None);
+    let (fi8, fi1) = (
+        compute(&gpu, "indexer_score").0,
+        compute(&gpu_plain, "indexer_score").0,
+    );
+    assert!((fi8 * 8.0 / fi1 - 1.0).abs() < 1e-12, "{fi8} vs {fi1}");
+    assert_eq!(
+        comm(&gpu, "dcp_topk_gather"),
+        Some((CommKind::AllGather, 16.0 * 2048.0 * 8.0 * 8.0, 8))
+    );
+    let npu = ops("deepseek-v3.2", "ascend-910c", "atlas-800-a3", Some(8));
+    let npu_plain = ops("deepseek-v3.2", "ascend-910c", "atlas-800-a3", None);
+    assert_eq!(
+        compute(&npu, "indexer_score"),
+        compute(&npu_plain, "indexer_score")
+    );
+    assert_eq!(comm(&npu, "dcp_topk_gather"), None);
+}

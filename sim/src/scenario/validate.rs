@@ -305,7 +305,7 @@ pub(super) fn validate(
             }
         }
         let features = features
-            .check_instance(model.attn_cap().0.is_some(), plan.moe_tp)
+            .check_instance(&model, &system.chip.name, plan.tp, plan.moe_tp)
             .and_then(|()| features.resolve(&system.chip.name, s.max_num_seqs, mtp_tokens, plan.tp))
             .map_err(|e| field(f(e.field), e.value, e.reason))?;
         let share = |name: &str, v: f64| {
@@ -349,17 +349,23 @@ pub(super) fn validate(
                 ),
                 budget,
                 shared_expert_dp: features.shared_expert_dp,
+                dcp: features.dcp,
             },
         )
         .map_err(|source| ScenarioError::Memory {
             instance: spec.name.clone(),
             source,
         })?;
+        // Under decode context parallelism vLLM's scheduler counts blocks of block_size x DCP
+        // tokens, each spread over the group's dies.
+        let mut s = s.clone();
+        s.block_size = s.block_size.saturating_mul(features.dcp);
+        let s = &s;
         let kv_blocks_per_rank = memory.kv_capacity_tokens / s.block_size as u64;
         if kv_blocks_per_rank == 0 {
             return Err(field(
                 f("scheduler.block_size"),
-                s.block_size,
+                spec.scheduler.block_size,
                 "not one KV block fits on a die",
             ));
         }

@@ -53,3 +53,27 @@ fn context_parallelism_is_refused_where_it_cannot_apply() {
     let e = e2e(name, &["decode.enable_dsa_cp=true"]).unwrap_err();
     assert!(e.contains("enable_dsa_cp") && e.contains("tp 1"), "{e}");
 }
+
+/// Decode context parallelism (`decode_context_parallel_size`) on the V3.1 two-node run's
+/// DP4 x TP8 instance: each DP rank holds eight times the tokens in blocks of eight times the
+/// block size (vLLM's scheduler multiplies the block size by the DCP size), and a size that
+/// does not divide TP is refused with the field and value named.
+#[test]
+fn decode_context_parallelism_holds_more_tokens_per_rank() {
+    let name = "vaa-nightly-v31-bf16-a3-dp4tp8-2node";
+    let setup = |dcp: u32| {
+        let set = format!("mixed.decode_context_parallel_size={dcp}");
+        let s = e2e(name, &[set.as_str()]).unwrap();
+        let i = &s.instances[0];
+        (i.scheduler.block_size, i.kv_blocks_per_rank)
+    };
+    let ((bs1, blocks1), (bs8, blocks8)) = (setup(1), setup(8));
+    assert_eq!(bs8, 8 * bs1);
+    let (t1, t8) = (bs1 as u64 * blocks1, bs8 as u64 * blocks8);
+    assert!(t8.abs_diff(8 * t1) <= 8 * bs8 as u64, "{t8} vs 8 x {t1}");
+    let e = e2e(name, &["mixed.decode_context_parallel_size=3"]).unwrap_err();
+    assert!(
+        e.contains("instance.mixed.decode_context_parallel_size = 3") && e.contains("divide"),
+        "{e}"
+    );
+}

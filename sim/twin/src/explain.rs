@@ -410,7 +410,7 @@ pub fn explain_under(
     let tokens_per_seq = 1 + inp.mtp.tokens as u64;
     let features = inp
         .features
-        .check_instance(inp.model.attn_cap().0.is_some(), plan.moe_tp)
+        .check_instance(&inp.model, &system.chip.name, plan.tp, plan.moe_tp)
         .and_then(|()| {
             inp.features.resolve(
                 &system.chip.name,
@@ -538,6 +538,7 @@ pub fn explain_under(
             ),
             budget: dstwin_core::memory::MemoryBudget::SystemReserve,
             shared_expert_dp: inp.features.shared_expert_dp(plan.tp),
+            dcp: features.dcp,
         },
     )?;
     let prompts = if b.prompt_len > 0 {

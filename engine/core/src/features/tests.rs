@@ -30,6 +30,62 @@ fn padding_rounds_up_to_the_next_capture_size() {
     assert_eq!(eager.padded_tokens(5), None);
 }
 
+/// Decode context parallelism as vLLM and vllm-ascend accept it: a divisor of the TP size,
+/// MLA only, the whole TP group (and no MLAPO) for sparse attention on Ascend, not beside
+/// DSA-CP; each refusal names the field and the value.
+#[test]
+fn decode_context_parallelism_is_checked_against_the_tp_group_and_model() {
+    let model = |name: &str| crate::model::builtin(name).unwrap();
+    let dcp = |n: u32| Features {
+        decode_context_parallel_size: Some(n),
+        ..Features::default()
+    };
+    let check = |f: &Features, m: &str, chip: &str, tp| {
+        f.check_instance(&model(m), chip, tp, 1).map_err(|e| {
+            assert_eq!(e.field, "decode_context_parallel_size");
+            e.reason
+        })
+    };
+    assert!(check(&dcp(0), "r1", "ascend-910c", 8)
+        .unwrap_err()
+        .contains("at least 1"));
+    assert!(check(&dcp(3), "r1", "ascend-910c", 8)
+        .unwrap_err()
+        .contains("divide"));
+    assert!(check(&dcp(4), "r1", "ascend-910c", 8).is_ok());
+    assert!(check(&dcp(1), "deepseek-v4-flash", "ascend-910c", 1).is_ok());
+    assert!(check(&dcp(4), "deepseek-v4-flash", "ascend-910c", 4)
+        .unwrap_err()
+        .contains("V4"));
+    assert!(check(&dcp(4), "deepseek-v3.2", "ascend-910c", 8)
+        .unwrap_err()
+        .contains("give 8"));
+    assert!(check(&dcp(4), "deepseek-v3.2", "nvidia-h200", 8).is_ok());
+    let mlapo = Features {
+        mlapo: true,
+        ..dcp(8)
+    };
+    assert!(check(&mlapo, "deepseek-v3.2", "ascend-910c", 8)
+        .unwrap_err()
+        .contains("MLAPO"));
+    assert!(check(&mlapo, "r1", "ascend-910c", 8).is_ok());
+    let cp = Features {
+        enable_dsa_cp: true,
+        ..dcp(8)
+    };
+    assert!(check(&cp, "deepseek-v3.2", "ascend-910c", 8)
+        .unwrap_err()
+        .contains("enable_dsa_cp"));
+    assert_eq!(dcp(4).resolve("ascend-910c", 8, 0, 8).unwrap().dcp, 4);
+    assert_eq!(
+        Features::default()
+            .resolve("ascend-910c", 8, 0, 8)
+            .unwrap()
+            .dcp,
+        1
+    );
+}
+
 #[test]
 fn context_parallelism_needs_a_tp_group() {
     let f = Features {

@@ -110,3 +110,28 @@ pub fn kv_bytes(m: &ModelConfig, kv_dtype: DType, index: DType, extra_layers: u6
         per_seq_fixed: fixed,
     }
 }
+
+/// Bytes one token of a DP rank adds to one die's cache when decode context parallelism
+/// interleaves the rank's KV over `dcp` dies (vLLM's DCP: every `dcp`-th token on each die):
+/// MLA's latent and rope key split over the group; V3.2's indexer keys too on GPUs (vLLM's
+/// sharded indexer), but written whole on every die on Ascend (vllm-ascend's SFA DCP keeps a
+/// replicated indexer cache so each die's top-k is exact). `kv` is [`kv_bytes`]' footprint of
+/// `m` with its indexer keys in `index`; `dcp` 1 gives its `per_token`.
+pub fn dcp_bytes_per_token(
+    m: &ModelConfig,
+    kv: &KvBytes,
+    index: DType,
+    dcp: u32,
+    ascend: bool,
+) -> f64 {
+    if dcp <= 1 {
+        return kv.per_token;
+    }
+    let index_keys = match &m.attention {
+        Attention::Mla {
+            indexer: Some(ix), ..
+        } if ascend => kv.per_token_per_layer.len() as f64 * index_key_bytes(ix.head_dim, index),
+        _ => 0.0,
+    };
+    (kv.per_token - index_keys) / dcp as f64 + index_keys
+}

@@ -13,6 +13,8 @@ pub mod quant;
 pub use config::{
     builtin, Attention, Compressor, ConfigError, Family, Indexer, ModelConfig, BUILTIN_MODELS,
 };
-pub use kv::{index_key_bytes, index_key_dtype, kv_bytes, layer_bytes_per_token, KvBytes};
+pub use kv::{
+    dcp_bytes_per_token, index_key_bytes, index_key_dtype, kv_bytes, layer_bytes_per_token, KvBytes,
+};
 pub use params::{active, count, ParamCounts};
 pub use quant::{Quant, QUANTS};

@@ -69,6 +69,13 @@ impl Builder<'_> {
                 indexer,
             } => {
                 let hh = *heads as f64 / tp;
+                let ascend = self.s.features.platform.is_ascend();
+                // Decode context parallelism (never beside DSA-CP's token split).
+                let dcp = if cp > 1 {
+                    1.0
+                } else {
+                    self.s.features.dcp.max(1) as f64
+                };
                 let (ql, kvl, nope, rope, v) = (
                     *q_lora_rank as f64,
                     *kv_lora_rank as f64,
@@ -170,23 +177,55 @@ impl Builder<'_> {
                             DType::Bf16,
                         );
                     }
-                    let flops = 2.0 * pd as f64 * hh * (kvl + rope + kvl);
-                    let bytes =
-                        kv_reads(pd) * (kvl + rope) * kvb + td * hh * (kvl + rope + kvl) * act;
+                    // Under DCP each die attends its group's gathered heads over its share
+                    // of every context.
+                    let (ah, share) = (hh * dcp, pd as f64 / dcp);
+                    let flops = 2.0 * share * ah * (kvl + rope + kvl);
+                    let bytes = kv_reads(pd) / dcp * (kvl + rope) * kvb
+                        + td * ah * (kvl + rope + kvl) * act;
                     self.push(
                         "attn_decode",
                         layer,
                         repeat,
                         DieSet::All,
-                        work(OpClass::Attention, flops, bytes, DType::Bf16, td * hh),
+                        work(OpClass::Attention, flops, bytes, DType::Bf16, td * ah),
                     );
                     self.gemm("v_absorb", layer, repeat, td, hh * kvl, v, lin, DType::Bf16);
                     self.per_sequence(first, b.decode_seqs);
+                    if dcp > 1.0 {
+                        self.dcp_decode(layer, repeat, td * ah, kvl, rope);
+                    }
+                }
+                if dcp > 1.0 && b.prefill_cached > 0 {
+                    // The prompts' cached context (earlier chunks, prefix hits) lies spread
+                    // over the DCP group: gathered before the prompts attend it.
+                    self.collective(
+                        "dcp_context_all_gather",
+                        layer,
+                        repeat,
+                        CommKind::AllGather,
+                        b.prefill_cached as f64 * (kvl + rope) * kvb,
+                        dcp as u32,
+                    );
                 }
                 if let Some(ix) = indexer {
-                    let pairs = (b.prefill_pairs + b.decode_pairs) as f64;
-                    let reads = kv_reads(b.decode_pairs) + new_keys;
+                    // Indexer keys replicated on every die (Ascend) score the whole context;
+                    // sharded ones (GPUs) score the die's share, whose top-k candidates
+                    // (score and position, 4 bytes each) the group gathers and merges.
+                    let shard = if dcp > 1.0 && !ascend { dcp } else { 1.0 };
+                    let pairs = (b.prefill_pairs + b.decode_pairs) as f64 / shard;
+                    let reads = (kv_reads(b.decode_pairs) + new_keys) / shard;
                     self.indexer(layer, repeat, t, ql, ix, pairs, reads, true);
+                    if shard > 1.0 {
+                        self.collective(
+                            "dcp_topk_gather",
+                            layer,
+                            repeat,
+                            CommKind::AllGather,
+                            t * ix.topk as f64 * 8.0 * shard,
+                            dcp as u32,
+                        );
+                    }
                 }
                 self.gemm("o_proj", layer, repeat, t, hh * v, h, lin, cdt);
             }
@@ -331,6 +370,40 @@ impl Builder<'_> {
                 self.s.plan.tp,
             );
         }
+    }
+
+    /// Decode context parallelism's collectives around the decode attention of `rows` query
+    /// rows (tokens x the group's heads) over a latent of `kvl` and a rope key of `rope`: the
+    /// group's absorbed queries all-gathered over heads, then the partial outputs and their
+    /// log-sum-exp returned to their heads' dies (an all-to-all moving what a reduce-scatter
+    /// of the whole buffer moves, priced as one): on Ascend one fp32 buffer of the output
+    /// with its LSE appended (vllm-ascend's `_process_attn_out_lse`), on GPUs the bf16 output
+    /// and an fp32 LSE (vLLM's `cp_lse_ag_out_rs`).
+    fn dcp_decode(&mut self, layer: LayerKind, repeat: u64, rows: f64, kvl: f64, rope: f64) {
+        let act = DType::Bf16.bytes();
+        let group = self.s.features.dcp;
+        let out = if self.s.features.platform.is_ascend() {
+            (kvl + 1.0) * 4.0
+        } else {
+            kvl * act + 4.0
+        };
+        let (q, o) = (rows * (kvl + rope) * act, rows * out);
+        self.collective(
+            "dcp_q_all_gather",
+            layer,
+            repeat,
+            CommKind::AllGather,
+            q,
+            group,
+        );
+        self.collective(
+            "dcp_out_all_to_all",
+            layer,
+            repeat,
+            CommKind::ReduceScatter,
+            o,
+            group,
+        );
     }
 
     /// The format the indexer keys are cached and scored in ([`model::index_key_dtype`]).
