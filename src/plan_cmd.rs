@@ -7,8 +7,8 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use dstwin_sim::plan::steady::{MEASURED_LIFETIMES, WARMUP_LIFETIMES};
 use dstwin_sim::plan::{
-    candidates, nodes, rank, run_level, screen, to_seed, Generations, Load, Outcome, PlanInput,
-    PlanReport, Standing,
+    candidates, nodes, rank, run_level, screen, to_seed, Generations, Load, Outcome, PercentileSlo,
+    PlanInput, PlanReport, Standing,
 };
 use dstwin_sim::plot;
 use dstwin_sim::sweep::{knee, pareto};
@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example:\n  dstwin plan --model deepseek-r1 --quant w8a8 --hardware atlas-800-a3 --cards 32 \\\n      --input 3500 --output 1500 --slo tpot=50ms,ttft=2s --out plan-out\n\nSearches prefill/decode splits by node, prefill and decode TP, the decode batch cap,\nredundant experts and MTP depth (docs/what-if.md). Each layout's capacity is measured\nclosed-loop with every decode slot busy, then it runs open-loop at 60% and 90% of it; every\nrun leaves out a warm-up and measures a steady window, both counted in the layout's request\nlifetimes. Layouts within reach of the best run with --seeds seeds; goodput per card (requests\nmeeting every SLO) is reported as mean and min-max over them, and layouts whose ranges overlap\nthe best's are reported as tied with it. Prints the best layouts, why the others lose, and\n`vllm serve` arguments for the winners."
+    after_help = "Example:\n  dstwin plan --model deepseek-r1 --quant w8a8 --hardware atlas-800-a3 --cards 32 \\\n      --input 3500 --output 1500 --slo tpot=50ms,ttft=2s --out plan-out\n  dstwin plan --cards 16 --slo ttft_p90=2s,tpot_p99=60ms   (percentiles over each run)\n\nSearches prefill/decode splits by node, prefill and decode TP, the decode batch cap,\nredundant experts and MTP depth (docs/what-if.md). Each layout's capacity is measured\nclosed-loop with every decode slot busy, then it runs open-loop at 60% and 90% of it; every\nrun leaves out a warm-up and measures a steady window, both counted in the layout's request\nlifetimes. Layouts within reach of the best run with --seeds seeds; goodput per card (requests\nmeeting every SLO) is reported as mean and min-max over them, and layouts whose ranges overlap\nthe best's are reported as tied with it. Prints the best layouts, why the others lose, and\n`vllm serve` arguments for the winners."
 )]
 pub struct PlanArgs {
     /// Built-in model name (`dstwin catalog`) or a path to a HuggingFace config.json.
@@ -38,7 +38,10 @@ pub struct PlanArgs {
     /// Output tokens per request.
     #[arg(long, default_value_t = 1500)]
     output: u32,
-    /// SLOs: ttft=2s,tpot=50ms (units ms or s).
+    /// SLOs, comma-separated (units ms or s): ttft=2s,tpot=50ms bound every request (goodput
+    /// counts the requests within both); ttft_p90=2s, tpot_p99=60ms (any percentile above 0 and
+    /// below 100) bound a percentile over each run's measured window, and a run over one has
+    /// no goodput at that load. Both kinds may be mixed.
     #[arg(long, default_value = "tpot=50ms")]
     slo: String,
     /// MTP acceptance of each draft given the previous was accepted, comma-separated (default:
@@ -68,8 +71,12 @@ pub struct PlanArgs {
 /// Most seeds a plan runs each layout with.
 const MAX_SEEDS: u32 = 64;
 
-fn parse_slo(s: &str) -> Result<(Option<f64>, Option<f64>), Failure> {
-    let (mut ttft, mut tpot) = (None, None);
+/// The SLOs of `--slo`: every request's TTFT and TPOT bounds, and percentile bounds over each
+/// run's window.
+type Slos = (Option<f64>, Option<f64>, Vec<PercentileSlo>);
+
+fn parse_slo(s: &str) -> Result<Slos, Failure> {
+    let (mut ttft, mut tpot, mut percentiles) = (None, None, Vec::new());
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').ok_or_else(|| {
             Failure::Input(anyhow!("--slo {part}: expected NAME=VALUE, e.g. tpot=50ms"))
@@ -90,21 +97,33 @@ fn parse_slo(s: &str) -> Result<(Option<f64>, Option<f64>), Failure> {
         match k.trim() {
             "ttft" => ttft = Some(ms),
             "tpot" => tpot = Some(ms),
-            other => {
-                return Err(Failure::Input(anyhow!(
-                    "--slo {part}: unknown SLO '{other}' (ttft or tpot)"
-                )))
+            key => {
+                let (metric, percentile) = PercentileSlo::parse_key(key).map_err(|e| {
+                    Failure::Input(anyhow!(
+                        "--slo {part}: {e}; give ttft, tpot (every request) or a percentile \
+                         such as ttft_p90, tpot_p99"
+                    ))
+                })?;
+                percentiles
+                    .retain(|p: &PercentileSlo| (p.metric, p.percentile) != (metric, percentile));
+                percentiles.push(PercentileSlo {
+                    metric,
+                    percentile,
+                    max_ms: ms,
+                });
             }
         }
     }
-    if ttft.is_none() && tpot.is_none() {
-        return Err(Failure::Input(anyhow!("--slo: give ttft and/or tpot")));
+    if ttft.is_none() && tpot.is_none() && percentiles.is_empty() {
+        return Err(Failure::Input(anyhow!(
+            "--slo: give ttft, tpot and/or percentiles such as ttft_p90"
+        )));
     }
-    Ok((ttft, tpot))
+    Ok((ttft, tpot, percentiles))
 }
 
 pub fn run(a: PlanArgs) -> Result<(), Failure> {
-    let (ttft_ms, tpot_ms) = parse_slo(&a.slo)?;
+    let (ttft_ms, tpot_ms, percentile_slos) = parse_slo(&a.slo)?;
     if a.input == 0 || a.output == 0 {
         return Err(Failure::Input(anyhow!(
             "--input and --output must be at least 1"
@@ -152,6 +171,7 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         output_tokens: a.output,
         ttft_ms,
         tpot_ms,
+        percentile_slos,
         acceptance: a.mtp_accept.clone(),
         seed: a.seed,
         seeds: a.seeds,
@@ -317,6 +337,27 @@ fn range(s: &dstwin_sim::plan::Spread, digits: usize) -> String {
 
 /// The report; `served` is the model's own name (a config.json's, not its path), for the
 /// launch arguments' `--served-model-name`.
+/// The plan's SLOs as its report states them.
+fn slo_text(p: &PlanInput) -> String {
+    let each: Vec<String> = [("TTFT", p.ttft_ms), ("TPOT", p.tpot_ms)]
+        .iter()
+        .filter_map(|(k, v)| v.map(|x| format!("{k} <= {x} ms")))
+        .collect();
+    let pct: Vec<String> = p
+        .percentile_slos
+        .iter()
+        .map(|s| format!("{} <= {} ms", s.label(), s.max_ms))
+        .collect();
+    let mut parts = Vec::new();
+    if !each.is_empty() {
+        parts.push(format!("every request {}", each.join(", ")));
+    }
+    if !pct.is_empty() {
+        parts.push(format!("over each run's window {}", pct.join(", ")));
+    }
+    parts.join("; ")
+}
+
 fn render(
     a: &PlanArgs,
     p: &PlanInput,
@@ -331,7 +372,7 @@ fn render(
         .filter(|o| o.standing == Standing::Tied)
         .count();
     let mut s = format!(
-        "plan: {} {} on {} cards of {} ({} in / {} out), SLO{}{}\n\
+        "plan: {} {} on {} cards of {} ({} in / {} out), SLO {}\n\
          {} layouts screened with seed {}; {seeded} within reach of the best run with seeds {}-{}\n\
          every run: {WARMUP_LIFETIMES} request lifetimes of warm-up left out, {MEASURED_LIFETIMES} or more measured\n\
          figures: mean (min-max) over the seeds; goodput ranges that overlap the best's are tied with it\n\n",
@@ -341,10 +382,7 @@ fn render(
         a.hardware,
         a.input,
         a.output,
-        p.ttft_ms
-            .map_or(String::new(), |x| format!(" TTFT p50 <= {x} ms")),
-        p.tpot_ms
-            .map_or(String::new(), |x| format!(" TPOT p50 <= {x} ms")),
+        slo_text(p),
         outcomes.len(),
         seeds[0],
         seeds[0],
@@ -353,7 +391,11 @@ fn render(
     if seeded == 0 {
         s += "no layout met every SLO at 60% or 90% of its capacity\n";
     } else {
-        s += "rank  goodput/card (min-max)    out tok/s/card  SLO met  TTFT p50 ms (min-max)  TPOT p50 ms (min-max)  req/s (cap)    life  layout\n";
+        s += "rank  goodput/card (min-max)    out tok/s/card  SLO met  TTFT p50 ms (min-max)  TPOT p50 ms (min-max)  ";
+        for slo in &p.percentile_slos {
+            s += &format!("{:<21}  ", format!("{} ms", slo.label()));
+        }
+        s += "req/s (cap)    life  layout\n";
         // Every layout ranked, then the best of those screened out at one seed, unranked; at
         // least down to the last layout tied with the best (a layout below the best's range
         // may sit between tied ones, whose ranges are wider).
@@ -381,8 +423,13 @@ fn render(
                     range(x, d)
                 }
             };
+            let percentiles: String = r
+                .percentiles_ms
+                .iter()
+                .map(|x| format!("{:<21}  ", spread(x, 1)))
+                .collect();
             s += &format!(
-                "{rank:>4}  {:<24}  {:>14.1}  {:>6.1}%  {:<21}  {:<21}  {:>4.1} ({:>4.1})  {:>5.1}s  {}\n",
+                "{rank:>4}  {:<24}  {:>14.1}  {:>6.1}%  {:<21}  {:<21}  {percentiles}{:>4.1} ({:>4.1})  {:>5.1}s  {}\n",
                 spread(&r.goodput_per_card, 4),
                 r.output_tok_s_per_card.mean,
                 r.slo_attainment.mean * 100.0,

@@ -194,3 +194,62 @@ fn plan_takes_a_config_json_and_serves_it_under_its_name() {
     assert_eq!(o.status.code(), Some(2));
     assert!(err(&o).contains("deepseek-r1"), "{}", err(&o));
 }
+
+/// `--slo` percentiles: a bound on the TPOT p90 of each run's window ranks only layouts that
+/// hold it (their JSON carries the percentile, the text its column), names it in the losses,
+/// and a percentile outside (0, 100) or an unknown metric exits 2 naming the part.
+#[test]
+fn plan_takes_percentile_slos() {
+    let mut args: Vec<&str> = SMALL[..SMALL.len() - 1].to_vec();
+    args.extend(["ttft=5s,tpot_p90=45ms", "-q"]);
+    let o = dstwin(&args);
+    assert!(o.status.success(), "{}", err(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.contains("SLO every request TTFT <= 5000 ms; over each run's window TPOT p90 <= 45 ms"),
+        "{s}"
+    );
+    assert!(s.contains("TPOT p90 ms"), "{s}");
+    assert!(s.contains("over its SLO (45 ms)"), "{s}");
+    args.push("--json");
+    let v: Value = serde_json::from_str(&String::from_utf8_lossy(&dstwin(&args).stdout)).unwrap();
+    let best = &v["layouts"][0];
+    assert_eq!(best["standing"], "best");
+    let p90 = f(&best["percentiles_ms"][0]["max"]);
+    assert!(p90 > 0.0 && p90 <= 45.0, "{best}");
+    let lost: Vec<&Value> = v["layouts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| {
+            l["loses_because"]["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("TPOT p90"))
+        })
+        .collect();
+    assert!(!lost.is_empty());
+    // Each is over the bound at the load it is reported at, with no goodput there.
+    for l in lost {
+        let level = l["levels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|lv| lv["load"] == l["load"])
+            .unwrap();
+        for r in level["runs"].as_array().unwrap() {
+            assert!(f(&r["percentiles_ms"][0]) > 45.0, "{r}");
+            assert_eq!(
+                (&r["percentiles_met"], f(&r["goodput_per_card"])),
+                (&Value::Bool(false), 0.0)
+            );
+        }
+    }
+    for (slo, says) in [
+        ("ttft_p100=1s", "--slo ttft_p100=1s: percentile '100'"),
+        ("e2e_p90=1s", "unknown metric 'e2e'"),
+    ] {
+        let o = dstwin(&["plan", "--slo", slo, "-q"]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(err(&o).contains(says), "{}", err(&o));
+    }
+}

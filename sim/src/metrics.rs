@@ -54,6 +54,14 @@ impl Latency {
         self.h.saturating_record_n(us, n);
     }
 
+    /// The value at quantile `q` (0 to 1) in ms; 0 with no samples.
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        if self.h.is_empty() {
+            return 0.0;
+        }
+        self.h.value_at_quantile(q) as f64 / 1e3
+    }
+
     pub fn summary(&self) -> Percentiles {
         if self.h.is_empty() {
             return Percentiles::default();

@@ -45,14 +45,67 @@ pub struct PlanInput {
     pub cards: u32,
     pub input_tokens: u32,
     pub output_tokens: u32,
+    /// Every request's TTFT and TPOT at most this (a request over either does not count in
+    /// goodput).
     pub ttft_ms: Option<f64>,
     pub tpot_ms: Option<f64>,
+    /// Percentile SLOs over each run's measured window (`--slo ttft_p90=2s`): a run whose
+    /// percentile is over one has no goodput at that load.
+    pub percentile_slos: Vec<PercentileSlo>,
     /// MTP acceptance per draft position.
     pub acceptance: Vec<f64>,
     /// The first seed; the others follow it.
     pub seed: u64,
     /// Seeds each layout within reach of the best runs with (at least 2: a spread needs two).
     pub seeds: u32,
+}
+
+/// The latency a percentile SLO bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SloMetric {
+    Ttft,
+    Tpot,
+}
+
+/// A bound on one percentile of a latency over a run's measured window: `ttft_p90 <= 2000 ms`
+/// holds when 90% of the window's requests had their first token within 2 s (TPOT over the
+/// requests with more than one output token).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct PercentileSlo {
+    pub metric: SloMetric,
+    /// The percentile, above 0 and below 100 (90 for p90, 99.9 for p99.9).
+    pub percentile: f64,
+    pub max_ms: f64,
+}
+
+impl PercentileSlo {
+    /// `ttft_p90`, `tpot_p99.9`: the metric and percentile such a key names, or why not.
+    pub fn parse_key(key: &str) -> Result<(SloMetric, f64), String> {
+        let (metric, p) = key
+            .split_once("_p")
+            .ok_or_else(|| format!("'{key}' is not METRIC_pNN (e.g. ttft_p90)"))?;
+        let metric = match metric {
+            "ttft" => SloMetric::Ttft,
+            "tpot" => SloMetric::Tpot,
+            other => return Err(format!("unknown metric '{other}' (ttft or tpot)")),
+        };
+        match p.parse::<f64>() {
+            Ok(x) if x > 0.0 && x < 100.0 => Ok((metric, x)),
+            _ => Err(format!(
+                "percentile '{p}' must be a number above 0 and below 100 (p50, p90, p99.9)"
+            )),
+        }
+    }
+
+    /// `TTFT p90`.
+    pub fn label(&self) -> String {
+        let m = match self.metric {
+            SloMetric::Ttft => "TTFT",
+            SloMetric::Tpot => "TPOT",
+        };
+        format!("{m} p{}", self.percentile)
+    }
 }
 
 impl PlanInput {
@@ -420,7 +473,8 @@ pub fn run_level(
         window: level.window,
     };
     let (report, rows) = simulate(p, c, dies_per_node, load, seed)?;
-    Ok((measure(seed, RunSpan::of(&report), &rows), report.cards))
+    let m = measure(seed, RunSpan::of(&report), &rows, &p.percentile_slos);
+    Ok((m, report.cards))
 }
 
 /// DeepSeek-R1 w8a8 on 32 A3 cards, 3.5K in / 1.5K out, TTFT 2 s and TPOT 50 ms, seeds 1-3.
@@ -435,6 +489,7 @@ pub(crate) fn test_input() -> PlanInput {
         output_tokens: 1500,
         ttft_ms: Some(2000.0),
         tpot_ms: Some(50.0),
+        percentile_slos: vec![],
         acceptance: vec![0.7],
         seed: 1,
         seeds: 3,

@@ -17,7 +17,7 @@
 //! more than any spread that was measured; that is the only loss claimed for it.
 
 use super::steady::{Measurement, SteadyRule, Window, RULE};
-use super::{Candidate, PlanInput, RUN_FAILED};
+use super::{Candidate, PlanInput, SloMetric, RUN_FAILED};
 use serde::Serialize;
 
 /// Layouts whose one-seed goodput is within this share of the best one run with every seed.
@@ -99,6 +99,8 @@ pub struct Summary {
     pub ttft_p99_ms: Spread,
     pub tpot_p50_ms: Spread,
     pub tpot_p99_ms: Spread,
+    /// Each percentile SLO's value over the window, in the plan's order.
+    pub percentiles_ms: Vec<Spread>,
 }
 
 /// Where a layout stands.
@@ -210,6 +212,9 @@ impl Outcome {
             ttft_p99_ms: l.spread(|m| m.ttft_p99_ms),
             tpot_p50_ms: l.spread(|m| m.tpot_p50_ms),
             tpot_p99_ms: l.spread(|m| m.tpot_p99_ms),
+            percentiles_ms: (0..l.runs[0].percentiles_ms.len())
+                .map(|i| l.spread(|m| m.percentiles_ms[i]))
+                .collect(),
         });
     }
 }
@@ -306,6 +311,38 @@ fn over(x: Option<f64>, slo: Option<f64>) -> bool {
     matches!((x, slo), (Some(x), Some(s)) if x > s)
 }
 
+/// The first percentile SLO of `p` that `r` misses: at every seed (its lowest value over it)
+/// when `every_seed`, else on its one seed's value.
+fn percentile_loss(p: &PlanInput, r: &Summary, every_seed: bool) -> Option<(&'static str, String)> {
+    p.percentile_slos
+        .iter()
+        .zip(&r.percentiles_ms)
+        .find(|(s, v)| if every_seed { v.min } else { v.mean } > s.max_ms)
+        .map(|(s, v)| {
+            let reason = match s.metric {
+                SloMetric::Ttft => "TTFT",
+                SloMetric::Tpot => "TPOT",
+            };
+            let detail = if every_seed {
+                format!(
+                    "{} {:.1}-{:.1} ms, over its SLO ({} ms) at every seed",
+                    s.label(),
+                    v.min,
+                    v.max,
+                    s.max_ms
+                )
+            } else {
+                format!(
+                    "{} {:.1} ms over its SLO ({} ms)",
+                    s.label(),
+                    v.mean,
+                    s.max_ms
+                )
+            };
+            (reason, detail)
+        })
+}
+
 /// Sorts best first and sets every layout's standing, rank and loss under `p`'s SLOs.
 pub fn rank(outcomes: &mut [Outcome], p: &PlanInput) {
     let seeds = p.seeds as usize;
@@ -335,7 +372,9 @@ pub fn rank(outcomes: &mut [Outcome], p: &PlanInput) {
             } else {
                 let above = ranges.iter().filter(|r| r.min > g.max).count() as u32;
                 let r = o.result.as_ref().expect("complete");
-                let loss = if over(Some(r.tpot_p50_ms.min), p.tpot_ms) {
+                let loss = if let Some(l) = percentile_loss(p, r, true) {
+                    l
+                } else if over(Some(r.tpot_p50_ms.min), p.tpot_ms) {
                     (
                         "TPOT",
                         format!(
@@ -365,7 +404,9 @@ pub fn rank(outcomes: &mut [Outcome], p: &PlanInput) {
         } else {
             let r = o.result.as_ref().expect("valid");
             let g = r.goodput_per_card.mean;
-            let loss = if over(Some(r.tpot_p50_ms.mean), p.tpot_ms) {
+            let loss = if let Some(l) = percentile_loss(p, r, false) {
+                l
+            } else if over(Some(r.tpot_p50_ms.mean), p.tpot_ms) {
                 (
                     "TPOT",
                     format!("TPOT p50 {:.1} ms over the SLO", r.tpot_p50_ms.mean),
@@ -459,6 +500,8 @@ mod tests {
             ttft_p99_ms: 900.0,
             tpot_p50_ms: tpot,
             tpot_p99_ms: tpot * 1.2,
+            percentiles_ms: vec![tpot * 1.2],
+            percentiles_met: true,
         }
     }
 
@@ -550,6 +593,35 @@ mod tests {
         let loss = v[1].loses_because.as_ref().unwrap();
         assert_eq!(loss.reason, "TPOT");
         assert!(loss.detail.contains("51.0-52.0"), "{}", loss.detail);
+    }
+
+    #[test]
+    fn a_loss_by_a_percentile_slo_names_it_and_its_range() {
+        let p = PlanInput {
+            percentile_slos: vec![crate::plan::PercentileSlo {
+                metric: SloMetric::Tpot,
+                percentile: 99.0,
+                max_ms: 55.0,
+            }],
+            ..input(3)
+        };
+        // The second's TPOT p99 (1.2 x 50 ms) is over the bound at every seed.
+        let mut v = vec![
+            layout(0, &[0.150, 0.151, 0.152], 40.0),
+            layout(1, &[0.010, 0.012, 0.014], 50.0),
+        ];
+        rank(&mut v, &p);
+        let loss = v[1].loses_because.as_ref().unwrap();
+        assert_eq!(loss.reason, "TPOT");
+        assert_eq!(
+            loss.detail,
+            "TPOT p99 60.0-60.0 ms, over its SLO (55 ms) at every seed"
+        );
+        // One seed under it: the loss is the goodput's, not the SLO's.
+        v[1].levels[0].runs[0].percentiles_ms[0] = 54.0;
+        v[1].settle();
+        rank(&mut v, &p);
+        assert_eq!(v[1].loses_because.as_ref().unwrap().reason, "lower goodput");
     }
 
     #[test]

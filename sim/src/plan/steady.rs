@@ -27,6 +27,7 @@
 //! requests that arrived in the window would under-count by one lifetime in four. Latency
 //! percentiles are over the same requests, with the simulator's histograms.
 
+use super::{PercentileSlo, SloMetric};
 use crate::metrics::{Latency, Percentiles};
 use crate::run::{RequestRow, SimReport};
 use dstwin_core::time::SimDuration;
@@ -176,12 +177,16 @@ pub struct Measurement {
     /// Requests per second per card that finished in the window meeting every SLO.
     pub goodput_per_card: f64,
     pub output_tok_s_per_card: f64,
-    /// Share of the window's finished requests that met every SLO.
+    /// Share of the window's finished requests that met every per-request SLO.
     pub slo_attainment: f64,
     pub ttft_p50_ms: f64,
     pub ttft_p99_ms: f64,
     pub tpot_p50_ms: f64,
     pub tpot_p99_ms: f64,
+    /// The window's value of each percentile SLO, in its order, ms.
+    pub percentiles_ms: Vec<f64>,
+    /// Every percentile SLO held; when one did not, `goodput_per_card` is 0.
+    pub percentiles_met: bool,
 }
 
 /// What a windowed run's report says about its window.
@@ -208,8 +213,14 @@ impl RunSpan {
 }
 
 /// The figures of an open-loop run with seed `seed` over its measured window, from its report
-/// and its per-request rows.
-pub fn measure(seed: u64, run: RunSpan, rows: &[RequestRow]) -> Measurement {
+/// and its per-request rows, under the percentile SLOs `slos`: goodput counts the window's
+/// requests that met every per-request SLO, and is 0 when a percentile is over its bound.
+pub fn measure(
+    seed: u64,
+    run: RunSpan,
+    rows: &[RequestRow],
+    slos: &[PercentileSlo],
+) -> Measurement {
     let span = (run.end_s - run.start_s).max(f64::MIN_POSITIVE);
     let (mut ttft, mut tpot) = (Latency::default(), Latency::default());
     let (mut finished, mut good) = (0u64, 0u64);
@@ -225,11 +236,26 @@ pub fn measure(seed: u64, run: RunSpan, rows: &[RequestRow]) -> Measurement {
             tpot.record(SimDuration::from_secs_f64(r.tpot_ms * 1e-3));
         }
     }
+    let percentiles_ms: Vec<f64> = slos
+        .iter()
+        .map(|s| {
+            match s.metric {
+                SloMetric::Ttft => &ttft,
+                SloMetric::Tpot => &tpot,
+            }
+            .quantile_ms(s.percentile / 100.0)
+        })
+        .collect();
+    let percentiles_met = slos
+        .iter()
+        .zip(&percentiles_ms)
+        .all(|(s, &v)| v <= s.max_ms);
+    let counted = if percentiles_met { good } else { 0 };
     let (ttft, tpot): (Percentiles, Percentiles) = (ttft.summary(), tpot.summary());
     Measurement {
         seed,
         finished,
-        goodput_per_card: good as f64 / span / run.cards.max(f64::MIN_POSITIVE),
+        goodput_per_card: counted as f64 / span / run.cards.max(f64::MIN_POSITIVE),
         output_tok_s_per_card: run.output_tok_s_per_card,
         slo_attainment: if finished > 0 {
             good as f64 / finished as f64
@@ -240,6 +266,8 @@ pub fn measure(seed: u64, run: RunSpan, rows: &[RequestRow]) -> Measurement {
         ttft_p99_ms: ttft.p99,
         tpot_p50_ms: tpot.p50,
         tpot_p99_ms: tpot.p99,
+        percentiles_ms,
+        percentiles_met,
     }
 }
 
@@ -341,7 +369,7 @@ mod tests {
             row(20.0, 5_000.0, 0.0, false), // counted, missed an SLO
             row(29.0, 5_000.0, 0.0, true),  // still running at the end: left out
         ];
-        let m = measure(3, run, &rows);
+        let m = measure(3, run, &rows, &[]);
         assert_eq!(m.finished, 2);
         assert_eq!(m.seed, 3);
         // One good request in 20 s on 2 cards.
@@ -349,5 +377,77 @@ mod tests {
         assert_eq!(m.slo_attainment, 0.5);
         assert_eq!(m.output_tok_s_per_card, 7.0);
         assert!((m.ttft_p50_ms - 100.0).abs() < 0.1, "{}", m.ttft_p50_ms);
+    }
+
+    /// A percentile SLO bounds the window's percentile: over it, the run has no goodput
+    /// (though its requests may each meet the per-request SLOs); at or under it, goodput is
+    /// what the per-request SLOs leave.
+    #[test]
+    fn a_percentile_over_its_bound_leaves_the_run_no_goodput() {
+        let run = RunSpan {
+            start_s: 0.0,
+            end_s: 100.0,
+            cards: 1.0,
+            output_tok_s_per_card: 1.0,
+        };
+        // Ten requests, TPOT 10, 20, ..., 100 ms (TTFT 100 ms each).
+        let rows: Vec<RequestRow> = (1..=10)
+            .map(|k| row(f64::from(k), 100.0 + 100.0 * f64::from(k), 0.0, true))
+            .collect();
+        let slo = |metric, percentile, max_ms| PercentileSlo {
+            metric,
+            percentile,
+            max_ms,
+        };
+        let held = [
+            slo(SloMetric::Tpot, 90.0, 90.5),
+            slo(SloMetric::Ttft, 99.0, 101.0),
+        ];
+        let m = measure(1, run, &rows, &held);
+        assert!(m.percentiles_met);
+        assert_eq!(m.goodput_per_card, 10.0 / 100.0);
+        assert!(
+            (m.percentiles_ms[0] - 90.0).abs() < 0.1,
+            "{:?}",
+            m.percentiles_ms
+        );
+        assert!(
+            (m.percentiles_ms[1] - 100.0).abs() < 0.1,
+            "{:?}",
+            m.percentiles_ms
+        );
+        let missed = [slo(SloMetric::Tpot, 90.0, 89.0)];
+        let m = measure(1, run, &rows, &missed);
+        assert!(!m.percentiles_met);
+        assert_eq!(m.goodput_per_card, 0.0);
+        assert_eq!(
+            m.slo_attainment, 1.0,
+            "every request met the per-request SLOs"
+        );
+        // The median of the same ten is 50 ms.
+        let m = measure(1, run, &rows, &[slo(SloMetric::Tpot, 50.0, 50.1)]);
+        assert!(m.percentiles_met, "{:?}", m.percentiles_ms);
+    }
+
+    #[test]
+    fn percentile_keys_name_a_metric_and_a_percentile() {
+        assert_eq!(
+            PercentileSlo::parse_key("ttft_p90"),
+            Ok((SloMetric::Ttft, 90.0))
+        );
+        assert_eq!(
+            PercentileSlo::parse_key("tpot_p99.9"),
+            Ok((SloMetric::Tpot, 99.9))
+        );
+        for (key, says) in [
+            ("ttft_p100", "below 100"),
+            ("ttft_p0", "above 0"),
+            ("ttft_px", "percentile 'x'"),
+            ("e2e_p90", "unknown metric 'e2e'"),
+            ("ttft90", "METRIC_pNN"),
+        ] {
+            let e = PercentileSlo::parse_key(key).unwrap_err();
+            assert!(e.contains(says), "{key}: {e}");
+        }
     }
 }

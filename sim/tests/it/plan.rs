@@ -14,6 +14,7 @@ fn input(output_tokens: u32) -> PlanInput {
         output_tokens,
         ttft_ms: Some(5000.0),
         tpot_ms: Some(50.0),
+        percentile_slos: vec![],
         acceptance: vec![],
         seed: 1,
         seeds: 3,
