@@ -332,6 +332,10 @@ dstwin_core::layout_fields!(instance_spec_with_layout! {{
     /// HBM; the workspace lives in the rest.
     #[serde(default)]
     pub mem_fraction_static: Option<f64>,
+    /// SGLang's `--max-total-tokens`: the KV pool of each DP rank holds at most this many
+    /// tokens, fewer when memory leaves fewer (SGLang keeps the smaller of the two).
+    #[serde(default)]
+    pub max_total_tokens: Option<u64>,
     /// An expert placement file to start from instead of computing one (what `dstwin eplb
     /// --json` prints, or its `placement` object), relative to the scenario file; it must match
     /// this instance's MoE layers (MTP included when on) and routed-expert slots.

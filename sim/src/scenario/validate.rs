@@ -329,7 +329,7 @@ pub(super) fn validate(
             (None, Some(s)) => MemoryBudget::MemFractionStatic(share("mem_fraction_static", s)?),
             (None, None) => MemoryBudget::SystemReserve,
         };
-        let memory = memory_map(
+        let mut memory = memory_map(
             &model,
             &plan,
             &system,
@@ -356,6 +356,17 @@ pub(super) fn validate(
             instance: spec.name.clone(),
             source,
         })?;
+        match spec.max_total_tokens {
+            Some(0) => {
+                return Err(field(
+                    f("max_total_tokens"),
+                    0,
+                    "a KV pool of at least one token per DP rank",
+                ))
+            }
+            Some(cap) => memory.kv_capacity_tokens = memory.kv_capacity_tokens.min(cap),
+            None => {}
+        }
         // Under decode context parallelism vLLM's scheduler counts blocks of block_size x DCP
         // tokens, each spread over the group's dies.
         let mut s = s.clone();
@@ -377,7 +388,10 @@ pub(super) fn validate(
                 return Err(field(
                     f("scheduler.max_model_len"),
                     m,
-                    format!("exceeds the KV capacity of {kv_tokens} tokens per DP rank ({:.1} GB of KV per die); lower it or free memory", memory.kv_cache / 1e9),
+                    format!("exceeds the KV capacity of {kv_tokens} tokens per DP rank ({}); lower it or free memory", match spec.max_total_tokens {
+                        Some(cap) if cap <= kv_tokens + s.block_size as u64 => format!("max_total_tokens {cap}"),
+                        _ => format!("{:.1} GB of KV per die", memory.kv_cache / 1e9),
+                    }),
                 ))
             }
             Some(m) => m as u64,

@@ -47,3 +47,38 @@ fn memory_flags_are_checked() {
     let e = default_with(&both).unwrap_err().to_string();
     assert!(e.contains("not both"), "{e}");
 }
+
+/// SGLang's `--max-total-tokens` caps each DP rank's KV pool (the smaller of the cap and what
+/// memory leaves), and so its blocks; a cap above the memory's leaves it; 0 is refused.
+#[test]
+fn max_total_tokens_caps_the_kv_pool() {
+    let decode = |sets: &[&str]| {
+        let s = default_with(sets).unwrap();
+        let i = s.instances.iter().find(|i| i.name == "decode").unwrap();
+        (
+            i.memory.kv_capacity_tokens,
+            i.kv_blocks_per_rank,
+            i.scheduler.block_size,
+        )
+    };
+    let (tokens, blocks, bs) = decode(&[]);
+    assert!(tokens > 70_000, "{tokens}");
+    // Below the default's max_model_len (65,536): refused, naming the cap.
+    let e = default_with(&["decode.max_total_tokens=20000"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("max_model_len") && e.contains("max_total_tokens 20000"),
+        "{e}"
+    );
+    let (capped, capped_blocks, _) = decode(&["decode.max_total_tokens=70000"]);
+    assert_eq!(capped, 70_000);
+    assert_eq!(capped_blocks, 70_000 / u64::from(bs));
+    assert!(capped_blocks < blocks);
+    let (above, ..) = decode(&[&format!("decode.max_total_tokens={}", tokens + 1)]);
+    assert_eq!(above, tokens);
+    let e = default_with(&["decode.max_total_tokens=0"])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("max_total_tokens = 0"), "{e}");
+}
