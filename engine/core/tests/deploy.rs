@@ -25,6 +25,7 @@ fn cfg(role: Role, blocks: u64) -> InstanceConfig {
         prefill_delay_passes: 0,
         balance_scheduling: false,
         separate_prefill_batches: false,
+        dp_dispatch: Default::default(),
         max_model_len: 4096,
         num_spec_tokens: 0,
         attn_cap: AttnCap(None),

@@ -24,6 +24,7 @@ fn cfg(role: Role, blocks: u64) -> InstanceConfig {
         prefill_delay_passes: 0,
         balance_scheduling: false,
         separate_prefill_batches: false,
+        dp_dispatch: Default::default(),
         max_model_len: 1 << 20,
         num_spec_tokens: 0,
         attn_cap: AttnCap(None),
@@ -1012,4 +1013,31 @@ fn a_stalled_prefill_batch_admits_nobody_behind_it() {
         }
     }
     assert_eq!(prefills, [100, 256, 256, 256, 232, 50], "{prefills:?}");
+}
+
+/// DP dispatch: least-loaded sends a new request to the rank with the fewest unfinished ones
+/// (lowest index on ties); round robin (SGLang's) sends each to the next rank in turn, even
+/// when that rank already holds more than the others.
+#[test]
+fn dp_dispatch_least_loaded_or_in_turn() {
+    use dstwin_core::instance::DpDispatch;
+    let ranks = |dispatch| {
+        let mut inst = Instance::new(InstanceConfig {
+            dp_ranks: 3,
+            dp_dispatch: dispatch,
+            ..cfg(Role::Mixed, 1000)
+        });
+        // Request 1 finishes in one step (one output token); 2 and 3 run on.
+        let mut v = vec![
+            inst.add_request(req(1, 100, 1), SimTime::ZERO),
+            inst.add_request(req(2, 100, 50), SimTime::ZERO),
+            inst.add_request(req(3, 100, 50), SimTime::ZERO),
+        ];
+        step(&mut inst, false);
+        v.extend((4..8).map(|id| inst.add_request(req(id, 100, 50), SimTime::ZERO)));
+        v
+    };
+    // Rank 0 emptied: least-loaded fills it, then takes the lowest of the tied ranks.
+    assert_eq!(ranks(DpDispatch::LeastLoaded), vec![0, 1, 2, 0, 0, 1, 2]);
+    assert_eq!(ranks(DpDispatch::RoundRobin), vec![0, 1, 2, 0, 1, 2, 0]);
 }

@@ -141,6 +141,7 @@ pub(crate) fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceCo
         prefill_delay_passes: sc.prefill_delay_passes,
         balance_scheduling: sc.enable_balance_scheduling,
         separate_prefill_batches: sc.separate_prefill_batches,
+        dp_dispatch: sc.dp_dispatch,
     }
 }
 

@@ -221,6 +221,12 @@ pub struct SchedulerSpec {
     /// in vLLM (and SGLang with `--enable-mixed-chunk`).
     #[serde(default)]
     pub separate_prefill_batches: bool,
+    /// How new requests pick a DP rank: `least_loaded` (the default; vLLM's DP coordinator
+    /// sends each to the rank with the shortest queue) or `round_robin` (SGLang's
+    /// `--load-balance-method round_robin`, its default, and its PD pairing of
+    /// `decode_round_robin` with `--prefill-round-robin-balance`).
+    #[serde(default)]
+    pub dp_dispatch: dstwin_core::instance::DpDispatch,
     /// Host (CPU) time of one step per DP rank: scheduling, input preparation, output
     /// processing, in microseconds, plus `host_overhead_per_seq_us` per scheduled request.
     /// Synchronous scheduling adds it to the device step; async scheduling overlaps them.
@@ -252,6 +258,7 @@ impl Default for SchedulerSpec {
             prefill_delay_passes: 0,
             enable_balance_scheduling: false,
             separate_prefill_batches: false,
+            dp_dispatch: Default::default(),
             host_overhead_us: None,
             host_overhead_per_seq_us: None,
             host_overhead_per_token_us: None,

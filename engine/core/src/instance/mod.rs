@@ -63,6 +63,22 @@ pub struct InstanceConfig {
     /// preempts nobody (SGLang retracts only to decode). Every request is stepped one by one
     /// (steady aggregation assumes a decoder takes every step).
     pub separate_prefill_batches: bool,
+    /// How a new request picks its DP rank ([`DpDispatch`]).
+    pub dp_dispatch: DpDispatch,
+}
+
+/// How an instance spreads new requests over its DP ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DpDispatch {
+    /// The rank with the fewest unfinished requests, the lowest index on ties (vLLM's DP
+    /// coordinator balances by its ranks' queues).
+    #[default]
+    LeastLoaded,
+    /// Each rank in turn, whatever it holds (SGLang's `--load-balance-method round_robin`, its
+    /// default, and the `decode_round_robin` / `--prefill-round-robin-balance` pairing of its
+    /// PD deployments).
+    RoundRobin,
 }
 
 /// A request entering an instance.
@@ -243,6 +259,8 @@ pub struct Instance {
     emissions: Vec<(ReqId, u32)>,
     /// Their token ids, in the same order, when the device returns tokens.
     emitted_ids: Vec<u32>,
+    /// The rank the next request goes to under [`DpDispatch::RoundRobin`].
+    next_rank: u32,
 }
 
 impl Instance {
@@ -269,6 +287,7 @@ impl Instance {
             delayed: 0,
             emissions: Vec::new(),
             emitted_ids: Vec::new(),
+            next_rank: 0,
         }
     }
 
@@ -342,9 +361,17 @@ impl Instance {
         self.cfg.max_model_len
     }
 
-    /// Adds a request to the least-loaded DP rank; returns the rank.
+    /// Adds a request to a DP rank as [`InstanceConfig::dp_dispatch`] picks it; returns the
+    /// rank.
     pub fn add_request(&mut self, r: NewRequest<'_>, _now: SimTime) -> u32 {
-        let rank = self.loads.least();
+        let rank = match self.cfg.dp_dispatch {
+            DpDispatch::LeastLoaded => self.loads.least(),
+            DpDispatch::RoundRobin => {
+                let rank = self.next_rank;
+                self.next_rank = (rank + 1) % self.cfg.dp_ranks;
+                rank
+            }
+        };
         let slot = self.ranks[rank as usize].add(r);
         self.loads.set(rank, self.ranks[rank as usize].load());
         self.owner.insert(r.id, (rank, slot));
