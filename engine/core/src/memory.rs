@@ -187,19 +187,9 @@ pub fn memory_map(
         .budget
         .reserved(hbm, system.reserved_hbm_gb_per_die * 1e9, workspace);
     let ascend = Platform::of_chip(&system.chip.name).is_ascend();
-    let kv = kv_bytes(
-        m,
-        inp.kv_dtype,
-        index_key_dtype(m, inp.kv_dtype, ascend),
-        mtp,
-    );
-    let kv_per_token = dcp_bytes_per_token(
-        m,
-        &kv,
-        index_key_dtype(m, inp.kv_dtype, ascend),
-        inp.dcp,
-        ascend,
-    );
+    let index = index_key_dtype(m, inp.kv_dtype, ascend);
+    let kv = kv_bytes(m, inp.kv_dtype, index, mtp);
+    let kv_per_token = dcp_bytes_per_token(m, &kv, index, inp.dcp, ascend);
     let kv_cache = hbm - reserved - weights - workspace;
     if kv_cache <= 0.0 {
         return Err(MemoryError::DoesNotFit {

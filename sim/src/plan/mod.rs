@@ -68,6 +68,16 @@ pub enum SloMetric {
     Tpot,
 }
 
+impl SloMetric {
+    /// `TTFT` or `TPOT`, as reports name them.
+    pub fn name(self) -> &'static str {
+        match self {
+            SloMetric::Ttft => "TTFT",
+            SloMetric::Tpot => "TPOT",
+        }
+    }
+}
+
 /// A bound on one percentile of a latency over a run's measured window: `ttft_p90 <= 2000 ms`
 /// holds when 90% of the window's requests had their first token within 2 s (TPOT over the
 /// requests with more than one output token).
@@ -100,11 +110,7 @@ impl PercentileSlo {
 
     /// `TTFT p90`.
     pub fn label(&self) -> String {
-        let m = match self.metric {
-            SloMetric::Ttft => "TTFT",
-            SloMetric::Tpot => "TPOT",
-        };
-        format!("{m} p{}", self.percentile)
+        format!("{} p{}", self.metric.name(), self.percentile)
     }
 }
 

@@ -17,7 +17,7 @@
 //! more than any spread that was measured; that is the only loss claimed for it.
 
 use super::steady::{Measurement, SteadyRule, Window, RULE};
-use super::{Candidate, PlanInput, SloMetric, RUN_FAILED};
+use super::{Candidate, PlanInput, RUN_FAILED};
 use serde::Serialize;
 
 /// Layouts whose one-seed goodput is within this share of the best one run with every seed.
@@ -319,10 +319,7 @@ fn percentile_loss(p: &PlanInput, r: &Summary, every_seed: bool) -> Option<(&'st
         .zip(&r.percentiles_ms)
         .find(|(s, v)| if every_seed { v.min } else { v.mean } > s.max_ms)
         .map(|(s, v)| {
-            let reason = match s.metric {
-                SloMetric::Ttft => "TTFT",
-                SloMetric::Tpot => "TPOT",
-            };
+            let reason = s.metric.name();
             let detail = if every_seed {
                 format!(
                     "{} {:.1}-{:.1} ms, over its SLO ({} ms) at every seed",
@@ -599,7 +596,7 @@ mod tests {
     fn a_loss_by_a_percentile_slo_names_it_and_its_range() {
         let p = PlanInput {
             percentile_slos: vec![crate::plan::PercentileSlo {
-                metric: SloMetric::Tpot,
+                metric: crate::plan::SloMetric::Tpot,
                 percentile: 99.0,
                 max_ms: 55.0,
             }],
