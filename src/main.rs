@@ -34,8 +34,8 @@ enum Command {
     /// Simulate a grid of what-if variations of a scenario in parallel: CSV/JSON rows, Pareto
     /// fronts of throughput per card against TPOT and TTFT, a summary; resumable and shardable.
     Sweep(Box<sweep_cmd::SweepArgs>),
-    /// Search PD layouts of a model on N cards for the best goodput per card under SLOs and
-    /// print their vllm-ascend launch arguments.
+    /// Search disaggregated (PD) and aggregated layouts of a model on N cards for the best
+    /// goodput per card under SLOs and print their vllm-ascend launch arguments.
     Plan(Box<plan_cmd::PlanArgs>),
     /// Regenerate a sweep's fronts, plots and summary, or merge the shards of a study.
     Report(report_cmd::ReportArgs),

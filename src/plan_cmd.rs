@@ -1,5 +1,5 @@
-//! `dstwin plan`: the best PD layouts for a model on N cards under SLOs, with the vllm-ascend
-//! launch arguments of each instance.
+//! `dstwin plan`: the best layouts (disaggregated or aggregated) for a model on N cards under
+//! SLOs, with the vllm-ascend launch arguments of each instance.
 
 use crate::output::{out, outln};
 use crate::Failure;
@@ -7,8 +7,8 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use dstwin_sim::plan::steady::{MEASURED_LIFETIMES, WARMUP_LIFETIMES};
 use dstwin_sim::plan::{
-    candidates, nodes, rank, run_level, screen, to_seed, Generations, Load, Outcome, PercentileSlo,
-    PlanInput, PlanReport, Standing,
+    candidates, nodes, rank, run_level, screen, to_seed, Engine, Generations, Load, Outcome,
+    PercentileSlo, PlanInput, PlanReport, Standing,
 };
 use dstwin_sim::plot;
 use dstwin_sim::sweep::{knee, pareto};
@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example:\n  dstwin plan --model deepseek-r1 --quant w8a8 --hardware atlas-800-a3 --cards 32 \\\n      --input 3500 --output 1500 --slo tpot=50ms,ttft=2s --out plan-out\n  dstwin plan --cards 16 --slo ttft_p90=2s,tpot_p99=60ms   (percentiles over each run)\n\nSearches prefill/decode splits by node, prefill and decode TP, the decode batch cap,\nredundant experts and MTP depth (docs/what-if.md). Each layout's capacity is measured\nclosed-loop with every decode slot busy, then it runs open-loop at 60% and 90% of it; every\nrun leaves out a warm-up and measures a steady window, both counted in the layout's request\nlifetimes. Layouts within reach of the best run with --seeds seeds; goodput per card (requests\nmeeting every SLO) is reported as mean and min-max over them, and layouts whose ranges overlap\nthe best's are reported as tied with it. Prints the best layouts, why the others lose, and\n`vllm serve` arguments for the winners."
+    after_help = "Example:\n  dstwin plan --model deepseek-r1 --quant w8a8 --hardware atlas-800-a3 --cards 32 \\\n      --input 3500 --output 1500 --slo tpot=50ms,ttft=2s --out plan-out\n  dstwin plan --cards 16 --slo ttft_p90=2s,tpot_p99=60ms   (percentiles over each run)\n\nSearches disaggregated layouts (prefill/decode splits by node, prefill and decode TP) and\naggregated ones (mixed instances of 1 to N nodes, their attention TP and token budget per\nstep; the only kind on one node), with the batch cap, redundant experts and MTP depth\n(docs/what-if.md). Each layout's capacity is measured\nclosed-loop with every decode slot busy, then it runs open-loop at 60% and 90% of it; every\nrun leaves out a warm-up and measures a steady window, both counted in the layout's request\nlifetimes. Layouts within reach of the best run with --seeds seeds; goodput per card (requests\nmeeting every SLO) is reported as mean and min-max over them, and layouts whose ranges overlap\nthe best's are reported as tied with it. Prints the best layouts, why the others lose, and\n`vllm serve` arguments for the winners."
 )]
 pub struct PlanArgs {
     /// Built-in model name (`dstwin catalog`) or a path to a HuggingFace config.json.
@@ -29,7 +29,8 @@ pub struct PlanArgs {
     /// Built-in system name (`dstwin catalog`).
     #[arg(long, default_value = "atlas-800-a3")]
     hardware: String,
-    /// Cards (packages) to deploy on: a multiple of the system's cards per node.
+    /// Cards (packages) to deploy on: a multiple of the system's cards per node (one node is
+    /// planned aggregated only).
     #[arg(long, default_value_t = 32)]
     cards: u32,
     /// Prompt tokens per request.
@@ -175,6 +176,7 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         acceptance: a.mtp_accept.clone(),
         seed: a.seed,
         seeds: a.seeds,
+        engine: Engine::of(&a.hardware).map_err(|e| Failure::Input(anyhow!(e)))?,
     };
     // The model and quantization must exist before a thousand candidates say so.
     let probe = candidates(n, dies_per_node)[0].scenario(

@@ -6,12 +6,13 @@ use common::{data, dstwin};
 
 #[test]
 fn a_plan_with_no_valid_layout_fails_with_the_reasons() {
-    // DeepSeek-R1 in W8A8 does not fit one 8-GPU H100 node per prefill instance.
-    let o = dstwin(&["plan", "--hardware", "nvidia-h100-8", "--cards", "16", "-q"]);
+    // DeepSeek-R1 in W8A8 does not fit one 8-GPU H100 node (the only layouts of 8 cards are
+    // aggregated on that node).
+    let o = dstwin(&["plan", "--hardware", "nvidia-h100-8", "--cards", "8", "-q"]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("no layout of deepseek-r1 on 16 cards of nvidia-h100-8 is valid"),
+        stderr.contains("no layout of deepseek-r1 on 8 cards of nvidia-h100-8 is valid"),
         "{stderr}"
     );
     assert!(stderr.contains("does not fit in HBM"), "{stderr}");

@@ -2,10 +2,16 @@
 //! under SLOs, and print each winner's vllm-ascend launch arguments. IO-free: candidates are
 //! scenario texts the caller simulates (in parallel) with [`screen`] and [`run_level`].
 //!
-//! The search space, per the vllm-ascend deployment guides: prefill instances of one node each
-//! (DP x TP within the node, two-micro-batch overlap), one decode instance over the remaining
-//! nodes (EP over all its dies); the split between them, prefill and decode TP, the decode
-//! batch cap, redundant experts and MTP depth vary.
+//! The search space, per the vllm-ascend deployment guides and the aggregated deployments its
+//! nightly tests run ([`candidates`]):
+//! - disaggregated: prefill instances of one node each (DP x TP within the node, two-micro-batch
+//!   overlap), one decode instance over the remaining nodes (EP over all its dies); the split
+//!   between them, prefill and decode TP, the decode batch cap, redundant experts and MTP depth
+//!   vary;
+//! - aggregated: mixed instances (prefill and decode in the same steps, chunked prefill) of
+//!   one or more nodes each, every node used (DP x TP attention, EP over each instance's dies);
+//!   the instance size, attention TP, batch cap, token budget per step, redundant experts and
+//!   MTP depth vary. One node is planned aggregated only.
 //!
 //! Each candidate is first run closed-loop with every decode slot (DP ranks x batch cap) busy,
 //! which measures its capacity in requests per second and its request lifetime; then open-loop
@@ -32,9 +38,54 @@ use serde::Serialize;
 use std::path::Path;
 use steady::{capacity, measure, RunSpan};
 
-/// The dynamic EPLB cycle of planned layouts with redundant experts (vllm-ascend's defaults).
-const EPLB_HEAT: u32 = 600;
-const EPLB_ALGO: u32 = 50;
+/// The engine a plan's layouts run on and its launch arguments are written for: the one the
+/// hardware runs DeepSeek with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Engine {
+    /// vLLM with the vllm-ascend plugin, on Huawei Ascend.
+    VllmAscend,
+    /// vLLM, on NVIDIA GPUs.
+    Vllm,
+}
+
+impl Engine {
+    /// The engine of a built-in system, from its chip's vendor.
+    pub fn of(hardware: &str) -> Result<Engine, String> {
+        let sys = Catalog::builtin()
+            .system(hardware)
+            .map_err(|e| e.to_string())?;
+        match sys.chip.vendor.as_str() {
+            "Huawei" => Ok(Engine::VllmAscend),
+            "NVIDIA" => Ok(Engine::Vllm),
+            v => Err(format!(
+                "--hardware {hardware}: no launch arguments for chips of {v}"
+            )),
+        }
+    }
+
+    /// As reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::VllmAscend => "vllm-ascend",
+            Engine::Vllm => "vLLM",
+        }
+    }
+
+    /// The dynamic EPLB cycle of planned layouts with redundant experts, as the twin's
+    /// `heat_interval` and `algorithm_interval` (steps). vllm-ascend's defaults (docs
+    /// eplb_swift_balancer.md: collect heat 600 steps, run the algorithm 50, then move one
+    /// layer a step). vLLM's defaults (EPLBConfig: the load of the last `window_size` 1000
+    /// steps, re-placed every `step_interval` 3000): 1000 steps of heat, then 2000 before
+    /// the moves, so that placements are as old and as frequent; the twin moves one layer a
+    /// step where vLLM moves them all at once.
+    fn eplb_cycle(self) -> (u32, u32) {
+        match self {
+            Engine::VllmAscend => (600, 50),
+            Engine::Vllm => (1000, 2000),
+        }
+    }
+}
 
 /// What to plan for.
 #[derive(Clone, Debug)]
@@ -58,6 +109,8 @@ pub struct PlanInput {
     pub seed: u64,
     /// Seeds each layout within reach of the best runs with (at least 2: a spread needs two).
     pub seeds: u32,
+    /// The engine the layouts run on ([`Engine::of`] the hardware).
+    pub engine: Engine,
 }
 
 /// The latency a percentile SLO bounds.
@@ -123,42 +176,120 @@ impl PlanInput {
     }
 }
 
-/// One deployment to try.
+/// How a layout splits the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayoutKind {
+    /// Prefill instances hand their KV to a decode instance.
+    Disaggregated,
+    /// Mixed instances: each prefills and decodes its own requests in the same steps.
+    Aggregated,
+}
+
+/// One deployment to try. The `decode_*` fields describe the instances that generate: the
+/// decode instance of a disaggregated layout, or every mixed instance of an aggregated one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Candidate {
+    pub kind: LayoutKind,
+    /// Prefill instances (one node each); 0 when aggregated.
     pub prefill_nodes: u32,
+    /// Nodes of the generating instances: the decode instance's, or all of the mixed ones'.
     pub decode_nodes: u32,
+    /// Prefill attention TP; 0 when aggregated.
     pub prefill_tp: u32,
+    /// Attention TP of the generating instances.
     pub decode_tp: u32,
+    /// Nodes per generating instance: `decode_nodes` for the one decode instance; aggregated,
+    /// `decode_nodes / instance_nodes` mixed instances of this size.
+    pub instance_nodes: u32,
+    /// Requests per DP rank of the generating instances.
     pub max_num_seqs: u32,
+    /// Tokens per step of the generating instances: a decode instance's batch with its drafts
+    /// (`max_num_seqs x (1 + mtp)`), a mixed instance's chunked-prefill budget.
+    pub max_num_batched_tokens: u32,
     pub redundant_experts: u32,
     pub mtp: u32,
 }
 
-/// The search space on `nodes` nodes of `dies_per_node` dies.
+/// Attention TP of aggregated (mixed) instances: vllm-ascend's one-node A3 runs use DP4 x TP4
+/// and DP2 x TP8; smaller TP leaves a long prompt on too few dies.
+const MIXED_TP: [u32; 2] = [4, 8];
+/// Chunked-prefill budgets of mixed instances: short steps that keep TPOT low, or long ones
+/// that prefill a prompt in fewer steps.
+const MIXED_BUDGETS: [u32; 2] = [4096, 16384];
+
+/// The search space on `nodes` nodes of `dies_per_node` dies: every disaggregated split (with
+/// two or more nodes), then every aggregated layout.
 pub fn candidates(nodes: u32, dies_per_node: u32) -> Vec<Candidate> {
     let mut v = Vec::new();
+    let knobs = |v: &mut Vec<Candidate>, c: Candidate| {
+        for max_num_seqs in [16, 32, 48] {
+            for redundant_experts in [0, 32] {
+                for mtp in [0, 1, 2] {
+                    let budget = match c.kind {
+                        LayoutKind::Disaggregated => max_num_seqs * (1 + mtp),
+                        LayoutKind::Aggregated => c.max_num_batched_tokens,
+                    };
+                    v.push(Candidate {
+                        max_num_seqs,
+                        max_num_batched_tokens: budget,
+                        redundant_experts,
+                        mtp,
+                        ..c.clone()
+                    });
+                }
+            }
+        }
+    };
+    let blank = Candidate {
+        kind: LayoutKind::Disaggregated,
+        prefill_nodes: 0,
+        decode_nodes: nodes,
+        prefill_tp: 0,
+        decode_tp: 0,
+        instance_nodes: nodes,
+        max_num_seqs: 0,
+        max_num_batched_tokens: 0,
+        redundant_experts: 0,
+        mtp: 0,
+    };
     for prefill_nodes in 1..nodes {
         for prefill_tp in [8, 16] {
             if !dies_per_node.is_multiple_of(prefill_tp) {
                 continue;
             }
             for decode_tp in [1, 2, 4] {
-                for max_num_seqs in [16, 32, 48] {
-                    for redundant_experts in [0, 32] {
-                        for mtp in [0, 1, 2] {
-                            v.push(Candidate {
-                                prefill_nodes,
-                                decode_nodes: nodes - prefill_nodes,
-                                prefill_tp,
-                                decode_tp,
-                                max_num_seqs,
-                                redundant_experts,
-                                mtp,
-                            });
-                        }
-                    }
-                }
+                let decode_nodes = nodes - prefill_nodes;
+                knobs(
+                    &mut v,
+                    Candidate {
+                        prefill_nodes,
+                        decode_nodes,
+                        prefill_tp,
+                        decode_tp,
+                        instance_nodes: decode_nodes,
+                        ..blank.clone()
+                    },
+                );
+            }
+        }
+    }
+    for instance_nodes in (1..=nodes).filter(|k| nodes.is_multiple_of(*k)) {
+        for tp in MIXED_TP
+            .into_iter()
+            .filter(|t| dies_per_node.is_multiple_of(*t))
+        {
+            for budget in MIXED_BUDGETS {
+                knobs(
+                    &mut v,
+                    Candidate {
+                        kind: LayoutKind::Aggregated,
+                        decode_tp: tp,
+                        instance_nodes,
+                        max_num_batched_tokens: budget,
+                        ..blank.clone()
+                    },
+                );
             }
         }
     }
@@ -168,16 +299,33 @@ pub fn candidates(nodes: u32, dies_per_node: u32) -> Vec<Candidate> {
 impl Candidate {
     /// A one-line description.
     pub fn label(&self) -> String {
-        format!(
-            "{}P{}D nodes, prefill TP{}, decode TP{} x{} seqs, {} redundant, MTP {}",
-            self.prefill_nodes,
-            self.decode_nodes,
-            self.prefill_tp,
-            self.decode_tp,
-            self.max_num_seqs,
-            self.redundant_experts,
-            self.mtp
-        )
+        match self.kind {
+            LayoutKind::Disaggregated => format!(
+                "{}P{}D nodes, prefill TP{}, decode TP{} x{} seqs, {} redundant, MTP {}",
+                self.prefill_nodes,
+                self.decode_nodes,
+                self.prefill_tp,
+                self.decode_tp,
+                self.max_num_seqs,
+                self.redundant_experts,
+                self.mtp
+            ),
+            LayoutKind::Aggregated => format!(
+                "aggregated {} x {}-node, TP{} x{} seqs, {} tokens/step, {} redundant, MTP {}",
+                self.instances(),
+                self.instance_nodes,
+                self.decode_tp,
+                self.max_num_seqs,
+                self.max_num_batched_tokens,
+                self.redundant_experts,
+                self.mtp
+            ),
+        }
+    }
+
+    /// Generating instances: one decode instance, or the mixed instances.
+    pub fn instances(&self) -> u32 {
+        self.decode_nodes / self.instance_nodes
     }
 
     /// Decode DP ranks x batch cap.
@@ -210,10 +358,24 @@ impl Candidate {
         // Redundant experts are re-placed as vllm-ascend's dynamic EPLB does (the launch
         // arguments ask for the same cycle).
         let eplb = if self.redundant_experts > 0 {
-            format!("[eplb]\ndynamic = true\nheat_interval = {EPLB_HEAT}\nalgorithm_interval = {EPLB_ALGO}\n")
+            let (heat, algo) = p.engine.eplb_cycle();
+            format!("[eplb]\ndynamic = true\nheat_interval = {heat}\nalgorithm_interval = {algo}\n")
         } else {
             String::new()
         };
+        // vLLM on GPUs: one DeepEP mode per instance (`--all2all-backend`): high-throughput
+        // for prefill instances, low-latency (the kernels CUDA graphs capture) for decode and
+        // for mixed ones; KV exhaustion preempts in place. vllm-ascend chooses per step
+        // (`moe_comm` auto) and sends decode work back to prefill.
+        let (prefill_comm, decode_comm, preemption) = match p.engine {
+            Engine::VllmAscend => ("", "", "send_back"),
+            Engine::Vllm => (
+                "moe_comm = \"alltoall\"\n",
+                "moe_comm = \"mc2\"\n",
+                "recompute",
+            ),
+        };
+        let mixed_comm = decode_comm;
         let window = match load {
             Load::Open { window, .. } => format!(
                 "warmup_s = {}\nduration_s = {}\n",
@@ -222,22 +384,18 @@ impl Candidate {
             ),
             Load::Closed(_) => String::new(),
         };
-        format!(
-            r#"name = "plan"
-seed = {seed}
-model = "{model}"
-quant = "{quant}"
-hardware = "{hw}"
-{window}{mtp}{eplb}
-[[instance]]
+        let red = self.redundant_experts;
+        let instances = match self.kind {
+            LayoutKind::Disaggregated => format!(
+                r#"[[instance]]
 name = "prefill"
 role = "prefill"
 count = {pn}
-dies = {dpn}
+dies = {dies_per_node}
 tp = {ptp}
 redundant_experts = {red}
 two_microbatch = true
-[instance.scheduler]
+{prefill_comm}[instance.scheduler]
 max_num_batched_tokens = 16384
 max_num_seqs = 8
 max_model_len = {max_len}
@@ -247,15 +405,51 @@ enable_prefix_caching = false
 name = "decode"
 role = "decode"
 dies = {dd}
-tp = {dtp}
+tp = {tp}
 redundant_experts = {red}
-[instance.scheduler]
+{decode_comm}[instance.scheduler]
 max_num_batched_tokens = {budget}
 max_num_seqs = {seqs}
 max_model_len = {max_len}
 enable_prefix_caching = false
-preemption = "send_back"
-
+preemption = "{preemption}"
+"#,
+                pn = self.prefill_nodes,
+                ptp = self.prefill_tp,
+                dd = self.decode_nodes * dies_per_node,
+                tp = self.decode_tp,
+                budget = self.max_num_batched_tokens,
+                seqs = self.max_num_seqs,
+            ),
+            LayoutKind::Aggregated => format!(
+                r#"[[instance]]
+name = "mixed"
+role = "mixed"
+count = {count}
+dies = {dies}
+tp = {tp}
+redundant_experts = {red}
+{mixed_comm}[instance.scheduler]
+max_num_batched_tokens = {budget}
+max_num_seqs = {seqs}
+max_model_len = {max_len}
+enable_prefix_caching = false
+"#,
+                count = self.instances(),
+                dies = self.instance_nodes * dies_per_node,
+                tp = self.decode_tp,
+                budget = self.max_num_batched_tokens,
+                seqs = self.max_num_seqs,
+            ),
+        };
+        format!(
+            r#"name = "plan"
+seed = {seed}
+model = "{model}"
+quant = "{quant}"
+hardware = "{hw}"
+{window}{mtp}{eplb}
+{instances}
 [workload]
 {load}
 input = {{ dist = "fixed", value = {inp} }}
@@ -265,14 +459,6 @@ output = {{ dist = "fixed", value = {out} }}
             model = p.model,
             quant = p.quant,
             hw = p.hardware,
-            pn = self.prefill_nodes,
-            dpn = dies_per_node,
-            ptp = self.prefill_tp,
-            red = self.redundant_experts,
-            dd = self.decode_nodes * dies_per_node,
-            dtp = self.decode_tp,
-            budget = self.max_num_seqs * (1 + t),
-            seqs = self.max_num_seqs,
             load = match load {
                 Load::Closed(g) => format!(
                     "kind = \"closed_loop\"\nconcurrency = {}\nnum_requests = {}",
@@ -289,80 +475,163 @@ output = {{ dist = "fixed", value = {out} }}
         )
     }
 
-    /// The `vllm serve` arguments of each instance, as vllm-ascend takes them, serving the
-    /// model as `served` (its own name: a config.json's, not its path).
+    /// The launch command of each instance for the plan's engine, serving the model as
+    /// `served` (its own name: a config.json's, not its path): `vllm serve` as vllm-ascend
+    /// takes it on Ascend (`--additional-config`, the Mooncake connector, `DYNAMIC_EPLB=true`
+    /// for dynamic EPLB) or as vLLM takes it on GPUs (`--enable-eplb`, `--all2all-backend`,
+    /// the NIXL connector, `--enable-dbo` for the prefill micro-batches). An instance over more
+    /// than one node is started on each with `--data-parallel-size-local` ranks there (the
+    /// first node's arguments; the others add `--headless --data-parallel-start-rank`).
     pub fn launch_args(
         &self,
         p: &PlanInput,
         dies_per_node: u32,
         served: &str,
     ) -> Vec<(String, String)> {
-        let pdp = dies_per_node / self.prefill_tp;
-        let ddp = self.decode_nodes * dies_per_node / self.decode_tp;
-        let quant = if p.quant == "bf16" {
-            ""
-        } else {
-            " \\\n  --quantization ascend"
-        };
-        let spec = if self.mtp > 0 {
-            format!(
-                " \\\n  --speculative-config '{{\"num_speculative_tokens\": {}, \"method\": \"mtp\"}}'",
-                self.mtp
-            )
-        } else {
-            String::new()
-        };
-        let extra = format!(
-            "{{\"prefill\": {{\"dp_size\": {pdp}, \"tp_size\": {}}}, \"decode\": {{\"dp_size\": {ddp}, \"tp_size\": {}}}}}",
-            self.prefill_tp, self.decode_tp
-        );
+        let ascend = p.engine == Engine::VllmAscend;
+        let nl = " \\\n  ";
         let max_len = u64::from(p.input_tokens) + u64::from(p.output_tokens) + 64;
-        let role = |name: &str,
-                    kv_role: &str,
-                    dp: u32,
-                    tp: u32,
-                    seqs: u32,
-                    budget: u32,
-                    eplb: &str| {
-            (
-                name.to_string(),
+        let mut common = Vec::new();
+        if ascend && p.quant != "bf16" {
+            // GPU checkpoints carry their quantization in config.json; vllm-ascend's
+            // msModelSlim ones are named by this flag.
+            common.push("--quantization ascend".to_string());
+        }
+        if self.mtp > 0 {
+            common.push(format!(
+                "--speculative-config '{{\"num_speculative_tokens\": {}, \"method\": \"mtp\"}}'",
+                self.mtp
+            ));
+        }
+        let eplb = self.redundant_experts > 0;
+        let (heat, algo) = p.engine.eplb_cycle();
+        if ascend {
+            let eplb_config = if eplb {
                 format!(
-                    "vllm serve ${{MODEL_PATH:?the {model} {q} weights}} \\\n  --served-model-name {model} \\\n  --data-parallel-size {dp} \\\n  --tensor-parallel-size {tp} \\\n  --enable-expert-parallel \\\n  --max-num-seqs {seqs} \\\n  --max-num-batched-tokens {budget} \\\n  --max-model-len {max_len} \\\n  --no-enable-prefix-caching{quant}{spec} \\\n  --additional-config '{{\"recompute_scheduler_enable\": true, \"eplb_config\": {eplb}}}' \\\n  --kv-transfer-config '{{\"kv_connector\": \"MooncakeConnectorV1\", \"kv_role\": \"{kv_role}\", \"kv_connector_extra_config\": {extra}}}'",
-                    model = served,
-                    q = p.quant,
-                ),
-            )
-        };
-        let eplb = |heat: u32, algo: u32| {
-            if self.redundant_experts == 0 {
-                return "{\"dynamic_eplb\": false}".to_string();
-            }
-            format!(
-                "{{\"dynamic_eplb\": {}, \"expert_heat_collection_interval\": {heat}, \"algorithm_execution_interval\": {algo}, \"num_redundant_experts\": {}}}",
-                self.redundant_experts > 0,
+                    "{{\"dynamic_eplb\": true, \"expert_heat_collection_interval\": {heat}, \"algorithm_execution_interval\": {algo}, \"num_redundant_experts\": {}}}",
+                    self.redundant_experts
+                )
+            } else {
+                "{\"dynamic_eplb\": false}".to_string()
+            };
+            // The recompute scheduler (decode KV short: back to prefill) only where there is
+            // a prefill instance to send back to.
+            let recompute = if self.kind == LayoutKind::Disaggregated {
+                "\"recompute_scheduler_enable\": true, "
+            } else {
+                ""
+            };
+            common.push(format!(
+                "--additional-config '{{{recompute}\"eplb_config\": {eplb_config}}}'"
+            ));
+        } else if eplb {
+            common.push("--enable-eplb".to_string());
+            common.push(format!(
+                "--eplb-config '{{\"window_size\": {heat}, \"step_interval\": {}, \"num_redundant_experts\": {}}}'",
+                heat + algo,
                 self.redundant_experts
+            ));
+        }
+        let env = if ascend && eplb {
+            "DYNAMIC_EPLB=true "
+        } else {
+            ""
+        };
+        // `extra`: the role's own arguments (DeepEP mode, micro-batches, KV transfer).
+        let serve = |nodes: u32, tp: u32, seqs: u32, budget: u32, extra: &[String]| {
+            let mut a = vec![
+                format!("--served-model-name {served}"),
+                format!("--data-parallel-size {}", nodes * dies_per_node / tp),
+            ];
+            if nodes > 1 {
+                a.push(format!("--data-parallel-size-local {}", dies_per_node / tp));
+            }
+            a.push(format!("--tensor-parallel-size {tp}"));
+            a.push("--enable-expert-parallel".to_string());
+            a.push(format!("--max-num-seqs {seqs}"));
+            a.push(format!("--max-num-batched-tokens {budget}"));
+            a.push(format!("--max-model-len {max_len}"));
+            a.push("--no-enable-prefix-caching".to_string());
+            a.extend(common.iter().cloned());
+            a.extend(extra.iter().cloned());
+            format!(
+                "{env}vllm serve ${{MODEL_PATH:?the {served} {q} weights}}{nl}{}",
+                a.join(nl),
+                q = p.quant,
             )
         };
-        vec![
-            role(
-                &format!("prefill (x{} instances, one node each)", self.prefill_nodes),
-                "kv_producer",
-                pdp,
-                self.prefill_tp,
-                8,
-                16384,
-                &eplb(EPLB_HEAT, EPLB_ALGO),
-            ),
-            role(
-                &format!("decode ({} nodes)", self.decode_nodes),
-                "kv_consumer",
-                ddp,
-                self.decode_tp,
-                self.max_num_seqs,
-                self.max_num_seqs * (1 + self.mtp),
-                &eplb(EPLB_HEAT, EPLB_ALGO),
-            ),
-        ]
+        let all2all = |mode: &str| format!("--all2all-backend {mode}");
+        match self.kind {
+            LayoutKind::Disaggregated => {
+                let kv = |role: &str| {
+                    let cfg = if ascend {
+                        format!(
+                            "{{\"kv_connector\": \"MooncakeConnectorV1\", \"kv_role\": \"{role}\", \"kv_connector_extra_config\": {{\"prefill\": {{\"dp_size\": {}, \"tp_size\": {}}}, \"decode\": {{\"dp_size\": {}, \"tp_size\": {}}}}}}}",
+                            dies_per_node / self.prefill_tp,
+                            self.prefill_tp,
+                            self.decode_nodes * dies_per_node / self.decode_tp,
+                            self.decode_tp
+                        )
+                    } else {
+                        // vLLM's NIXL connector: both sides kv_both.
+                        "{\"kv_connector\": \"NixlConnector\", \"kv_role\": \"kv_both\"}"
+                            .to_string()
+                    };
+                    format!("--kv-transfer-config '{cfg}'")
+                };
+                let (prefill, decode) = if ascend {
+                    (vec![kv("kv_producer")], vec![kv("kv_consumer")])
+                } else {
+                    (
+                        vec![
+                            all2all("deepep_high_throughput"),
+                            "--enable-dbo".to_string(),
+                            kv("kv_producer"),
+                        ],
+                        vec![all2all("deepep_low_latency"), kv("kv_consumer")],
+                    )
+                };
+                vec![
+                    (
+                        format!("prefill (x{} instances, one node each)", self.prefill_nodes),
+                        serve(1, self.prefill_tp, 8, 16384, &prefill),
+                    ),
+                    (
+                        format!("decode ({} nodes)", self.decode_nodes),
+                        serve(
+                            self.decode_nodes,
+                            self.decode_tp,
+                            self.max_num_seqs,
+                            self.max_num_batched_tokens,
+                            &decode,
+                        ),
+                    ),
+                ]
+            }
+            LayoutKind::Aggregated => {
+                let extra = if ascend {
+                    vec![]
+                } else {
+                    vec![all2all("deepep_low_latency")]
+                };
+                vec![(
+                    format!(
+                        "mixed ({} instance{} of {} node{})",
+                        self.instances(),
+                        if self.instances() == 1 { "" } else { "s" },
+                        self.instance_nodes,
+                        if self.instance_nodes == 1 { "" } else { "s" }
+                    ),
+                    serve(
+                        self.instance_nodes,
+                        self.decode_tp,
+                        self.max_num_seqs,
+                        self.max_num_batched_tokens,
+                        &extra,
+                    ),
+                )]
+            }
+        }
     }
 }
 
@@ -391,12 +660,6 @@ pub fn nodes(hardware: &str, cards: u32) -> Result<(u32, u32), String> {
             "--cards {cards}: {hardware} deployments span at most {} nodes ({} cards)",
             sys.max_nodes,
             u64::from(sys.max_nodes) * u64::from(per_node)
-        ));
-    }
-    if nodes < 2 {
-        return Err(format!(
-            "--cards {cards}: PD disaggregation needs at least two nodes ({} cards)",
-            2 * per_node
         ));
     }
     Ok((nodes, sys.dies_per_node()))
@@ -499,6 +762,7 @@ pub(crate) fn test_input() -> PlanInput {
         acceptance: vec![0.7],
         seed: 1,
         seeds: 3,
+        engine: Engine::VllmAscend,
     }
 }
 
@@ -514,13 +778,32 @@ mod tests {
     /// Two prefill and two decode nodes with 32 redundant experts.
     fn two_by_two(prefill_tp: u32, decode_tp: u32, max_num_seqs: u32, mtp: u32) -> Candidate {
         Candidate {
+            kind: LayoutKind::Disaggregated,
             prefill_nodes: 2,
             decode_nodes: 2,
             prefill_tp,
             decode_tp,
+            instance_nodes: 2,
             max_num_seqs,
+            max_num_batched_tokens: max_num_seqs * (1 + mtp),
             redundant_experts: 32,
             mtp,
+        }
+    }
+
+    /// Four one-node mixed instances, DP4 x TP4.
+    fn four_mixed() -> Candidate {
+        Candidate {
+            kind: LayoutKind::Aggregated,
+            prefill_nodes: 0,
+            decode_nodes: 4,
+            prefill_tp: 0,
+            decode_tp: 4,
+            instance_nodes: 1,
+            max_num_seqs: 32,
+            max_num_batched_tokens: 4096,
+            redundant_experts: 0,
+            mtp: 1,
         }
     }
 
@@ -529,12 +812,62 @@ mod tests {
         let (n, d) = nodes("atlas-800-a3", 32).unwrap();
         assert_eq!((n, d), (4, 16));
         let c = candidates(n, d);
-        assert_eq!(c.len(), 3 * 2 * 3 * 3 * 2 * 3);
+        let knobs = 3 * 2 * 3;
+        // PD: 3 splits x prefill TP 8, 16 x decode TP 1, 2, 4; aggregated: instances of 1, 2
+        // or 4 nodes x TP 4, 8 x 2 budgets.
+        assert_eq!(c.len(), (3 * 2 * 3 + 3 * 2 * 2) * knobs);
+        let agg: Vec<&Candidate> = c
+            .iter()
+            .filter(|c| c.kind == LayoutKind::Aggregated)
+            .collect();
+        assert_eq!(agg.len(), 3 * 2 * 2 * knobs);
+        assert!(agg
+            .iter()
+            .all(|c| c.decode_nodes == 4 && c.prefill_nodes == 0));
+        assert!(agg.contains(&&four_mixed()));
         assert!(nodes("atlas-800-a3", 12).is_err());
-        assert!(
-            nodes("atlas-800-a3", 8).is_err(),
-            "one node cannot be split"
+        // One node: aggregated layouts only.
+        let (n, d) = nodes("atlas-800-a3", 8).unwrap();
+        let one = candidates(n, d);
+        assert_eq!(one.len(), 2 * 2 * knobs);
+        assert!(one.iter().all(|c| c.kind == LayoutKind::Aggregated));
+        // The decode budget follows the batch and its drafts.
+        assert!(c
+            .iter()
+            .filter(|c| c.kind == LayoutKind::Disaggregated)
+            .all(|c| c.max_num_batched_tokens == c.max_num_seqs * (1 + c.mtp)));
+    }
+
+    #[test]
+    fn aggregated_scenarios_validate_and_launch_one_mixed_command() {
+        let p = input();
+        let c = four_mixed();
+        assert_eq!(
+            c.label(),
+            "aggregated 4 x 1-node, TP4 x32 seqs, 4096 tokens/step, 0 redundant, MTP 1"
         );
+        let text = c.scenario(&p, 16, Load::Closed(Generations::new(64)), 1);
+        let s = load_str("t", &text, Path::new("."), &[]).expect("valid");
+        assert_eq!(s.instances.len(), 1);
+        assert_eq!(s.instances[0].count, 4);
+        assert_eq!(c.decode_slots(16), 4 * 4 * 32);
+        let args = c.launch_args(&p, 16, &p.model);
+        assert_eq!(args.len(), 1);
+        assert_eq!(args[0].0, "mixed (4 instances of 1 node)");
+        let cmd = &args[0].1;
+        assert!(cmd.contains("--data-parallel-size 4 \\\n"));
+        assert!(cmd.contains("--tensor-parallel-size 4"));
+        assert!(cmd.contains("--max-num-batched-tokens 4096"));
+        assert!(!cmd.contains("kv-transfer-config"));
+        assert!(!cmd.contains("recompute_scheduler_enable"));
+        assert!(!cmd.contains("--data-parallel-size-local"));
+        // Over two nodes: DP8, four ranks on each node.
+        let two = Candidate {
+            instance_nodes: 2,
+            ..c
+        };
+        let cmd = &two.launch_args(&p, 16, &p.model)[0].1;
+        assert!(cmd.contains("--data-parallel-size 8 \\\n  --data-parallel-size-local 4"));
     }
 
     #[test]
@@ -555,6 +888,62 @@ mod tests {
         assert!(args[1].1.contains("\"num_redundant_experts\": 32"));
         assert!(args[1].1.contains("--enable-expert-parallel"));
         assert!(args[1].1.contains("--quantization ascend"));
+        // Dynamic EPLB needs its environment variable as well as its config.
+        assert!(args[1].1.starts_with("DYNAMIC_EPLB=true vllm serve"));
+        let none = Candidate {
+            redundant_experts: 0,
+            ..c
+        };
+        assert!(none.launch_args(&p, 16, &p.model)[1]
+            .1
+            .starts_with("vllm serve"));
+    }
+
+    #[test]
+    fn gpu_layouts_launch_vllm_with_its_own_flags() {
+        let p = PlanInput {
+            hardware: "nvidia-h200-8".into(),
+            quant: "fp8".into(),
+            engine: Engine::of("nvidia-h200-8").unwrap(),
+            ..input()
+        };
+        assert_eq!(p.engine, Engine::Vllm);
+        assert_eq!(Engine::of("atlas-800-a3").unwrap(), Engine::VllmAscend);
+        assert!(Engine::of("no-such-system").is_err());
+        let c = Candidate {
+            prefill_tp: 8,
+            ..two_by_two(8, 1, 16, 1)
+        };
+        let text = c.scenario(&p, 8, Load::Closed(Generations::new(64)), 1);
+        assert!(text.contains("heat_interval = 1000\nalgorithm_interval = 2000"));
+        assert!(text.contains("preemption = \"recompute\""));
+        let s = load_str("t", &text, Path::new("."), &[]).expect("valid");
+        assert_eq!(s.instances.len(), 2);
+        let args = c.launch_args(&p, 8, "deepseek-r1");
+        let (prefill, decode) = (&args[0].1, &args[1].1);
+        for cmd in [prefill, decode] {
+            assert!(cmd.starts_with("vllm serve"), "{cmd}");
+            assert!(!cmd.contains("ascend"), "{cmd}");
+            assert!(!cmd.contains("--additional-config"), "{cmd}");
+            assert!(cmd.contains("--enable-eplb"));
+            assert!(cmd.contains(
+                "--eplb-config '{\"window_size\": 1000, \"step_interval\": 3000, \"num_redundant_experts\": 32}'"
+            ));
+            assert!(cmd.contains("\"kv_connector\": \"NixlConnector\", \"kv_role\": \"kv_both\""));
+        }
+        assert!(prefill.contains("--all2all-backend deepep_high_throughput"));
+        assert!(prefill.contains("--enable-dbo"));
+        assert!(decode.contains("--all2all-backend deepep_low_latency"));
+        assert!(decode.contains("--data-parallel-size 16 \\\n  --data-parallel-size-local 8"));
+        let mixed = Candidate {
+            decode_nodes: 2,
+            instance_nodes: 2,
+            decode_tp: 8,
+            ..four_mixed()
+        };
+        let cmd = &mixed.launch_args(&p, 8, "deepseek-r1")[0].1;
+        assert!(cmd.contains("--all2all-backend deepep_low_latency"));
+        assert!(!cmd.contains("kv-transfer-config"));
     }
 
     #[test]

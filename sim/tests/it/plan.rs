@@ -1,7 +1,8 @@
 //! `plan` on real runs: equivalent layouts tie, the steady window is steady.
 
 use dstwin_sim::plan::{
-    rank, run_level, screen, to_seed, Candidate, Outcome, PlanInput, Standing, Window,
+    rank, run_level, screen, to_seed, Candidate, Engine, LayoutKind, Outcome, PlanInput, Standing,
+    Window,
 };
 
 fn input(output_tokens: u32) -> PlanInput {
@@ -18,17 +19,21 @@ fn input(output_tokens: u32) -> PlanInput {
         acceptance: vec![],
         seed: 1,
         seeds: 3,
+        engine: Engine::VllmAscend,
     }
 }
 
 /// One prefill node (DP2 x TP8) and one decode node (DP8 x TP2) with `seqs` per rank.
 fn layout(seqs: u32, redundant_experts: u32, mtp: u32) -> Candidate {
     Candidate {
+        kind: LayoutKind::Disaggregated,
         prefill_nodes: 1,
         decode_nodes: 1,
         prefill_tp: 8,
         decode_tp: 2,
+        instance_nodes: 1,
         max_num_seqs: seqs,
+        max_num_batched_tokens: seqs * (1 + mtp),
         redundant_experts,
         mtp,
     }
@@ -140,4 +145,107 @@ fn the_window_is_steady_and_the_warm_up_matters() {
     // length measures far less.
     let cold = goodput(0.0, w.measured_s);
     assert!(cold < 0.9 * rule, "no warm-up {cold} vs {rule}");
+}
+
+/// Every command `plan` writes, for every layout of A3 (one and four nodes) and H200 (two
+/// nodes), uses only flags, JSON keys, values and environment variables its engine documents
+/// (`sim/tests/data/engine_flags.toml`, with their origins).
+#[test]
+fn every_launch_flag_is_one_the_engine_documents() {
+    let doc: toml::Table = toml::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/engine_flags.toml"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let list = |t: &toml::Table, k: &str| -> Vec<String> {
+        t.get(k)
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().map(|x| x.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default()
+    };
+    // Keys of a JSON value, nested ones joined by '.'.
+    fn keys(prefix: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+        if let Some(m) = v.as_object() {
+            for (k, x) in m {
+                let path = format!("{prefix}.{k}");
+                if x.is_object() {
+                    keys(&path, x, out);
+                } else {
+                    out.push(path);
+                }
+            }
+        }
+    }
+    let mut checked = 0;
+    for (hardware, cards, quant, table) in [
+        ("atlas-800-a3", 32, "w8a8", "vllm_ascend"),
+        ("atlas-800-a3", 8, "w8a8", "vllm_ascend"),
+        ("nvidia-h200-8", 16, "fp8", "vllm"),
+    ] {
+        let doc = doc[table].as_table().unwrap();
+        let engine = Engine::of(hardware).unwrap();
+        assert_eq!(
+            engine,
+            if table == "vllm" {
+                Engine::Vllm
+            } else {
+                Engine::VllmAscend
+            }
+        );
+        let p = PlanInput {
+            hardware: hardware.into(),
+            cards,
+            quant: quant.into(),
+            engine,
+            ..input(100)
+        };
+        let (nodes, dies) = dstwin_sim::plan::nodes(hardware, cards).unwrap();
+        for c in dstwin_sim::plan::candidates(nodes, dies) {
+            for (role, cmd) in c.launch_args(&p, dies, "deepseek-r1") {
+                let mut parts = cmd.split(" \\\n  ");
+                let head = parts.next().unwrap();
+                let (env, serve) = head.split_once("vllm serve ").expect(head);
+                for e in env.split_whitespace() {
+                    assert!(list(doc, "env").contains(&e.to_string()), "{table} env {e}");
+                }
+                assert!(serve.starts_with("${MODEL_PATH:?"), "{serve}");
+                for part in parts {
+                    let (flag, value) = part.split_once(' ').unwrap_or((part, ""));
+                    assert!(
+                        list(doc, "flags").contains(&flag.to_string()),
+                        "{table}: {flag} ({role} of {})",
+                        c.label()
+                    );
+                    let name = flag.trim_start_matches("--").replace('-', "_");
+                    if let Some(json) = value.strip_prefix('\'') {
+                        let v: serde_json::Value =
+                            serde_json::from_str(json.strip_suffix('\'').unwrap())
+                                .unwrap_or_else(|e| panic!("{flag} {value}: {e}"));
+                        let mut found = Vec::new();
+                        keys(&name, &v, &mut found);
+                        for k in found {
+                            assert!(list(doc, "json_keys").contains(&k), "{table}: {k}");
+                        }
+                        for (k, allowed) in
+                            [("kv_connector", "kv_connector"), ("kv_role", "kv_role")]
+                        {
+                            if let Some(x) = v.get(k).and_then(|x| x.as_str()) {
+                                assert!(list(doc, allowed).contains(&x.to_string()), "{k} {x}");
+                            }
+                        }
+                    } else if doc.contains_key(&name) {
+                        assert!(
+                            list(doc, &name).contains(&value.to_string()),
+                            "{flag} {value}"
+                        );
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 5000, "{checked}");
 }
