@@ -2,6 +2,13 @@
 
 use super::{fronts, label, Row};
 
+/// What a sweep's goodput is over, against `dstwin plan`'s.
+pub const GOODPUT_BASIS: &str = "Goodput per card: the requests that met every SLO, per second \
+of each run's report window (from the scenario's `warmup_s`, 0 unless set, to the end of the \
+run, so a run without a warm-up counts its ramp and its drain), over every card. `dstwin plan` \
+ranks on a steady window instead (docs/what-if.md); give the base scenario `warmup_s` and \
+`duration_s` to measure a sweep in steady state.";
+
 /// The markdown summary of a sweep.
 pub fn summary_markdown(axes: &[String], rows: &[Row]) -> String {
     let ok = rows.iter().filter(|r| r.ok()).count();
@@ -23,7 +30,9 @@ pub fn summary_markdown(axes: &[String], rows: &[Row]) -> String {
             .then(a.index.cmp(&b.index))
     });
     if !best.is_empty() {
-        s += "## Best points by goodput per card\n\n| point | goodput/card (req/s) | output tok/s/card | SLO met | TTFT p50 (ms) | TPOT p50 (ms) |\n|---|---|---|---|---|---|\n";
+        s += "## Best points by goodput per card\n\n";
+        s += GOODPUT_BASIS;
+        s += "\n\n| point | goodput/card (req/s) | output tok/s/card | SLO met | TTFT p50 (ms) | TPOT p50 (ms) |\n|---|---|---|---|---|---|\n";
         for r in best.iter().take(10) {
             s += &format!(
                 "| {} | {:.4} | {:.1} | {:.1}% | {:.0} | {:.1} |\n",
