@@ -35,7 +35,8 @@ enum Command {
     /// fronts of throughput per card against TPOT and TTFT, a summary; resumable and shardable.
     Sweep(Box<sweep_cmd::SweepArgs>),
     /// Search disaggregated (PD) and aggregated layouts of a model on N cards for the best
-    /// goodput per card under SLOs and print their vllm-ascend launch arguments.
+    /// goodput per card under SLOs and print their launch commands (vllm-ascend, vLLM or
+    /// SGLang).
     Plan(Box<plan_cmd::PlanArgs>),
     /// Regenerate a sweep's fronts, plots and summary, or merge the shards of a study.
     Report(report_cmd::ReportArgs),

@@ -1,5 +1,5 @@
 //! `dstwin plan`: the best layouts (disaggregated or aggregated) for a model on N cards under
-//! SLOs, with the vllm-ascend launch arguments of each instance.
+//! SLOs, with the launch command of each instance for the engine (vllm-ascend, vLLM, SGLang).
 
 use crate::output::{out, outln};
 use crate::Failure;
@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example:\n  dstwin plan --model deepseek-r1 --quant w8a8 --hardware atlas-800-a3 --cards 32 \\\n      --input 3500 --output 1500 --slo tpot=50ms,ttft=2s --out plan-out\n  dstwin plan --cards 16 --slo ttft_p90=2s,tpot_p99=60ms   (percentiles over each run)\n\nSearches disaggregated layouts (prefill/decode splits by node, prefill and decode TP) and\naggregated ones (mixed instances of 1 to N nodes, their attention TP and token budget per\nstep; the only kind on one node), with the batch cap, redundant experts and MTP depth\n(docs/what-if.md). Each layout's capacity is measured\nclosed-loop with every decode slot busy, then it runs open-loop at 60% and 90% of it; every\nrun leaves out a warm-up and measures a steady window, both counted in the layout's request\nlifetimes. Layouts within reach of the best run with --seeds seeds; goodput per card (requests\nmeeting every SLO) is reported as mean and min-max over them, and layouts whose ranges overlap\nthe best's are reported as tied with it. Prints the best layouts, why the others lose, and\n`vllm serve` arguments for the winners."
+    after_help = "Example:\n  dstwin plan --model deepseek-r1 --quant w8a8 --hardware atlas-800-a3 --cards 32 \\\n      --input 3500 --output 1500 --slo tpot=50ms,ttft=2s --out plan-out\n  dstwin plan --cards 16 --slo ttft_p90=2s,tpot_p99=60ms   (percentiles over each run)\n  dstwin plan --hardware nvidia-h200-8 --quant fp8 --cards 16 --engine sglang\n\nSearches disaggregated layouts (prefill/decode splits by node, prefill and decode TP) and\naggregated ones (mixed instances of 1 to N nodes, their attention TP and token budget per\nstep; the only kind on one node), with the batch cap, redundant experts and MTP depth\n(docs/what-if.md). Each layout's capacity is measured\nclosed-loop with every decode slot busy, then it runs open-loop at 60% and 90% of it; every\nrun leaves out a warm-up and measures a steady window, both counted in the layout's request\nlifetimes. Layouts within reach of the best run with --seeds seeds; goodput per card (requests\nmeeting every SLO) is reported as mean and min-max over them, and layouts whose ranges overlap\nthe best's are reported as tied with it. Prints the best layouts, why the others lose, and\nthe winners' launch commands for --engine (vllm-ascend, vLLM or SGLang)."
 )]
 pub struct PlanArgs {
     /// Built-in model name (`dstwin catalog`) or a path to a HuggingFace config.json.
@@ -29,6 +29,12 @@ pub struct PlanArgs {
     /// Built-in system name (`dstwin catalog`).
     #[arg(long, default_value = "atlas-800-a3")]
     hardware: String,
+    /// The engine the layouts run on and the launch commands are for: vllm (vllm-ascend on
+    /// Ascend, vLLM on GPUs) or sglang (SGLang; on Ascend with --device npu). The engine sets
+    /// what each layout's simulation assumes as well: MoE communication mode, micro-batches,
+    /// EPLB cycle, DP dispatch, what happens when decode KV runs out (docs/what-if.md).
+    #[arg(long, default_value = "vllm")]
+    engine: String,
     /// Cards (packages) to deploy on: a multiple of the system's cards per node (one node is
     /// planned aggregated only).
     #[arg(long, default_value_t = 32)]
@@ -176,7 +182,7 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         acceptance: a.mtp_accept.clone(),
         seed: a.seed,
         seeds: a.seeds,
-        engine: Engine::of(&a.hardware).map_err(|e| Failure::Input(anyhow!(e)))?,
+        engine: Engine::parse(&a.engine, &a.hardware).map_err(|e| Failure::Input(anyhow!(e)))?,
     };
     // The model and quantization must exist before a thousand candidates say so.
     let probe = candidates(n, dies_per_node)[0].scenario(
@@ -374,7 +380,7 @@ fn render(
         .filter(|o| o.standing == Standing::Tied)
         .count();
     let mut s = format!(
-        "plan: {} {} on {} cards of {} ({} in / {} out), SLO {}\n\
+        "plan: {} {} on {} cards of {} ({} in / {} out) with {}, SLO {}\n\
          {} layouts screened with seed {}; {seeded} within reach of the best run with seeds {}-{}\n\
          every run: {WARMUP_LIFETIMES} request lifetimes of warm-up left out, {MEASURED_LIFETIMES} or more measured\n\
          figures: mean (min-max) over the seeds; goodput ranges that overlap the best's are tied with it\n\n",
@@ -384,6 +390,7 @@ fn render(
         a.hardware,
         a.input,
         a.output,
+        p.engine.name(),
         slo_text(p),
         outcomes.len(),
         seeds[0],

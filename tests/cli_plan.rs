@@ -6,7 +6,7 @@ use common::{dstwin, read, stderr_text as err};
 
 use serde_json::Value;
 
-/// DeepSeek-R1 on two Atlas 800 A3 nodes, short requests: 108 layouts, a few seconds.
+/// DeepSeek-R1 on two Atlas 800 A3 nodes, short requests: 252 layouts, a few seconds.
 const SMALL: [&str; 13] = [
     "plan",
     "--model",
@@ -252,4 +252,50 @@ fn plan_takes_percentile_slos() {
         assert_eq!(o.status.code(), Some(2));
         assert!(err(&o).contains(says), "{}", err(&o));
     }
+}
+
+/// `--engine sglang` plans the same layouts as SGLang runs them and prints SGLang's commands
+/// (and its PD router); one node plans aggregated layouts only; an unknown engine exits 2
+/// naming the value and the choices.
+#[test]
+fn plan_runs_and_launches_as_the_engine_does() {
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend(["--engine", "sglang", "--top", "1", "--seeds", "2", "-q"]);
+    let o = dstwin(&args);
+    assert!(o.status.success(), "{}", err(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains(") with SGLang (Ascend NPU), SLO"), "{s}");
+    assert!(s.contains("python3 -m sglang.launch_server"), "{s}");
+    assert!(s.contains("--device npu"), "{s}");
+    assert!(!s.contains("vllm serve"), "{s}");
+    args.push("--json");
+    let v: Value = serde_json::from_str(&String::from_utf8_lossy(&dstwin(&args).stdout)).unwrap();
+    assert_eq!(v["engine"], "sglang_npu");
+    let kinds: Vec<&str> = v["layouts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["candidate"]["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"aggregated") && kinds.contains(&"disaggregated"));
+    // One A3 node: aggregated layouts only, each launched as one mixed instance.
+    let mut one: Vec<&str> = SMALL.to_vec();
+    one[6] = "8";
+    one.extend(["--top", "1", "--seeds", "2", "-q", "--json"]);
+    let o = dstwin(&one);
+    assert!(o.status.success(), "{}", err(&o));
+    let v: Value = serde_json::from_str(&String::from_utf8_lossy(&o.stdout)).unwrap();
+    assert_eq!(v["engine"], "vllm_ascend");
+    let layouts = v["layouts"].as_array().unwrap();
+    assert_eq!(layouts.len(), 72);
+    assert!(layouts
+        .iter()
+        .all(|l| l["candidate"]["kind"] == "aggregated" && l["candidate"]["decode_nodes"] == 1));
+    let o = dstwin(&["plan", "--engine", "trt", "-q"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        err(&o).contains("--engine trt: unknown engine"),
+        "{}",
+        err(&o)
+    );
 }

@@ -5,7 +5,7 @@
 //! - [`run`]: the virtual-time event loop of a whole deployment and its report.
 //! - [`scenario`]: scenario files: strict parsing, `--set` overrides, validation.
 //! - [`report`]: human-readable rendering of reports.
-//! - [`plan`]: the deployment search of `dstwin plan` and vllm-ascend launch arguments.
+//! - [`plan`]: the deployment search of `dstwin plan` and the engines' launch commands.
 //! - [`plot`]: scatter plots with a Pareto front and knee, SVG and PNG.
 //! - [`sweep`]: what-if grids, sharding, result rows, Pareto fronts and knees.
 //! - [`uncertainty`]: draws of what a scenario leaves unknown, for 80% intervals.

@@ -1,6 +1,7 @@
-//! `dstwin plan`: search PD deployments of a model on N cards for the best goodput per card
-//! under SLOs, and print each winner's vllm-ascend launch arguments. IO-free: candidates are
-//! scenario texts the caller simulates (in parallel) with [`screen`] and [`run_level`].
+//! `dstwin plan`: search disaggregated and aggregated deployments of a model on N cards for
+//! the best goodput per card under SLOs, as an engine runs them, and print each winner's launch
+//! commands for that engine ([`launch`]). IO-free: candidates are scenario texts the caller
+//! simulates (in parallel) with [`screen`] and [`run_level`].
 //!
 //! The search space, per the vllm-ascend deployment guides and the aggregated deployments its
 //! nightly tests run ([`candidates`]):
@@ -24,8 +25,12 @@
 //! - [`steady`]: the steady-state rule: warm-up and window lengths, what a run measures.
 //! - [`rank`]: spreads over seeds, screening, the tie rule and the reasons a layout loses.
 
+mod launch;
 pub mod rank;
 pub mod steady;
+
+pub use launch::Engine;
+use launch::Role;
 
 pub use rank::{rank, to_seed, Level, Loss, Outcome, PlanReport, Spread, Standing, Summary};
 pub use steady::{Generations, Measurement, Window};
@@ -37,55 +42,6 @@ use dstwin_hwmodels::Catalog;
 use serde::Serialize;
 use std::path::Path;
 use steady::{capacity, measure, RunSpan};
-
-/// The engine a plan's layouts run on and its launch arguments are written for: the one the
-/// hardware runs DeepSeek with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Engine {
-    /// vLLM with the vllm-ascend plugin, on Huawei Ascend.
-    VllmAscend,
-    /// vLLM, on NVIDIA GPUs.
-    Vllm,
-}
-
-impl Engine {
-    /// The engine of a built-in system, from its chip's vendor.
-    pub fn of(hardware: &str) -> Result<Engine, String> {
-        let sys = Catalog::builtin()
-            .system(hardware)
-            .map_err(|e| e.to_string())?;
-        match sys.chip.vendor.as_str() {
-            "Huawei" => Ok(Engine::VllmAscend),
-            "NVIDIA" => Ok(Engine::Vllm),
-            v => Err(format!(
-                "--hardware {hardware}: no launch arguments for chips of {v}"
-            )),
-        }
-    }
-
-    /// As reports name it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Engine::VllmAscend => "vllm-ascend",
-            Engine::Vllm => "vLLM",
-        }
-    }
-
-    /// The dynamic EPLB cycle of planned layouts with redundant experts, as the twin's
-    /// `heat_interval` and `algorithm_interval` (steps). vllm-ascend's defaults (docs
-    /// eplb_swift_balancer.md: collect heat 600 steps, run the algorithm 50, then move one
-    /// layer a step). vLLM's defaults (EPLBConfig: the load of the last `window_size` 1000
-    /// steps, re-placed every `step_interval` 3000): 1000 steps of heat, then 2000 before
-    /// the moves, so that placements are as old and as frequent; the twin moves one layer a
-    /// step where vLLM moves them all at once.
-    fn eplb_cycle(self) -> (u32, u32) {
-        match self {
-            Engine::VllmAscend => (600, 50),
-            Engine::Vllm => (1000, 2000),
-        }
-    }
-}
 
 /// What to plan for.
 #[derive(Clone, Debug)]
@@ -188,7 +144,7 @@ pub enum LayoutKind {
 
 /// One deployment to try. The `decode_*` fields describe the instances that generate: the
 /// decode instance of a disaggregated layout, or every mixed instance of an aggregated one.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Candidate {
     pub kind: LayoutKind,
     /// Prefill instances (one node each); 0 when aggregated.
@@ -222,7 +178,7 @@ const MIXED_BUDGETS: [u32; 2] = [4096, 16384];
 /// two or more nodes), then every aggregated layout.
 pub fn candidates(nodes: u32, dies_per_node: u32) -> Vec<Candidate> {
     let mut v = Vec::new();
-    let knobs = |v: &mut Vec<Candidate>, c: Candidate| {
+    let knobs = |out: &mut Vec<Candidate>, c: Candidate| {
         for max_num_seqs in [16, 32, 48] {
             for redundant_experts in [0, 32] {
                 for mtp in [0, 1, 2] {
@@ -230,12 +186,12 @@ pub fn candidates(nodes: u32, dies_per_node: u32) -> Vec<Candidate> {
                         LayoutKind::Disaggregated => max_num_seqs * (1 + mtp),
                         LayoutKind::Aggregated => c.max_num_batched_tokens,
                     };
-                    v.push(Candidate {
+                    out.push(Candidate {
                         max_num_seqs,
                         max_num_batched_tokens: budget,
                         redundant_experts,
                         mtp,
-                        ..c.clone()
+                        ..c
                     });
                 }
             }
@@ -268,7 +224,7 @@ pub fn candidates(nodes: u32, dies_per_node: u32) -> Vec<Candidate> {
                         prefill_tp,
                         decode_tp,
                         instance_nodes: decode_nodes,
-                        ..blank.clone()
+                        ..blank
                     },
                 );
             }
@@ -287,7 +243,7 @@ pub fn candidates(nodes: u32, dies_per_node: u32) -> Vec<Candidate> {
                         decode_tp: tp,
                         instance_nodes,
                         max_num_batched_tokens: budget,
-                        ..blank.clone()
+                        ..blank
                     },
                 );
             }
@@ -355,7 +311,7 @@ impl Candidate {
             slo += &format!("tpot_ms = {x}\n");
         }
         let max_len = u64::from(p.input_tokens) + u64::from(p.output_tokens) + 64;
-        // Redundant experts are re-placed as vllm-ascend's dynamic EPLB does (the launch
+        // Redundant experts are re-placed as the engine's dynamic EPLB does (the launch
         // arguments ask for the same cycle).
         let eplb = if self.redundant_experts > 0 {
             let (heat, algo) = p.engine.eplb_cycle();
@@ -363,19 +319,10 @@ impl Candidate {
         } else {
             String::new()
         };
-        // vLLM on GPUs: one DeepEP mode per instance (`--all2all-backend`): high-throughput
-        // for prefill instances, low-latency (the kernels CUDA graphs capture) for decode and
-        // for mixed ones; KV exhaustion preempts in place. vllm-ascend chooses per step
-        // (`moe_comm` auto) and sends decode work back to prefill.
-        let (prefill_comm, decode_comm, preemption) = match p.engine {
-            Engine::VllmAscend => ("", "", "send_back"),
-            Engine::Vllm => (
-                "moe_comm = \"alltoall\"\n",
-                "moe_comm = \"mc2\"\n",
-                "recompute",
-            ),
-        };
-        let mixed_comm = decode_comm;
+        let role = |r: Role| p.engine.scenario_lines(r);
+        let (prefill, prefill_sched) = role(Role::Prefill);
+        let (decode, decode_sched) = role(Role::Decode);
+        let (mixed, mixed_sched) = role(Role::Mixed);
         let window = match load {
             Load::Open { window, .. } => format!(
                 "warmup_s = {}\nduration_s = {}\n",
@@ -394,26 +341,24 @@ count = {pn}
 dies = {dies_per_node}
 tp = {ptp}
 redundant_experts = {red}
-two_microbatch = true
-{prefill_comm}[instance.scheduler]
+{prefill}[instance.scheduler]
 max_num_batched_tokens = 16384
 max_num_seqs = 8
 max_model_len = {max_len}
 enable_prefix_caching = false
-
+{prefill_sched}
 [[instance]]
 name = "decode"
 role = "decode"
 dies = {dd}
 tp = {tp}
 redundant_experts = {red}
-{decode_comm}[instance.scheduler]
+{decode}[instance.scheduler]
 max_num_batched_tokens = {budget}
 max_num_seqs = {seqs}
 max_model_len = {max_len}
 enable_prefix_caching = false
-preemption = "{preemption}"
-"#,
+{decode_sched}"#,
                 pn = self.prefill_nodes,
                 ptp = self.prefill_tp,
                 dd = self.decode_nodes * dies_per_node,
@@ -429,12 +374,12 @@ count = {count}
 dies = {dies}
 tp = {tp}
 redundant_experts = {red}
-{mixed_comm}[instance.scheduler]
+{mixed}[instance.scheduler]
 max_num_batched_tokens = {budget}
 max_num_seqs = {seqs}
 max_model_len = {max_len}
 enable_prefix_caching = false
-"#,
+{mixed_sched}"#,
                 count = self.instances(),
                 dies = self.instance_nodes * dies_per_node,
                 tp = self.decode_tp,
@@ -473,165 +418,6 @@ output = {{ dist = "fixed", value = {out} }}
             inp = p.input_tokens,
             out = p.output_tokens,
         )
-    }
-
-    /// The launch command of each instance for the plan's engine, serving the model as
-    /// `served` (its own name: a config.json's, not its path): `vllm serve` as vllm-ascend
-    /// takes it on Ascend (`--additional-config`, the Mooncake connector, `DYNAMIC_EPLB=true`
-    /// for dynamic EPLB) or as vLLM takes it on GPUs (`--enable-eplb`, `--all2all-backend`,
-    /// the NIXL connector, `--enable-dbo` for the prefill micro-batches). An instance over more
-    /// than one node is started on each with `--data-parallel-size-local` ranks there (the
-    /// first node's arguments; the others add `--headless --data-parallel-start-rank`).
-    pub fn launch_args(
-        &self,
-        p: &PlanInput,
-        dies_per_node: u32,
-        served: &str,
-    ) -> Vec<(String, String)> {
-        let ascend = p.engine == Engine::VllmAscend;
-        let nl = " \\\n  ";
-        let max_len = u64::from(p.input_tokens) + u64::from(p.output_tokens) + 64;
-        let mut common = Vec::new();
-        if ascend && p.quant != "bf16" {
-            // GPU checkpoints carry their quantization in config.json; vllm-ascend's
-            // msModelSlim ones are named by this flag.
-            common.push("--quantization ascend".to_string());
-        }
-        if self.mtp > 0 {
-            common.push(format!(
-                "--speculative-config '{{\"num_speculative_tokens\": {}, \"method\": \"mtp\"}}'",
-                self.mtp
-            ));
-        }
-        let eplb = self.redundant_experts > 0;
-        let (heat, algo) = p.engine.eplb_cycle();
-        if ascend {
-            let eplb_config = if eplb {
-                format!(
-                    "{{\"dynamic_eplb\": true, \"expert_heat_collection_interval\": {heat}, \"algorithm_execution_interval\": {algo}, \"num_redundant_experts\": {}}}",
-                    self.redundant_experts
-                )
-            } else {
-                "{\"dynamic_eplb\": false}".to_string()
-            };
-            // The recompute scheduler (decode KV short: back to prefill) only where there is
-            // a prefill instance to send back to.
-            let recompute = if self.kind == LayoutKind::Disaggregated {
-                "\"recompute_scheduler_enable\": true, "
-            } else {
-                ""
-            };
-            common.push(format!(
-                "--additional-config '{{{recompute}\"eplb_config\": {eplb_config}}}'"
-            ));
-        } else if eplb {
-            common.push("--enable-eplb".to_string());
-            common.push(format!(
-                "--eplb-config '{{\"window_size\": {heat}, \"step_interval\": {}, \"num_redundant_experts\": {}}}'",
-                heat + algo,
-                self.redundant_experts
-            ));
-        }
-        let env = if ascend && eplb {
-            "DYNAMIC_EPLB=true "
-        } else {
-            ""
-        };
-        // `extra`: the role's own arguments (DeepEP mode, micro-batches, KV transfer).
-        let serve = |nodes: u32, tp: u32, seqs: u32, budget: u32, extra: &[String]| {
-            let mut a = vec![
-                format!("--served-model-name {served}"),
-                format!("--data-parallel-size {}", nodes * dies_per_node / tp),
-            ];
-            if nodes > 1 {
-                a.push(format!("--data-parallel-size-local {}", dies_per_node / tp));
-            }
-            a.push(format!("--tensor-parallel-size {tp}"));
-            a.push("--enable-expert-parallel".to_string());
-            a.push(format!("--max-num-seqs {seqs}"));
-            a.push(format!("--max-num-batched-tokens {budget}"));
-            a.push(format!("--max-model-len {max_len}"));
-            a.push("--no-enable-prefix-caching".to_string());
-            a.extend(common.iter().cloned());
-            a.extend(extra.iter().cloned());
-            format!(
-                "{env}vllm serve ${{MODEL_PATH:?the {served} {q} weights}}{nl}{}",
-                a.join(nl),
-                q = p.quant,
-            )
-        };
-        let all2all = |mode: &str| format!("--all2all-backend {mode}");
-        match self.kind {
-            LayoutKind::Disaggregated => {
-                let kv = |role: &str| {
-                    let cfg = if ascend {
-                        format!(
-                            "{{\"kv_connector\": \"MooncakeConnectorV1\", \"kv_role\": \"{role}\", \"kv_connector_extra_config\": {{\"prefill\": {{\"dp_size\": {}, \"tp_size\": {}}}, \"decode\": {{\"dp_size\": {}, \"tp_size\": {}}}}}}}",
-                            dies_per_node / self.prefill_tp,
-                            self.prefill_tp,
-                            self.decode_nodes * dies_per_node / self.decode_tp,
-                            self.decode_tp
-                        )
-                    } else {
-                        // vLLM's NIXL connector: both sides kv_both.
-                        "{\"kv_connector\": \"NixlConnector\", \"kv_role\": \"kv_both\"}"
-                            .to_string()
-                    };
-                    format!("--kv-transfer-config '{cfg}'")
-                };
-                let (prefill, decode) = if ascend {
-                    (vec![kv("kv_producer")], vec![kv("kv_consumer")])
-                } else {
-                    (
-                        vec![
-                            all2all("deepep_high_throughput"),
-                            "--enable-dbo".to_string(),
-                            kv("kv_producer"),
-                        ],
-                        vec![all2all("deepep_low_latency"), kv("kv_consumer")],
-                    )
-                };
-                vec![
-                    (
-                        format!("prefill (x{} instances, one node each)", self.prefill_nodes),
-                        serve(1, self.prefill_tp, 8, 16384, &prefill),
-                    ),
-                    (
-                        format!("decode ({} nodes)", self.decode_nodes),
-                        serve(
-                            self.decode_nodes,
-                            self.decode_tp,
-                            self.max_num_seqs,
-                            self.max_num_batched_tokens,
-                            &decode,
-                        ),
-                    ),
-                ]
-            }
-            LayoutKind::Aggregated => {
-                let extra = if ascend {
-                    vec![]
-                } else {
-                    vec![all2all("deepep_low_latency")]
-                };
-                vec![(
-                    format!(
-                        "mixed ({} instance{} of {} node{})",
-                        self.instances(),
-                        if self.instances() == 1 { "" } else { "s" },
-                        self.instance_nodes,
-                        if self.instance_nodes == 1 { "" } else { "s" }
-                    ),
-                    serve(
-                        self.instance_nodes,
-                        self.decode_tp,
-                        self.max_num_seqs,
-                        self.max_num_batched_tokens,
-                        &extra,
-                    ),
-                )]
-            }
-        }
     }
 }
 
@@ -695,15 +481,15 @@ pub fn screen(p: &PlanInput, c: &Candidate, dies_per_node: u32) -> Outcome {
     let g = Generations::new(c.decode_slots(dies_per_node));
     let cap = match simulate(p, c, dies_per_node, Load::Closed(g), p.seed) {
         Ok((_, rows)) => capacity(&rows, &g),
-        Err(e) => return Outcome::failed(c.clone(), e),
+        Err(e) => return Outcome::failed(*c, e),
     };
     let Some(cap) = cap.filter(|k| k.req_s > 0.0 && k.lifetime_s > 0.0) else {
         return Outcome::failed(
-            c.clone(),
+            *c,
             format!("{RUN_FAILED}too few requests finished at full load to measure a capacity"),
         );
     };
-    let mut o = Outcome::failed(c.clone(), String::new());
+    let mut o = Outcome::failed(*c, String::new());
     o.standing = Standing::ScreenedOut;
     o.capacity_req_s = cap.req_s;
     o.lifetime_s = cap.lifetime_s;
@@ -720,7 +506,7 @@ pub fn screen(p: &PlanInput, c: &Candidate, dies_per_node: u32) -> Outcome {
                 level.runs.push(m);
                 o.cards = cards;
             }
-            Err(e) => return Outcome::failed(c.clone(), e),
+            Err(e) => return Outcome::failed(*c, e),
         }
         o.levels.push(level);
     }
@@ -888,6 +674,9 @@ mod tests {
         assert!(args[1].1.contains("\"num_redundant_experts\": 32"));
         assert!(args[1].1.contains("--enable-expert-parallel"));
         assert!(args[1].1.contains("--quantization ascend"));
+        // Prefill micro-batches (the scenario's two_microbatch) as vllm-ascend turns them on.
+        assert!(args[0].1.contains("\"num_ubatches\": 2"));
+        assert!(!args[1].1.contains("num_ubatches"));
         // Dynamic EPLB needs its environment variable as well as its config.
         assert!(args[1].1.starts_with("DYNAMIC_EPLB=true vllm serve"));
         let none = Candidate {
@@ -897,6 +686,73 @@ mod tests {
         assert!(none.launch_args(&p, 16, &p.model)[1]
             .1
             .starts_with("vllm serve"));
+    }
+
+    #[test]
+    fn sglang_layouts_run_and_launch_as_sglang_does() {
+        let p = PlanInput {
+            engine: Engine::parse("sglang", "atlas-800-a3").unwrap(),
+            ..input()
+        };
+        assert_eq!(p.engine, Engine::SglangNpu);
+        assert!(Engine::parse("trt", "atlas-800-a3")
+            .unwrap_err()
+            .contains("--engine trt"));
+        let c = two_by_two(8, 2, 32, 2);
+        let text = c.scenario(&p, 16, Load::Closed(Generations::new(64)), 1);
+        assert_eq!(text.matches("dp_dispatch = \"round_robin\"").count(), 2);
+        assert!(text.contains("heat_interval = 1000\nalgorithm_interval = 1"));
+        assert!(text.contains("moe_comm = \"alltoall\""));
+        assert!(text.contains("moe_comm = \"mc2\""));
+        let s = load_str("t", &text, Path::new("."), &[]).expect("valid");
+        assert_eq!(s.instances.len(), 2);
+        let args = c.launch_args(&p, 16, "deepseek-r1");
+        assert_eq!(args.len(), 3, "prefill, decode and the router");
+        let (prefill, decode, router) = (&args[0].1, &args[1].1, &args[2].1);
+        // Per instance, not per DP rank: 2 prefill ranks x 16384 tokens, 16 decode ranks x 32.
+        assert!(prefill.contains("--tp-size 16 \\\n  --dp-size 2"));
+        assert!(prefill.contains("--chunked-prefill-size 32768"));
+        assert!(prefill.contains("--deepep-mode normal"));
+        assert!(prefill.contains("--disaggregation-mode prefill"));
+        assert!(decode.contains("--tp-size 32 \\\n  --dp-size 16"));
+        assert!(decode.contains("--nnodes 2"));
+        assert!(decode.contains("--max-running-requests 512"));
+        assert!(!decode.contains("--chunked-prefill-size"));
+        assert!(decode.contains("--deepep-mode low_latency"));
+        assert!(decode.contains("--speculative-num-steps 2"));
+        assert!(decode.contains("--speculative-num-draft-tokens 3"));
+        for cmd in [prefill, decode] {
+            assert!(cmd.contains("--device npu"));
+            assert!(cmd.contains("--quantization modelslim"));
+            assert!(cmd.contains("--disaggregation-transfer-backend ascend"));
+            assert!(cmd.contains("--ep-num-redundant-experts 32"));
+            assert!(!cmd.contains("--enable-two-batch-overlap"));
+        }
+        assert!(router.contains("--prefill http://${PREFILL_1:?prefill node 1}:30000"));
+        assert!(router.contains("--prefill http://${PREFILL_2:?prefill node 2}:30000"));
+        // On GPUs the prefill instance overlaps two batches, in the scenario and the command.
+        let gpu = PlanInput {
+            hardware: "nvidia-h200-8".into(),
+            quant: "fp8".into(),
+            engine: Engine::parse("sglang", "nvidia-h200-8").unwrap(),
+            ..input()
+        };
+        let c = Candidate {
+            prefill_nodes: 1,
+            decode_nodes: 1,
+            instance_nodes: 1,
+            ..two_by_two(8, 1, 16, 0)
+        };
+        let text = c.scenario(&gpu, 8, Load::Closed(Generations::new(64)), 1);
+        assert!(text.contains("two_microbatch = \"force\""));
+        let args = c.launch_args(&gpu, 8, "deepseek-r1");
+        assert!(args[0].1.contains("--enable-two-batch-overlap"));
+        assert!(args[0]
+            .1
+            .contains("--disaggregation-transfer-backend mooncake"));
+        assert!(!args[0].1.contains("--device"));
+        assert!(!args[1].1.contains("--speculative"));
+        assert_eq!(args[1].0, "decode (1 node)");
     }
 
     #[test]
@@ -910,10 +766,7 @@ mod tests {
         assert_eq!(p.engine, Engine::Vllm);
         assert_eq!(Engine::of("atlas-800-a3").unwrap(), Engine::VllmAscend);
         assert!(Engine::of("no-such-system").is_err());
-        let c = Candidate {
-            prefill_tp: 8,
-            ..two_by_two(8, 1, 16, 1)
-        };
+        let c = two_by_two(8, 1, 16, 1);
         let text = c.scenario(&p, 8, Load::Closed(Generations::new(64)), 1);
         assert!(text.contains("heat_interval = 1000\nalgorithm_interval = 2000"));
         assert!(text.contains("preemption = \"recompute\""));

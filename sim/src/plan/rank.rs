@@ -441,6 +441,8 @@ pub fn rank(outcomes: &mut [Outcome], p: &PlanInput) {
 /// and every layout, best first (after [`rank`]).
 #[derive(Clone, Debug, Serialize)]
 pub struct PlanReport<'a> {
+    /// The engine the layouts ran as and the launch commands are for.
+    pub engine: super::Engine,
     pub seeds: Vec<u64>,
     /// How the spread of each figure is given.
     pub spread: &'static str,
@@ -462,6 +464,7 @@ impl<'a> PlanReport<'a> {
                 .map(|o| &o.candidate)
         };
         PlanReport {
+            engine: p.engine,
             seeds: p.seed_list(),
             spread: "mean, min and max over seeds",
             steady_state: RULE,
@@ -504,7 +507,7 @@ mod tests {
 
     /// Layout `k` of the search space with one level whose seeds gave `goodputs`.
     fn layout(k: usize, goodputs: &[f64], tpot: f64) -> Outcome {
-        let mut o = Outcome::failed(candidates(4, 16)[k].clone(), String::new());
+        let mut o = Outcome::failed(candidates(4, 16)[k], String::new());
         o.standing = Standing::ScreenedOut;
         o.cards = 32.0;
         o.levels = vec![Level {
@@ -685,12 +688,12 @@ mod tests {
         let p = input(2);
         let mut v = vec![
             Outcome::failed(
-                candidates(4, 16)[0].clone(),
+                candidates(4, 16)[0],
                 "instance 'decode': does not fit in HBM".into(),
             ),
             layout(1, &[0.1, 0.1], 40.0),
             Outcome::failed(
-                candidates(4, 16)[2].clone(),
+                candidates(4, 16)[2],
                 format!("{RUN_FAILED}deadlock (seed 2)"),
             ),
         ];

@@ -67,10 +67,7 @@ fn the_same_layout_twice_and_two_equivalent_ones_are_tied() {
     // The prefill node bounds these layouts: a decode batch cap of 32 or 48 changes nothing
     // the seeds can tell apart. The third misses the TPOT SLO.
     let a = layout(48, 0, 1);
-    let v = plan(
-        &p,
-        &[a.clone(), a.clone(), layout(32, 0, 1), layout(48, 32, 0)],
-    );
+    let v = plan(&p, &[a, a, layout(32, 0, 1), layout(48, 32, 0)]);
     let standing = |c: &Candidate| -> Vec<Standing> {
         v.iter()
             .filter(|o| &o.candidate == c)
@@ -180,21 +177,17 @@ fn every_launch_flag_is_one_the_engine_documents() {
         }
     }
     let mut checked = 0;
-    for (hardware, cards, quant, table) in [
-        ("atlas-800-a3", 32, "w8a8", "vllm_ascend"),
-        ("atlas-800-a3", 8, "w8a8", "vllm_ascend"),
-        ("nvidia-h200-8", 16, "fp8", "vllm"),
+    let mut tables_seen = std::collections::BTreeSet::new();
+    for (hardware, cards, quant, name, table) in [
+        ("atlas-800-a3", 32, "w8a8", "vllm", "vllm_ascend"),
+        ("atlas-800-a3", 8, "w8a8", "vllm", "vllm_ascend"),
+        ("nvidia-h200-8", 16, "fp8", "vllm", "vllm"),
+        ("atlas-800-a3", 32, "w8a8", "sglang", "sglang_npu"),
+        ("nvidia-h200-8", 16, "fp8", "sglang", "sglang"),
     ] {
         let doc = doc[table].as_table().unwrap();
-        let engine = Engine::of(hardware).unwrap();
-        assert_eq!(
-            engine,
-            if table == "vllm" {
-                Engine::Vllm
-            } else {
-                Engine::VllmAscend
-            }
-        );
+        let engine = Engine::parse(name, hardware).unwrap();
+        tables_seen.insert(format!("{engine:?}"));
         let p = PlanInput {
             hardware: hardware.into(),
             cards,
@@ -207,11 +200,19 @@ fn every_launch_flag_is_one_the_engine_documents() {
             for (role, cmd) in c.launch_args(&p, dies, "deepseek-r1") {
                 let mut parts = cmd.split(" \\\n  ");
                 let head = parts.next().unwrap();
-                let (env, serve) = head.split_once("vllm serve ").expect(head);
+                let program = list(doc, "heads")
+                    .into_iter()
+                    .find(|h| head.contains(h.as_str()))
+                    .unwrap_or_else(|| panic!("{table}: {head}"));
+                let (env, rest) = head.split_once(program.as_str()).unwrap();
                 for e in env.split_whitespace() {
                     assert!(list(doc, "env").contains(&e.to_string()), "{table} env {e}");
                 }
-                assert!(serve.starts_with("${MODEL_PATH:?"), "{serve}");
+                let rest = rest.trim();
+                assert!(
+                    rest.is_empty() || rest.starts_with("${MODEL_PATH:?"),
+                    "{rest}"
+                );
                 for part in parts {
                     let (flag, value) = part.split_once(' ').unwrap_or((part, ""));
                     assert!(
@@ -247,5 +248,130 @@ fn every_launch_flag_is_one_the_engine_documents() {
             }
         }
     }
-    assert!(checked > 5000, "{checked}");
+    assert_eq!(
+        tables_seen.len(),
+        4,
+        "every engine checked: {tables_seen:?}"
+    );
+    assert!(checked > 10000, "{checked}");
+}
+
+/// What each candidate's scenario simulates is what its launch commands ask the engine for: the
+/// MoE communication mode, micro-batches, the EPLB cycle, send-back on KV exhaustion and the
+/// batch limits, instance by instance, on every engine.
+#[test]
+fn launch_commands_ask_for_what_the_scenario_simulates() {
+    let line = |block: &str, key: &str| -> Option<String> {
+        block
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key} = ")))
+            .map(|v| v.trim_matches('"').to_string())
+    };
+    let mut checked = 0;
+    for (hardware, cards, quant, name) in [
+        ("atlas-800-a3", 32, "w8a8", "vllm"),
+        ("atlas-800-a3", 32, "w8a8", "sglang"),
+        ("nvidia-h200-8", 16, "fp8", "vllm"),
+        ("nvidia-h200-8", 16, "fp8", "sglang"),
+    ] {
+        let engine = Engine::parse(name, hardware).unwrap();
+        let p = PlanInput {
+            hardware: hardware.into(),
+            cards,
+            quant: quant.into(),
+            engine,
+            ..input(100)
+        };
+        let (nodes, dies) = dstwin_sim::plan::nodes(hardware, cards).unwrap();
+        for c in dstwin_sim::plan::candidates(nodes, dies) {
+            let text = c.scenario(
+                &p,
+                dies,
+                dstwin_sim::plan::Load::Closed(dstwin_sim::plan::Generations::new(8)),
+                1,
+            );
+            let eplb = text.split("[[instance]]").next().unwrap();
+            let blocks: Vec<&str> = text.split("[[instance]]").skip(1).collect();
+            let cmds = c.launch_args(&p, dies, "m");
+            for (block, (role, cmd)) in blocks.iter().zip(&cmds) {
+                let what = format!("{engine:?} {role} of {}", c.label());
+                let has = |s: &str| cmd.contains(s);
+                match line(block, "moe_comm").as_deref() {
+                    None => assert!(!has("deepep") && !has("all2all"), "{what}"),
+                    Some("mc2") => assert!(
+                        has("--all2all-backend deepep_low_latency")
+                            || has("--deepep-mode low_latency"),
+                        "{what}"
+                    ),
+                    Some("alltoall") => assert!(
+                        has("--all2all-backend deepep_high_throughput")
+                            || has("--deepep-mode normal"),
+                        "{what}"
+                    ),
+                    Some("auto") => assert!(has("--deepep-mode auto"), "{what}"),
+                    Some(x) => panic!("{what}: moe_comm {x}"),
+                }
+                let overlap = has("--enable-dbo")
+                    || has("\"num_ubatches\": 2")
+                    || has("--enable-two-batch-overlap");
+                let tmb = line(block, "two_microbatch");
+                assert_eq!(overlap, tmb.is_some(), "{what}: two_microbatch {tmb:?}");
+                if has("--enable-two-batch-overlap") {
+                    assert_eq!(tmb.as_deref(), Some("force"), "{what}");
+                }
+                // The recompute scheduler is turned on on both sides of a layout whose decode
+                // sends work back (vllm-ascend's PD tutorials).
+                let send_back = text.contains("preemption = \"send_back\"");
+                assert_eq!(send_back, has("recompute_scheduler_enable"), "{what}");
+                let seqs: u32 = line(block, "max_num_seqs").unwrap().parse().unwrap();
+                let budget: u32 = line(block, "max_num_batched_tokens")
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let tp: u32 = line(block, "tp").unwrap().parse().unwrap();
+                let inst_dies: u32 = line(block, "dies").unwrap().parse().unwrap();
+                let dp = inst_dies / tp;
+                if cmd.contains("vllm serve") {
+                    assert!(has(&format!("--max-num-seqs {seqs} ")), "{what}");
+                    assert!(
+                        has(&format!("--max-num-batched-tokens {budget} ")),
+                        "{what}"
+                    );
+                    assert!(has(&format!("--data-parallel-size {dp} ")), "{what}");
+                    assert!(has(&format!("--tensor-parallel-size {tp} ")), "{what}");
+                } else {
+                    assert!(
+                        has(&format!("--max-running-requests {} ", seqs * dp)),
+                        "{what}"
+                    );
+                    assert!(has(&format!("--tp-size {inst_dies} ")), "{what}");
+                    assert_eq!(dp > 1, has(&format!("--dp-size {dp} ")), "{what}");
+                }
+                // The EPLB cycle.
+                if let Some(heat) = line(eplb, "heat_interval") {
+                    let heat: u32 = heat.parse().unwrap();
+                    let algo: u32 = line(eplb, "algorithm_interval").unwrap().parse().unwrap();
+                    let asked = match engine {
+                        Engine::VllmAscend => format!(
+                            "\"expert_heat_collection_interval\": {heat}, \"algorithm_execution_interval\": {algo}"
+                        ),
+                        Engine::Vllm => format!(
+                            "\"window_size\": {heat}, \"step_interval\": {}",
+                            heat + algo
+                        ),
+                        Engine::SglangNpu | Engine::Sglang => {
+                            format!("--eplb-rebalance-num-iterations {heat}")
+                        }
+                    };
+                    assert!(has(&asked), "{what}: {asked}");
+                    assert!(c.redundant_experts > 0);
+                } else {
+                    assert_eq!(c.redundant_experts, 0);
+                    assert!(!has("eplb\": true") && !has("--enable-eplb"), "{what}");
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 2000, "{checked}");
 }
