@@ -207,3 +207,74 @@ fn bad_axes_and_shards_exit_2_naming_them() {
         assert!(err(&o).contains(needle), "{args:?}: {}", err(&o));
     }
 }
+
+/// Whether Ray is importable by `python3`. CI installs it (.ci/run) and fails without it;
+/// elsewhere the test that needs it says it skipped.
+fn ray_installed() -> bool {
+    let has = std::process::Command::new("python3")
+        .args(["-c", "import ray"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the ray Python package is required in CI"
+        );
+        eprintln!("skipped: `python3 -c 'import ray'` failed (pip install ray)");
+    }
+    has
+}
+
+/// The Ray driver (sim/cluster/ray_sweep.py) runs the shards as tasks on a local Ray instance
+/// and merges them into exactly what the sweep on one machine writes.
+#[test]
+fn the_ray_driver_merges_its_shards_into_the_one_machine_sweep() {
+    if !ray_installed() {
+        return;
+    }
+    let full = tmp("ray-full");
+    assert!(sweep(&full, &[]).status.success());
+    let study = tmp("ray-study");
+    let o = std::process::Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/sim/cluster/ray_sweep.py"
+        ))
+        .args(["--shards", "3", "--out"])
+        .arg(study.to_str().unwrap())
+        .args(["--dstwin", env!("CARGO_BIN_EXE_dstwin"), "--"])
+        .args([
+            &data("tiny-mixed.toml")[..],
+            "--vary",
+            "serve.max_num_seqs=4,8",
+            "--vary",
+            "serve.tp=4,5",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(err(&o).contains("shard 3/3 done"), "{}", err(&o));
+    for f in [
+        "sweep.csv",
+        "summary.md",
+        "pareto_tpot.csv",
+        "pareto_ttft.csv",
+        "pareto_tpot.svg",
+    ] {
+        assert_eq!(read(&study.join(f)), read(&full.join(f)), "{f}");
+    }
+    assert_eq!(
+        std::fs::read(study.join("pareto_tpot.png")).unwrap(),
+        std::fs::read(full.join("pareto_tpot.png")).unwrap()
+    );
+    // Three shard files, disjoint, whose rows make up the sweep's.
+    let rows: usize = (0..3)
+        .map(|k| {
+            read(&study.join(format!("shards/shard-{k}-of-3.csv")))
+                .lines()
+                .count()
+                - 1
+        })
+        .sum();
+    assert_eq!(rows, read(&full.join("sweep.csv")).lines().count() - 1);
+}
