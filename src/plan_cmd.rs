@@ -61,7 +61,8 @@ pub struct PlanArgs {
     /// Print every outcome as JSON instead of the report.
     #[arg(long)]
     json: bool,
-    /// Also write plan.json and the throughput-vs-TPOT front (SVG, PNG) here.
+    /// Also write plan.json, the throughput-vs-TPOT front and goodput and TPOT against offered
+    /// load (SVG and PNG) here.
     #[arg(long)]
     out: Option<PathBuf>,
     /// The first seed; the others follow it (seed, seed + 1, ...).
@@ -237,7 +238,7 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
     }
     let report = PlanReport::new(&p, &outcomes);
     if let Some(dir) = &a.out {
-        write_outputs(dir, &report)?;
+        write_outputs(dir, &p, &report)?;
     }
     if a.json {
         outln!(
@@ -300,7 +301,7 @@ fn more_seeds(p: &PlanInput, outcomes: &mut [Outcome], dies_per_node: u32, quiet
     }
 }
 
-fn write_outputs(dir: &std::path::Path, report: &PlanReport) -> Result<(), Failure> {
+fn write_outputs(dir: &std::path::Path, p: &PlanInput, report: &PlanReport) -> Result<(), Failure> {
     let outcomes = report.layouts;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating {}", dir.display()))
@@ -322,20 +323,64 @@ fn write_outputs(dir: &std::path::Path, report: &PlanReport) -> Result<(), Failu
         .filter_map(|(i, o)| point(o).map(|(x, y)| (x, y, i)))
         .collect();
     let front = pareto(&valid);
-    let k = knee(&front).map(|i| front[i].2);
+    let best = outcomes.iter().find(|o| o.standing == Standing::Best);
     let pl = plot::Plot {
         title: "Candidate layouts: output tokens/s per card vs TPOT (p50)".into(),
-        x_label: "TPOT p50 (ms)".into(),
+        x_label: "TPOT p50 (ms), mean over seeds".into(),
         y_label: "output tok/s per card".into(),
         points: valid.iter().map(|p| (p.0, p.1)).collect(),
-        front: front.iter().map(|p| (p.0, p.1)).collect(),
-        knee: k.and_then(|i| {
-            let o = &outcomes[i];
-            point(o).map(|xy| (xy, format!("knee: {}", o.candidate.label())))
-        }),
+        front: front
+            .iter()
+            .map(|p| (p.0, p.1, outcomes[p.2].candidate.label()))
+            .collect(),
+        knee: knee(&front),
+        chosen: best.and_then(|o| point(o).map(|(x, y)| (x, y, o.candidate.label()))),
+        x_limit: p.tpot_ms.map(|x| (x, format!("TPOT SLO {x} ms"))),
     };
     w("plan_tpot.svg", plot::svg(&pl).as_bytes())?;
     w("plan_tpot.png", &plot::png(&pl))?;
+    // Goodput and TPOT against offered load (the share of each layout's capacity it ran at)
+    // for the best ranked layouts, seed by seed averaged.
+    let top: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| o.result.is_some() && o.rank.is_some())
+        .take(5)
+        .collect();
+    let curve =
+        |f: &dyn Fn(&dstwin_sim::plan::Measurement) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
+            top.iter()
+                .map(|o| {
+                    let pts = o
+                        .levels
+                        .iter()
+                        .filter(|l| !l.runs.is_empty())
+                        .map(|l| {
+                            let m = l.runs.iter().map(f).sum::<f64>() / l.runs.len() as f64;
+                            (l.rate_req_s, m)
+                        })
+                        .collect();
+                    (o.candidate.label(), pts)
+                })
+                .collect()
+        };
+    let goodput = plot::Lines {
+        title: "Goodput per card against offered load (best layouts)".into(),
+        x_label: "offered load (requests/s)".into(),
+        y_label: "goodput per card (req/s)".into(),
+        series: curve(&|m| m.goodput_per_card),
+        x_limit: None,
+    };
+    w("plan_load_goodput.svg", plot::svg(&goodput).as_bytes())?;
+    w("plan_load_goodput.png", &plot::png(&goodput))?;
+    let tpot = plot::Lines {
+        title: "TPOT p50 against offered load (best layouts)".into(),
+        x_label: "offered load (requests/s)".into(),
+        y_label: "TPOT p50 (ms)".into(),
+        series: curve(&|m| m.tpot_p50_ms),
+        x_limit: None,
+    };
+    w("plan_load_tpot.svg", plot::svg(&tpot).as_bytes())?;
+    w("plan_load_tpot.png", &plot::png(&tpot))?;
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 
 use crate::output::{out, outln, write_file};
 use crate::Failure;
+use anyhow::Context;
 use clap::Args;
 use dstwin_calibration::anchors::RunMetric;
 use dstwin_sim::report::{chrome_trace, render_sim, sim_csv, write_requests_csv};
@@ -61,6 +62,10 @@ pub struct SimulateArgs {
         conflicts_with = "csv"
     )]
     uncertainty: Option<u32>,
+    /// Also write charts of the run into this directory (SVG and PNG): TTFT and TPOT CDFs over
+    /// the finished requests with the scenario's SLOs, and each instance's step time by op class.
+    #[arg(long, value_name = "DIR")]
+    plots: Option<PathBuf>,
     /// No progress bar and no footer on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -89,6 +94,9 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
     if let Some(p) = &a.timeline {
         crate::output::check_file(p, "--timeline")?;
     }
+    if let Some(d) = &a.plots {
+        crate::output::check_dir(d, "--plots")?;
+    }
     let bar = crate::progress::bar(
         None,
         a.quiet,
@@ -107,7 +115,7 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
         RunOptions {
             progress: Some(&mut on_progress),
             timeline: a.timeline.is_some(),
-            per_request: a.requests_csv.is_some(),
+            per_request: a.requests_csv.is_some() || a.plots.is_some(),
             step_by_step: a.step_by_step,
             draw: a.draw,
             ..RunOptions::default()
@@ -121,6 +129,14 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
         let mut buf = Vec::new();
         write_requests_csv(&result.requests, &mut buf).map_err(|e| Failure::Runtime(e.into()))?;
         write_file(p, &buf)?;
+    }
+    if let Some(d) = &a.plots {
+        std::fs::create_dir_all(d)
+            .with_context(|| format!("creating {}", d.display()))
+            .map_err(Failure::Runtime)?;
+        for (name, bytes) in dstwin_sim::plot::run_charts(r, &result.requests, &scenario.slo) {
+            write_file(&d.join(name), &bytes)?;
+        }
     }
     if let Some(p) = &a.timeline {
         let doc = serde_json::to_vec(&chrome_trace(&result.timeline))

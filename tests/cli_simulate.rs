@@ -1234,3 +1234,35 @@ fn the_prefill_delayer_holds_prompts_and_is_refused_where_sglang_refuses_it() {
         );
     }
 }
+
+/// `--plots DIR` writes the run's charts (SVG and PNG), leaves the report as it is without it,
+/// and names the instances and the SLO in them.
+#[test]
+fn plots_of_one_run() {
+    let dir = tmp("plots");
+    let plots = dir.join("charts");
+    let plain = dstwin(&["simulate", &data("tiny-pd.toml"), "--json", "--quiet"]);
+    let o = dstwin(&[
+        "simulate",
+        &data("tiny-pd.toml"),
+        "--json",
+        "--quiet",
+        "--plots",
+        plots.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(out(&o), out(&plain), "the report does not change");
+    for f in ["ttft_cdf", "tpot_cdf", "step_time"] {
+        let svg = std::fs::read_to_string(plots.join(format!("{f}.svg"))).unwrap();
+        assert!(svg.starts_with("<svg"), "{f}");
+        let png = std::fs::read(plots.join(format!("{f}.png"))).unwrap();
+        assert_eq!(&png[1..4], b"PNG", "{f}");
+    }
+    let ttft = std::fs::read_to_string(plots.join("ttft_cdf.svg")).unwrap();
+    assert!(ttft.contains("40 finished requests"), "{ttft}");
+    let steps = std::fs::read_to_string(plots.join("step_time.svg")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    for i in v["instances"].as_array().unwrap() {
+        assert!(steps.contains(i["name"].as_str().unwrap()), "{i}");
+    }
+}

@@ -113,14 +113,17 @@ pub fn front_plot(axes: &[String], rows: &[Row], f: &Front) -> crate::plot::Plot
         front: f
             .rows
             .iter()
-            .map(|&i| (x(&rows[i]), rows[i].output_tok_s_per_card))
+            .map(|&i| {
+                (
+                    x(&rows[i]),
+                    rows[i].output_tok_s_per_card,
+                    label(axes, &rows[i]),
+                )
+            })
             .collect(),
-        knee: f.knee.map(|i| {
-            (
-                (x(&rows[i]), rows[i].output_tok_s_per_card),
-                format!("knee: {}", label(axes, &rows[i])),
-            )
-        }),
+        knee: f.knee.and_then(|k| f.rows.iter().position(|&i| i == k)),
+        chosen: None,
+        x_limit: None,
     }
 }
 
