@@ -63,7 +63,8 @@ pub struct SimulateArgs {
     )]
     uncertainty: Option<u32>,
     /// Also write charts of the run into this directory (SVG and PNG): TTFT and TPOT CDFs over
-    /// the finished requests with the scenario's SLOs, and each instance's step time by op class.
+    /// the finished requests with the scenario's SLOs, each instance's step time by op class,
+    /// and the memory map of each instance kind's fullest die.
     #[arg(long, value_name = "DIR")]
     plots: Option<PathBuf>,
     /// No progress bar and no footer on stderr.
@@ -134,7 +135,7 @@ pub fn run_cmd(a: SimulateArgs) -> Result<(), Failure> {
         std::fs::create_dir_all(d)
             .with_context(|| format!("creating {}", d.display()))
             .map_err(Failure::Runtime)?;
-        for (name, bytes) in dstwin_sim::plot::run_charts(r, &result.requests, &scenario.slo) {
+        for (name, bytes) in dstwin_sim::plot::run_charts(&scenario, r, &result.requests) {
             write_file(&d.join(name), &bytes)?;
         }
     }

@@ -1252,7 +1252,7 @@ fn plots_of_one_run() {
     ]);
     assert!(o.status.success(), "{}", err(&o));
     assert_eq!(out(&o), out(&plain), "the report does not change");
-    for f in ["ttft_cdf", "tpot_cdf", "step_time"] {
+    for f in ["ttft_cdf", "tpot_cdf", "step_time", "memory"] {
         let svg = std::fs::read_to_string(plots.join(format!("{f}.svg"))).unwrap();
         assert!(svg.starts_with("<svg"), "{f}");
         let png = std::fs::read(plots.join(format!("{f}.png"))).unwrap();
@@ -1265,4 +1265,9 @@ fn plots_of_one_run() {
     for i in v["instances"].as_array().unwrap() {
         assert!(steps.contains(i["name"].as_str().unwrap()), "{i}");
     }
+    let memory = std::fs::read_to_string(plots.join("memory.svg")).unwrap();
+    assert!(
+        memory.contains("KV cache") && memory.contains("routed experts"),
+        "{memory}"
+    );
 }

@@ -651,13 +651,14 @@ fn cdf(values: &mut [f64]) -> Vec<(f64, f64)> {
 }
 
 /// The charts of one run (`simulate --plots DIR`), as (file name, bytes): the TTFT and TPOT
-/// CDFs over its finished requests (with the scenario's SLOs) and where each instance's step
-/// time goes by op class.
+/// CDFs over its finished requests (with the scenario's SLOs), where each instance's step
+/// time goes by op class, and each instance kind's memory map of its fullest die.
 pub fn run_charts(
+    scenario: &crate::scenario::Scenario,
     report: &crate::run::SimReport,
     rows: &[crate::run::RequestRow],
-    slo: &crate::scenario::Slo,
 ) -> Vec<(String, Vec<u8>)> {
+    let slo = &scenario.slo;
     let ms = |d: Option<dstwin_core::time::SimDuration>| d.map(|d| d.as_secs_f64() * 1e3);
     let mut ttft: Vec<f64> = rows.iter().map(|r| r.ttft_ms).collect();
     let mut tpot: Vec<f64> = rows
@@ -702,6 +703,42 @@ pub fn run_charts(
     }
     out.push(("step_time.svg".into(), svg(&bars).into_bytes()));
     out.push(("step_time.png".into(), png(&bars)));
+    let hbm = scenario
+        .instances
+        .iter()
+        .map(|i| i.memory.hbm)
+        .fold(0.0, f64::max)
+        .max(1.0);
+    let memory = Bars {
+        title: "Memory map of each instance's fullest die".into(),
+        x_label: format!("% of the die's HBM ({:.0} GB)", hbm / 1e9),
+        rows: scenario
+            .instances
+            .iter()
+            .map(|i| {
+                let m = &i.memory;
+                let parts = [
+                    ("runtime reserve", m.reserved),
+                    ("routed experts", m.routed_expert_weights),
+                    ("shared experts", m.shared_expert_weights),
+                    ("attention", m.attention_weights),
+                    ("dense FFN", m.dense_ffn_weights),
+                    ("embedding + LM head", m.embedding_weights),
+                    ("other weights", m.other_weights),
+                    ("workspace", m.workspace),
+                    ("KV cache", m.kv_cache),
+                ];
+                let parts = parts
+                    .iter()
+                    .filter(|p| p.1 > 0.0)
+                    .map(|(k, v)| (k.to_string(), v / m.hbm.max(1.0) * 100.0))
+                    .collect();
+                (i.name.clone(), parts)
+            })
+            .collect(),
+    };
+    out.push(("memory.svg".into(), svg(&memory).into_bytes()));
+    out.push(("memory.png".into(), png(&memory)));
     out
 }
 
