@@ -8,6 +8,7 @@
 //! label, so that no label is drawn over the data. The only text on the data are the front's
 //! numbers, placed where they overlap nothing ([`place`]).
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
@@ -255,6 +256,44 @@ const PLOT_COLS: usize = 3;
 const LINE_COLS: usize = 1;
 const BAR_COLS: usize = 4;
 
+/// A chart's axes on `area`: title, x and y descriptions, the mesh, and a dashed vertical line
+/// at `x_limit` if any.
+fn axes<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    [title, x_label, y_label]: [&str; 3],
+    (x, y): (std::ops::Range<f64>, std::ops::Range<f64>),
+    x_limit: Option<f64>,
+) -> Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>, String> {
+    let (y0, y1) = (y.start, y.end);
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, (FONT, 17).into_font())
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d(x, y)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .label_style((FONT, 12))
+        .axis_desc_style((FONT, 13))
+        .light_line_style(RGBColor(240, 240, 240))
+        .draw()
+        .map_err(err)?;
+    if let Some(x) = x_limit {
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(x, y0), (x, y1)],
+                6,
+                4,
+                RED_.stroke_width(1),
+            ))
+            .map_err(err)?;
+    }
+    Ok(chart)
+}
+
 impl Figure for Plot {
     fn size(&self) -> (u32, u32) {
         let listed = self.front.len().min(KEY_MAX) + usize::from(self.front.len() > KEY_MAX);
@@ -283,32 +322,12 @@ impl Figure for Plot {
             .chain(self.front.iter().map(|p| p.1));
         let (x0, x1) = bounds(xs, false);
         let (y0, y1) = bounds(ys, true);
-        let mut chart = ChartBuilder::on(&top)
-            .caption(&self.title, (FONT, 17).into_font())
-            .margin(12)
-            .x_label_area_size(44)
-            .y_label_area_size(64)
-            .build_cartesian_2d(x0..x1, y0..y1)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc(&self.x_label)
-            .y_desc(&self.y_label)
-            .label_style((FONT, 12))
-            .axis_desc_style((FONT, 13))
-            .light_line_style(RGBColor(240, 240, 240))
-            .draw()
-            .map_err(err)?;
-        if let Some((x, _)) = &self.x_limit {
-            chart
-                .draw_series(DashedLineSeries::new(
-                    vec![(*x, y0), (*x, y1)],
-                    6,
-                    4,
-                    RED_.stroke_width(1),
-                ))
-                .map_err(err)?;
-        }
+        let mut chart = axes(
+            &top,
+            [&self.title, &self.x_label, &self.y_label],
+            (x0..x1, y0..y1),
+            self.x_limit.as_ref().map(|l| l.0),
+        )?;
         chart
             .draw_series(
                 self.points
@@ -477,32 +496,12 @@ impl Figure for Lines {
             false,
         );
         let (y0, y1) = bounds(pts().map(|p| p.1), true);
-        let mut chart = ChartBuilder::on(&top)
-            .caption(&self.title, (FONT, 17).into_font())
-            .margin(12)
-            .x_label_area_size(44)
-            .y_label_area_size(64)
-            .build_cartesian_2d(x0..x1, y0..y1)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc(&self.x_label)
-            .y_desc(&self.y_label)
-            .label_style((FONT, 12))
-            .axis_desc_style((FONT, 13))
-            .light_line_style(RGBColor(240, 240, 240))
-            .draw()
-            .map_err(err)?;
-        if let Some((x, _)) = &self.x_limit {
-            chart
-                .draw_series(DashedLineSeries::new(
-                    vec![(*x, y0), (*x, y1)],
-                    6,
-                    4,
-                    RED_.stroke_width(1),
-                ))
-                .map_err(err)?;
-        }
+        let mut chart = axes(
+            &top,
+            [&self.title, &self.x_label, &self.y_label],
+            (x0..x1, y0..y1),
+            self.x_limit.as_ref().map(|l| l.0),
+        )?;
         let mut items: Vec<(String, Mark<'_, DB>)> = Vec::new();
         for (i, (name, s)) in self.series.iter().enumerate() {
             let c = PALETTE[i % PALETTE.len()];

@@ -144,6 +144,20 @@ fn the_window_is_steady_and_the_warm_up_matters() {
     assert!(cold < 0.9 * rule, "no warm-up {cold} vs {rule}");
 }
 
+/// The plan input of `cards` of `hardware` in `quant` on engine `name`, the dies per node and
+/// every layout searched.
+fn space(hardware: &str, cards: u32, quant: &str, name: &str) -> (PlanInput, u32, Vec<Candidate>) {
+    let p = PlanInput {
+        hardware: hardware.into(),
+        cards,
+        quant: quant.into(),
+        engine: Engine::parse(name, hardware).unwrap(),
+        ..input(100)
+    };
+    let (nodes, dies) = dstwin_sim::plan::nodes(hardware, cards).unwrap();
+    (p, dies, dstwin_sim::plan::candidates(nodes, dies))
+}
+
 /// Every command `plan` writes, for every layout of A3 (one and four nodes) and H200 (two
 /// nodes), uses only flags, JSON keys, values and environment variables its engine documents
 /// (`sim/tests/data/engine_flags.toml`, with their origins).
@@ -186,17 +200,9 @@ fn every_launch_flag_is_one_the_engine_documents() {
         ("nvidia-h200-8", 16, "fp8", "sglang", "sglang"),
     ] {
         let doc = doc[table].as_table().unwrap();
-        let engine = Engine::parse(name, hardware).unwrap();
-        tables_seen.insert(format!("{engine:?}"));
-        let p = PlanInput {
-            hardware: hardware.into(),
-            cards,
-            quant: quant.into(),
-            engine,
-            ..input(100)
-        };
-        let (nodes, dies) = dstwin_sim::plan::nodes(hardware, cards).unwrap();
-        for c in dstwin_sim::plan::candidates(nodes, dies) {
+        let (p, dies, cands) = space(hardware, cards, quant, name);
+        tables_seen.insert(format!("{:?}", p.engine));
+        for c in cands {
             for (role, cmd) in c.launch_args(&p, dies, "deepseek-r1") {
                 let mut parts = cmd.split(" \\\n  ");
                 let head = parts.next().unwrap();
@@ -274,16 +280,9 @@ fn launch_commands_ask_for_what_the_scenario_simulates() {
         ("nvidia-h200-8", 16, "fp8", "vllm"),
         ("nvidia-h200-8", 16, "fp8", "sglang"),
     ] {
-        let engine = Engine::parse(name, hardware).unwrap();
-        let p = PlanInput {
-            hardware: hardware.into(),
-            cards,
-            quant: quant.into(),
-            engine,
-            ..input(100)
-        };
-        let (nodes, dies) = dstwin_sim::plan::nodes(hardware, cards).unwrap();
-        for c in dstwin_sim::plan::candidates(nodes, dies) {
+        let (p, dies, cands) = space(hardware, cards, quant, name);
+        let engine = p.engine;
+        for c in cands {
             let text = c.scenario(
                 &p,
                 dies,
