@@ -224,6 +224,17 @@ pub fn place(
 /// One legend item in the key: a marker drawn by `mark` at (x, y), then the text.
 type Mark<'a, DB> = Box<dyn Fn(&DrawingArea<DB, Shift>, (i32, i32)) -> Result<(), String> + 'a>;
 
+/// A legend mark: a short horizontal line in `style`.
+fn line_mark<'a, DB: DrawingBackend + 'a>(style: ShapeStyle) -> Mark<'a, DB> {
+    Box::new(move |a: &DrawingArea<DB, Shift>, c: (i32, i32)| {
+        a.draw(&PathElement::new(
+            vec![(c.0 - 8, c.1), (c.0 + 8, c.1)],
+            style,
+        ))
+        .map_err(err)
+    })
+}
+
 /// Draws legend items in a grid of `cols` columns from the key's top; returns the y below
 /// them ([`legend_lines`] of them).
 fn legend<DB: DrawingBackend>(
@@ -438,16 +449,7 @@ impl Figure for Plot {
             ));
         }
         if let Some((_, name)) = &self.x_limit {
-            items.push((
-                name.clone(),
-                Box::new(|a: &DrawingArea<DB, Shift>, c: (i32, i32)| {
-                    a.draw(&PathElement::new(
-                        vec![(c.0 - 8, c.1), (c.0 + 8, c.1)],
-                        RED_.stroke_width(1),
-                    ))
-                    .map_err(err)
-                }),
-            ));
+            items.push((name.clone(), line_mark(RED_.stroke_width(1))));
         }
         let mut y = legend(&key, items, 4, PLOT_COLS)?;
         let font = (FONT, 12).into_font().color(&INK);
@@ -513,28 +515,10 @@ impl Figure for Lines {
                     .draw_series(s.iter().map(|&p| Circle::new(p, 3, c.filled())))
                     .map_err(err)?;
             }
-            items.push((
-                name.clone(),
-                Box::new(move |a: &DrawingArea<DB, Shift>, p: (i32, i32)| {
-                    a.draw(&PathElement::new(
-                        vec![(p.0 - 8, p.1), (p.0 + 8, p.1)],
-                        c.stroke_width(2),
-                    ))
-                    .map_err(err)
-                }),
-            ));
+            items.push((name.clone(), line_mark(c.stroke_width(2))));
         }
         if let Some((_, name)) = &self.x_limit {
-            items.push((
-                name.clone(),
-                Box::new(|a: &DrawingArea<DB, Shift>, c: (i32, i32)| {
-                    a.draw(&PathElement::new(
-                        vec![(c.0 - 8, c.1), (c.0 + 8, c.1)],
-                        RED_.stroke_width(1),
-                    ))
-                    .map_err(err)
-                }),
-            ));
+            items.push((name.clone(), line_mark(RED_.stroke_width(1))));
         }
         legend(&key, items, 4, LINE_COLS)?;
         Ok(Vec::new())
