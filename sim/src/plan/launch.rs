@@ -2,7 +2,7 @@
 //! commands that launch the candidate on it. Each engine's flags are the ones its documentation
 //! gives (checked against `sim/tests/data/engine_flags.toml` by a test).
 
-use super::{Candidate, LayoutKind, PlanInput};
+use super::{Candidate, InstanceKind, LayoutKind, PlanInput};
 use dstwin_hwmodels::Catalog;
 use serde::Serialize;
 
@@ -26,6 +26,17 @@ pub enum Role {
     Prefill,
     Decode,
     Mixed,
+}
+
+impl Role {
+    /// As a scenario names the role (and the instance of that role).
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Mixed => "mixed",
+        }
+    }
 }
 
 impl Engine {
@@ -152,47 +163,19 @@ impl Candidate {
         }
     }
 
-    /// Titles of the instances, in the order of the commands.
-    fn titles(&self) -> Vec<String> {
-        match self.kind {
-            LayoutKind::Disaggregated => vec![
-                format!("prefill (x{} instances, one node each)", self.prefill_nodes),
-                format!(
-                    "decode ({} node{})",
-                    self.decode_nodes,
-                    if self.decode_nodes == 1 { "" } else { "s" }
-                ),
-            ],
-            LayoutKind::Aggregated => vec![format!(
+    /// The title of an instance kind's command.
+    fn title(&self, k: &InstanceKind) -> String {
+        let s = |n: u32| if n == 1 { "" } else { "s" };
+        match k.role {
+            Role::Prefill => format!("prefill (x{} instances, one node each)", k.count),
+            Role::Decode => format!("decode ({} node{})", k.nodes, s(k.nodes)),
+            Role::Mixed => format!(
                 "mixed ({} instance{} of {} node{})",
-                self.instances(),
-                if self.instances() == 1 { "" } else { "s" },
-                self.instance_nodes,
-                if self.instance_nodes == 1 { "" } else { "s" }
-            )],
-        }
-    }
-
-    /// Each instance's role, nodes, attention TP, requests and tokens per DP rank and step.
-    fn instance_shapes(&self) -> Vec<(Role, u32, u32, u32, u32)> {
-        match self.kind {
-            LayoutKind::Disaggregated => vec![
-                (Role::Prefill, 1, self.prefill_tp, 8, 16384),
-                (
-                    Role::Decode,
-                    self.decode_nodes,
-                    self.decode_tp,
-                    self.max_num_seqs,
-                    self.max_num_batched_tokens,
-                ),
-            ],
-            LayoutKind::Aggregated => vec![(
-                Role::Mixed,
-                self.instance_nodes,
-                self.decode_tp,
-                self.max_num_seqs,
-                self.max_num_batched_tokens,
-            )],
+                k.count,
+                s(k.count),
+                k.nodes,
+                s(k.nodes)
+            ),
         }
     }
 
@@ -207,7 +190,7 @@ impl Candidate {
         served: &str,
     ) -> Vec<(String, String)> {
         let ascend = p.engine.ascend();
-        let max_len = u64::from(p.input_tokens) + u64::from(p.output_tokens) + 64;
+        let max_len = p.max_model_len();
         let eplb = self.redundant_experts > 0;
         let (heat, algo) = p.engine.eplb_cycle();
         let env = if ascend && eplb {
@@ -233,11 +216,10 @@ impl Candidate {
             };
             format!("--kv-transfer-config '{cfg}'")
         };
-        let titles = self.titles();
-        self.instance_shapes()
+        self.kinds()
             .into_iter()
-            .zip(titles)
-            .map(|((role, nodes, tp, seqs, budget), title)| {
+            .map(|k| {
+                let InstanceKind { role, nodes, tp, seqs, budget, .. } = k;
                 let mut a = vec![
                     format!("--served-model-name {served}"),
                     format!("--data-parallel-size {}", nodes * dies_per_node / tp),
@@ -314,7 +296,7 @@ impl Candidate {
                     a.join(NL),
                     q = p.quant,
                 );
-                (title, cmd)
+                (self.title(&k), cmd)
             })
             .collect()
     }
@@ -332,15 +314,21 @@ impl Candidate {
         served: &str,
     ) -> Vec<(String, String)> {
         let npu = p.engine.ascend();
-        let max_len = u64::from(p.input_tokens) + u64::from(p.output_tokens) + 64;
+        let max_len = p.max_model_len();
         let (heat, _) = p.engine.eplb_cycle();
         let pd = self.kind == LayoutKind::Disaggregated;
-        let titles = self.titles();
         let mut v: Vec<(String, String)> = self
-            .instance_shapes()
+            .kinds()
             .into_iter()
-            .zip(titles)
-            .map(|((role, nodes, tp, seqs, budget), title)| {
+            .map(|k| {
+                let InstanceKind {
+                    role,
+                    nodes,
+                    tp,
+                    seqs,
+                    budget,
+                    ..
+                } = k;
                 let dies = nodes * dies_per_node;
                 let dp = dies / tp;
                 let mut a = vec![
@@ -412,7 +400,7 @@ impl Candidate {
                     ));
                 }
                 (
-                    title,
+                    self.title(&k),
                     format!("python3 -m sglang.launch_server{NL}{}", a.join(NL)),
                 )
             })

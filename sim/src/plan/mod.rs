@@ -124,6 +124,11 @@ impl PercentileSlo {
 }
 
 impl PlanInput {
+    /// Every instance's longest request: the prompt, the output and a margin.
+    pub fn max_model_len(&self) -> u64 {
+        u64::from(self.input_tokens) + u64::from(self.output_tokens) + 64
+    }
+
     /// The seeds, first to last: `seed`, `seed + 1`, ...
     pub fn seed_list(&self) -> Vec<u64> {
         (0..u64::from(self.seeds))
@@ -165,6 +170,22 @@ pub struct Candidate {
     pub max_num_batched_tokens: u32,
     pub redundant_experts: u32,
     pub mtp: u32,
+}
+
+/// Requests and tokens per DP rank and step of a prefill instance (vllm-ascend's PD guides).
+const PREFILL_SEQS: u32 = 8;
+const PREFILL_BUDGET: u32 = 16384;
+
+/// One kind of instance in a candidate: its role, how many, nodes each, attention TP, and
+/// requests and tokens per DP rank and step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct InstanceKind {
+    role: Role,
+    count: u32,
+    nodes: u32,
+    tp: u32,
+    seqs: u32,
+    budget: u32,
 }
 
 /// Attention TP of aggregated (mixed) instances: vllm-ascend's one-node A3 runs use DP4 x TP4
@@ -284,6 +305,38 @@ impl Candidate {
         self.decode_nodes / self.instance_nodes
     }
 
+    /// Each instance kind of the layout, as its scenario and its launch commands both state it.
+    fn kinds(&self) -> Vec<InstanceKind> {
+        match self.kind {
+            LayoutKind::Disaggregated => vec![
+                InstanceKind {
+                    role: Role::Prefill,
+                    count: self.prefill_nodes,
+                    nodes: 1,
+                    tp: self.prefill_tp,
+                    seqs: PREFILL_SEQS,
+                    budget: PREFILL_BUDGET,
+                },
+                InstanceKind {
+                    role: Role::Decode,
+                    count: 1,
+                    nodes: self.decode_nodes,
+                    tp: self.decode_tp,
+                    seqs: self.max_num_seqs,
+                    budget: self.max_num_batched_tokens,
+                },
+            ],
+            LayoutKind::Aggregated => vec![InstanceKind {
+                role: Role::Mixed,
+                count: self.instances(),
+                nodes: self.instance_nodes,
+                tp: self.decode_tp,
+                seqs: self.max_num_seqs,
+                budget: self.max_num_batched_tokens,
+            }],
+        }
+    }
+
     /// Decode DP ranks x batch cap.
     pub fn decode_slots(&self, dies_per_node: u32) -> u32 {
         self.decode_nodes * dies_per_node / self.decode_tp * self.max_num_seqs
@@ -310,7 +363,7 @@ impl Candidate {
         if let Some(x) = p.tpot_ms {
             slo += &format!("tpot_ms = {x}\n");
         }
-        let max_len = u64::from(p.input_tokens) + u64::from(p.output_tokens) + 64;
+        let max_len = p.max_model_len();
         // Redundant experts are re-placed as the engine's dynamic EPLB does (the launch
         // arguments ask for the same cycle).
         let eplb = if self.redundant_experts > 0 {
@@ -319,10 +372,6 @@ impl Candidate {
         } else {
             String::new()
         };
-        let role = |r: Role| p.engine.scenario_lines(r);
-        let (prefill, prefill_sched) = role(Role::Prefill);
-        let (decode, decode_sched) = role(Role::Decode);
-        let (mixed, mixed_sched) = role(Role::Mixed);
         let window = match load {
             Load::Open { window, .. } => format!(
                 "warmup_s = {}\nduration_s = {}\n",
@@ -332,61 +381,35 @@ impl Candidate {
             Load::Closed(_) => String::new(),
         };
         let red = self.redundant_experts;
-        let instances = match self.kind {
-            LayoutKind::Disaggregated => format!(
-                r#"[[instance]]
-name = "prefill"
-role = "prefill"
-count = {pn}
-dies = {dies_per_node}
-tp = {ptp}
-redundant_experts = {red}
-{prefill}[instance.scheduler]
-max_num_batched_tokens = 16384
-max_num_seqs = 8
-max_model_len = {max_len}
-enable_prefix_caching = false
-{prefill_sched}
-[[instance]]
-name = "decode"
-role = "decode"
-dies = {dd}
-tp = {tp}
-redundant_experts = {red}
-{decode}[instance.scheduler]
-max_num_batched_tokens = {budget}
-max_num_seqs = {seqs}
-max_model_len = {max_len}
-enable_prefix_caching = false
-{decode_sched}"#,
-                pn = self.prefill_nodes,
-                ptp = self.prefill_tp,
-                dd = self.decode_nodes * dies_per_node,
-                tp = self.decode_tp,
-                budget = self.max_num_batched_tokens,
-                seqs = self.max_num_seqs,
-            ),
-            LayoutKind::Aggregated => format!(
-                r#"[[instance]]
-name = "mixed"
-role = "mixed"
+        let instances: String = self
+            .kinds()
+            .iter()
+            .map(|k| {
+                let (lines, sched) = p.engine.scenario_lines(k.role);
+                format!(
+                    r#"[[instance]]
+name = "{name}"
+role = "{name}"
 count = {count}
 dies = {dies}
 tp = {tp}
 redundant_experts = {red}
-{mixed}[instance.scheduler]
+{lines}[instance.scheduler]
 max_num_batched_tokens = {budget}
 max_num_seqs = {seqs}
 max_model_len = {max_len}
 enable_prefix_caching = false
-{mixed_sched}"#,
-                count = self.instances(),
-                dies = self.instance_nodes * dies_per_node,
-                tp = self.decode_tp,
-                budget = self.max_num_batched_tokens,
-                seqs = self.max_num_seqs,
-            ),
-        };
+{sched}
+"#,
+                    name = k.role.name(),
+                    count = k.count,
+                    dies = k.nodes * dies_per_node,
+                    tp = k.tp,
+                    budget = k.budget,
+                    seqs = k.seqs,
+                )
+            })
+            .collect();
         format!(
             r#"name = "plan"
 seed = {seed}
@@ -394,8 +417,7 @@ model = "{model}"
 quant = "{quant}"
 hardware = "{hw}"
 {window}{mtp}{eplb}
-{instances}
-[workload]
+{instances}[workload]
 {load}
 input = {{ dist = "fixed", value = {inp} }}
 output = {{ dist = "fixed", value = {out} }}
