@@ -3,6 +3,7 @@
 //! gives (checked against `sim/tests/data/engine_flags.toml` by a test).
 
 use super::{Candidate, InstanceKind, LayoutKind, PlanInput};
+use dstwin_core::layout::Role;
 use dstwin_hwmodels::Catalog;
 use serde::Serialize;
 
@@ -18,25 +19,6 @@ pub enum Engine {
     SglangNpu,
     /// SGLang, on NVIDIA GPUs.
     Sglang,
-}
-
-/// The role of an instance in a candidate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    Prefill,
-    Decode,
-    Mixed,
-}
-
-impl Role {
-    /// As a scenario names the role (and the instance of that role).
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-            Role::Mixed => "mixed",
-        }
-    }
 }
 
 impl Engine {

@@ -29,8 +29,8 @@ mod launch;
 pub mod rank;
 pub mod steady;
 
+use dstwin_core::layout::Role;
 pub use launch::Engine;
-use launch::Role;
 
 pub use rank::{rank, to_seed, Level, Loss, Outcome, PlanReport, Spread, Standing, Summary};
 pub use steady::{Generations, Measurement, Window};
