@@ -113,7 +113,7 @@ pub fn svg<F: Figure>(f: &F) -> String {
 
 /// The chart as PNG bytes (8-bit RGB).
 pub fn png<F: Figure>(f: &F) -> Vec<u8> {
-    let (buf, (w, h)) = rgb(f);
+    let (buf, (w, h), _) = rgb_with_labels(f);
     let mut out = Vec::new();
     {
         let mut enc = png::Encoder::new(&mut out, w, h);
@@ -140,11 +140,6 @@ fn rgb_with_labels<F: Figure>(f: &F) -> (Vec<u8>, (u32, u32), Vec<Rect>) {
         let _ = root.present();
     }
     (buf, (w, h), labels)
-}
-
-fn rgb<F: Figure>(f: &F) -> (Vec<u8>, (u32, u32)) {
-    let (b, s, _) = rgb_with_labels(f);
-    (b, s)
 }
 
 /// Data bounds padded by 5% (a degenerate range widened).
