@@ -7,8 +7,9 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use dstwin_sim::plan::steady::{MEASURED_LIFETIMES, WARMUP_LIFETIMES};
 use dstwin_sim::plan::{
-    candidates, nodes, rank, run_level, screen, to_seed, Engine, Generations, Load, Outcome,
-    PercentileSlo, PlanInput, PlanReport, Standing,
+    front, nodes, rank, run_level, screen, search, shapes, to_seed, unsimulated, Engine,
+    Generations, Load, Outcome, PercentileSlo, PlanInput, PlanReport, Searched, Standing,
+    BATCH_CAPS, MTP_DEPTHS,
 };
 use dstwin_sim::plot;
 use dstwin_sim::sweep::{knee, pareto};
@@ -18,7 +19,7 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example:\n  dstwin plan --model deepseek-r1 --quant w8a8 --hardware atlas-800-a3 --cards 32 \\\n      --input 3500 --output 1500 --slo tpot=50ms,ttft=2s --out plan-out\n  dstwin plan --cards 16 --slo ttft_p90=2s,tpot_p99=60ms   (percentiles over each run)\n  dstwin plan --hardware nvidia-h200-8 --quant fp8 --cards 16 --engine sglang\n\nSearches disaggregated layouts (prefill/decode splits by node, prefill and decode TP) and\naggregated ones (mixed instances of 1 to N nodes, their attention TP and token budget per\nstep; the only kind on one node), with the batch cap, redundant experts and MTP depth\n(docs/what-if.md). Each layout's capacity is measured\nclosed-loop with every decode slot busy, then it runs open-loop at 60% and 90% of it; every\nrun leaves out a warm-up and measures a steady window, both counted in the layout's request\nlifetimes. Layouts within reach of the best run with --seeds seeds; goodput per card (requests\nmeeting every SLO) is reported as mean and min-max over them, and layouts whose ranges overlap\nthe best's are reported as tied with it. Prints the best layouts, why the others lose, and\nthe winners' launch commands for --engine (vllm-ascend, vLLM or SGLang)."
+    after_help = "Example:\n  dstwin plan --model deepseek-r1 --quant w8a8 --hardware atlas-800-a3 --cards 32 \\\n      --input 3500 --output 1500 --slo tpot=50ms,ttft=2s --out plan-out\n  dstwin plan --cards 16 --slo ttft_p90=2s,tpot_p99=60ms   (percentiles over each run)\n  dstwin plan --hardware nvidia-h200-8 --quant fp8 --cards 16 --engine sglang\n\nSearches disaggregated layouts (prefill/decode splits by node, prefill and decode TP) and\naggregated ones (mixed instances of 1 to N nodes, their attention TP and token budget per\nstep; the only kind on one node), with and without redundant experts. Each is first priced\nstep by step at a full batch (the twin's own steps, no queueing): at every MTP depth 0-3 the\nbatch cap (4 to 256 per DP rank) with the most requests per second per card within the SLOs\nand the KV. Layouts estimated within 30% of the best estimate (at least 8) are then\nsimulated (docs/what-if.md): capacity measured\nclosed-loop with every decode slot busy, then open-loop at 60% and 90% of it; every\nrun leaves out a warm-up and measures a steady window, both counted in the layout's request\nlifetimes. Layouts within reach of the best run with --seeds seeds; goodput per card (requests\nmeeting every SLO) is reported as mean and min-max over them, and layouts whose ranges overlap\nthe best's are reported as tied with it. Prints the best layouts, why the others lose, and\nthe winners' launch commands for --engine (vllm-ascend, vLLM or SGLang)."
 )]
 pub struct PlanArgs {
     /// Built-in model name (`dstwin catalog`) or a path to a HuggingFace config.json.
@@ -186,33 +187,61 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         engine: Engine::parse(&a.engine, &a.hardware).map_err(|e| Failure::Input(anyhow!(e)))?,
     };
     // The model and quantization must exist before a thousand candidates say so.
-    let probe = candidates(n, dies_per_node)[0].scenario(
-        &p,
-        dies_per_node,
-        Load::Closed(Generations::new(1)),
-        p.seed,
-    );
+    let shapes = shapes(n, dies_per_node);
+    let probe =
+        shapes[0]
+            .with(1, 0)
+            .scenario(&p, dies_per_node, Load::Closed(Generations::new(1)), p.seed);
     if let Err(e) = dstwin_sim::scenario::load_str("plan", &probe, std::path::Path::new("."), &[]) {
         let msg = e.to_string();
         if msg.contains("model") || msg.contains("quant") || msg.contains("acceptance") {
             return Err(Failure::Input(anyhow!("{msg}")));
         }
     }
-    let cands = candidates(n, dies_per_node);
+    // Every layout's batch cap at every MTP depth, from steady steps.
+    let jobs: Vec<(usize, u32)> = (0..shapes.len())
+        .flat_map(|i| MTP_DEPTHS.map(|t| (i, t)))
+        .collect();
     let bar = crate::progress::bar(
-        Some(cands.len() as u64),
+        Some(jobs.len() as u64),
         a.quiet,
-        "{bar:40} {pos}/{len} layouts screened [{elapsed_precise}, eta {eta}]",
+        "{bar:40} {pos}/{len} layouts searched by steady steps [{elapsed_precise}, eta {eta}]",
     );
-    let mut outcomes: Vec<Outcome> = cands
+    let searched: Vec<Searched> = jobs
         .par_iter()
-        .map(|c| {
-            let o = screen(&p, c, dies_per_node);
+        .map(|&(i, t)| {
+            let s = search(&p, &shapes[i], t, dies_per_node);
+            bar.inc(1);
+            s
+        })
+        .collect();
+    bar.finish_and_clear();
+    // Then the front, simulated.
+    let pick = front(&searched);
+    let bar = crate::progress::bar(
+        Some(pick.len() as u64),
+        a.quiet,
+        "{bar:40} {pos}/{len} layouts simulated [{elapsed_precise}, eta {eta}]",
+    );
+    let simulated: Vec<Outcome> = pick
+        .par_iter()
+        .map(|&i| {
+            let s = &searched[i];
+            let mut o = screen(&p, &s.candidate, dies_per_node);
+            o.estimate = s.estimate.as_ref().ok().copied();
             bar.inc(1);
             o
         })
         .collect();
     bar.finish_and_clear();
+    let mut outcomes: Vec<Outcome> = simulated;
+    outcomes.extend(
+        searched
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| pick.binary_search(i).is_err())
+            .map(|(_, s)| unsimulated(s)),
+    );
     more_seeds(&p, &mut outcomes, dies_per_node, a.quiet);
     rank(&mut outcomes, &p);
     // Every layout invalid: there is no plan, only the reasons.
@@ -247,7 +276,10 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         )?;
         return Ok(());
     }
-    out!("{}", render(&a, &p, &m.name, &outcomes, dies_per_node))?;
+    out!(
+        "{}",
+        render(&a, &p, &m.name, &outcomes, pick.len(), dies_per_node)
+    )?;
     Ok(())
 }
 
@@ -416,6 +448,7 @@ fn render(
     p: &PlanInput,
     served: &str,
     outcomes: &[Outcome],
+    simulated: usize,
     dies_per_node: u32,
 ) -> String {
     let seeds = p.seed_list();
@@ -426,7 +459,8 @@ fn render(
         .count();
     let mut s = format!(
         "plan: {} {} on {} cards of {} ({} in / {} out) with {}, SLO {}\n\
-         {} layouts screened with seed {}; {seeded} within reach of the best run with seeds {}-{}\n\
+         {} layouts (each at MTP {}-{}) searched by steady steps for their batch cap ({}-{} per DP rank); \
+         {simulated} near the front simulated with seed {}; {seeded} within reach of the best run with seeds {}-{}\n\
          every run: {WARMUP_LIFETIMES} request lifetimes of warm-up left out, {MEASURED_LIFETIMES} or more measured\n\
          figures: mean (min-max) over the seeds; goodput ranges that overlap the best's are tied with it\n\n",
         a.model,
@@ -437,7 +471,11 @@ fn render(
         a.output,
         p.engine.name(),
         slo_text(p),
-        outcomes.len(),
+        outcomes.len() / MTP_DEPTHS.len(),
+        MTP_DEPTHS[0],
+        MTP_DEPTHS[MTP_DEPTHS.len() - 1],
+        BATCH_CAPS[0],
+        BATCH_CAPS[BATCH_CAPS.len() - 1],
         seeds[0],
         seeds[0],
         seeds[seeds.len() - 1],

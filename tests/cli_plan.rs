@@ -6,7 +6,8 @@ use common::{dstwin, read, stderr_text as err};
 
 use serde_json::Value;
 
-/// DeepSeek-R1 on two Atlas 800 A3 nodes, short requests: 252 layouts, a few seconds.
+/// DeepSeek-R1 on two Atlas 800 A3 nodes, short requests: 28 layouts at 4 MTP depths searched,
+/// a dozen simulated, a few seconds.
 const SMALL: [&str; 13] = [
     "plan",
     "--model",
@@ -47,6 +48,17 @@ fn plan_ranks_layouts_and_prints_launch_arguments() {
         "{s}"
     );
     assert!(s.contains("#1 1P1D nodes"), "{s}");
+    // The search: every layout priced by steady steps, only the front simulated, the rest
+    // reported with their estimate.
+    assert!(
+        s.contains("searched by steady steps for their batch cap (4-256 per DP rank)"),
+        "{s}"
+    );
+    assert!(s.contains("  estimate  "), "{s}");
+    assert!(
+        s.contains("layouts more than 30% below are not simulated"),
+        "{s}"
+    );
     for flag in [
         "--data-parallel-size",
         "--tensor-parallel-size",
@@ -113,12 +125,33 @@ fn plan_json_gives_spreads_and_ranks_only_outside_them() {
         (f(&g["min"]), f(&g["mean"]), f(&g["max"]))
     };
     let (best_min, _, best_max) = range(best);
+    let top_estimate = layouts
+        .iter()
+        .filter_map(|o| o["estimate"]["goodput_per_card"].as_f64())
+        .fold(0.0, f64::max);
     let mut seen = std::collections::BTreeMap::new();
     for o in layouts {
         let standing = o["standing"].as_str().unwrap();
         *seen.entry(standing).or_insert(0) += 1;
         if standing == "invalid" {
             assert!(o["rank"].is_null() && !o["invalid"].as_str().unwrap().is_empty());
+            continue;
+        }
+        // Every valid layout carries its steady-step estimate; those left out of the front
+        // carry nothing else, and lie more than the margin below the best estimate.
+        let e = &o["estimate"];
+        assert!(
+            f(&e["capacity_req_s"]) > 0.0 && f(&e["tpot_ms"]) > 0.0,
+            "{o}"
+        );
+        if standing == "estimated" {
+            assert!(
+                o["rank"].is_null() && o["goodput_per_card"].is_null(),
+                "{o}"
+            );
+            assert!(o["levels"].as_array().unwrap().is_empty());
+            let g = f(&e["goodput_per_card"]);
+            assert!(g < (1.0 - f(&v["front_margin"])) * top_estimate, "{o}");
             continue;
         }
         let (min, mean, max) = range(o);
@@ -152,6 +185,9 @@ fn plan_json_gives_spreads_and_ranks_only_outside_them() {
     }
     assert!(seen.contains_key("tied"), "{seen:?}");
     assert!(seen.contains_key("screened_out"), "{seen:?}");
+    assert!(seen.contains_key("estimated"), "{seen:?}");
+    assert_eq!(v["batch_caps"][0], 4);
+    assert_eq!(v["mtp_depths"], serde_json::json!([0, 1, 2, 3]));
     // Other seeds, other figures; the seeds are reported.
     let o = plan(&["--json", "-q", "--seed", "7", "--seeds", "2"]);
     let w: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -287,7 +323,8 @@ fn plan_runs_and_launches_as_the_engine_does() {
     let v: Value = serde_json::from_str(&String::from_utf8_lossy(&o.stdout)).unwrap();
     assert_eq!(v["engine"], "vllm_ascend");
     let layouts = v["layouts"].as_array().unwrap();
-    assert_eq!(layouts.len(), 72);
+    // 2 attention TPs x 2 token budgets x 0 or 32 redundant experts, at 4 MTP depths.
+    assert_eq!(layouts.len(), 8 * 4);
     assert!(layouts
         .iter()
         .all(|l| l["candidate"]["kind"] == "aggregated" && l["candidate"]["decode_nodes"] == 1));

@@ -1,35 +1,43 @@
 //! `dstwin plan`: search disaggregated and aggregated deployments of a model on N cards for
 //! the best goodput per card under SLOs, as an engine runs them, and print each winner's launch
 //! commands for that engine ([`launch`]). IO-free: candidates are scenario texts the caller
-//! simulates (in parallel) with [`screen`] and [`run_level`].
+//! prices ([`search`]) and simulates ([`screen`], [`run_level`]), in parallel.
 //!
-//! The search space, per the vllm-ascend deployment guides and the aggregated deployments its
-//! nightly tests run ([`candidates`]):
+//! The layouts, per the vllm-ascend deployment guides and the aggregated deployments its
+//! nightly tests run ([`shapes`]), each with and without redundant experts:
 //! - disaggregated: prefill instances of one node each (DP x TP within the node, two-micro-batch
 //!   overlap), one decode instance over the remaining nodes (EP over all its dies); the split
-//!   between them, prefill and decode TP, the decode batch cap, redundant experts and MTP depth
-//!   vary;
+//!   between them and prefill and decode TP vary;
 //! - aggregated: mixed instances (prefill and decode in the same steps, chunked prefill) of
 //!   one or more nodes each, every node used (DP x TP attention, EP over each instance's dies);
-//!   the instance size, attention TP, batch cap, token budget per step, redundant experts and
-//!   MTP depth vary. One node is planned aggregated only.
+//!   the instance size, attention TP and token budget per step vary. One node is planned
+//!   aggregated only.
 //!
-//! Each candidate is first run closed-loop with every decode slot (DP ranks x batch cap) busy,
-//! which measures its capacity in requests per second and its request lifetime; then open-loop
-//! (Poisson) at 60% and 90% of that capacity. Every run leaves out a warm-up and measures a
-//! steady window whose lengths are counted in the layout's own request lifetimes
-//! ([`steady`]). All candidates run with the first seed; those within reach of the best run
-//! with the others, and layouts whose goodput ranges over the seeds overlap are tied, never
+//! **Search.** At every MTP depth ([`MTP_DEPTHS`]) each layout's batch cap per DP rank is
+//! searched over [`BATCH_CAPS`] by its steady-step estimate ([`estimate`]: the twin's own steps
+//! at a full batch, no queueing), keeping the cap with the most requests per second per card
+//! within the SLOs and the KV. Only the front is simulated ([`front`]): the layouts estimated
+//! within [`FRONT_MARGIN`] of the best estimate, and at least [`FRONT_MIN`].
+//!
+//! **Simulation.** Each layout of the front is first run closed-loop with every decode slot
+//! (DP ranks x batch cap) busy, which measures its capacity in requests per second and its
+//! request lifetime; then open-loop (Poisson) at 60% and 90% of that capacity. Every run leaves
+//! out a warm-up and measures a steady window whose lengths are counted in the layout's own
+//! request lifetimes ([`steady`]). All run with the first seed; those within reach of the best
+//! run with the others, and layouts whose goodput ranges over the seeds overlap are tied, never
 //! ranked one below the other ([`rank`]).
 //!
+//! - [`estimate`]: the steady-step estimate.
 //! - [`steady`]: the steady-state rule: warm-up and window lengths, what a run measures.
 //! - [`rank`]: spreads over seeds, screening, the tie rule and the reasons a layout loses.
 
+pub mod estimate;
 mod launch;
 pub mod rank;
 pub mod steady;
 
 use dstwin_core::layout::Role;
+pub use estimate::Estimate;
 pub use launch::Engine;
 
 pub use rank::{rank, to_seed, Level, Loss, Outcome, PlanReport, Spread, Standing, Summary};
@@ -124,6 +132,25 @@ impl PercentileSlo {
 }
 
 impl PlanInput {
+    /// The tightest TPOT bound (every request's or a percentile's), ms; infinite without one.
+    pub fn tpot_bound_ms(&self) -> f64 {
+        self.bound_ms(SloMetric::Tpot, self.tpot_ms)
+    }
+
+    /// The tightest TTFT bound, ms; infinite without one.
+    pub fn ttft_bound_ms(&self) -> f64 {
+        self.bound_ms(SloMetric::Ttft, self.ttft_ms)
+    }
+
+    fn bound_ms(&self, metric: SloMetric, every: Option<f64>) -> f64 {
+        self.percentile_slos
+            .iter()
+            .filter(|s| s.metric == metric)
+            .map(|s| s.max_ms)
+            .chain(every)
+            .fold(f64::INFINITY, f64::min)
+    }
+
     /// Every instance's longest request: the prompt, the output and a margin.
     pub fn max_model_len(&self) -> u64 {
         u64::from(self.input_tokens) + u64::from(self.output_tokens) + 64
@@ -195,27 +222,24 @@ const MIXED_TP: [u32; 2] = [4, 8];
 /// that prefill a prompt in fewer steps.
 const MIXED_BUDGETS: [u32; 2] = [4096, 16384];
 
-/// The search space on `nodes` nodes of `dies_per_node` dies: every disaggregated split (with
-/// two or more nodes), then every aggregated layout.
-pub fn candidates(nodes: u32, dies_per_node: u32) -> Vec<Candidate> {
+/// Batch caps per DP rank the search tries (the engines' DeepSeek guides run 8 to 256).
+pub const BATCH_CAPS: [u32; 12] = [4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256];
+/// MTP depths the search tries: off, and one to three drafts.
+pub const MTP_DEPTHS: [u32; 4] = [0, 1, 2, 3];
+/// Redundant experts the search tries: none, or one more per die on a 32-die EP group.
+const REDUNDANT: [u32; 2] = [0, 32];
+
+/// The layouts on `nodes` nodes of `dies_per_node` dies, each with and without redundant
+/// experts, their batch cap and MTP depth left to [`search`] (0 here): every disaggregated
+/// split (with two or more nodes), then every aggregated layout.
+pub fn shapes(nodes: u32, dies_per_node: u32) -> Vec<Candidate> {
     let mut v = Vec::new();
     let knobs = |out: &mut Vec<Candidate>, c: Candidate| {
-        for max_num_seqs in [16, 32, 48] {
-            for redundant_experts in [0, 32] {
-                for mtp in [0, 1, 2] {
-                    let budget = match c.kind {
-                        LayoutKind::Disaggregated => max_num_seqs * (1 + mtp),
-                        LayoutKind::Aggregated => c.max_num_batched_tokens,
-                    };
-                    out.push(Candidate {
-                        max_num_seqs,
-                        max_num_batched_tokens: budget,
-                        redundant_experts,
-                        mtp,
-                        ..c
-                    });
-                }
-            }
+        for redundant_experts in REDUNDANT {
+            out.push(Candidate {
+                redundant_experts,
+                ..c
+            });
         }
     };
     let blank = Candidate {
@@ -274,6 +298,22 @@ pub fn candidates(nodes: u32, dies_per_node: u32) -> Vec<Candidate> {
 }
 
 impl Candidate {
+    /// This layout with `max_num_seqs` requests per generating DP rank and `mtp` drafts: a
+    /// decode instance's token budget follows the batch and its drafts, a mixed instance keeps
+    /// its chunked-prefill budget.
+    pub fn with(self, max_num_seqs: u32, mtp: u32) -> Candidate {
+        let max_num_batched_tokens = match self.kind {
+            LayoutKind::Disaggregated => max_num_seqs * (1 + mtp),
+            LayoutKind::Aggregated => self.max_num_batched_tokens,
+        };
+        Candidate {
+            max_num_seqs,
+            max_num_batched_tokens,
+            mtp,
+            ..self
+        }
+    }
+
     /// A one-line description.
     pub fn label(&self) -> String {
         match self.kind {
@@ -536,6 +576,106 @@ pub fn screen(p: &PlanInput, c: &Candidate, dies_per_node: u32) -> Outcome {
     o
 }
 
+/// A layout's batch cap chosen by the steady-step estimate, at one MTP depth.
+#[derive(Clone, Debug)]
+pub struct Searched {
+    pub candidate: Candidate,
+    /// Its estimate, or why its scenario does not validate (layout, memory).
+    pub estimate: Result<Estimate, String>,
+}
+
+/// The steady-step estimate of `c` ([`estimate`]).
+pub fn estimate_of(p: &PlanInput, c: &Candidate, dies_per_node: u32) -> Result<Estimate, String> {
+    let g = Generations::new(c.decode_slots(dies_per_node));
+    let text = c.scenario(p, dies_per_node, Load::Closed(g), p.seed);
+    let s = load_str("plan candidate", &text, Path::new("."), &[]).map_err(|e| one_line(&e))?;
+    estimate::Pricer::new(&s)?.at(p, c.max_num_seqs)
+}
+
+/// The batch cap of `shape` at `mtp` drafts with the highest estimated goodput per card, the
+/// largest of equal ones (a prefill-bound layout's decode slots beyond what its prefill feeds
+/// cost nothing and keep the decode from starving its prefill) ([`BATCH_CAPS`], ascending until a cap no longer fits the KV or
+/// meets the bounds after one that did). With none feasible, the smallest cap and its
+/// estimate (no goodput: the estimate says why).
+pub fn search(p: &PlanInput, shape: &Candidate, mtp: u32, dies_per_node: u32) -> Searched {
+    let mut best: Option<Searched> = None;
+    for b in BATCH_CAPS {
+        let c = shape.with(b, mtp);
+        let e = match estimate_of(p, &c, dies_per_node) {
+            Ok(e) => e,
+            Err(e) => {
+                return best.unwrap_or(Searched {
+                    candidate: c,
+                    estimate: Err(e),
+                })
+            }
+        };
+        let g = |s: &Searched| s.estimate.as_ref().map_or(0.0, |e| e.goodput_per_card);
+        let found = best.as_ref().is_some_and(|s| g(s) > 0.0);
+        let top = best.as_ref().map_or(0.0, g);
+        if best.is_none() || e.goodput_per_card > top || (top > 0.0 && e.goodput_per_card == top) {
+            best = Some(Searched {
+                candidate: c,
+                estimate: Ok(e),
+            });
+        }
+        // Larger caps hold even less of the KV, and their steps only grow.
+        if e.goodput_per_card == 0.0 && (found || u64::from(b) > e.kv_seqs) {
+            break;
+        }
+    }
+    best.expect("at least one cap is tried")
+}
+
+/// Share below the best estimate within which a searched layout is simulated: the estimate
+/// bounds capacity at a full batch and knows nothing of queueing, so it orders layouts only
+/// roughly (docs/what-if.md measures how roughly).
+pub const FRONT_MARGIN: f64 = 0.3;
+/// Layouts simulated at least (the best estimates), whatever the margin.
+pub const FRONT_MIN: usize = 8;
+
+/// Which searched layouts to simulate (indices into `searched`): every valid one whose
+/// estimated goodput per card is within [`FRONT_MARGIN`] of the best estimate, and at least
+/// the [`FRONT_MIN`] best (by estimated goodput, then the lowest estimated TPOT over its
+/// bound, so that a search where no estimate meets the SLOs still simulates the closest).
+pub fn front(searched: &[Searched]) -> Vec<usize> {
+    let mut valid: Vec<(usize, &Estimate)> = searched
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.estimate.as_ref().ok().map(|e| (i, e)))
+        .collect();
+    valid.sort_by(|a, b| {
+        b.1.goodput_per_card
+            .total_cmp(&a.1.goodput_per_card)
+            .then(a.1.tpot_ms.total_cmp(&b.1.tpot_ms))
+            .then(a.0.cmp(&b.0))
+    });
+    let top = valid.first().map_or(0.0, |v| v.1.goodput_per_card);
+    let mut pick: Vec<usize> = valid
+        .iter()
+        .enumerate()
+        .filter(|(k, v)| {
+            *k < FRONT_MIN || (top > 0.0 && v.1.goodput_per_card >= (1.0 - FRONT_MARGIN) * top)
+        })
+        .map(|(_, v)| v.0)
+        .collect();
+    pick.sort_unstable();
+    pick
+}
+
+/// The outcome of a searched layout that is not simulated: invalid, or estimated only.
+pub fn unsimulated(s: &Searched) -> Outcome {
+    match &s.estimate {
+        Err(e) => Outcome::failed(s.candidate, e.clone()),
+        Ok(e) => {
+            let mut o = Outcome::failed(s.candidate, String::new());
+            o.standing = Standing::Estimated;
+            o.estimate = Some(*e);
+            o
+        }
+    }
+}
+
 /// Runs candidate `c` at `level` (its rate and window) with `seed`: the measurement and the
 /// cards the layout occupies.
 pub fn run_level(
@@ -619,31 +759,137 @@ mod tests {
     fn the_space_covers_every_split_and_knob() {
         let (n, d) = nodes("atlas-800-a3", 32).unwrap();
         assert_eq!((n, d), (4, 16));
-        let c = candidates(n, d);
-        let knobs = 3 * 2 * 3;
+        let c = shapes(n, d);
         // PD: 3 splits x prefill TP 8, 16 x decode TP 1, 2, 4; aggregated: instances of 1, 2
-        // or 4 nodes x TP 4, 8 x 2 budgets.
-        assert_eq!(c.len(), (3 * 2 * 3 + 3 * 2 * 2) * knobs);
+        // or 4 nodes x TP 4, 8 x 2 budgets; each with 0 or 32 redundant experts.
+        assert_eq!(c.len(), (3 * 2 * 3 + 3 * 2 * 2) * 2);
         let agg: Vec<&Candidate> = c
             .iter()
             .filter(|c| c.kind == LayoutKind::Aggregated)
             .collect();
-        assert_eq!(agg.len(), 3 * 2 * 2 * knobs);
+        assert_eq!(agg.len(), 3 * 2 * 2 * 2);
         assert!(agg
             .iter()
             .all(|c| c.decode_nodes == 4 && c.prefill_nodes == 0));
-        assert!(agg.contains(&&four_mixed()));
+        assert!(agg.contains(&&Candidate {
+            max_num_seqs: 0,
+            mtp: 0,
+            ..four_mixed()
+        }));
         assert!(nodes("atlas-800-a3", 12).is_err());
         // One node: aggregated layouts only.
         let (n, d) = nodes("atlas-800-a3", 8).unwrap();
-        let one = candidates(n, d);
-        assert_eq!(one.len(), 2 * 2 * knobs);
+        let one = shapes(n, d);
+        assert_eq!(one.len(), 2 * 2 * 2);
         assert!(one.iter().all(|c| c.kind == LayoutKind::Aggregated));
-        // The decode budget follows the batch and its drafts.
-        assert!(c
-            .iter()
-            .filter(|c| c.kind == LayoutKind::Disaggregated)
-            .all(|c| c.max_num_batched_tokens == c.max_num_seqs * (1 + c.mtp)));
+        // The decode budget follows the batch and its drafts; a mixed one keeps its own.
+        let pd = two_by_two(8, 2, 0, 0);
+        assert_eq!(pd.with(48, 2).max_num_batched_tokens, 144);
+        assert_eq!(four_mixed().with(96, 3).max_num_batched_tokens, 4096);
+    }
+
+    /// The steady-step estimate of a decode-bound layout is within a tenth of the capacity its
+    /// closed-loop simulation measures, and a prefill-bound one's at most that far above it.
+    #[test]
+    fn the_estimate_tracks_the_simulated_capacity() {
+        let p = PlanInput {
+            seeds: 2,
+            ..input()
+        };
+        for c in [two_by_two(8, 2, 48, 2), two_by_two(8, 1, 16, 1)] {
+            let e = estimate_of(&p, &c, 16).expect("valid");
+            let o = screen(&p, &c, 16);
+            assert!(o.invalid.is_empty(), "{}", o.invalid);
+            let ratio = e.capacity_req_s / o.capacity_req_s;
+            assert!(
+                (0.9..1.1).contains(&ratio),
+                "{}: {e:?} against {}",
+                c.label(),
+                o.capacity_req_s
+            );
+            // The TPOT at a full batch bounds what the lighter open-loop loads measure.
+            let r = o.result.as_ref().expect("ran");
+            assert!(
+                r.tpot_p50_ms.mean <= e.tpot_ms * 1.05,
+                "{e:?} against {r:?}"
+            );
+        }
+    }
+
+    /// The search keeps the cap within the bounds the estimate checks, and the next cap up
+    /// would break one of them (or gives no more).
+    #[test]
+    fn the_search_takes_the_best_cap_within_the_bounds() {
+        let p = input();
+        let shape = two_by_two(8, 2, 0, 0);
+        for t in [2, 3] {
+            let s = search(&p, &shape, t, 16);
+            let e = s.estimate.expect("valid");
+            let b = s.candidate.max_num_seqs;
+            assert_eq!(s.candidate.mtp, t);
+            assert!(e.goodput_per_card > 0.0 && e.tpot_ms <= 50.0 && u64::from(b) <= e.kv_seqs);
+            let k = BATCH_CAPS.iter().position(|&x| x == b).unwrap();
+            if let Some(&up) = BATCH_CAPS.get(k + 1) {
+                let next = estimate_of(&p, &shape.with(up, t), 16).expect("valid");
+                assert!(
+                    next.goodput_per_card <= e.goodput_per_card,
+                    "{next:?} vs {e:?}"
+                );
+            }
+        }
+        // A bound no cap meets: the smallest cap, with no goodput.
+        let tight = PlanInput {
+            tpot_ms: Some(1.0),
+            ..input()
+        };
+        let s = search(&tight, &shape, 1, 16);
+        assert_eq!(s.candidate.max_num_seqs, BATCH_CAPS[0]);
+        assert_eq!(s.estimate.unwrap().goodput_per_card, 0.0);
+        // An invalid layout says why, at the smallest cap.
+        let bad = Candidate {
+            redundant_experts: 0,
+            decode_nodes: 3,
+            instance_nodes: 3,
+            prefill_nodes: 1,
+            decode_tp: 1,
+            ..shape
+        };
+        let s = search(&p, &bad, 0, 16);
+        assert!(s.estimate.unwrap_err().contains("do not divide evenly"));
+    }
+
+    #[test]
+    fn the_front_is_the_best_estimates_and_at_least_a_few() {
+        let est = |g: f64, tpot: f64| Estimate {
+            capacity_req_s: g * 32.0,
+            tpot_ms: tpot,
+            prefill_ms: 100.0,
+            kv_seqs: 100,
+            goodput_per_card: g,
+        };
+        let shape = two_by_two(8, 2, 16, 0);
+        let mk = |e: Result<Estimate, String>| Searched {
+            candidate: shape,
+            estimate: e,
+        };
+        let mut v = vec![
+            mk(Ok(est(0.30, 40.0))),
+            mk(Ok(est(0.22, 40.0))), // 27% below: in
+            mk(Err("layout".into())),
+            mk(Ok(est(0.20, 40.0))), // 33% below: in only as one of the few best
+        ];
+        assert_eq!(front(&v), vec![0, 1, 3]);
+        v.extend((0..10).map(|_| mk(Ok(est(0.01, 40.0)))));
+        let f = front(&v);
+        assert_eq!(f.len(), FRONT_MIN);
+        assert!(f.starts_with(&[0, 1, 3]) && !f.contains(&2));
+        // Nothing meets the bounds: the closest by TPOT are simulated.
+        let none: Vec<Searched> = (0..12)
+            .map(|k| mk(Ok(est(0.0, 60.0 + f64::from(k)))))
+            .collect();
+        assert_eq!(front(&none), (0..FRONT_MIN).collect::<Vec<_>>());
+        assert_eq!(unsimulated(&none[9]).standing, Standing::Estimated);
+        assert_eq!(unsimulated(&v[2]).standing, Standing::Invalid);
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! more than any spread that was measured; that is the only loss claimed for it.
 
 use super::steady::{Measurement, SteadyRule, Window, RULE};
-use super::{Candidate, PlanInput, RUN_FAILED};
+use super::{Candidate, Estimate, PlanInput, FRONT_MARGIN, RUN_FAILED};
 use serde::Serialize;
 
 /// Layouts whose one-seed goodput is within this share of the best one run with every seed.
@@ -116,6 +116,9 @@ pub enum Standing {
     /// Run with one seed only: its goodput is below the best's lowest seed by more than any
     /// spread measured (or no layout met the SLOs).
     ScreenedOut,
+    /// Not simulated: its steady-step estimate is too far below the best estimate, or says it
+    /// cannot meet the SLOs at any batch cap ([`super::front`]).
+    Estimated,
     /// Its scenario does not validate (layout, memory) or its runs failed.
     Invalid,
 }
@@ -134,6 +137,8 @@ pub struct Outcome {
     pub candidate: Candidate,
     /// Why it could not run (layout, memory), or empty.
     pub invalid: String,
+    /// Its steady-step estimate at the batch cap the search chose ([`super::search`]).
+    pub estimate: Option<Estimate>,
     pub cards: f64,
     /// Completions per second with every decode slot busy (the closed-loop run, first seed).
     pub capacity_req_s: f64,
@@ -157,6 +162,7 @@ impl Outcome {
         Outcome {
             candidate,
             invalid,
+            estimate: None,
             cards: 0.0,
             capacity_req_s: 0.0,
             lifetime_s: 0.0,
@@ -238,16 +244,20 @@ fn best_first(a: &Outcome, b: &Outcome, seeds: usize) -> std::cmp::Ordering {
             0
         } else if o.result.is_some() {
             1
-        } else {
+        } else if o.invalid.is_empty() {
             2
+        } else {
+            3
         }
     };
+    let estimated = |o: &Outcome| o.estimate.map_or(0.0, |e| e.goodput_per_card);
     let mean =
         |o: &Outcome, f: fn(&Summary) -> Spread| o.result.as_ref().map_or(0.0, |r| f(r).mean);
     group(a)
         .cmp(&group(b))
         .then(mean(b, |r| r.goodput_per_card).total_cmp(&mean(a, |r| r.goodput_per_card)))
         .then(mean(b, |r| r.output_tok_s_per_card).total_cmp(&mean(a, |r| r.output_tok_s_per_card)))
+        .then(estimated(b).total_cmp(&estimated(a)))
 }
 
 fn reach(outcomes: &[Outcome], seeds: usize) -> Option<Reach> {
@@ -340,6 +350,60 @@ fn percentile_loss(p: &PlanInput, r: &Summary, every_seed: bool) -> Option<(&'st
         })
 }
 
+/// Why the steady-step estimate left a layout out: what it cannot meet at any batch cap, or
+/// how far below the best estimate it lies.
+fn estimate_loss(p: &PlanInput, c: &Candidate, e: &Estimate, top: f64) -> (&'static str, String) {
+    let tpot_bound = p.tpot_bound_ms();
+    let ttft_bound = p.ttft_bound_ms();
+    let b = c.max_num_seqs;
+    if e.goodput_per_card > 0.0 {
+        (
+            "estimate",
+            format!(
+                "steady-step estimate {:.4} req/s per card, {:.0}% below the best estimate ({top:.4}); \
+                 layouts more than {:.0}% below are not simulated",
+                e.goodput_per_card,
+                (1.0 - e.goodput_per_card / top) * 100.0,
+                FRONT_MARGIN * 100.0
+            ),
+        )
+    } else if u64::from(b) > e.kv_seqs {
+        (
+            "memory",
+            format!(
+                "steady-step estimate: a DP rank's KV has room for {} requests of {} tokens, \
+                 fewer than the smallest batch cap ({b})",
+                e.kv_seqs,
+                p.input_tokens + p.output_tokens
+            ),
+        )
+    } else if e.tpot_ms > tpot_bound {
+        (
+            "TPOT",
+            format!(
+                "steady-step estimate: TPOT {:.1} ms at the smallest batch cap ({b}), over the \
+                 bound ({tpot_bound} ms)",
+                e.tpot_ms
+            ),
+        )
+    } else if e.prefill_ms > ttft_bound {
+        (
+            "TTFT",
+            format!(
+                "steady-step estimate: one prompt's prefill takes {:.0} ms with nothing queued, \
+                 over the bound ({ttft_bound} ms)",
+                e.prefill_ms
+            ),
+        )
+    } else {
+        (
+            "no goodput",
+            "steady-step estimate: no capacity (the token budget leaves no room for prompts)"
+                .to_string(),
+        )
+    }
+}
+
 /// Sorts best first and sets every layout's standing, rank and loss under `p`'s SLOs.
 pub fn rank(outcomes: &mut [Outcome], p: &PlanInput) {
     let seeds = p.seeds as usize;
@@ -351,6 +415,11 @@ pub fn rank(outcomes: &mut [Outcome], p: &PlanInput) {
         .filter_map(|o| o.goodput())
         .collect();
     let best = ranges.first().copied();
+    let top_estimate = outcomes
+        .iter()
+        .filter_map(|o| o.estimate)
+        .map(|e| e.goodput_per_card)
+        .fold(0.0, f64::max);
     for (i, o) in outcomes.iter_mut().enumerate() {
         let (standing, rank, loss) = if !o.invalid.is_empty() {
             let reason = if o.invalid.starts_with(RUN_FAILED) {
@@ -361,6 +430,15 @@ pub fn rank(outcomes: &mut [Outcome], p: &PlanInput) {
                 "layout"
             };
             (Standing::Invalid, None, Some((reason, o.invalid.clone())))
+        } else if o.result.is_none() {
+            let e = o
+                .estimate
+                .expect("a layout neither run nor invalid is estimated");
+            (
+                Standing::Estimated,
+                None,
+                Some(estimate_loss(p, &o.candidate, &e, top_estimate)),
+            )
         } else if let (Some(g), Some(b)) = (ranges.get(i), best) {
             if i == 0 {
                 (Standing::Best, Some(1), None)
@@ -447,6 +525,12 @@ pub struct PlanReport<'a> {
     /// How the spread of each figure is given.
     pub spread: &'static str,
     pub steady_state: SteadyRule,
+    /// The search: batch caps and MTP depths priced by steady steps, and which layouts it
+    /// simulates ([`super::front`]).
+    pub batch_caps: &'static [u32],
+    pub mtp_depths: &'static [u32],
+    pub front_margin: f64,
+    pub front_min: usize,
     pub screen_margin: f64,
     pub best: Option<&'a Candidate>,
     /// Layouts whose goodput range overlaps the best's: statistically indistinguishable.
@@ -468,6 +552,10 @@ impl<'a> PlanReport<'a> {
             seeds: p.seed_list(),
             spread: "mean, min and max over seeds",
             steady_state: RULE,
+            batch_caps: &super::BATCH_CAPS,
+            mtp_depths: &super::MTP_DEPTHS,
+            front_margin: FRONT_MARGIN,
+            front_min: super::FRONT_MIN,
             screen_margin: SCREEN_MARGIN,
             best: with(Standing::Best).next(),
             tied_with_best: with(Standing::Tied).collect(),
@@ -479,7 +567,7 @@ impl<'a> PlanReport<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::candidates;
+    use crate::plan::shapes as candidates;
 
     fn input(seeds: u32) -> PlanInput {
         PlanInput {
@@ -681,6 +769,56 @@ mod tests {
         o.settle();
         assert_eq!(o.result.as_ref().unwrap().load, 0.9);
         assert_eq!(o.result.as_ref().unwrap().seeds, vec![1, 2]);
+    }
+
+    #[test]
+    fn estimated_layouts_follow_the_simulated_ones_with_the_estimate_as_their_reason() {
+        let p = input(2);
+        let est = |g: f64, tpot: f64| {
+            let mut o = Outcome::failed(candidates(4, 16)[3], String::new());
+            o.standing = Standing::Estimated;
+            o.estimate = Some(Estimate {
+                capacity_req_s: 5.0,
+                tpot_ms: tpot,
+                prefill_ms: 500.0,
+                kv_seqs: 64,
+                goodput_per_card: g,
+            });
+            o
+        };
+        let mut v = vec![
+            est(0.05, 40.0),
+            est(0.0, 70.0),
+            layout(1, &[0.1, 0.1], 40.0),
+            Outcome::failed(candidates(4, 16)[0], "layout: no".into()),
+            est(0.2, 40.0),
+        ];
+        rank(&mut v, &p);
+        let got: Vec<_> = v
+            .iter()
+            .map(|o| (o.standing, o.loses_because.as_ref().map(|l| l.reason)))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Standing::Best, None),
+                (Standing::Estimated, Some("estimate")),
+                (Standing::Estimated, Some("estimate")),
+                (Standing::Estimated, Some("TPOT")),
+                (Standing::Invalid, Some("layout")),
+            ]
+        );
+        let d = &v[2].loses_because.as_ref().unwrap().detail;
+        assert!(
+            d.contains("0.0500 req/s per card, 75% below the best estimate (0.2000)"),
+            "{d}"
+        );
+        assert!(v[3]
+            .loses_because
+            .as_ref()
+            .unwrap()
+            .detail
+            .contains("TPOT 70.0 ms"));
     }
 
     #[test]
