@@ -217,7 +217,7 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         .collect();
     bar.finish_and_clear();
     // Then the front, simulated.
-    let pick = front(&searched);
+    let pick = front(&p, &searched);
     let bar = crate::progress::bar(
         Some(pick.len() as u64),
         a.quiet,
@@ -278,7 +278,14 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
     }
     out!(
         "{}",
-        render(&a, &p, &m.name, &outcomes, pick.len(), dies_per_node)
+        render(
+            &a,
+            &p,
+            &m.name,
+            &outcomes,
+            (shapes.len(), pick.len()),
+            dies_per_node
+        )
     )?;
     Ok(())
 }
@@ -448,7 +455,7 @@ fn render(
     p: &PlanInput,
     served: &str,
     outcomes: &[Outcome],
-    simulated: usize,
+    (layouts, simulated): (usize, usize),
     dies_per_node: u32,
 ) -> String {
     let seeds = p.seed_list();
@@ -471,7 +478,7 @@ fn render(
         a.output,
         p.engine.name(),
         slo_text(p),
-        outcomes.len() / MTP_DEPTHS.len(),
+        layouts,
         MTP_DEPTHS[0],
         MTP_DEPTHS[MTP_DEPTHS.len() - 1],
         BATCH_CAPS[0],

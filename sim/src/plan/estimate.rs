@@ -13,8 +13,8 @@
 //!   (a prompt over the budget in chunks, each attending to the ones before it): `n / T_p`;
 //! - a **mixed** rank spends, per request, `O T_d / (b E)` on the decode steps its output needs
 //!   and the prompt's share of the steps that carry it: `I (T_m - T_d) / c` where a step of
-//!   `T_m` carries `b` decodes and a chunk of `c` prompt tokens (the budget left after the
-//!   decodes; with separate prefill batches, as SGLang schedules, the prefill steps alone).
+//!   `T_m` carries `b` decodes and a chunk of `c` prompt tokens at the mean offset of the
+//!   prompt's chunks (the budget left after the decodes; with separate prefill batches, as SGLang schedules, the prefill steps alone).
 //!   The ranks step in lockstep, so every rank's prompt steps stall them all: with `D` DP
 //!   ranks the prompt's share counts `D` times (the worst case, prompts landing on the ranks in
 //!   different steps). Requests per second are one over the sum, TPOT `b / (rate O)`.
@@ -113,7 +113,7 @@ impl Pricer {
         }
         Ok(Pricer {
             roles,
-            cards: f64::from(s.dies()) / f64::from(s.system().dies_per_package()),
+            cards: s.cards(),
             acceptance: s.mtp.acceptance.clone(),
         })
     }
@@ -158,9 +158,11 @@ impl Pricer {
                         if room == 0 {
                             (f64::INFINITY, f64::INFINITY)
                         } else {
+                            // A chunk at the mean offset of the prompt's chunks: it attends
+                            // to the ones before it.
                             let c = room.min(input);
                             let mut m = decode;
-                            m.add_prefill(c, 0, cap);
+                            m.add_prefill(c, (input.div_ceil(c) - 1) * c / 2, cap);
                             let t_m = step_s(&mut r.device, r.dp, &m)?;
                             (
                                 input as f64 * (t_m - t_d).max(0.0) / c as f64,
@@ -213,7 +215,16 @@ fn prefill_alone(
             r.dp,
             &BatchShape::uniform_chunks(n, input, 0, cap),
         )?;
-        return Ok((f64::from(n) / t, t));
+        let one = if n == 1 {
+            t
+        } else {
+            step_s(
+                &mut r.device,
+                r.dp,
+                &BatchShape::uniform_chunks(1, input, 0, cap),
+            )?
+        };
+        return Ok((f64::from(n) / t, one));
     }
     let mut total = 0.0;
     let mut done = 0;

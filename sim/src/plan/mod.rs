@@ -611,7 +611,6 @@ pub fn search(p: &PlanInput, shape: &Candidate, mtp: u32, dies_per_node: u32) ->
             }
         };
         let g = |s: &Searched| s.estimate.as_ref().map_or(0.0, |e| e.goodput_per_card);
-        let found = best.as_ref().is_some_and(|s| g(s) > 0.0);
         let top = best.as_ref().map_or(0.0, g);
         if best.is_none() || e.goodput_per_card > top || (top > 0.0 && e.goodput_per_card == top) {
             best = Some(Searched {
@@ -619,8 +618,9 @@ pub fn search(p: &PlanInput, shape: &Candidate, mtp: u32, dies_per_node: u32) ->
                 estimate: Ok(e),
             });
         }
-        // Larger caps hold even less of the KV, and their steps only grow.
-        if e.goodput_per_card == 0.0 && (found || u64::from(b) > e.kv_seqs) {
+        // Larger caps hold even less of the KV and their steps only grow: a cap that misses
+        // a bound, after a feasible one or before any, leaves none beyond it.
+        if e.goodput_per_card == 0.0 {
             break;
         }
     }
@@ -636,9 +636,11 @@ pub const FRONT_MIN: usize = 8;
 
 /// Which searched layouts to simulate (indices into `searched`): every valid one whose
 /// estimated goodput per card is within [`FRONT_MARGIN`] of the best estimate, and at least
-/// the [`FRONT_MIN`] best (by estimated goodput, then the lowest estimated TPOT over its
-/// bound, so that a search where no estimate meets the SLOs still simulates the closest).
-pub fn front(searched: &[Searched]) -> Vec<usize> {
+/// the [`FRONT_MIN`] best (by estimated goodput, then by how far the estimate is over `p`'s
+/// bounds, so that a search where no estimate meets the SLOs still simulates the closest).
+pub fn front(p: &PlanInput, searched: &[Searched]) -> Vec<usize> {
+    let (tpot, ttft) = (p.tpot_bound_ms(), p.ttft_bound_ms());
+    let over = |e: &Estimate| (e.tpot_ms / tpot).max(e.prefill_ms / ttft);
     let mut valid: Vec<(usize, &Estimate)> = searched
         .iter()
         .enumerate()
@@ -647,7 +649,7 @@ pub fn front(searched: &[Searched]) -> Vec<usize> {
     valid.sort_by(|a, b| {
         b.1.goodput_per_card
             .total_cmp(&a.1.goodput_per_card)
-            .then(a.1.tpot_ms.total_cmp(&b.1.tpot_ms))
+            .then(over(a.1).total_cmp(&over(b.1)))
             .then(a.0.cmp(&b.0))
     });
     let top = valid.first().map_or(0.0, |v| v.1.goodput_per_card);
@@ -788,17 +790,42 @@ mod tests {
         assert_eq!(four_mixed().with(96, 3).max_num_batched_tokens, 4096);
     }
 
-    /// The steady-step estimate of a decode-bound layout is within a tenth of the capacity its
-    /// closed-loop simulation measures, and a prefill-bound one's at most that far above it.
+    /// The steady-step estimate of a layout is within a tenth (either way) of the capacity its
+    /// closed-loop simulation measures: two PD layouts on A3, a mixed instance over two H200
+    /// nodes (vLLM chunked prefill) and the same as SGLang runs it (separate prefill batches).
     #[test]
     fn the_estimate_tracks_the_simulated_capacity() {
-        let p = PlanInput {
+        let a3 = PlanInput {
             seeds: 2,
             ..input()
         };
-        for c in [two_by_two(8, 2, 48, 2), two_by_two(8, 1, 16, 1)] {
-            let e = estimate_of(&p, &c, 16).expect("valid");
-            let o = screen(&p, &c, 16);
+        let h200 = |engine: &str| PlanInput {
+            hardware: "nvidia-h200-8".into(),
+            quant: "fp8".into(),
+            cards: 16,
+            input_tokens: 1000,
+            output_tokens: 2000,
+            tpot_ms: Some(20.0),
+            ttft_ms: None,
+            engine: Engine::parse(engine, "nvidia-h200-8").unwrap(),
+            ..a3.clone()
+        };
+        let mixed = Candidate {
+            decode_nodes: 2,
+            instance_nodes: 2,
+            decode_tp: 8,
+            redundant_experts: 32,
+            ..four_mixed()
+        }
+        .with(48, 3);
+        for (p, c, dies) in [
+            (&a3, two_by_two(8, 2, 48, 2), 16),
+            (&a3, two_by_two(8, 1, 16, 1), 16),
+            (&h200("vllm"), mixed, 8),
+            (&h200("sglang"), mixed.with(96, 3), 8),
+        ] {
+            let e = estimate_of(p, &c, dies).expect("valid");
+            let o = screen(p, &c, dies);
             assert!(o.invalid.is_empty(), "{}", o.invalid);
             let ratio = e.capacity_req_s / o.capacity_req_s;
             assert!(
@@ -878,16 +905,22 @@ mod tests {
             mk(Err("layout".into())),
             mk(Ok(est(0.20, 40.0))), // 33% below: in only as one of the few best
         ];
-        assert_eq!(front(&v), vec![0, 1, 3]);
+        let p = input();
+        assert_eq!(front(&p, &v), vec![0, 1, 3]);
         v.extend((0..10).map(|_| mk(Ok(est(0.01, 40.0)))));
-        let f = front(&v);
+        let f = front(&p, &v);
         assert_eq!(f.len(), FRONT_MIN);
         assert!(f.starts_with(&[0, 1, 3]) && !f.contains(&2));
-        // Nothing meets the bounds: the closest by TPOT are simulated.
-        let none: Vec<Searched> = (0..12)
+        // Nothing meets the bounds: the closest are simulated, by the bound each misses most
+        // (TPOT 50 ms and TTFT 2 s here).
+        let mut none: Vec<Searched> = (0..12)
             .map(|k| mk(Ok(est(0.0, 60.0 + f64::from(k)))))
             .collect();
-        assert_eq!(front(&none), (0..FRONT_MIN).collect::<Vec<_>>());
+        assert_eq!(front(&p, &none), (0..FRONT_MIN).collect::<Vec<_>>());
+        if let Ok(e) = &mut none[0].estimate {
+            e.prefill_ms = 3000.0; // 1.5x its TTFT bound: further than any TPOT here
+        }
+        assert!(!front(&p, &none).contains(&0));
         assert_eq!(unsimulated(&none[9]).standing, Standing::Estimated);
         assert_eq!(unsimulated(&v[2]).standing, Standing::Invalid);
     }

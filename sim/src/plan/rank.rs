@@ -367,9 +367,15 @@ fn estimate_loss(p: &PlanInput, c: &Candidate, e: &Estimate, top: f64) -> (&'sta
                 FRONT_MARGIN * 100.0
             ),
         )
+    } else if e.capacity_req_s <= 0.0 {
+        (
+            "est. no goodput",
+            "steady-step estimate: no capacity (the token budget leaves no room for prompts)"
+                .to_string(),
+        )
     } else if u64::from(b) > e.kv_seqs {
         (
-            "memory",
+            "est. KV",
             format!(
                 "steady-step estimate: a DP rank's KV has room for {} requests of {} tokens, \
                  fewer than the smallest batch cap ({b})",
@@ -379,27 +385,21 @@ fn estimate_loss(p: &PlanInput, c: &Candidate, e: &Estimate, top: f64) -> (&'sta
         )
     } else if e.tpot_ms > tpot_bound {
         (
-            "TPOT",
+            "est. TPOT",
             format!(
                 "steady-step estimate: TPOT {:.1} ms at the smallest batch cap ({b}), over the \
                  bound ({tpot_bound} ms)",
                 e.tpot_ms
             ),
         )
-    } else if e.prefill_ms > ttft_bound {
+    } else {
         (
-            "TTFT",
+            "est. TTFT",
             format!(
                 "steady-step estimate: one prompt's prefill takes {:.0} ms with nothing queued, \
                  over the bound ({ttft_bound} ms)",
                 e.prefill_ms
             ),
-        )
-    } else {
-        (
-            "no goodput",
-            "steady-step estimate: no capacity (the token budget leaves no room for prompts)"
-                .to_string(),
         )
     }
 }
@@ -567,7 +567,12 @@ impl<'a> PlanReport<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::shapes as candidates;
+    use crate::plan::{shapes, BATCH_CAPS};
+
+    /// Layout `k` of the four-node A3 space at the smallest batch cap, MTP 0.
+    fn shape(k: usize) -> crate::plan::Candidate {
+        shapes(4, 16)[k].with(BATCH_CAPS[0], 0)
+    }
 
     fn input(seeds: u32) -> PlanInput {
         PlanInput {
@@ -595,7 +600,7 @@ mod tests {
 
     /// Layout `k` of the search space with one level whose seeds gave `goodputs`.
     fn layout(k: usize, goodputs: &[f64], tpot: f64) -> Outcome {
-        let mut o = Outcome::failed(candidates(4, 16)[k], String::new());
+        let mut o = Outcome::failed(shape(k), String::new());
         o.standing = Standing::ScreenedOut;
         o.cards = 32.0;
         o.levels = vec![Level {
@@ -635,7 +640,7 @@ mod tests {
             layout(3, &[0.100, 0.110, 0.126], 40.0), // below both, but overlaps the third
         ];
         rank(&mut v, &p);
-        assert_eq!(v[0].candidate, candidates(4, 16)[1]);
+        assert_eq!(v[0].candidate, shape(1));
         assert_eq!(v[0].standing, Standing::Best);
         assert_eq!(v[1].standing, Standing::Tied);
         assert_eq!(v[1].rank, Some(1), "a tie is not ranked below the best");
@@ -775,7 +780,7 @@ mod tests {
     fn estimated_layouts_follow_the_simulated_ones_with_the_estimate_as_their_reason() {
         let p = input(2);
         let est = |g: f64, tpot: f64| {
-            let mut o = Outcome::failed(candidates(4, 16)[3], String::new());
+            let mut o = Outcome::failed(shape(3), String::new());
             o.standing = Standing::Estimated;
             o.estimate = Some(Estimate {
                 capacity_req_s: 5.0,
@@ -790,7 +795,7 @@ mod tests {
             est(0.05, 40.0),
             est(0.0, 70.0),
             layout(1, &[0.1, 0.1], 40.0),
-            Outcome::failed(candidates(4, 16)[0], "layout: no".into()),
+            Outcome::failed(shape(0), "layout: no".into()),
             est(0.2, 40.0),
         ];
         rank(&mut v, &p);
@@ -804,7 +809,7 @@ mod tests {
                 (Standing::Best, None),
                 (Standing::Estimated, Some("estimate")),
                 (Standing::Estimated, Some("estimate")),
-                (Standing::Estimated, Some("TPOT")),
+                (Standing::Estimated, Some("est. TPOT")),
                 (Standing::Invalid, Some("layout")),
             ]
         );
@@ -825,15 +830,9 @@ mod tests {
     fn invalid_layouts_come_last_with_their_reason() {
         let p = input(2);
         let mut v = vec![
-            Outcome::failed(
-                candidates(4, 16)[0],
-                "instance 'decode': does not fit in HBM".into(),
-            ),
+            Outcome::failed(shape(0), "instance 'decode': does not fit in HBM".into()),
             layout(1, &[0.1, 0.1], 40.0),
-            Outcome::failed(
-                candidates(4, 16)[2],
-                format!("{RUN_FAILED}deadlock (seed 2)"),
-            ),
+            Outcome::failed(shape(2), format!("{RUN_FAILED}deadlock (seed 2)")),
         ];
         rank(&mut v, &p);
         assert_eq!(v[0].standing, Standing::Best);

@@ -217,8 +217,7 @@ pub struct RunStats {
 pub fn report(s: &Scenario, stats: RunStats) -> RunResult {
     // Rates are over the measured time, after the warm-up.
     let secs = (stats.now.as_secs_f64() - stats.warmup.as_secs_f64()).max(1e-9);
-    let dpp = s.system().dies_per_package() as f64;
-    let cards = s.dies() as f64 / dpp;
+    let cards = s.cards();
     let mut prefix_q = 0;
     let mut prefix_h = 0;
     let mut preempt = 0;

@@ -149,6 +149,11 @@ impl Scenario {
     pub fn dies(&self) -> u32 {
         self.instances.iter().map(|i| i.count * i.plan.dies).sum()
     }
+
+    /// Cards (packages) the deployment occupies: its dies over the system's dies per package.
+    pub fn cards(&self) -> f64 {
+        f64::from(self.dies()) / f64::from(self.system().dies_per_package())
+    }
 }
 
 fn fnv1a(s: &str) -> String {
