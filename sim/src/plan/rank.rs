@@ -377,9 +377,10 @@ fn estimate_loss(p: &PlanInput, c: &Candidate, e: &Estimate, top: f64) -> (&'sta
         (
             "est. KV",
             format!(
-                "steady-step estimate: a DP rank's KV has room for {} requests of {} tokens, \
+                "steady-step estimate: a DP rank's KV has room for {} request{} of {} tokens, \
                  fewer than the smallest batch cap ({b})",
                 e.kv_seqs,
+                if e.kv_seqs == 1 { "" } else { "s" },
                 p.input_tokens + p.output_tokens
             ),
         )
