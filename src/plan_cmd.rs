@@ -7,7 +7,7 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use dstwin_sim::plan::steady::{MEASURED_LIFETIMES, WARMUP_LIFETIMES};
 use dstwin_sim::plan::{
-    front, nodes, rank, run_level, screen, search, shapes, to_seed, unsimulated, Engine,
+    front, nodes, rank, run_level, search, shapes, simulated, to_seed, unsimulated, Engine,
     Generations, Load, Outcome, PercentileSlo, PlanInput, PlanReport, Searched, Standing,
     BATCH_CAPS, MTP_DEPTHS,
 };
@@ -223,18 +223,15 @@ pub fn run(a: PlanArgs) -> Result<(), Failure> {
         a.quiet,
         "{bar:40} {pos}/{len} layouts simulated [{elapsed_precise}, eta {eta}]",
     );
-    let simulated: Vec<Outcome> = pick
+    let mut outcomes: Vec<Outcome> = pick
         .par_iter()
         .map(|&i| {
-            let s = &searched[i];
-            let mut o = screen(&p, &s.candidate, dies_per_node);
-            o.estimate = s.estimate.as_ref().ok().copied();
+            let o = simulated(&p, &searched[i], dies_per_node);
             bar.inc(1);
             o
         })
         .collect();
     bar.finish_and_clear();
-    let mut outcomes: Vec<Outcome> = simulated;
     outcomes.extend(
         searched
             .iter()

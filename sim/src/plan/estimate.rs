@@ -120,10 +120,7 @@ impl Pricer {
 
     /// The layout at batch cap `b` per generating DP rank, for `p`'s requests and bounds.
     pub fn at(&mut self, p: &PlanInput, b: u32) -> Result<Estimate, String> {
-        let cap = {
-            let d = &self.roles[0].device;
-            d.pricer().spec().model.attn_cap()
-        };
+        let cap = self.roles[0].device.pricer().spec().model.attn_cap();
         let (input, output) = (u64::from(p.input_tokens), f64::from(p.output_tokens));
         let context = input + u64::from(p.output_tokens) / 2;
         let full = input + u64::from(p.output_tokens);
@@ -186,12 +183,9 @@ impl Pricer {
         let tpot_ms = tpot_s * 1e3;
         let prefill_ms = prefill_s * 1e3;
         let (tpot_bound, ttft_bound) = (p.tpot_bound_ms(), p.ttft_bound_ms());
-        let ok = u64::from(b) <= kv_seqs
-            && tpot_ms <= tpot_bound
-            && prefill_ms <= ttft_bound
-            && capacity.is_finite();
+        let ok = u64::from(b) <= kv_seqs && tpot_ms <= tpot_bound && prefill_ms <= ttft_bound;
         Ok(Estimate {
-            capacity_req_s: if capacity.is_finite() { capacity } else { 0.0 },
+            capacity_req_s: capacity,
             tpot_ms,
             prefill_ms,
             kv_seqs,

@@ -594,8 +594,8 @@ pub fn estimate_of(p: &PlanInput, c: &Candidate, dies_per_node: u32) -> Result<E
 
 /// The batch cap of `shape` at `mtp` drafts with the highest estimated goodput per card, the
 /// largest of equal ones (a prefill-bound layout's decode slots beyond what its prefill feeds
-/// cost nothing and keep the decode from starving its prefill) ([`BATCH_CAPS`], ascending until a cap no longer fits the KV or
-/// meets the bounds after one that did). With none feasible, the smallest cap and its
+/// cost nothing and keep the decode from starving its prefill): [`BATCH_CAPS`] ascending until
+/// the first cap that misses the KV or a bound. With none feasible, the smallest cap and its
 /// estimate (no goodput: the estimate says why).
 pub fn search(p: &PlanInput, shape: &Candidate, mtp: u32, dies_per_node: u32) -> Searched {
     let mut best: Option<Searched> = None;
@@ -610,9 +610,11 @@ pub fn search(p: &PlanInput, shape: &Candidate, mtp: u32, dies_per_node: u32) ->
                 })
             }
         };
-        let g = |s: &Searched| s.estimate.as_ref().map_or(0.0, |e| e.goodput_per_card);
-        let top = best.as_ref().map_or(0.0, g);
-        if best.is_none() || e.goodput_per_card > top || (top > 0.0 && e.goodput_per_card == top) {
+        // Past the first cap, the best so far has goodput (a cap without stops the search).
+        let top = best.as_ref().map_or(0.0, |s| {
+            s.estimate.as_ref().map_or(0.0, |e| e.goodput_per_card)
+        });
+        if best.is_none() || e.goodput_per_card >= top {
             best = Some(Searched {
                 candidate: c,
                 estimate: Ok(e),
@@ -663,6 +665,13 @@ pub fn front(p: &PlanInput, searched: &[Searched]) -> Vec<usize> {
         .collect();
     pick.sort_unstable();
     pick
+}
+
+/// A searched layout simulated ([`screen`]), its estimate kept beside the runs.
+pub fn simulated(p: &PlanInput, s: &Searched, dies_per_node: u32) -> Outcome {
+    let mut o = screen(p, &s.candidate, dies_per_node);
+    o.estimate = s.estimate.as_ref().ok().copied();
+    o
 }
 
 /// The outcome of a searched layout that is not simulated: invalid, or estimated only.
