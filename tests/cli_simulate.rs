@@ -354,6 +354,28 @@ fn bad_input_exits_2_names_the_field_and_writes_nothing() {
             ),
             "instance.prefill.scheduler.separate_prefill_batches = true: needs a mixed instance",
         ),
+        // SGLang's admission knobs need SGLang's admission, and a positive conservativeness.
+        (
+            base.replace(
+                "max_model_len = 8192\n\n[[instance]]",
+                "max_model_len = 8192\nignore_eos = true\n\n[[instance]]",
+            ),
+            "instance.prefill.scheduler.ignore_eos = true: is read by SGLang's admission only",
+        ),
+        (
+            base.replace(
+                "max_model_len = 8192\n\n[[instance]]",
+                "max_model_len = 8192\nadmission = \"sglang\"\nschedule_conservativeness = 0.0\n\n[[instance]]",
+            ),
+            "instance.prefill.scheduler.schedule_conservativeness = 0: must be a positive number",
+        ),
+        (
+            base.replace(
+                "max_model_len = 8192\n\n[[instance]]",
+                "max_model_len = 8192\nadmission = \"sgl\"\n\n[[instance]]",
+            ),
+            "admission",
+        ),
         // The LM-head TP group is consecutive DP ranks.
         (
             base.replace("role = \"decode\"", "role = \"decode\"\nlmhead_tp = 3"),
@@ -565,6 +587,30 @@ fn decode_kv_exhaustion_preempts_or_sends_back_and_loses_no_tokens() {
     assert!(send_back["kv_transfers"].as_u64().unwrap() > 300);
     // Every requested output token is produced exactly once either way.
     assert_eq!(recompute["output_tokens"], send_back["output_tokens"]);
+}
+
+/// SGLang's decode side preallocates a request only while 512 tokens per held request stay
+/// free: on the same KV-starved decode the twin then never retracts, and every request still
+/// finishes with the same tokens.
+#[test]
+fn sglang_admission_keeps_decode_room_and_loses_no_tokens() {
+    let run = |admission: &str| {
+        let o = dstwin(&[
+            "simulate",
+            &data("tight-kv.toml"),
+            "--json",
+            "--quiet",
+            "--set",
+            &format!("decode.admission={admission}"),
+        ]);
+        assert!(o.status.success(), "{admission}: {}", err(&o));
+        serde_json::from_str::<serde_json::Value>(&out(&o)).unwrap()
+    };
+    let (vllm, sglang) = (run("vllm"), run("sglang"));
+    assert!(vllm["preemptions"].as_u64().unwrap() > 0);
+    assert_eq!(sglang["preemptions"], 0);
+    assert_eq!(sglang["requests_finished"], 300);
+    assert_eq!(vllm["output_tokens"], sglang["output_tokens"]);
 }
 
 #[test]

@@ -162,6 +162,7 @@ fn start_on<D: Device + Send + 'static>(
         balance_scheduling: false,
         separate_prefill_batches: false,
         dp_dispatch: Default::default(),
+        admission: Default::default(),
         max_model_len: 2048,
         num_spec_tokens: spec_tokens,
         attn_cap: AttnCap(None),

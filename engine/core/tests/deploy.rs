@@ -26,6 +26,7 @@ fn cfg(role: Role, blocks: u64) -> InstanceConfig {
         balance_scheduling: false,
         separate_prefill_batches: false,
         dp_dispatch: Default::default(),
+        admission: Default::default(),
         max_model_len: 4096,
         num_spec_tokens: 0,
         attn_cap: AttnCap(None),

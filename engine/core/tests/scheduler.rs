@@ -25,6 +25,7 @@ fn cfg(role: Role, blocks: u64) -> InstanceConfig {
         balance_scheduling: false,
         separate_prefill_batches: false,
         dp_dispatch: Default::default(),
+        admission: Default::default(),
         max_model_len: 1 << 20,
         num_spec_tokens: 0,
         attn_cap: AttnCap(None),
@@ -1040,4 +1041,166 @@ fn dp_dispatch_least_loaded_or_in_turn() {
     // Rank 0 emptied: least-loaded fills it, then takes the lowest of the tied ranks.
     assert_eq!(ranks(DpDispatch::LeastLoaded), vec![0, 1, 2, 0, 0, 1, 2]);
     assert_eq!(ranks(DpDispatch::RoundRobin), vec![0, 1, 2, 0, 1, 2, 0]);
+}
+
+/// A one-rank mixed instance of `kv` one-token blocks, no prefix caching, with SGLang's
+/// admission (`conservativeness`, `ignore_eos_path`, `reserved` decode tokens) or vLLM's.
+fn sglang_cfg(role: Role, kv: u64, sglang: Option<(f64, bool, u32)>) -> InstanceConfig {
+    use dstwin_core::instance::{AdmissionRule, SglangAdmission};
+    InstanceConfig {
+        block_size: 1,
+        enable_prefix_caching: false,
+        admission: match sglang {
+            Some((c, eos, r)) => AdmissionRule::Sglang(SglangAdmission::new(c, eos, r)),
+            None => AdmissionRule::Vllm,
+        },
+        ..cfg(role, kv)
+    }
+}
+
+/// The step (1-based) in which request `id` starts, stepping until `limit` steps; also the
+/// preemptions seen.
+fn start_step(inst: &mut Instance, id: u64, limit: u32) -> (Option<u32>, u64) {
+    let mut at = None;
+    for t in 1..=limit {
+        inst.schedule(SimTime::ZERO);
+        if at.is_none() && started_ids(inst).contains(&id) {
+            at = Some(t);
+        }
+        let accepted = no_drafts_accepted(inst);
+        apply(inst, accepted);
+    }
+    (at, inst.stats().preemptions)
+}
+
+/// SGLang's `new_token_ratio`: a prompt waits while the free KV, less the running request's
+/// remaining output times the ratio, cannot hold it and its output; the ratio decays every
+/// decode step (0.7 to 0.098 over 600 steps), so it starts some thirty steps later, where vLLM
+/// starts it at once, and as late whether the running request is stepped one by one or
+/// advanced in aggregate (steady). A conservativeness of 10/7 (initial ratio 1) holds it until
+/// the running request has finished.
+#[test]
+fn sglang_admission_reserves_running_outputs_at_a_decaying_ratio() {
+    #[derive(Debug)]
+    struct NoDrafts;
+    impl KnownAcceptance for NoDrafts {
+        fn accepted(&self, _: u64, _: u32, _: u32) -> u32 {
+            0
+        }
+    }
+    let run_with = |sglang, steady: bool| {
+        let mut c = sglang_cfg(Role::Mixed, 1000, sglang);
+        if steady {
+            // Steady windows end at block boundaries: blocks of one token leave none.
+            (c.block_size, c.num_kv_blocks) = (16, 1008 / 16);
+        }
+        let mut inst = Instance::new(c);
+        if steady {
+            inst.set_acceptance(Some(std::sync::Arc::new(NoDrafts)));
+        }
+        inst.add_request(req(1, 100, 880), SimTime::ZERO);
+        inst.schedule(SimTime::ZERO);
+        let accepted = no_drafts_accepted(&inst);
+        apply(&mut inst, accepted);
+        inst.add_request(req(2, 200, 100), SimTime::ZERO);
+        start_step(&mut inst, 2, 1000)
+    };
+    let run = |sglang| run_with(sglang, false);
+    assert_eq!(run(None).0, Some(1));
+    // With t tokens produced and t decays, 900 - t - (880 - t) (0.7 - 0.602 t / 600) > 301
+    // from t = 31 on.
+    let (at, preempted) = run(Some((1.0, false, 512)));
+    let at = at.expect("starts once the ratio has decayed");
+    assert!((30..=34).contains(&at), "started at step {at}");
+    assert_eq!(preempted, 0);
+    // The same in 16-token blocks, the running request stepped one by one or in aggregate.
+    let exact = {
+        let mut c = sglang_cfg(Role::Mixed, 1000, Some((1.0, false, 512)));
+        (c.block_size, c.num_kv_blocks) = (16, 1008 / 16);
+        let mut inst = Instance::new(c);
+        inst.add_request(req(1, 100, 880), SimTime::ZERO);
+        inst.schedule(SimTime::ZERO);
+        let accepted = no_drafts_accepted(&inst);
+        apply(&mut inst, accepted);
+        inst.add_request(req(2, 200, 100), SimTime::ZERO);
+        start_step(&mut inst, 2, 1000).0.expect("starts")
+    };
+    assert!((20..=60).contains(&exact), "started at step {exact}");
+    assert_eq!(run_with(Some((1.0, false, 512)), true).0, Some(exact));
+    // Ratio 1 never leaves room beside request 1's 880 tokens: it waits for request 1's end.
+    let (at, _) = run(Some((1.0 / 0.7, false, 512)));
+    assert!(
+        at.expect("starts after request 1") >= 880,
+        "started at {at:?}"
+    );
+}
+
+/// The ratio returns to its initial value when the rank has nothing to run: the same pair of
+/// requests, served twice in a row, waits as long the second time.
+#[test]
+fn sglang_ratio_starts_again_when_the_rank_is_idle() {
+    let mut inst = Instance::new(sglang_cfg(Role::Mixed, 1000, Some((1.0, false, 512))));
+    let mut starts = Vec::new();
+    for round in 0..2u64 {
+        let (a, b) = (10 * round + 1, 10 * round + 2);
+        inst.add_request(req(a, 100, 880), SimTime::ZERO);
+        inst.schedule(SimTime::ZERO);
+        let accepted = no_drafts_accepted(&inst);
+        apply(&mut inst, accepted);
+        inst.add_request(req(b, 200, 100), SimTime::ZERO);
+        starts.push(start_step(&mut inst, b, 900).0.expect("starts"));
+        while inst.stats().running > 0 {
+            step(&mut inst, true);
+        }
+    }
+    assert_eq!(starts[0], starts[1]);
+}
+
+/// With ignore_eos and no radix cache SGLang reserves whole outputs: a prompt starts only if
+/// every request could finish, the shortest first, in the KV. Request 2 would need 500 tokens
+/// when it ends, while request 1 then holds 601 of 1,000: it waits for request 1's end, and
+/// nothing is ever retracted; vLLM starts it at once and preempts when the KV runs out.
+#[test]
+fn sglang_ignore_eos_admission_waits_until_every_request_can_finish() {
+    let run = |sglang| {
+        let mut inst = Instance::new(sglang_cfg(Role::Mixed, 1000, sglang));
+        inst.add_request(req(1, 300, 600), SimTime::ZERO);
+        inst.schedule(SimTime::ZERO);
+        let accepted = no_drafts_accepted(&inst);
+        apply(&mut inst, accepted);
+        inst.add_request(req(2, 200, 300), SimTime::ZERO);
+        start_step(&mut inst, 2, 1000)
+    };
+    let (at, preempted) = run(None);
+    assert_eq!(at, Some(1));
+    assert!(preempted > 0);
+    // At a low conservativeness (ratio 0.07) the ratio rule starts it at once too...
+    assert_eq!(run(Some((0.1, false, 512))).0, Some(1));
+    // ...the whole-output rule does not.
+    let (at, preempted) = run(Some((0.1, true, 512)));
+    assert!(
+        at.expect("starts after request 1") >= 599,
+        "started at {at:?}"
+    );
+    assert_eq!(preempted, 0);
+}
+
+/// A PD decode instance preallocates a request only while `reserved_decode_tokens` per held
+/// request stay free beside its prompt: 200-token prompts in 1,000 blocks, 150 reserved per
+/// request (the new one's too), take two (200 + 3 x 150 > 1000 - 2 x 201) where vLLM's rule
+/// takes four.
+#[test]
+fn sglang_decode_preallocation_keeps_reserved_decode_tokens() {
+    let pulls = |sglang| {
+        let mut inst = Instance::new(sglang_cfg(Role::Decode, 1000, sglang));
+        for id in 1..=6 {
+            let mut r = req(id, 200, 50);
+            r.remote_kv = true;
+            inst.add_request(r, SimTime::ZERO);
+        }
+        inst.schedule(SimTime::ZERO);
+        inst.kv_pulls().len()
+    };
+    assert_eq!(pulls(None), 4);
+    assert_eq!(pulls(Some((1.0, false, 150))), 2);
 }

@@ -96,7 +96,8 @@ impl Engine {
     ///   capture) for decode and mixed instances; KV exhaustion preempts in place.
     /// - SGLang: `--deepep-mode normal` for prefill (with two-batch overlap on GPUs, which it
     ///   applies to every step), `low_latency` for decode, `auto` for mixed; requests reach DP
-    ///   ranks round-robin; KV exhaustion retracts requests in place.
+    ///   ranks round-robin and start as SGLang's admission lets them; KV exhaustion retracts
+    ///   requests in place.
     pub(super) fn scenario_lines(self, role: Role) -> (String, String) {
         let comm = |c: &str| format!("moe_comm = \"{c}\"\n");
         let (instance, sched) = match (self, role) {
@@ -118,7 +119,7 @@ impl Engine {
             (_, Role::Mixed) => (comm("auto"), "preemption = \"recompute\"\n"),
         };
         let rr = if matches!(self, Engine::SglangNpu | Engine::Sglang) {
-            "dp_dispatch = \"round_robin\"\n"
+            "dp_dispatch = \"round_robin\"\nadmission = \"sglang\"\n"
         } else {
             ""
         };

@@ -3,13 +3,13 @@
 //! `serve --device twin`.
 
 use super::RunError;
-use crate::scenario::{InstanceSetup, PreemptionSpec, Scenario};
+use crate::scenario::{AdmissionSpec, InstanceSetup, PreemptionSpec, Scenario};
 use dstwin_core::deploy::{DeploymentConfig, EplbSpec, InstanceSpec};
 use dstwin_core::device::{Capacity, Device};
 use dstwin_core::eplb::cycle::{CycleConfig, Rebalancer};
 use dstwin_core::eplb::{place, EpLayout, Placement};
 use dstwin_core::features::Platform;
-use dstwin_core::instance::InstanceConfig;
+use dstwin_core::instance::{AdmissionRule, InstanceConfig, SglangAdmission};
 use dstwin_core::layout::Role;
 use dstwin_core::model::{index_key_dtype, kv_bytes};
 use dstwin_hwmodels::{A2aMode, Comm, CommKind};
@@ -142,6 +142,14 @@ pub(crate) fn instance_config(setup: &InstanceSetup, s: &Scenario) -> InstanceCo
         balance_scheduling: sc.enable_balance_scheduling,
         separate_prefill_batches: sc.separate_prefill_batches,
         dp_dispatch: sc.dp_dispatch,
+        admission: match sc.admission {
+            AdmissionSpec::Vllm => AdmissionRule::Vllm,
+            AdmissionSpec::Sglang => AdmissionRule::Sglang(SglangAdmission::new(
+                sc.schedule_conservativeness,
+                sc.ignore_eos && !sc.enable_prefix_caching,
+                sc.reserved_decode_tokens,
+            )),
+        },
     }
 }
 

@@ -11,8 +11,8 @@ mod validate;
 
 pub use overrides::apply_overrides;
 pub use raw::{
-    EplbSpec, InstanceSpec, MtpSpec, PreemptionSpec, ProxySpec, ScenarioFile, SchedulerSpec,
-    SloSpec,
+    AdmissionSpec, EplbSpec, InstanceSpec, MtpSpec, PreemptionSpec, ProxySpec, ScenarioFile,
+    SchedulerSpec, SloSpec,
 };
 
 use dstwin_core::layout::{Layout, LayoutError, Plan, Role};

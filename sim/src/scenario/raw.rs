@@ -227,6 +227,30 @@ pub struct SchedulerSpec {
     /// `decode_round_robin` with `--prefill-round-robin-balance`).
     #[serde(default)]
     pub dp_dispatch: dstwin_core::instance::DpDispatch,
+    /// What a waiting request's admission asks of the KV: `vllm` (the default: the blocks of
+    /// the tokens it computes now; a request that later finds no KV preempts the newest one)
+    /// or `sglang` (SGLang's scheduler keeps room for what running requests are still to
+    /// produce: a prompt starts when the free KV, less every running request's remaining
+    /// output times its adaptive `new_token_ratio`, holds the prompt and its whole output; a PD
+    /// decode instance preallocates a request when `reserved_decode_tokens` per request fit
+    /// beside its prompt). docs/scenarios.md, `[instance.scheduler]`.
+    #[serde(default)]
+    pub admission: AdmissionSpec,
+    /// SGLang's `--schedule-conservativeness` (with `admission = "sglang"`): scales the
+    /// initial `new_token_ratio` (0.7, at most 1). Default 1.
+    #[serde(default = "default_conservativeness")]
+    pub schedule_conservativeness: f64,
+    /// SGLang's `SGLANG_NUM_RESERVED_DECODE_TOKENS` (with `admission = "sglang"`, PD decode
+    /// instances): tokens kept free for every request decoding or receiving its KV. Default
+    /// 512.
+    #[serde(default = "default_reserved_decode_tokens")]
+    pub reserved_decode_tokens: u32,
+    /// The client sends every request with `ignore_eos` (with `admission = "sglang"`): with
+    /// prefix caching off, SGLang then reserves each request's whole output and admits a
+    /// prompt only if every request could finish, the shortest first, in the free KV
+    /// (`sglang.bench_serving` sets ignore_eos unless `--disable-ignore-eos`). Default false.
+    #[serde(default)]
+    pub ignore_eos: bool,
     /// Host (CPU) time of one step per DP rank: scheduling, input preparation, output
     /// processing, in microseconds, plus `host_overhead_per_seq_us` per scheduled request.
     /// Synchronous scheduling adds it to the device step; async scheduling overlaps them.
@@ -259,6 +283,10 @@ impl Default for SchedulerSpec {
             enable_balance_scheduling: false,
             separate_prefill_batches: false,
             dp_dispatch: Default::default(),
+            admission: AdmissionSpec::Vllm,
+            schedule_conservativeness: 1.0,
+            reserved_decode_tokens: default_reserved_decode_tokens(),
+            ignore_eos: false,
             host_overhead_us: None,
             host_overhead_per_seq_us: None,
             host_overhead_per_token_us: None,
@@ -266,6 +294,21 @@ impl Default for SchedulerSpec {
     }
 }
 
+/// Whose admission rule a scheduler follows ([`SchedulerSpec::admission`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionSpec {
+    #[default]
+    Vllm,
+    Sglang,
+}
+
+fn default_conservativeness() -> f64 {
+    1.0
+}
+fn default_reserved_decode_tokens() -> u32 {
+    512
+}
 fn default_batched_tokens() -> u32 {
     2048
 }

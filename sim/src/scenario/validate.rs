@@ -2,7 +2,8 @@
 //! errors name the field and the numbers.
 
 use super::{
-    field, fnv1a, load_model, resolve, InstanceSetup, Scenario, ScenarioError, ScenarioFile, Slo,
+    field, fnv1a, load_model, resolve, AdmissionSpec, InstanceSetup, Scenario, ScenarioError,
+    ScenarioFile, Slo,
 };
 use dstwin_core::layout::Role;
 use dstwin_core::memory::{memory_map, MemoryBudget, MemoryInputs};
@@ -265,6 +266,35 @@ pub(super) fn validate(
                      and decodes to batch apart",
                     spec.role.name()
                 ),
+            ));
+        }
+        if s.admission != AdmissionSpec::Sglang {
+            let sglang_only = [
+                (
+                    "schedule_conservativeness",
+                    s.schedule_conservativeness != 1.0,
+                    s.schedule_conservativeness.to_string(),
+                ),
+                (
+                    "reserved_decode_tokens",
+                    s.reserved_decode_tokens != 512,
+                    s.reserved_decode_tokens.to_string(),
+                ),
+                ("ignore_eos", s.ignore_eos, s.ignore_eos.to_string()),
+            ];
+            if let Some((name, _, value)) = sglang_only.iter().find(|(_, set, _)| *set) {
+                return Err(field(
+                    f(&format!("scheduler.{name}")),
+                    value,
+                    "is read by SGLang's admission only: set admission = \"sglang\" too",
+                ));
+            }
+        }
+        if !(s.schedule_conservativeness.is_finite() && s.schedule_conservativeness > 0.0) {
+            return Err(field(
+                f("scheduler.schedule_conservativeness"),
+                s.schedule_conservativeness,
+                "must be a positive number (SGLang's --schedule-conservativeness; 1 is its default)",
             ));
         }
         if s.enable_balance_scheduling && s.separate_prefill_batches {

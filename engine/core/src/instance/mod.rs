@@ -65,6 +65,64 @@ pub struct InstanceConfig {
     pub separate_prefill_batches: bool,
     /// How a new request picks its DP rank ([`DpDispatch`]).
     pub dp_dispatch: DpDispatch,
+    /// What a waiting request's admission asks of the KV beyond its prompt's blocks
+    /// ([`AdmissionRule`]).
+    pub admission: AdmissionRule,
+}
+
+/// What a rank's KV must hold for a waiting request to start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub enum AdmissionRule {
+    /// The blocks of the tokens it computes now (vLLM: a request that later finds no KV
+    /// preempts the newest one).
+    #[default]
+    Vllm,
+    /// SGLang's, which keeps room for the tokens running requests are still to produce
+    /// ([`SglangAdmission`]).
+    Sglang(SglangAdmission),
+}
+
+/// SGLang's admission (`PrefillAdder` in its `schedule_policy.py`, the decode side's
+/// `DecodePreallocQueue`), with its defaults where [`SglangAdmission::new`] takes none. Every
+/// remaining-output estimate is clipped at `SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION` (4,096).
+///
+/// - A prompt on a mixed or prefill instance starts when the free KV, less each running
+///   request's remaining output times the rank's `new_token_ratio`, holds its uncomputed
+///   prompt and its whole output. The ratio starts at `init_ratio`, falls by `decay` every
+///   step that decodes without retracting, down to `min_ratio`, is set after a retraction to
+///   (tokens the remaining requests produced + 20 per request) / (their outputs + 1), at most
+///   1, and returns to `init_ratio` when the rank has nothing to run.
+/// - With `ignore_eos_path` (the client sets ignore_eos and the radix cache is disabled,
+///   SGLang's `add_one_req_ignore_eos`), a prompt starts only if every request, taken in the
+///   order of their remaining outputs, could produce all of them while those before it finish
+///   and free their KV: the whole output is reserved.
+/// - A request whose KV comes from a prefill instance is preallocated when the free KV holds
+///   its prompt plus `reserved_decode_tokens` for it and for every request already running or
+///   receiving its KV (`SGLANG_NUM_RESERVED_DECODE_TOKENS`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SglangAdmission {
+    pub init_ratio: f64,
+    pub min_ratio: f64,
+    pub decay: f64,
+    pub ignore_eos_path: bool,
+    pub reserved_decode_tokens: u32,
+}
+
+impl SglangAdmission {
+    /// SGLang's ratio from `--schedule-conservativeness` c: init = min(0.7 c, 1), min = 0.14
+    /// init, reached in 600 decode steps (`SGLANG_INIT_NEW_TOKEN_RATIO`,
+    /// `SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR`, `SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS`).
+    pub fn new(conservativeness: f64, ignore_eos_path: bool, reserved_decode_tokens: u32) -> Self {
+        let init_ratio = (0.7 * conservativeness).min(1.0);
+        let min_ratio = (init_ratio * 0.14).min(1.0);
+        SglangAdmission {
+            init_ratio,
+            min_ratio,
+            decay: (init_ratio - min_ratio) / 600.0,
+            ignore_eos_path,
+            reserved_decode_tokens,
+        }
+    }
 }
 
 /// How an instance spreads new requests over its DP ranks.

@@ -63,6 +63,7 @@ fn config(l: &Layout, role: Role) -> InstanceConfig {
         balance_scheduling: false,
         separate_prefill_batches: false,
         dp_dispatch: Default::default(),
+        admission: Default::default(),
         max_model_len: 512,
         num_spec_tokens: l.spec,
         attn_cap: AttnCap(None),

@@ -16,6 +16,7 @@
 
 mod check;
 mod schedule;
+mod sglang;
 mod steady;
 
 pub use steady::COOLDOWN;
@@ -152,6 +153,10 @@ pub struct RankScheduler {
     /// Block tables of requests that left, emptied, for the requests that come (a table is
     /// not allocated and freed per request).
     spare: Vec<Vec<u32>>,
+    /// SGLang's `new_token_ratio` ([`crate::instance::SglangAdmission`]; unused otherwise).
+    new_token_ratio: f64,
+    /// What the plan being applied does to it.
+    ratio_step: sglang::RatioStep,
 }
 
 /// Emptied block tables a rank keeps at most ([`RankScheduler::spare`]).
@@ -188,6 +193,11 @@ impl RankScheduler {
             detail: false,
             freed: Vec::new(),
             spare: Vec::new(),
+            new_token_ratio: match cfg.admission {
+                crate::instance::AdmissionRule::Sglang(a) => a.init_ratio,
+                crate::instance::AdmissionRule::Vllm => 0.0,
+            },
+            ratio_step: sglang::RatioStep::None,
         }
     }
 

@@ -149,8 +149,10 @@ impl RankScheduler {
         let p = self.step;
         self.advance(p);
         self.end_windows(p);
+        self.ratio_when_idle();
         // Only steady requests (the common case in a long decode): the step is their sums.
         if self.only_steady() {
+            self.ratio_step = super::sglang::RatioStep::Decoded;
             self.add_steady(plan);
             #[cfg(debug_assertions)]
             self.check();
@@ -220,6 +222,15 @@ impl RankScheduler {
             self.admit_waiting(plan, open, &mut budget, drained, started, pulls);
         }
         self.add_steady(plan);
+        // SGLang changes its ratio in decode batches only (a batch with prompts neither decays
+        // nor retracts it); a retraction, here or by the held plan this one replans, sets it.
+        self.ratio_step = if preempted {
+            super::sglang::RatioStep::Retracted(self.ratio_after_retraction())
+        } else if plan.shape.prefill_seqs == 0 && plan.shape.decode_seqs > 0 {
+            super::sglang::RatioStep::Decoded
+        } else {
+            super::sglang::RatioStep::None
+        };
         #[cfg(debug_assertions)]
         self.check();
     }
@@ -345,10 +356,15 @@ impl RankScheduler {
         let bs = cfg.block_size;
         let k = cfg.num_spec_tokens;
         let cap = cfg.attn_cap;
+        // Requests this call started (the last ones in `running`).
+        let mut fresh = 0;
         while open && *budget > 0 && self.seats_taken() + drained < cfg.max_num_seqs as usize {
             let Some(&slot) = self.waiting.front() else {
                 break;
             };
+            if self.seq(slot).remote && !self.sglang_admits(slot, 0, 0, fresh) {
+                break;
+            }
             let s = Self::seq_mut(&mut self.slab, slot);
             if s.remote {
                 // Reserve the whole prompt plus the first decode step, then pull the KV.
@@ -392,6 +408,10 @@ impl RankScheduler {
                 // Waiting requests never preempt.
                 break;
             }
+            if !self.sglang_admits(slot, (known - cached) as u64, hits_in_free, fresh) {
+                break;
+            }
+            let s = Self::seq_mut(&mut self.slab, slot);
             for h in &s.hashes[..hit] {
                 let b = self.pool.lookup(*h).expect("looked up above");
                 self.pool.touch(b);
@@ -434,6 +454,7 @@ impl RankScheduler {
             }
             self.waiting.pop_front();
             self.running.push(slot);
+            fresh += 1;
             *budget -= new;
         }
     }

@@ -500,6 +500,7 @@ impl RankScheduler {
             return None;
         }
         self.close_step();
+        self.ratio_step = super::sglang::RatioStep::Decoded;
         self.advance(p);
         Self::clear_plan(plan);
         self.add_steady(plan);
@@ -565,6 +566,8 @@ impl RankScheduler {
     /// Moves the steady ring and the step counter past the step planned last: its cell's
     /// tokens go into the sums (at the next `advance`); returns them.
     pub(super) fn close_step(&mut self) -> u64 {
+        let ratio_step = std::mem::take(&mut self.ratio_step);
+        self.step_ratio(ratio_step);
         self.steady.unapplied = false;
         let p = self.step;
         self.step += 1;
