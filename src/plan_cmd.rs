@@ -5,14 +5,13 @@ use crate::output::{out, outln};
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args;
+use dstwin_sim::plan::charts::Charts;
 use dstwin_sim::plan::steady::{MEASURED_LIFETIMES, WARMUP_LIFETIMES};
 use dstwin_sim::plan::{
     front, nodes, rank, run_level, search, shapes, simulated, to_seed, unsimulated, Engine,
     Generations, Load, Outcome, PercentileSlo, PlanInput, PlanReport, Searched, Standing,
     BATCH_CAPS, MTP_DEPTHS,
 };
-use dstwin_sim::plot;
-use dstwin_sim::sweep::{knee, pareto};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -347,76 +346,9 @@ fn write_outputs(dir: &std::path::Path, p: &PlanInput, report: &PlanReport) -> R
         "plan.json",
         &serde_json::to_vec_pretty(report).map_err(|e| Failure::Runtime(e.into()))?,
     )?;
-    // Mean over the seeds each layout ran with.
-    let point = |o: &Outcome| {
-        o.result
-            .as_ref()
-            .map(|r| (r.tpot_p50_ms.mean, r.output_tok_s_per_card.mean))
-    };
-    let valid: Vec<(f64, f64, usize)> = outcomes
-        .iter()
-        .enumerate()
-        .filter_map(|(i, o)| point(o).map(|(x, y)| (x, y, i)))
-        .collect();
-    let front = pareto(&valid);
-    let best = outcomes.iter().find(|o| o.standing == Standing::Best);
-    let pl = plot::Plot {
-        title: "Candidate layouts: output tokens/s per card vs TPOT (p50)".into(),
-        x_label: "TPOT p50 (ms), mean over seeds".into(),
-        y_label: "output tok/s per card".into(),
-        points: valid.iter().map(|p| (p.0, p.1)).collect(),
-        front: front
-            .iter()
-            .map(|p| (p.0, p.1, outcomes[p.2].candidate.label()))
-            .collect(),
-        knee: knee(&front),
-        chosen: best.and_then(|o| point(o).map(|(x, y)| (x, y, o.candidate.label()))),
-        x_limit: p.tpot_ms.map(|x| (x, format!("TPOT SLO {x} ms"))),
-    };
-    w("plan_tpot.svg", plot::svg(&pl).as_bytes())?;
-    w("plan_tpot.png", &plot::png(&pl))?;
-    // Goodput and TPOT against offered load (the share of each layout's capacity it ran at)
-    // for the best ranked layouts, seed by seed averaged.
-    let top: Vec<&Outcome> = outcomes
-        .iter()
-        .filter(|o| o.result.is_some() && o.rank.is_some())
-        .take(5)
-        .collect();
-    let curve =
-        |f: &dyn Fn(&dstwin_sim::plan::Measurement) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
-            top.iter()
-                .map(|o| {
-                    let pts = o
-                        .levels
-                        .iter()
-                        .filter(|l| !l.runs.is_empty())
-                        .map(|l| {
-                            let m = l.runs.iter().map(f).sum::<f64>() / l.runs.len() as f64;
-                            (l.rate_req_s, m)
-                        })
-                        .collect();
-                    (o.candidate.label(), pts)
-                })
-                .collect()
-        };
-    let goodput = plot::Lines {
-        title: "Goodput per card against offered load (best layouts)".into(),
-        x_label: "offered load (requests/s)".into(),
-        y_label: "goodput per card (req/s)".into(),
-        series: curve(&|m| m.goodput_per_card),
-        x_limit: None,
-    };
-    w("plan_load_goodput.svg", plot::svg(&goodput).as_bytes())?;
-    w("plan_load_goodput.png", &plot::png(&goodput))?;
-    let tpot = plot::Lines {
-        title: "TPOT p50 against offered load (best layouts)".into(),
-        x_label: "offered load (requests/s)".into(),
-        y_label: "TPOT p50 (ms)".into(),
-        series: curve(&|m| m.tpot_p50_ms),
-        x_limit: None,
-    };
-    w("plan_load_tpot.svg", plot::svg(&tpot).as_bytes())?;
-    w("plan_load_tpot.png", &plot::png(&tpot))?;
+    for (name, bytes) in Charts::of(p.tpot_ms, outcomes).files() {
+        w(name, &bytes)?;
+    }
     Ok(())
 }
 

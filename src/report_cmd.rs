@@ -1,5 +1,5 @@
 //! `dstwin report`: Pareto fronts (CSV, SVG, PNG) and a markdown summary from sweep CSVs,
-//! optionally merging the shards of a study.
+//! optionally merging the shards of a study; a plan's charts from its plan.json.
 
 use crate::output::{outln, write_file};
 use crate::Failure;
@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  dstwin report sweep-out/sweep.csv\n      regenerate sweep-out/pareto_{tpot,ttft}.{csv,svg,png} and summary.md\n  dstwin report --merge shard-*/sweep.csv --out study\n      merge the shards of a study (dstwin sweep --shard k/n) into study/sweep.csv and report it"
+    after_help = "Examples:\n  dstwin report sweep-out/sweep.csv\n      regenerate sweep-out/pareto_{tpot,ttft}.{csv,svg,png} and summary.md\n  dstwin report --merge shard-*/sweep.csv --out study\n      merge the shards of a study (dstwin sweep --shard k/n) into study/sweep.csv and report it\n  dstwin report plan-out/plan.json --out charts\n      draw a plan's charts again (plan_tpot, plan_load_goodput, plan_load_tpot; SVG and PNG)\n      from the plan.json `dstwin plan --out` wrote"
 )]
 pub struct ReportArgs {
-    /// Sweep CSV files (what `dstwin sweep` writes as sweep.csv).
+    /// Sweep CSV files (what `dstwin sweep` writes as sweep.csv), or one plan.json (what
+    /// `dstwin plan --out` writes).
     #[arg(required = true)]
     csv: Vec<PathBuf>,
     /// Merge several CSVs (shards) into OUT/sweep.csv first; points are matched by id.
@@ -60,7 +61,45 @@ pub fn write_report(dir: &Path, axes: &[String], rows: &[Row]) -> Result<Vec<Pat
     Ok(written)
 }
 
+/// Draws a plan's charts from its plan.json into `dir`.
+fn plan_charts(path: &Path, dir: &Path) -> Result<(), Failure> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading {}", path.display()))
+        .map_err(Failure::Input)?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Failure::Input(anyhow!("{}: {e}", path.display())))?;
+    let charts = dstwin_sim::plan::charts::Charts::from_plan_json(&v)
+        .map_err(|e| Failure::Input(anyhow!("{}: {e}", path.display())))?;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating {}", dir.display()))
+        .map_err(Failure::Runtime)?;
+    for (name, bytes) in charts.files() {
+        let p = dir.join(name);
+        write_file(&p, &bytes)?;
+        outln!("{}", p.display())?;
+    }
+    Ok(())
+}
+
 pub fn run(a: ReportArgs) -> Result<(), Failure> {
+    let is_json = |p: &PathBuf| p.extension().is_some_and(|e| e == "json");
+    if a.csv.iter().any(is_json) {
+        if a.csv.len() > 1 || a.merge {
+            return Err(Failure::Input(anyhow!(
+                "a plan.json is reported alone: give one file and no --merge"
+            )));
+        }
+        if let Some(d) = &a.out {
+            crate::output::check_dir(d, "--out")?;
+        }
+        let path = &a.csv[0];
+        let dir = a.out.clone().unwrap_or_else(|| {
+            path.parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from("."))
+        });
+        return plan_charts(path, &dir);
+    }
     if a.csv.len() > 1 && !a.merge {
         return Err(Failure::Input(anyhow!(
             "several CSVs given: pass --merge to combine them"

@@ -96,6 +96,40 @@ fn plan_ranks_layouts_and_prints_launch_arguments() {
             .is_some_and(|r| r.starts_with('('))
     };
     assert!(rows.iter().all(|l| ranged(l)), "{rows:?}");
+    // The SLOs the goodput was counted under are recorded, and `report` draws the same
+    // charts again from plan.json alone.
+    assert_eq!(f(&plan["slo"]["tpot_ms"]), 50.0);
+    assert_eq!(f(&plan["slo"]["ttft_ms"]), 5000.0);
+    let again = common::tmp_dir("plan", "report");
+    std::fs::copy(out.join("plan.json"), again.join("plan.json")).unwrap();
+    let o = dstwin(&["report", again.join("plan.json").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", err(&o));
+    for chart in ["plan_tpot", "plan_load_goodput", "plan_load_tpot"] {
+        for ext in ["svg", "png"] {
+            let name = format!("{chart}.{ext}");
+            let (a, b) = (
+                std::fs::read(out.join(&name)),
+                std::fs::read(again.join(&name)),
+            );
+            assert_eq!(
+                a.unwrap(),
+                b.unwrap(),
+                "{name} differs when drawn from plan.json"
+            );
+        }
+    }
+    let json = again.join("plan.json");
+    let o = dstwin(&["report", "--merge", json.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        err(&o).contains("a plan.json is reported alone"),
+        "{}",
+        err(&o)
+    );
+    std::fs::write(&json, "{\"layouts\": []}").unwrap();
+    let o = dstwin(&["report", json.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("no \"slo\""), "{}", err(&o));
     // Cards that do not fill whole nodes are refused.
     let o = dstwin(&["plan", "--cards", "12", "-q"]);
     assert_eq!(o.status.code(), Some(2));

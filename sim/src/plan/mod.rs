@@ -31,6 +31,7 @@
 //! - [`steady`]: the steady-state rule: warm-up and window lengths, what a run measures.
 //! - [`rank`]: spreads over seeds, screening, the tie rule and the reasons a layout loses.
 
+pub mod charts;
 pub mod estimate;
 mod launch;
 pub mod rank;
@@ -165,7 +166,7 @@ impl PlanInput {
 }
 
 /// How a layout splits the work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LayoutKind {
     /// Prefill instances hand their KV to a decode instance.
@@ -176,7 +177,7 @@ pub enum LayoutKind {
 
 /// One deployment to try. The `decode_*` fields describe the instances that generate: the
 /// decode instance of a disaggregated layout, or every mixed instance of an aggregated one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Candidate {
     pub kind: LayoutKind,
     /// Prefill instances (one node each); 0 when aggregated.

@@ -516,12 +516,23 @@ pub fn rank(outcomes: &mut [Outcome], p: &PlanInput) {
     }
 }
 
+/// A plan's SLOs: every request's TTFT and TPOT bounds (ms), and the percentile bounds over
+/// each run's window.
+#[derive(Clone, Debug, Serialize)]
+pub struct PlanSlo {
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub percentiles: Vec<super::PercentileSlo>,
+}
+
 /// What `plan --json` prints and `plan.json` holds: the rules the figures were measured under
 /// and every layout, best first (after [`rank`]).
 #[derive(Clone, Debug, Serialize)]
 pub struct PlanReport<'a> {
     /// The engine the layouts ran as and the launch commands are for.
     pub engine: super::Engine,
+    /// The SLOs goodput was counted under.
+    pub slo: PlanSlo,
     pub seeds: Vec<u64>,
     /// How the spread of each figure is given.
     pub spread: &'static str,
@@ -550,6 +561,11 @@ impl<'a> PlanReport<'a> {
         };
         PlanReport {
             engine: p.engine,
+            slo: PlanSlo {
+                ttft_ms: p.ttft_ms,
+                tpot_ms: p.tpot_ms,
+                percentiles: p.percentile_slos.clone(),
+            },
             seeds: p.seed_list(),
             spread: "mean, min and max over seeds",
             steady_state: RULE,
