@@ -559,24 +559,26 @@ fn a_recorded_heat_map_replays() {
     assert_eq!(o.status.code(), Some(2));
 }
 
+/// The JSON report of tests/data/tight-kv.toml (decode short of KV) with one override.
+fn tight_kv(set: &str) -> serde_json::Value {
+    let o = dstwin(&[
+        "simulate",
+        &data("tight-kv.toml"),
+        "--json",
+        "--quiet",
+        "--set",
+        set,
+    ]);
+    assert!(o.status.success(), "{set}: {}", err(&o));
+    serde_json::from_str(&out(&o)).unwrap()
+}
+
 #[test]
 fn decode_kv_exhaustion_preempts_or_sends_back_and_loses_no_tokens() {
     // A user system file with tight HBM (tests/data/tight-hbm.toml) leaves ~19K KV tokens per
     // decode rank for 300 requests arriving at once.
-    let run = |mode: &str| {
-        let o = dstwin(&[
-            "simulate",
-            &data("tight-kv.toml"),
-            "--json",
-            "--quiet",
-            "--set",
-            &format!("decode.preemption={mode}"),
-        ]);
-        assert!(o.status.success(), "{mode}: {}", err(&o));
-        serde_json::from_str::<serde_json::Value>(&out(&o)).unwrap()
-    };
-    let recompute = run("recompute");
-    let send_back = run("send_back");
+    let recompute = tight_kv("decode.preemption=recompute");
+    let send_back = tight_kv("decode.preemption=send_back");
     for v in [&recompute, &send_back] {
         assert_eq!(v["requests_finished"], 300);
         assert!(v["preemptions"].as_u64().unwrap() > 0);
@@ -594,19 +596,8 @@ fn decode_kv_exhaustion_preempts_or_sends_back_and_loses_no_tokens() {
 /// finishes with the same tokens.
 #[test]
 fn sglang_admission_keeps_decode_room_and_loses_no_tokens() {
-    let run = |admission: &str| {
-        let o = dstwin(&[
-            "simulate",
-            &data("tight-kv.toml"),
-            "--json",
-            "--quiet",
-            "--set",
-            &format!("decode.admission={admission}"),
-        ]);
-        assert!(o.status.success(), "{admission}: {}", err(&o));
-        serde_json::from_str::<serde_json::Value>(&out(&o)).unwrap()
-    };
-    let (vllm, sglang) = (run("vllm"), run("sglang"));
+    let vllm = tight_kv("decode.admission=vllm");
+    let sglang = tight_kv("decode.admission=sglang");
     assert!(vllm["preemptions"].as_u64().unwrap() > 0);
     assert_eq!(sglang["preemptions"], 0);
     assert_eq!(sglang["requests_finished"], 300);

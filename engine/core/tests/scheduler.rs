@@ -1073,6 +1073,17 @@ fn start_step(inst: &mut Instance, id: u64, limit: u32) -> (Option<u32>, u64) {
     (at, inst.stats().preemptions)
 }
 
+/// Request 1 (`first`: prompt, output) starts alone and takes a step; then request 2
+/// (`second`) arrives: the step in which it starts, and the preemptions, over 1,000 steps.
+fn second_start(inst: &mut Instance, first: (u32, u32), second: (u32, u32)) -> (Option<u32>, u64) {
+    inst.add_request(req(1, first.0, first.1), SimTime::ZERO);
+    inst.schedule(SimTime::ZERO);
+    let accepted = no_drafts_accepted(inst);
+    apply(inst, accepted);
+    inst.add_request(req(2, second.0, second.1), SimTime::ZERO);
+    start_step(inst, 2, 1000)
+}
+
 /// SGLang's `new_token_ratio`: a prompt waits while the free KV, less the running request's
 /// remaining output times the ratio, cannot hold it and its output; the ratio decays every
 /// decode step (0.7 to 0.098 over 600 steps), so it starts some thirty steps later, where vLLM
@@ -1098,12 +1109,7 @@ fn sglang_admission_reserves_running_outputs_at_a_decaying_ratio() {
         if steady {
             inst.set_acceptance(Some(std::sync::Arc::new(NoDrafts)));
         }
-        inst.add_request(req(1, 100, 880), SimTime::ZERO);
-        inst.schedule(SimTime::ZERO);
-        let accepted = no_drafts_accepted(&inst);
-        apply(&mut inst, accepted);
-        inst.add_request(req(2, 200, 100), SimTime::ZERO);
-        start_step(&mut inst, 2, 1000)
+        second_start(&mut inst, (100, 880), (200, 100))
     };
     let run = |sglang| run_with(sglang, false);
     assert_eq!(run(None).0, Some(1));
@@ -1118,12 +1124,9 @@ fn sglang_admission_reserves_running_outputs_at_a_decaying_ratio() {
         let mut c = sglang_cfg(Role::Mixed, 1000, Some((1.0, false, 512)));
         (c.block_size, c.num_kv_blocks) = (16, 1008 / 16);
         let mut inst = Instance::new(c);
-        inst.add_request(req(1, 100, 880), SimTime::ZERO);
-        inst.schedule(SimTime::ZERO);
-        let accepted = no_drafts_accepted(&inst);
-        apply(&mut inst, accepted);
-        inst.add_request(req(2, 200, 100), SimTime::ZERO);
-        start_step(&mut inst, 2, 1000).0.expect("starts")
+        second_start(&mut inst, (100, 880), (200, 100))
+            .0
+            .expect("starts")
     };
     assert!((20..=60).contains(&exact), "started at step {exact}");
     assert_eq!(run_with(Some((1.0, false, 512)), true).0, Some(exact));
@@ -1164,12 +1167,7 @@ fn sglang_ratio_starts_again_when_the_rank_is_idle() {
 fn sglang_ignore_eos_admission_waits_until_every_request_can_finish() {
     let run = |sglang| {
         let mut inst = Instance::new(sglang_cfg(Role::Mixed, 1000, sglang));
-        inst.add_request(req(1, 300, 600), SimTime::ZERO);
-        inst.schedule(SimTime::ZERO);
-        let accepted = no_drafts_accepted(&inst);
-        apply(&mut inst, accepted);
-        inst.add_request(req(2, 200, 300), SimTime::ZERO);
-        start_step(&mut inst, 2, 1000)
+        second_start(&mut inst, (300, 600), (200, 300))
     };
     let (at, preempted) = run(None);
     assert_eq!(at, Some(1));
