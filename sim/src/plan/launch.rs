@@ -96,8 +96,9 @@ impl Engine {
     ///   capture) for decode and mixed instances; KV exhaustion preempts in place.
     /// - SGLang: `--deepep-mode normal` for prefill (with two-batch overlap on GPUs, which it
     ///   applies to every step), `low_latency` for decode, `auto` for mixed; requests reach DP
-    ///   ranks round-robin and start as SGLang's admission lets them; KV exhaustion retracts
-    ///   requests in place.
+    ///   ranks round-robin and start as SGLang's admission lets them; a mixed instance runs
+    ///   its prompts in batches of their own (no `--enable-mixed-chunk`); KV exhaustion
+    ///   retracts requests in place.
     pub(super) fn scenario_lines(self, role: Role) -> (String, String) {
         let comm = |c: &str| format!("moe_comm = \"{c}\"\n");
         let (instance, sched) = match (self, role) {
@@ -118,12 +119,20 @@ impl Engine {
             (_, Role::Decode) => (comm("mc2"), "preemption = \"recompute\"\n"),
             (_, Role::Mixed) => (comm("auto"), "preemption = \"recompute\"\n"),
         };
-        let rr = if matches!(self, Engine::SglangNpu | Engine::Sglang) {
+        let sglang = matches!(self, Engine::SglangNpu | Engine::Sglang);
+        let rr = if sglang {
             "dp_dispatch = \"round_robin\"\nadmission = \"sglang\"\n"
         } else {
             ""
         };
-        (instance, format!("{sched}{rr}"))
+        // SGLang without --enable-mixed-chunk (the commands never pass it) batches prompts
+        // apart from decodes.
+        let separate = if sglang && role == Role::Mixed {
+            "separate_prefill_batches = true\n"
+        } else {
+            ""
+        };
+        (instance, format!("{sched}{rr}{separate}"))
     }
 }
 
