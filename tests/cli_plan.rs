@@ -357,8 +357,8 @@ fn plan_runs_and_launches_as_the_engine_does() {
     let v: Value = serde_json::from_str(&String::from_utf8_lossy(&o.stdout)).unwrap();
     assert_eq!(v["engine"], "vllm_ascend");
     let layouts = v["layouts"].as_array().unwrap();
-    // 2 attention TPs x 2 token budgets x 0 or 32 redundant experts, at 4 MTP depths.
-    assert_eq!(layouts.len(), 8 * 4);
+    // 4 attention TPs x 2 token budgets x 0 or 32 redundant experts, at 4 MTP depths.
+    assert_eq!(layouts.len(), 16 * 4);
     assert!(layouts
         .iter()
         .all(|l| l["candidate"]["kind"] == "aggregated" && l["candidate"]["decode_nodes"] == 1));

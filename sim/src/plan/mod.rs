@@ -216,9 +216,10 @@ struct InstanceKind {
     budget: u32,
 }
 
-/// Attention TP of aggregated (mixed) instances: vllm-ascend's one-node A3 runs use DP4 x TP4
-/// and DP2 x TP8; smaller TP leaves a long prompt on too few dies.
-const MIXED_TP: [u32; 2] = [4, 8];
+/// Attention TP of aggregated (mixed) instances: from full attention DP (TP1: SGLang's and
+/// vLLM's DP-attention deployments of DeepSeek) to vllm-ascend's one-node A3 DP4 x TP4 and
+/// DP2 x TP8.
+const MIXED_TP: [u32; 4] = [1, 2, 4, 8];
 /// Chunked-prefill budgets of mixed instances: short steps that keep TPOT low, or long ones
 /// that prefill a prompt in fewer steps.
 const MIXED_BUDGETS: [u32; 2] = [4096, 16384];
@@ -773,13 +774,17 @@ mod tests {
         assert_eq!((n, d), (4, 16));
         let c = shapes(n, d);
         // PD: 3 splits x prefill TP 8, 16 x decode TP 1, 2, 4; aggregated: instances of 1, 2
-        // or 4 nodes x TP 4, 8 x 2 budgets; each with 0 or 32 redundant experts.
-        assert_eq!(c.len(), (3 * 2 * 3 + 3 * 2 * 2) * 2);
+        // or 4 nodes x TP 1, 2, 4, 8 x 2 budgets; each with 0 or 32 redundant experts.
+        assert_eq!(c.len(), (3 * 2 * 3 + 3 * 4 * 2) * 2);
         let agg: Vec<&Candidate> = c
             .iter()
             .filter(|c| c.kind == LayoutKind::Aggregated)
             .collect();
-        assert_eq!(agg.len(), 3 * 2 * 2 * 2);
+        assert_eq!(agg.len(), 3 * 4 * 2 * 2);
+        // Full attention DP (TP1), as SGLang and vLLM deploy DeepSeek with DP attention.
+        assert!(agg
+            .iter()
+            .any(|c| c.decode_tp == 1 && c.instance_nodes == 1));
         assert!(agg
             .iter()
             .all(|c| c.decode_nodes == 4 && c.prefill_nodes == 0));
@@ -792,7 +797,7 @@ mod tests {
         // One node: aggregated layouts only.
         let (n, d) = nodes("atlas-800-a3", 8).unwrap();
         let one = shapes(n, d);
-        assert_eq!(one.len(), 2 * 2 * 2);
+        assert_eq!(one.len(), 4 * 2 * 2);
         assert!(one.iter().all(|c| c.kind == LayoutKind::Aggregated));
         // The decode budget follows the batch and its drafts; a mixed one keeps its own.
         let pd = two_by_two(8, 2, 0, 0);
