@@ -142,3 +142,36 @@ fn every_shipped_scenario_runs_from_the_repository_and_meets_its_slos_or_says_wh
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The comparison scenarios (sim/scenarios/compare/: other tools' picks written as their launch
+/// commands start them, docs/what-if.md) load from a copy of the repository and run; their
+/// figures are the docs', not the suite's (a few simulated seconds each here).
+#[test]
+fn every_comparison_scenario_loads_and_runs() {
+    let dir = copy_of_scenarios();
+    let compare = dir.join("compare");
+    let mut n = 0;
+    for e in std::fs::read_dir(&compare).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_none_or(|x| x != "toml") {
+            continue;
+        }
+        let o = dstwin(&[
+            "simulate",
+            path.to_str().unwrap(),
+            "--quiet",
+            "--set",
+            "warmup_s=0",
+            "--set",
+            "duration_s=5",
+        ]);
+        assert!(
+            o.status.success(),
+            "{}: {}",
+            path.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        n += 1;
+    }
+    assert!(n >= 2, "comparison scenarios in {}", compare.display());
+}
