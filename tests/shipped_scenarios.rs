@@ -34,8 +34,8 @@ const MIN_SLO_ATTAINMENT: f64 = 0.5;
 
 /// A copy of sim/scenarios (data/ and anchors/ included) in a fresh directory: a scenario that
 /// reads anything outside the directory, as from a checkout's neighbours, fails to load here.
-fn copy_of_scenarios() -> common::TmpDir {
-    let to = common::tmp_dir("test", "scenarios");
+fn copy_of_scenarios(name: &str) -> common::TmpDir {
+    let to = common::tmp_dir("test", name);
     copy_dir(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("sim/scenarios"),
         &to,
@@ -98,7 +98,7 @@ fn simulate(dir: &Path, f: &str) -> Result<serde_json::Value, String> {
 
 #[test]
 fn every_shipped_scenario_runs_from_the_repository_and_meets_its_slos_or_says_why_not() {
-    let dir = copy_of_scenarios();
+    let dir = copy_of_scenarios("scenarios");
     let files = scenario_files(&dir);
     assert!(files.len() >= 8, "found only {files:?}");
     let next = AtomicUsize::new(0);
@@ -148,7 +148,8 @@ fn every_shipped_scenario_runs_from_the_repository_and_meets_its_slos_or_says_wh
 /// figures are the docs', not the suite's (a few simulated seconds each here).
 #[test]
 fn every_comparison_scenario_loads_and_runs() {
-    let dir = copy_of_scenarios();
+    // Its own copy: the tests of this file run at once.
+    let dir = copy_of_scenarios("compare");
     let compare = dir.join("compare");
     let mut n = 0;
     for e in std::fs::read_dir(&compare).unwrap() {
