@@ -2,7 +2,7 @@
 //! drawn from what they show of each layout: from a plan's ranked outcomes as it runs, or from
 //! its `plan.json` afterwards (`dstwin report plan.json`), the same bytes either way.
 
-use super::rank::{Outcome, Standing};
+use super::rank::{Outcome, Spread, Standing};
 use super::Candidate;
 use crate::plot;
 use crate::sweep::{knee, pareto};
@@ -34,15 +34,6 @@ pub struct Charts {
     layouts: Vec<Layout>,
 }
 
-fn mean(xs: impl Iterator<Item = f64>) -> f64 {
-    let (mut s, mut n) = (0.0, 0usize);
-    for x in xs {
-        s += x;
-        n += 1;
-    }
-    s / n as f64
-}
-
 impl Charts {
     /// Of ranked outcomes (best first) under an every-request TPOT bound.
     pub fn of(tpot_ms: Option<f64>, outcomes: &[Outcome]) -> Charts {
@@ -63,8 +54,8 @@ impl Charts {
                     .map(|l| {
                         (
                             l.rate_req_s,
-                            mean(l.runs.iter().map(|m| m.goodput_per_card)),
-                            mean(l.runs.iter().map(|m| m.tpot_p50_ms)),
+                            Spread::of(l.runs.iter().map(|m| m.goodput_per_card)).mean,
+                            Spread::of(l.runs.iter().map(|m| m.tpot_p50_ms)).mean,
                         )
                     })
                     .collect(),
@@ -101,17 +92,23 @@ impl Charts {
                     .map(Vec::as_slice)
                     .unwrap_or_default()
                     .iter()
-                    .filter_map(|l| {
+                    .enumerate()
+                    .filter_map(|(j, l)| {
                         let runs = l.get("runs")?.as_array().filter(|r| !r.is_empty())?;
-                        let runs_mean =
-                            |k: &str| mean(runs.iter().filter_map(|m| m.get(k)?.as_f64()));
-                        Some((
-                            l.get("rate_req_s")?.as_f64()?,
-                            runs_mean("goodput_per_card"),
-                            runs_mean("tpot_p50_ms"),
-                        ))
+                        let runs_mean = |k: &str| {
+                            let xs: Option<Vec<f64>> =
+                                runs.iter().map(|m| m.get(k)?.as_f64()).collect();
+                            xs.map(|xs| Spread::of(xs).mean).ok_or_else(|| {
+                                format!("layouts[{i}].levels[{j}].runs: a run without {k}")
+                            })
+                        };
+                        let rate = l.get("rate_req_s")?.as_f64()?;
+                        Some(
+                            runs_mean("goodput_per_card")
+                                .and_then(|g| Ok((rate, g, runs_mean("tpot_p50_ms")?))),
+                        )
                     })
-                    .collect();
+                    .collect::<Result<_, String>>()?;
                 Ok(Layout {
                     label: c.label(),
                     best: o.get("standing").and_then(Value::as_str) == Some("best"),

@@ -222,15 +222,7 @@ impl RankScheduler {
             self.admit_waiting(plan, open, &mut budget, drained, started, pulls);
         }
         self.add_steady(plan);
-        // SGLang changes its ratio in decode batches only (a batch with prompts neither decays
-        // nor retracts it); a retraction, here or by the held plan this one replans, sets it.
-        self.ratio_step = if preempted {
-            super::sglang::RatioStep::Retracted(self.ratio_after_retraction())
-        } else if plan.shape.prefill_seqs == 0 && plan.shape.decode_seqs > 0 {
-            super::sglang::RatioStep::Decoded
-        } else {
-            super::sglang::RatioStep::None
-        };
+        self.ratio_step = self.ratio_step_of(preempted, &plan.shape);
         #[cfg(debug_assertions)]
         self.check();
     }

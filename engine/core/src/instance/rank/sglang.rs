@@ -2,6 +2,7 @@
 //! starts, and the rank's `new_token_ratio` that sizes it.
 
 use super::{blocks_for, RankScheduler, Seq};
+use crate::batch::BatchShape;
 use crate::instance::{AdmissionRule, SglangAdmission};
 
 /// SGLang's clip of a request's remaining-output estimate
@@ -87,13 +88,13 @@ impl RankScheduler {
         // What SGLang's adder has left: the free KV less the running requests' outputs at
         // the ratio and the outputs of the prompts it already took in this step.
         let rem_total = free as f64 - reserved as f64 * self.new_token_ratio - started as f64;
-        let paged = blocks_for(uncomputed, self.cfg.block_size) * bs + bs;
         if !a.ignore_eos_path {
             let need = uncomputed + self.left(s).min(CLIP) + bs;
             return (need as f64) < rem_total;
         }
         // Every request (the new one too) in the order of its remaining output: while the
         // ones before it finish and free what they hold, it still has room to finish.
+        let paged = blocks_for(uncomputed, self.cfg.block_size) * bs + bs;
         if paged as f64 > rem_total {
             return false;
         }
@@ -122,8 +123,23 @@ impl RankScheduler {
         true
     }
 
+    /// What a planned step does to the ratio (nothing without SGLang's admission). SGLang
+    /// changes it in decode batches only (a batch with prompts neither decays nor retracts
+    /// it); a retraction, in this plan or in the held plan it replans, sets it.
+    pub(super) fn ratio_step_of(&self, preempted: bool, shape: &BatchShape) -> RatioStep {
+        if self.sglang().is_none() {
+            RatioStep::None
+        } else if preempted {
+            RatioStep::Retracted(self.ratio_after_retraction())
+        } else if shape.prefill_seqs == 0 && shape.decode_seqs > 0 {
+            RatioStep::Decoded
+        } else {
+            RatioStep::None
+        }
+    }
+
     /// The ratio a retraction leaves, from the requests still running.
-    pub(super) fn ratio_after_retraction(&self) -> f64 {
+    fn ratio_after_retraction(&self) -> f64 {
         let (mut produced, mut outputs, mut n) = (0u64, 0u64, 0u64);
         for &x in self.running.iter().chain(&self.steady.slots) {
             let s = self.seq(x);
